@@ -1,0 +1,50 @@
+# gdx — entry point. `make` builds what this machine can build (host libraries always, CUDA code when nvcc
+# is found); CMake does the work underneath (it also gives find_package(gdx) and CTest).
+BUILD ?= build
+BUILD_TYPE ?= Release
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc)
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CMAKE_FLAGS ?=
+RUN_ARGS ?=
+
+.PHONY: all deps configure test test-unit test-rdma test-gpu bench bench-gpu run install format clean
+
+all: configure
+	cmake --build $(BUILD) -j $(JOBS) --no-print-directory
+
+deps:
+	@bash cmake/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
+	  $(if $(NVCC),-DCMAKE_CUDA_COMPILER=$(NVCC)) $(CMAKE_FLAGS) >/dev/null
+
+# Every test: unit, multi-process, network namespaces, Soft-RoCE (where the machine allows each).
+test: all
+	cd $(BUILD) && ctest --output-on-failure --timeout 900 $(CTEST_ARGS)
+
+test-unit: all
+	cd $(BUILD) && ctest --output-on-failure -LE 'rdma|gpu' $(CTEST_ARGS)
+
+test-rdma: all
+	cd $(BUILD) && ctest --output-on-failure -L rdma $(CTEST_ARGS)
+
+test-gpu: all
+	cd $(BUILD) && ctest --output-on-failure -L gpu $(CTEST_ARGS)
+
+bench: all
+	$(BUILD)/benchmarks/bench_ring --benchmark_out=$(BUILD)/bench_ring.json --benchmark_out_format=json
+	$(BUILD)/benchmarks/bench_tcp --benchmark_out=$(BUILD)/bench_tcp.json --benchmark_out_format=json
+
+run: all
+	$(BUILD)/benchmarks/benchmark_local $(RUN_ARGS)
+
+install: all
+	cmake --install $(BUILD)
+
+format:
+	clang-format -i $$(git ls-files '*.hpp' '*.cpp' '*.cu' '*.cuh')
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,58 @@
+// Bootstrap: rank, world size and a TCP rendezvous that exchanges small blobs (window keys, transport
+// addresses) between all ranks. Rank 0 serves the rendezvous at MASTER_ADDR:MASTER_PORT; every rank
+// (rank 0 included) connects to it and presents the job secret; a connection without it is refused.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gdx {
+
+struct BootstrapConfig {
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;                    ///< rank among the processes of this host (LOCAL_RANK), -1 if unknown
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+  std::string secret;                   ///< per-job secret; all ranks of a job must agree
+  uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;
+
+  /// Reads GDX_RANK / RANK, GDX_WORLD_SIZE / WORLD_SIZE, GDX_LOCAL_RANK / LOCAL_RANK, GDX_MASTER_ADDR /
+  /// MASTER_ADDR, GDX_MASTER_PORT / MASTER_PORT (GDX_ variables win), GDX_JOB_SECRET (else a secret derived
+  /// from TORCHELASTIC_RUN_ID, SLURM_JOB_ID or the master address and port), GDX_BOOTSTRAP_TIMEOUT_MS (else
+  /// GDX_TIMEOUT_MS). Throws gdx::Error(kInvalidArgument) for missing or inconsistent values.
+  static BootstrapConfig fromEnv();
+};
+
+class Bootstrap {
+ public:
+  /// Joins the job: rank 0 starts the rendezvous server, every rank connects and waits until all have
+  /// arrived. Throws gdx::Error(kTimeout) naming the ranks that never arrived, kProtocol when the secret is
+  /// refused.
+  explicit Bootstrap(const BootstrapConfig& config);
+  ~Bootstrap();
+  Bootstrap(const Bootstrap&) = delete;
+  Bootstrap& operator=(const Bootstrap&) = delete;
+
+  int rank() const;
+  int worldSize() const;
+  int localRank() const;
+  /// Ranks that share this host (same hostname), in rank order; this rank included.
+  const std::vector<int>& hostRanks() const;
+  /// The job secret, for transports that authenticate their own connections.
+  const std::string& secret() const;
+  /// The address MASTER_ADDR is reached from (the local interface the rendezvous connection uses).
+  const std::string& localIp() const;
+
+  /// Every rank contributes a blob; every rank gets all blobs, indexed by rank. Bounded by the timeout.
+  std::vector<std::string> allGather(const std::string& mine);
+  void barrier();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gdx

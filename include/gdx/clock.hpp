@@ -1,0 +1,40 @@
+// A nanosecond clock usable from host and device code, for bounded waits. On the device it reads the global
+// timer (%globaltimer, nanoseconds, shared by all SMs); on the host std::chrono::steady_clock.
+#pragma once
+
+#include <cstdint>
+
+#include "gdx/device.hpp"
+
+#if !GDX_DEVICE_COMPILE
+#include <chrono>
+#include <thread>
+#endif
+
+namespace gdx {
+
+GDX_HOST_DEVICE_INLINE uint64_t nowNs() {
+#if GDX_DEVICE_COMPILE
+  uint64_t t;
+  // The only way to read the GPU's global nanosecond timer; there is no intrinsic for it.
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#else
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+#endif
+}
+
+/// Called on every iteration of a bounded spin: on the host, yields the core after a short burst so that
+/// spinning producers cannot starve the thread they wait for; on the device, backs off with __nanosleep so that
+/// waiting warps do not flood PCIe with reads of host memory.
+GDX_HOST_DEVICE_INLINE void spinPause(uint64_t spins) {
+#if GDX_DEVICE_COMPILE
+  if (spins > 16) __nanosleep(spins > 1024 ? 1000 : 64);
+#else
+  if (spins > 64) std::this_thread::yield();
+#endif
+}
+
+}  // namespace gdx

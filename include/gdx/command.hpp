@@ -1,0 +1,193 @@
+// The 16-byte command that producers (host threads or GPU threads) write into a command ring and a proxy
+// thread turns into transport operations.
+//
+// Layout: two 64-bit words. Bit 63 of each word is the ring's lap bit (see ring_device.hpp); the other
+// 126 bits are the payload, numbered 0..62 in word 0 and 63..125 in word 1. Fields are placed at fixed payload
+// bit positions given by the constants below; a field may straddle the two words. Because both words carry
+// the lap bit, a consumer that reads the two halves at different times can tell a torn read from a valid one.
+//
+//   payload bit  0.. 3  opcode
+//   payload bit  4..15  peer (destination rank)
+//   put / putWithSignal:
+//                16..21  source window id       22..27  destination window id
+//                28..51  size in bytes (< 16 MiB; larger puts are split by the API)
+//                52..88  source offset           89..125 destination offset (< 128 GiB each)
+//   signal set / add (also the second slot of a putWithSignal):
+//                16..31  signal id               32..95  64-bit value
+//   atomic add:  16..21  destination window id   22..58  destination offset   59..122  64-bit addend
+//
+// A putWithSignal occupies two consecutive ring slots: a kPutWithSignal command and then a kSignalSet or
+// kSignalAdd command for the same peer. The proxy turns the pair into one write-with-immediate.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gdx/device.hpp"
+
+namespace gdx {
+
+enum class Opcode : uint8_t {
+  kNop = 0,
+  kPut = 1,
+  kPutWithSignal = 2,
+  kSignalSet = 3,
+  kSignalAdd = 4,
+  kAtomicAdd = 5,
+};
+constexpr int kNumOpcodes = 6;
+
+/// Field widths, in bits.
+constexpr int kOpcodeBits = 4;
+constexpr int kPeerBits = 12;
+constexpr int kWindowIdBits = 6;
+constexpr int kSizeBits = 24;
+constexpr int kOffsetBits = 37;
+constexpr int kSignalIdBits = 16;
+constexpr int kValueBits = 64;
+
+/// Field limits derived from the widths.
+constexpr uint32_t kMaxPeers = 1u << kPeerBits;
+constexpr uint32_t kMaxWindows = 1u << kWindowIdBits;
+constexpr uint64_t kMaxCommandBytes = (uint64_t{1} << kSizeBits) - 1;
+constexpr uint64_t kMaxWindowOffset = (uint64_t{1} << kOffsetBits) - 1;
+constexpr uint32_t kMaxSignals = 1u << kSignalIdBits;
+
+/// Payload bit positions.
+constexpr int kOpcodePos = 0;
+constexpr int kPeerPos = kOpcodePos + kOpcodeBits;  // 4
+constexpr int kSrcWindowPos = kPeerPos + kPeerBits;  // 16
+constexpr int kDstWindowPos = kSrcWindowPos + kWindowIdBits;
+constexpr int kSizePos = kDstWindowPos + kWindowIdBits;
+constexpr int kSrcOffsetPos = kSizePos + kSizeBits;
+constexpr int kDstOffsetPos = kSrcOffsetPos + kOffsetBits;
+constexpr int kSignalIdPos = kPeerPos + kPeerBits;  // 16
+constexpr int kSignalValuePos = kSignalIdPos + kSignalIdBits;
+constexpr int kAtomicWindowPos = kPeerPos + kPeerBits;  // 16
+constexpr int kAtomicOffsetPos = kAtomicWindowPos + kWindowIdBits;
+constexpr int kAtomicValuePos = kAtomicOffsetPos + kOffsetBits;
+constexpr int kPayloadBits = 126;
+static_assert(kDstOffsetPos + kOffsetBits == kPayloadBits, "put fields fill the payload exactly");
+static_assert(kSignalValuePos + kValueBits <= kPayloadBits, "signal fields fit");
+static_assert(kAtomicValuePos + kValueBits <= kPayloadBits, "atomic fields fit");
+
+constexpr uint64_t kLapBit = uint64_t{1} << 63;
+
+struct alignas(16) Command {
+  uint64_t word[2];
+
+  /// Reads `width` bits at payload position `pos` (the lap bits are skipped).
+  GDX_HOST_DEVICE_INLINE uint64_t field(int pos, int width) const {
+    uint64_t lo = word[0] & ~kLapBit;
+    uint64_t hi = word[1] & ~kLapBit;
+    uint64_t v;
+    if (pos >= 63) {
+      v = hi >> (pos - 63);
+    } else {
+      v = lo >> pos;
+      if (pos + width > 63) v |= hi << (63 - pos);
+    }
+    return width == 64 ? v : v & ((uint64_t{1} << width) - 1);
+  }
+  /// Writes `width` bits at payload position `pos`; the value must already fit.
+  GDX_HOST_DEVICE_INLINE void setField(int pos, int width, uint64_t v) {
+    if (pos >= 63) {
+      word[1] |= (v << (pos - 63)) & ~kLapBit;
+    } else {
+      word[0] |= (v << pos) & ~kLapBit;
+      if (pos + width > 63) word[1] |= (v >> (63 - pos)) & ~kLapBit;
+    }
+  }
+
+  GDX_HOST_DEVICE_INLINE Opcode opcode() const { return static_cast<Opcode>(field(kOpcodePos, kOpcodeBits)); }
+  GDX_HOST_DEVICE_INLINE uint32_t peer() const { return static_cast<uint32_t>(field(kPeerPos, kPeerBits)); }
+  GDX_HOST_DEVICE_INLINE uint32_t srcWindow() const {
+    return static_cast<uint32_t>(field(kSrcWindowPos, kWindowIdBits));
+  }
+  GDX_HOST_DEVICE_INLINE uint32_t dstWindow() const {
+    return static_cast<uint32_t>(field(opcode() == Opcode::kAtomicAdd ? kAtomicWindowPos : kDstWindowPos,
+                                       kWindowIdBits));
+  }
+  GDX_HOST_DEVICE_INLINE uint64_t size() const { return field(kSizePos, kSizeBits); }
+  GDX_HOST_DEVICE_INLINE uint64_t srcOffset() const { return field(kSrcOffsetPos, kOffsetBits); }
+  GDX_HOST_DEVICE_INLINE uint64_t dstOffset() const {
+    return field(opcode() == Opcode::kAtomicAdd ? kAtomicOffsetPos : kDstOffsetPos, kOffsetBits);
+  }
+  GDX_HOST_DEVICE_INLINE uint32_t signalId() const {
+    return static_cast<uint32_t>(field(kSignalIdPos, kSignalIdBits));
+  }
+  GDX_HOST_DEVICE_INLINE uint64_t value() const {
+    return field(opcode() == Opcode::kAtomicAdd ? kAtomicValuePos : kSignalValuePos, kValueBits);
+  }
+  /// The lap bit this command was published with (both words agree unless the read was torn).
+  GDX_HOST_DEVICE_INLINE bool lapsAgree(uint64_t lap) const {
+    uint64_t want = lap ? kLapBit : 0;
+    return (word[0] & kLapBit) == want && (word[1] & kLapBit) == want;
+  }
+  GDX_HOST_DEVICE_INLINE Command withLap(uint64_t lap) const {
+    Command c = *this;
+    if (lap) {
+      c.word[0] |= kLapBit;
+      c.word[1] |= kLapBit;
+    } else {
+      c.word[0] &= ~kLapBit;
+      c.word[1] &= ~kLapBit;
+    }
+    return c;
+  }
+
+  /// A put (or the first slot of a putWithSignal when `withSignal`).
+  GDX_HOST_DEVICE_INLINE static Command put(uint32_t peer, uint32_t srcWindow, uint64_t srcOffset, uint32_t dstWindow,
+                                            uint64_t dstOffset, uint64_t bytes, bool withSignal = false) {
+    Command c{{0, 0}};
+    c.setField(kOpcodePos, kOpcodeBits, static_cast<uint64_t>(withSignal ? Opcode::kPutWithSignal : Opcode::kPut));
+    c.setField(kPeerPos, kPeerBits, peer);
+    c.setField(kSrcWindowPos, kWindowIdBits, srcWindow);
+    c.setField(kDstWindowPos, kWindowIdBits, dstWindow);
+    c.setField(kSizePos, kSizeBits, bytes);
+    c.setField(kSrcOffsetPos, kOffsetBits, srcOffset);
+    c.setField(kDstOffsetPos, kOffsetBits, dstOffset);
+    return c;
+  }
+  /// A signal update: `add` selects kSignalAdd, otherwise kSignalSet.
+  GDX_HOST_DEVICE_INLINE static Command signal(uint32_t peer, uint32_t signalId, uint64_t value, bool add) {
+    Command c{{0, 0}};
+    c.setField(kOpcodePos, kOpcodeBits, static_cast<uint64_t>(add ? Opcode::kSignalAdd : Opcode::kSignalSet));
+    c.setField(kPeerPos, kPeerBits, peer);
+    c.setField(kSignalIdPos, kSignalIdBits, signalId);
+    c.setField(kSignalValuePos, kValueBits, value);
+    return c;
+  }
+  GDX_HOST_DEVICE_INLINE static Command atomicAdd(uint32_t peer, uint32_t dstWindow, uint64_t dstOffset,
+                                                  uint64_t addend) {
+    Command c{{0, 0}};
+    c.setField(kOpcodePos, kOpcodeBits, static_cast<uint64_t>(Opcode::kAtomicAdd));
+    c.setField(kPeerPos, kPeerBits, peer);
+    c.setField(kAtomicWindowPos, kWindowIdBits, dstWindow);
+    c.setField(kAtomicOffsetPos, kOffsetBits, dstOffset);
+    c.setField(kAtomicValuePos, kValueBits, addend);
+    return c;
+  }
+};
+
+static_assert(sizeof(Command) == 16, "a command is exactly 16 bytes");
+static_assert(alignof(Command) == 16, "a command is published with one 16-byte store");
+static_assert(std::is_trivially_copyable<Command>::value, "commands are copied as raw bytes");
+
+/// Number of ring slots a command of this opcode occupies.
+GDX_HOST_DEVICE_INLINE int slotsFor(Opcode op) { return op == Opcode::kPutWithSignal ? 2 : 1; }
+
+/// Printable opcode name for error messages.
+inline const char* opcodeName(Opcode op) {
+  switch (op) {
+    case Opcode::kNop: return "nop";
+    case Opcode::kPut: return "put";
+    case Opcode::kPutWithSignal: return "putWithSignal";
+    case Opcode::kSignalSet: return "signalSet";
+    case Opcode::kSignalAdd: return "signalAdd";
+    case Opcode::kAtomicAdd: return "atomicAdd";
+  }
+  return "unknown";
+}
+
+}  // namespace gdx

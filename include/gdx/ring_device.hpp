@@ -1,0 +1,123 @@
+// The producer side of a command ring: a trivially copyable handle that host threads and GPU threads use to
+// enqueue commands for one proxy thread.
+//
+// Protocol (one ring, many producers, one consumer):
+//  * `slots` is an array of `capacity` 16-byte commands (capacity a power of two) in host memory that the
+//    GPU can reach (host-mapped pinned memory when CUDA is present).
+//  * `head` counts slots ever reserved. A producer reserves n consecutive slots with one fetch_add on head;
+//    position p lives in slot p & (capacity - 1) and belongs to lap p / capacity.
+//  * `tail` counts slots the consumer has taken out; only the consumer writes it (release). A producer may
+//    write position p only once p < tail + capacity. Producers keep `cachedTail`, a copy of tail next to head,
+//    and re-read the real tail (over PCIe, for a GPU) only when the ring looks full.
+//  * A command is published by storing both of its 8-byte words with the lap bit (bit 63 of each word) set to
+//    ((p / capacity) + 1) & 1, after a release fence. Slots start zeroed, so the first lap publishes lap bit 1
+//    and a stale command from the previous lap never looks valid. Both words carry the bit, so a consumer
+//    that observes only one new half sees a torn command and waits for the other half.
+//  * The consumer reads slot tail & (capacity - 1) with acquire loads until both lap bits match, takes the
+//    command out and later publishes the new tail. Slots are never cleared; the lap bit alternates.
+//  * `completed` counts positions whose operation finished at the source (the proxy advances it in order);
+//    flush() waits on it. `error` is the proxy's error word: non-zero means the proxy stopped accepting work
+//    and every bounded wait returns that Status instead of waiting out its timeout.
+// A producer that reserved a slot must publish it; a producer that times out waiting for space leaves a hole
+// that the consumer will wait on, which is why a full-ring timeout is reported as an error of the whole ring.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gdx/atomic.hpp"
+#include "gdx/clock.hpp"
+#include "gdx/command.hpp"
+#include "gdx/device.hpp"
+#include "gdx/status.hpp"
+
+namespace gdx {
+
+struct RingDeviceHandle {
+  Command* slots;
+  uint64_t* head;        ///< producers' reservation counter
+  uint64_t* cachedTail;  ///< producers' last seen tail (same memory as head)
+  uint64_t* tail;        ///< consumer-published tail (host memory)
+  uint64_t* completed;   ///< positions completed at the source, in order (host memory)
+  uint32_t* error;       ///< proxy error word: a Status, kOk while healthy (host memory)
+  uint64_t capacity;     ///< power of two
+  uint64_t timeoutNs;    ///< bound for every wait a producer makes
+
+  GDX_HOST_DEVICE_INLINE static uint64_t lapOf(uint64_t pos, uint64_t capacity) {
+    return ((pos / capacity) + 1) & 1;
+  }
+
+  /// Reserves `n` consecutive positions; returns the first in *pos. Waits (bounded) until they are free.
+  GDX_HOST_DEVICE_INLINE Status reserve(uint32_t n, uint64_t* pos) const {
+    uint64_t p = atomicFetchAdd(head, static_cast<uint64_t>(n), kRelaxed);
+    *pos = p;
+    uint64_t last = p + n - 1;
+    if (last < atomicLoad(cachedTail, kRelaxed) + capacity) return Status::kOk;
+    uint64_t start = 0;
+    for (uint64_t spins = 0;; ++spins) {
+      uint64_t t = atomicLoad(tail, kAcquire);
+      if (last < t + capacity) {
+        atomicFetchMax(cachedTail, t, kRelaxed);
+        return Status::kOk;
+      }
+      uint32_t e = atomicLoad(error, kRelaxed);
+      if (e != 0) return static_cast<Status>(e);
+      if ((spins & 63) == 0) {
+        uint64_t now = nowNs();
+        if (start == 0) start = now;
+        if (now - start > timeoutNs) return Status::kTimeout;
+      }
+      spinPause(spins);
+    }
+  }
+
+  /// Publishes `c` at position `pos` (which the caller reserved).
+  GDX_HOST_DEVICE_INLINE void publish(uint64_t pos, const Command& c) const {
+    Command v = c.withLap(lapOf(pos, capacity));
+    Command* slot = &slots[pos & (capacity - 1)];
+    // Release on the first word orders everything the producer wrote before (the data a put refers to)
+    // before the command; the second word may become visible first, which the lap bits make harmless.
+    atomicStore(&slot->word[1], v.word[1], kRelease);
+    atomicStore(&slot->word[0], v.word[0], kRelease);
+  }
+
+  /// Reserves and publishes one command (two slots for a putWithSignal pair: use pushPair).
+  GDX_HOST_DEVICE_INLINE Status push(const Command& c, uint64_t* posOut = nullptr) const {
+    uint64_t pos;
+    Status s = reserve(1, &pos);
+    if (s != Status::kOk) return s;
+    publish(pos, c);
+    if (posOut) *posOut = pos;
+    return Status::kOk;
+  }
+  /// Reserves two consecutive slots and publishes a putWithSignal command and its signal.
+  GDX_HOST_DEVICE_INLINE Status pushPair(const Command& first, const Command& second, uint64_t* lastPos = nullptr) const {
+    uint64_t pos;
+    Status s = reserve(2, &pos);
+    if (s != Status::kOk) return s;
+    publish(pos, first);
+    publish(pos + 1, second);
+    if (lastPos) *lastPos = pos + 1;
+    return Status::kOk;
+  }
+
+  /// Waits (bounded) until every position <= pos completed at the source.
+  GDX_HOST_DEVICE_INLINE Status waitCompleted(uint64_t pos) const {
+    uint64_t start = 0;
+    for (uint64_t spins = 0;; ++spins) {
+      if (atomicLoad(completed, kAcquire) > pos) return Status::kOk;
+      uint32_t e = atomicLoad(error, kRelaxed);
+      if (e != 0) return static_cast<Status>(e);
+      if ((spins & 63) == 0) {
+        uint64_t now = nowNs();
+        if (start == 0) start = now;
+        if (now - start > timeoutNs) return Status::kTimeout;
+      }
+      spinPause(spins);
+    }
+  }
+};
+
+static_assert(std::is_trivially_copyable<RingDeviceHandle>::value, "handles are passed to kernels by value");
+
+}  // namespace gdx

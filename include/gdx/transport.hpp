@@ -1,0 +1,121 @@
+// The transport interface: one-sided writes with an optional 32-bit immediate, the semantics of an RDMA
+// reliable-connected queue pair. Backends live in rdma/ (tcp today, verbs next); the proxy sees only this.
+//
+// Semantics every backend provides:
+//  * Windows are registered locally under an id chosen by the caller (the Context); peers learn (id, size,
+//    key) through the bootstrap and add them with addRemoteWindow(). A write names windows and offsets, never
+//    raw addresses, so both sides bounds-check it: the sender before posting, the receiver before placing.
+//  * Writes are posted on a TransportLane (one per proxy thread, like a set of QPs) and are asynchronous. Each
+//    posted write produces exactly one Completion on the lane that posted it, once its source buffer may be
+//    reused (or once it failed).
+//  * Ordering: on one lane, to one peer, a write-with-immediate is announced to the receiver (ImmHandler)
+//    only after its own data and the data of every earlier write of that lane to that peer are in place.
+//    Writes without an immediate are never announced.
+//  * Failure: a peer that dies, closes without saying goodbye, or sends anything malformed is marked failed;
+//    PeerFailureHandler runs once for it, pending and later writes to it complete with Status::kPeerFailed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gdx/status.hpp"
+
+namespace gdx {
+
+/// Where a window's memory lives.
+enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
+
+/// One write, as posted by a proxy thread.
+struct WriteOp {
+  int peer = -1;
+  uint32_t localWindow = 0;
+  uint64_t localOffset = 0;
+  uint32_t remoteWindow = 0;
+  uint64_t remoteOffset = 0;
+  uint64_t bytes = 0;
+  bool withImm = false;
+  uint32_t imm = 0;
+  uint64_t cookie = 0;  ///< returned unchanged in the Completion
+};
+
+/// Sender-side completion of one WriteOp.
+struct Completion {
+  uint64_t cookie = 0;
+  Status status = Status::kOk;
+  int peer = -1;
+};
+
+/// What a receiver learns about an arriving write-with-immediate, once its data is in place.
+struct RemoteWrite {
+  int peer = -1;
+  uint32_t window = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint32_t imm = 0;
+};
+
+/// A sending context owned by one proxy thread. Not thread-safe: one thread posts and polls.
+class TransportLane {
+ public:
+  virtual ~TransportLane() = default;
+  /// Posts a write; throws gdx::Error(kInvalidArgument) for an unknown peer, an unknown window or a range past
+  /// either window's end, before anything is sent. A failed peer gives a Completion with kPeerFailed.
+  virtual void post(const WriteOp& op) = 0;
+  /// Moves up to `max` finished writes into `out`; returns how many.
+  virtual size_t poll(Completion* out, size_t max) = 0;
+  /// Writes posted and not yet returned by poll().
+  virtual size_t inFlight() const = 0;
+};
+
+class Transport {
+ public:
+  using ImmHandler = std::function<void(const RemoteWrite&)>;
+  using PeerFailureHandler = std::function<void(int peer, const std::string& why)>;
+
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+
+  /// This rank's address blob, to be exchanged through the bootstrap before connect().
+  virtual std::string localAddress() = 0;
+  /// Collective: connects `lanes` lanes to every rank (itself included) from the gathered address blobs
+  /// (index = rank). Handlers must be set before.
+  virtual void connect(const std::vector<std::string>& addresses, int lanes) = 0;
+  virtual int numLanes() const = 0;
+  virtual TransportLane& lane(int index) = 0;
+
+  /// Registers local memory as window `id`; returns the key blob peers need to address it.
+  virtual std::string registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) = 0;
+  virtual void deregisterWindow(uint32_t id) = 0;
+  /// Records window `id` of `peer` (size and key as that peer's registerWindow returned them).
+  virtual void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) = 0;
+
+  /// Called from transport threads for every announced write-with-immediate; must be thread-safe and short.
+  virtual void setImmHandler(ImmHandler handler) = 0;
+  virtual void setPeerFailureHandler(PeerFailureHandler handler) = 0;
+  /// kOk while the connection to `peer` is healthy, else why it is not.
+  virtual Status peerStatus(int peer) const = 0;
+
+  /// Says goodbye to every peer and stops transport threads; idempotent, also run by the destructor.
+  virtual void shutdown() = 0;
+};
+
+/// Options of the TCP backend.
+struct TcpTransportOptions {
+  int rank = 0;
+  int worldSize = 1;
+  int socketsPerPeer = 4;           ///< GDX_TCP_SOCKETS
+  size_t chunkBytes = 1 << 20;      ///< writes larger than this are split over the sockets (GDX_TCP_CHUNK)
+  std::string bindAddress = "";     ///< interface address to listen on; empty: the one MASTER_ADDR routes from
+  std::string secret;               ///< the job secret; a connection that does not present it is refused
+  uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;
+  /// Fills the fields above from GDX_TCP_SOCKETS / GDX_TCP_CHUNK / GDX_TCP_BIND_ADDR and GDX_TIMEOUT_MS.
+  static TcpTransportOptions fromEnv(int rank, int worldSize, const std::string& secret);
+};
+
+std::unique_ptr<Transport> makeTcpTransport(const TcpTransportOptions& options);
+
+}  // namespace gdx

@@ -1,0 +1,32 @@
+// Helpers shared by the tests: random data, free ports, child processes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace gdx::test {
+
+/// Fills `n` bytes with pseudo-random data from `seed` (xorshift; reproducible in every process).
+void fillRandom(void* p, size_t n, uint64_t seed);
+/// Index of the first byte where a and b differ, or -1.
+long long firstMismatch(const void* a, const void* b, size_t n);
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+int freePort();
+
+/// Runs `body` in a forked child process; the child exits with body's return value (or 100 on an exception,
+/// after printing it). Call before any thread exists in the parent.
+pid_t forkChild(const std::function<int()>& body);
+/// Waits (bounded) for a child; returns its exit code, 128+signal if killed, or -1 (and kills it) on timeout.
+int waitChild(pid_t pid, int timeoutSec = 120);
+
+/// Runs `ranks` processes of `body(rank)` with GDX_RANK/GDX_WORLD_SIZE/GDX_MASTER_ADDR/GDX_MASTER_PORT/
+/// GDX_JOB_SECRET set for a fresh job, waits for all, and returns their exit codes.
+std::vector<int> runRanks(int ranks, const std::function<int(int rank)>& body, int timeoutSec = 300);
+
+}  // namespace gdx::test

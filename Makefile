@@ -11,7 +11,7 @@ RUN_ARGS ?=
 .PHONY: all deps configure test test-unit test-rdma test-gpu bench bench-gpu run install format clean
 
 all: configure
-	cmake --build $(BUILD) -j $(JOBS) --no-print-directory
+	cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 deps:
 	@bash cmake/install-deps.sh

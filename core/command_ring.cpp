@@ -1,0 +1,85 @@
+#include "gdx/ring.hpp"
+
+#include "gdx/atomic.hpp"
+#include "gdx/config.hpp"
+#include "gdx/error.hpp"
+
+namespace gdx {
+namespace {
+// Control block after the slots: every counter on its own 128-byte line so that producers hammering head do
+// not slow the consumer's tail and completion stores (and PCIe reads from the GPU stay one line each).
+constexpr size_t kLine = 128;
+constexpr size_t kHeadOffset = 0 * kLine;
+constexpr size_t kCachedTailOffset = 1 * kLine;
+constexpr size_t kTailOffset = 2 * kLine;
+constexpr size_t kCompletedOffset = 3 * kLine;
+constexpr size_t kErrorOffset = 4 * kLine;
+constexpr size_t kControlBytes = 5 * kLine;
+
+uint64_t checkedCapacity(uint64_t c) {
+  if (c < 2 || (c & (c - 1)) != 0)
+    throw Error(ErrorCode::kInvalidArgument, "ring capacity " + std::to_string(c) + " is not a power of two >= 2");
+  return c;
+}
+}  // namespace
+
+CommandRing::CommandRing(const Options& o)
+    : capacity_(checkedCapacity(o.capacity)),
+      timeoutNs_(o.timeoutNs ? o.timeoutNs : defaultTimeoutNs()),
+      memory_(capacity_ * sizeof(Command) + kControlBytes, o.numaNode, /*mapForGpu=*/true) {
+  auto* base = static_cast<char*>(memory_.data());
+  slots_ = reinterpret_cast<Command*>(base);
+  char* control = base + capacity_ * sizeof(Command);
+  head_ = reinterpret_cast<uint64_t*>(control + kHeadOffset);
+  cachedTail_ = reinterpret_cast<uint64_t*>(control + kCachedTailOffset);
+  tail_ = reinterpret_cast<uint64_t*>(control + kTailOffset);
+  completed_ = reinterpret_cast<uint64_t*>(control + kCompletedOffset);
+  error_ = reinterpret_cast<uint32_t*>(control + kErrorOffset);
+}
+
+RingDeviceHandle CommandRing::hostHandle() const {
+  return RingDeviceHandle{slots_, head_, cachedTail_, tail_, completed_, error_, capacity_, timeoutNs_};
+}
+
+bool CommandRing::readSlot(uint64_t pos, Command* out) const {
+  const Command* slot = &slots_[pos & (capacity_ - 1)];
+  Command c;
+  // Word 0 is stored last by producers (release), so reading it first with acquire makes word 1 current too;
+  // the lap check on both words still catches a producer that publishes them in the other order.
+  c.word[0] = atomicLoad(const_cast<uint64_t*>(&slot->word[0]), kAcquire);
+  c.word[1] = atomicLoad(const_cast<uint64_t*>(&slot->word[1]), kAcquire);
+  if (!c.lapsAgree(RingDeviceHandle::lapOf(pos, capacity_))) return false;
+  *out = c;
+  return true;
+}
+
+size_t CommandRing::poll(Command* out, size_t max) {
+  size_t n = 0;
+  while (n < max) {
+    Command c;
+    if (!readSlot(localTail_, &c)) break;
+    if (c.opcode() == Opcode::kPutWithSignal) {
+      Command s;
+      if (n + 2 > max || !readSlot(localTail_ + 1, &s)) break;
+      out[n++] = c;
+      out[n++] = s;
+      localTail_ += 2;
+    } else {
+      out[n++] = c;
+      localTail_ += 1;
+    }
+  }
+  return n;
+}
+
+void CommandRing::publishTail() { atomicStore(tail_, localTail_, kRelease); }
+
+void CommandRing::publishCompleted(uint64_t upTo) { atomicStore(completed_, upTo, kRelease); }
+
+void CommandRing::setError(Status status) { atomicStore(error_, static_cast<uint32_t>(status), kRelease); }
+
+Status CommandRing::error() const { return static_cast<Status>(atomicLoad(error_, kAcquire)); }
+
+uint64_t CommandRing::reserved() const { return atomicLoad(head_, kRelaxed); }
+
+}  // namespace gdx

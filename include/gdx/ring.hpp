@@ -1,0 +1,65 @@
+// CommandRing: the host object that owns one command ring (protocol in ring_device.hpp) and is its single
+// consumer. Producers get a RingDeviceHandle; the proxy thread that owns the ring calls poll(), publishTail(),
+// publishCompleted() and setError().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gdx/command.hpp"
+#include "gdx/host_buffer.hpp"
+#include "gdx/ring_device.hpp"
+#include "gdx/status.hpp"
+
+namespace gdx {
+
+class CommandRing {
+ public:
+  struct Options {
+    uint64_t capacity = 4096;  ///< slots; a power of two >= 2 (GDX_RING_SIZE)
+    int numaNode = -1;         ///< where the slots and counters live; -1: the calling thread's node
+    uint64_t timeoutNs = 0;    ///< producers' wait bound; 0: defaultTimeoutNs()
+  };
+
+  explicit CommandRing(const Options& options);
+  CommandRing(const CommandRing&) = delete;
+  CommandRing& operator=(const CommandRing&) = delete;
+
+  /// Handle for producers that are host threads (head and cached tail in host memory).
+  RingDeviceHandle hostHandle() const;
+
+  // ---- consumer side: one thread only ----
+  /// Copies up to `max` published commands, in ring order, into `out` and returns how many. A putWithSignal
+  /// and its signal slot are returned together or not at all (so `max` must be >= 2 to make progress on one).
+  size_t poll(Command* out, size_t max);
+  /// Positions taken out by poll() so far.
+  uint64_t consumed() const { return localTail_; }
+  /// Makes the slots taken out so far reusable by producers.
+  void publishTail();
+  /// Declares positions [0, upTo) finished at the source (flush() waits on this).
+  void publishCompleted(uint64_t upTo);
+  /// Sets the sticky error word; producers' waits return this status from now on.
+  void setError(Status status);
+  Status error() const;
+
+  uint64_t capacity() const { return capacity_; }
+  int numaNode() const { return memory_.numaNode(); }
+  /// Positions reserved by producers so far (for diagnostics: head - consumed() is the backlog).
+  uint64_t reserved() const;
+
+ private:
+  bool readSlot(uint64_t pos, Command* out) const;
+
+  uint64_t capacity_;
+  uint64_t timeoutNs_;
+  HostBuffer memory_;
+  Command* slots_;
+  uint64_t* head_;
+  uint64_t* cachedTail_;
+  uint64_t* tail_;
+  uint64_t* completed_;
+  uint32_t* error_;
+  uint64_t localTail_ = 0;
+};
+
+}  // namespace gdx

@@ -1,0 +1,111 @@
+// BootstrapConfig::fromEnv: the launcher's variables, so that torchrun, mpirun and srun start gdx unchanged.
+#include <cerrno>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+
+#include "gdx/bootstrap.hpp"
+#include "gdx/config.hpp"
+#include "gdx/error.hpp"
+
+namespace gdx {
+namespace {
+
+// The first variable of `names` that is set and not empty; its name is kept for error messages.
+struct EnvValue {
+  const char* name = nullptr;
+  std::string value;
+  bool set() const { return name != nullptr; }
+};
+
+EnvValue firstSet(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    if (v && *v) return {n, v};
+  }
+  return {};
+}
+
+std::string nameList(std::initializer_list<const char*> names) {
+  std::string s;
+  for (const char* n : names) s += (s.empty() ? "" : " / ") + std::string(n);
+  return s;
+}
+
+[[noreturn]] void invalid(const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, what);
+}
+
+long long parseInt(const EnvValue& v) {
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.value.c_str(), &end, 10);
+  if (errno != 0 || end == v.value.c_str() || *end != '\0')
+    invalid(std::string(v.name) + "='" + v.value + "' is not an integer");
+  return x;
+}
+
+// An integer from the first variable set; `required` ones throw when none is.
+long long intFrom(std::initializer_list<const char*> names, bool required, long long fallback, EnvValue* used) {
+  EnvValue v = firstSet(names);
+  *used = v;
+  if (!v.set()) {
+    if (required) invalid(nameList(names) + " is not set (the rank and world size come from the launcher)");
+    return fallback;
+  }
+  return parseInt(v);
+}
+
+// A job id known to every rank and to no stranger who does not know the job.
+std::string deriveSecret(const std::string& masterAddr, int masterPort) {
+  if (const char* v = std::getenv("GDX_JOB_SECRET"); v && *v) return v;
+  if (const char* v = std::getenv("TORCHELASTIC_RUN_ID"); v && *v) return std::string("torchelastic:") + v;
+  if (const char* v = std::getenv("SLURM_JOB_ID"); v && *v) return std::string("slurm:") + v;
+  // Last resort, public knowledge: it only keeps out another job that happens to use the same port by
+  // accident (a stale process, a second job on the node), not someone who wants to join.
+  return "master:" + masterAddr + ":" + std::to_string(masterPort);
+}
+
+}  // namespace
+
+BootstrapConfig BootstrapConfig::fromEnv() {
+  BootstrapConfig c;
+  EnvValue rankVar, worldVar, localVar, portVar;
+  long long rank = intFrom({"GDX_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, true, 0, &rankVar);
+  long long world =
+      intFrom({"GDX_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, true, 1, &worldVar);
+  long long local =
+      intFrom({"GDX_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}, false, -1, &localVar);
+  long long port = intFrom({"GDX_MASTER_PORT", "MASTER_PORT"}, false, 29500, &portVar);
+
+  if (world < 1 || world > (1 << 20))
+    invalid(std::string(worldVar.name) + "=" + worldVar.value + " is not a valid world size (1 .. 1048576)");
+  if (rank < 0 || rank >= world)
+    invalid(std::string(rankVar.name) + "=" + rankVar.value + " is out of range for world size " +
+            std::to_string(world) + " (from " + worldVar.name + ")");
+  if (localVar.set() && (local < 0 || local >= world))
+    invalid(std::string(localVar.name) + "=" + localVar.value + " is out of range for world size " +
+            std::to_string(world));
+  if (port < 1 || port > 65535)
+    invalid(std::string(portVar.name ? portVar.name : "GDX_MASTER_PORT") + "=" + std::to_string(port) +
+            " is not a TCP port (1 .. 65535)");
+
+  c.rank = static_cast<int>(rank);
+  c.worldSize = static_cast<int>(world);
+  c.localRank = static_cast<int>(local);
+  c.masterPort = static_cast<int>(port);
+  c.masterAddr = envFirst({"GDX_MASTER_ADDR", "MASTER_ADDR"}, "127.0.0.1");
+  c.secret = deriveSecret(c.masterAddr, c.masterPort);
+
+  EnvValue timeoutVar;
+  long long timeoutMs = intFrom({"GDX_BOOTSTRAP_TIMEOUT_MS"}, false, 0, &timeoutVar);
+  if (timeoutVar.set()) {
+    if (timeoutMs <= 0) invalid("GDX_BOOTSTRAP_TIMEOUT_MS=" + timeoutVar.value + " must be positive");
+    c.timeoutNs = static_cast<uint64_t>(timeoutMs) * 1000000ull;
+  } else {
+    c.timeoutNs = defaultTimeoutNs();
+  }
+  return c;
+}
+
+}  // namespace gdx

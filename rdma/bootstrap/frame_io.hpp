@@ -1,0 +1,24 @@
+// Blocking-with-deadline frame transfer for the client side of the bootstrap (the server has its own
+// event loop in server.cpp): one frame = header + payload, see protocol.hpp.
+#pragma once
+
+#include <string>
+
+#include "rdma/bootstrap/protocol.hpp"
+#include "rdma/bootstrap/socket.hpp"
+
+namespace gdx::bootstrap {
+
+struct Frame {
+  MsgType type = MsgType::kHello;
+  std::string payload;
+};
+
+/// Sends one frame whose payload is `prefix` followed by `body` (so a large blob is not copied to prepend
+/// a sequence number).
+IoStatus sendFrame(int fd, MsgType type, const std::string& prefix, const std::string& body, Deadline deadline);
+/// Receives one frame. A header with the wrong magic or version, or a payload longer than `maxPayload`,
+/// throws gdx::Error(kProtocol).
+IoStatus recvFrame(int fd, Frame& out, uint64_t maxPayload, Deadline deadline);
+
+}  // namespace gdx::bootstrap

@@ -1,0 +1,110 @@
+// Wire protocol of the bootstrap rendezvous (rank 0's server <-> every rank's client), over one TCP
+// connection per rank.
+//
+// Every message is a frame: a 16-byte header, then `length` payload bytes. All integers little-endian.
+//   u32 magic 'GDXB' (0x42584447) | u16 version (kProtocolVersion) | u16 type (MsgType) | u64 length
+// A frame with another magic or version is refused, so a stray client or an older build fails loudly.
+//
+// Payloads (str = u32 length + bytes):
+//   kHello         client -> server  u32 rank, u32 worldSize, str secret, str hostname
+//   kWelcome       server -> client  u32 worldSize, worldSize x str hostname (indexed by rank); all joined
+//   kRefuse        server -> client  str reason; the server then closes the connection
+//   kAbort         server -> client  u32 ErrorCode, str message; the job is over (timeout, dead rank, misuse)
+//   kGather        client -> server  u64 sequence number (1, 2, ...), then the blob (the rest of the payload)
+//   kGatherResult  server -> client  u64 sequence number, u32 n, n x (u64 length + bytes), indexed by rank
+//   kGoodbye       client -> server  (empty) the rank leaves cleanly; its EOF that follows is no failure
+//
+// Session: client sends kHello; the server answers kRefuse (and closes) or, once every rank has joined,
+// kWelcome to all. Then any number of kGather rounds: the server answers all ranks with kGatherResult once all
+// have sent the same sequence number. kAbort may replace any answer. The secret travels in clear text: it keeps
+// strangers and other jobs out, it is not a defence against someone who can read the network.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "gdx/error.hpp"
+
+namespace gdx::bootstrap {
+
+constexpr uint32_t kMagic = 0x42584447;  // "GDXB" in little-endian byte order
+constexpr uint16_t kProtocolVersion = 1;
+constexpr size_t kHeaderBytes = 16;
+/// Largest blob one rank may contribute to allGather.
+constexpr uint64_t kMaxBlobBytes = 64ull << 20;
+/// Largest frame the server accepts before the hello is authenticated: a stranger cannot make it allocate much.
+constexpr uint64_t kMaxHelloBytes = 64 << 10;
+/// Largest frame the server accepts from a joined rank.
+constexpr uint64_t kMaxClientFrameBytes = kMaxBlobBytes + 8;
+
+enum class MsgType : uint16_t {
+  kHello = 1,
+  kWelcome = 2,
+  kRefuse = 3,
+  kAbort = 4,
+  kGather = 5,
+  kGatherResult = 6,
+  kGoodbye = 7,
+};
+const char* msgTypeName(MsgType type);
+
+struct FrameHeader {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  MsgType type = MsgType::kHello;
+  uint64_t length = 0;
+};
+
+void encodeHeader(const FrameHeader& h, unsigned char out[kHeaderBytes]);
+FrameHeader decodeHeader(const unsigned char in[kHeaderBytes]);
+/// A whole frame (header + payload) in one buffer, for the small and the broadcast messages.
+std::string encodeFrame(MsgType type, const std::string& payload);
+
+/// Appends little-endian fields to a payload.
+class Writer {
+ public:
+  Writer& u32(uint32_t v);
+  Writer& u64(uint64_t v);
+  Writer& str(const std::string& s);
+  Writer& raw(const std::string& s) {
+    out_ += s;
+    return *this;
+  }
+  std::string& out() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+/// Reads fields back; a payload that ends early throws gdx::Error(kProtocol) naming `what`.
+class Reader {
+ public:
+  Reader(const std::string& in, const char* what) : in_(in), what_(what) {}
+  uint32_t u32();
+  uint64_t u64();
+  std::string str();
+  std::string bytes(uint64_t n);
+  std::string rest();
+  bool done() const { return pos_ == in_.size(); }
+
+ private:
+  void need(uint64_t n);
+  const std::string& in_;
+  const char* what_;
+  size_t pos_ = 0;
+};
+
+struct Hello {
+  uint32_t rank = 0;
+  uint32_t worldSize = 0;
+  std::string secret;
+  std::string hostname;
+};
+std::string encodeHello(const Hello& h);
+Hello decodeHello(const std::string& payload);
+
+/// Compares two secrets in time that depends only on their lengths, not on where they first differ, so a
+/// stranger cannot learn the secret byte by byte from the server's response time.
+bool constantTimeEqual(const std::string& a, const std::string& b);
+
+}  // namespace gdx::bootstrap

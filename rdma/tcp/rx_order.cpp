@@ -1,0 +1,61 @@
+#include "rdma/tcp/rx_order.hpp"
+
+#include <sstream>
+
+namespace gdx::tcp {
+
+std::string RxOrder::admit(const MessageHeader& h) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::ostringstream os;
+  if (h.seq < next_) {
+    os << "chunk of write #" << h.seq << ", which is already complete (next expected #" << next_ << ")";
+    return os.str();
+  }
+  if (h.seq - next_ >= maxAhead_) {
+    os << "write #" << h.seq << " is numbered more than " << maxAhead_ << " past the oldest unfinished #" << next_;
+    return os.str();
+  }
+  bool withImm = (h.flags & kFlagImm) != 0;
+  auto [it, inserted] = pending_.try_emplace(h.seq);
+  Message& m = it->second;
+  if (inserted) {
+    m.window = h.window;
+    m.offset = h.offset;
+    m.bytes = h.bytes;
+    m.imm = h.imm;
+    m.withImm = withImm;
+  } else if (m.window != h.window || m.offset != h.offset || m.bytes != h.bytes || m.imm != h.imm ||
+             m.withImm != withImm) {
+    os << "chunk disagrees with earlier chunks of write #" << h.seq << " (window " << m.window << ", offset "
+       << m.offset << ", bytes " << m.bytes << ")";
+    return os.str();
+  }
+  // checkHeader() guaranteed chunkBytes <= bytes, so this cannot overflow.
+  if (h.chunkBytes > m.bytes - m.claimed) {
+    os << "chunks of write #" << h.seq << " add up to more than its " << m.bytes << " bytes";
+    return os.str();
+  }
+  m.claimed += h.chunkBytes;
+  return "";
+}
+
+void RxOrder::placed(const MessageHeader& h, const std::function<void(const Message&)>& announce) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = pending_.find(h.seq);
+  if (it == pending_.end()) return;  // admit() was not called; nothing to account
+  it->second.placed += h.chunkBytes;
+  while (!pending_.empty()) {
+    auto first = pending_.begin();
+    if (first->first != next_ || first->second.placed != first->second.bytes) break;
+    if (first->second.withImm && announce) announce(first->second);
+    pending_.erase(first);
+    ++next_;
+  }
+}
+
+size_t RxOrder::pending() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pending_.size();
+}
+
+}  // namespace gdx::tcp

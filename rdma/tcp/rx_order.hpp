@@ -1,0 +1,50 @@
+// Receive-side ordering of one (lane, sender -> this rank) direction. Chunks of different writes may arrive
+// out of order over the lane's sockets; a write-with-immediate is announced only once it and every earlier
+// write of the direction are completely in place, which is the ordering an RDMA RC queue pair gives.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "rdma/tcp/wire.hpp"
+
+namespace gdx::tcp {
+
+class RxOrder {
+ public:
+  /// A write of the direction, as its chunks describe it.
+  struct Message {
+    uint32_t window = 0;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    uint32_t imm = 0;
+    bool withImm = false;
+    uint64_t claimed = 0;  ///< payload bytes of admitted chunks
+    uint64_t placed = 0;   ///< payload bytes already in the window
+  };
+
+  /// `maxAhead` bounds how far past the oldest unfinished write a chunk may be numbered, and so the memory a
+  /// peer can make this tracker hold.
+  explicit RxOrder(uint64_t maxAhead) : maxAhead_(maxAhead) {}
+
+  /// Called before a chunk's payload is placed. Returns "" and reserves the chunk's bytes, or says why the chunk
+  /// cannot belong to this direction (already finished, numbered too far ahead, disagreeing with earlier chunks
+  /// of its write, more bytes than the write has).
+  std::string admit(const MessageHeader& h);
+  /// Called once an admitted chunk is in place; runs `announce` (under the tracker's lock, so announcements of
+  /// one direction never overtake each other) for every write-with-immediate that became deliverable.
+  void placed(const MessageHeader& h, const std::function<void(const Message&)>& announce);
+  /// Writes begun and not yet complete (for tests and diagnostics).
+  size_t pending() const;
+
+ private:
+  const uint64_t maxAhead_;
+  mutable std::mutex mutex_;
+  uint64_t next_ = 0;  ///< seq of the oldest write not yet complete
+  std::map<uint64_t, Message> pending_;
+};
+
+}  // namespace gdx::tcp

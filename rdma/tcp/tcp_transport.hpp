@@ -1,0 +1,194 @@
+// The TCP backend of gdx::Transport: one-sided writes with immediates emulated over plain sockets.
+//
+// Connections: for every lane and every rank (itself included) a rank opens `socketsPerPeer` connections to
+// that rank's listener and only ever sends on them; the connections it accepts only ever carry data to it. So
+// who connects is fixed (the sender), a world of one works through its own listener, and every socket has one
+// job. Each connection starts with a Hello (magic, version, secret, rank, lane, socket index) that the acceptor
+// answers with a HelloAck, refusing strangers, wrong secrets, unknown ranks/lanes and duplicates.
+//
+// Threads: one acceptor (poll() over the listener and half-read Hellos), one sender per outgoing socket (a
+// queue of chunks; writes larger than chunkBytes are split round-robin over the lane's sockets to the peer so
+// they move in parallel), one receiver per incoming socket (validates each header, then receives the payload
+// straight into the window and lets RxOrder decide what can be announced).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "gdx/transport.hpp"
+#include "rdma/tcp/rx_order.hpp"
+#include "rdma/tcp/socket.hpp"
+#include "rdma/tcp/wire.hpp"
+
+namespace gdx::tcp {
+
+class TcpTransport;
+
+/// A posted write; freed by the sender thread that finishes its last chunk.
+struct OpState {
+  std::atomic<uint32_t> remaining{0};                                ///< chunks not yet handed to the kernel
+  std::atomic<uint32_t> status{static_cast<uint32_t>(Status::kOk)};  ///< first failure of any chunk
+  uint64_t cookie = 0;
+  int peer = -1;
+};
+
+/// One chunk waiting for its socket.
+struct TxItem {
+  MessageHeader header;
+  const char* data = nullptr;
+  OpState* op = nullptr;
+};
+
+/// An outgoing connection and its sender thread.
+struct TxSocket {
+  UniqueFd fd;
+  int peer = -1;
+  int lane = 0;
+  int index = 0;
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<TxItem> queue;
+  bool goodbye = false;  ///< shutdown(): send GOODBYE once the queue is empty, then stop
+  bool broken = false;   ///< a send failed; the stream is no longer in step, so nothing more is sent
+  bool closed = false;   ///< the sender thread has finished; post() must not queue anything more
+  std::thread thread;
+};
+
+/// An incoming connection and its receiver thread.
+struct RxSocket {
+  UniqueFd fd;
+  int peer = -1;
+  int lane = 0;
+  int index = 0;
+  std::thread thread;
+};
+
+class TcpLane : public TransportLane {
+ public:
+  TcpLane(TcpTransport& transport, int index, int worldSize);
+  void post(const WriteOp& op) override;
+  size_t poll(Completion* out, size_t max) override;
+  size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
+
+  /// Called by sender threads when a chunk of `op` is sent or failed; completes the op after its last chunk.
+  void finishChunk(OpState* op, Status status);
+
+ private:
+  void complete(uint64_t cookie, int peer, Status status);
+
+  TcpTransport& t_;
+  const int index_;
+  std::vector<uint64_t> nextSeq_;     ///< per peer: number of the next write of this lane
+  std::vector<uint32_t> nextSocket_;  ///< per peer: where the round-robin over sockets continues
+  std::mutex doneMutex_;
+  std::deque<Completion> done_;
+  std::atomic<size_t> inFlight_{0};
+};
+
+class TcpTransport : public Transport {
+ public:
+  explicit TcpTransport(const TcpTransportOptions& options);
+  ~TcpTransport() override;
+
+  std::string name() const override { return "tcp"; }
+  std::string localAddress() override { return advertised_; }
+  void connect(const std::vector<std::string>& addresses, int lanes) override;
+  int numLanes() const override { return connected_ ? static_cast<int>(lanes_.size()) : 0; }
+  TransportLane& lane(int index) override;
+
+  std::string registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) override;
+  /// As with an RDMA memory region, the caller must make sure no peer still writes into the window (and no
+  /// local write still reads from it) when it is deregistered: a chunk already being received completes.
+  void deregisterWindow(uint32_t id) override;
+  void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) override;
+
+  void setImmHandler(ImmHandler handler) override { immHandler_ = std::move(handler); }
+  void setPeerFailureHandler(PeerFailureHandler handler) override;
+  Status peerStatus(int peer) const override;
+
+  void shutdown() override;
+
+ private:
+  friend class TcpLane;
+  enum PeerState : int { kPeerOk = 0, kPeerGoodbye = 1, kPeerFailed = 2 };
+  struct LocalWindow {
+    char* base = nullptr;
+    uint64_t bytes = 0;
+  };
+  struct PendingHello;
+
+  size_t slot(int lane, int peer, int socket) const {
+    return (static_cast<size_t>(lane) * world_ + peer) * sockets_ + socket;
+  }
+  TxSocket& txSocket(int lane, int peer, int socket) { return *tx_[slot(lane, peer, socket)]; }
+
+  // Connection setup (tcp_connect.cpp).
+  void acceptorLoop();
+  void handleHello(PendingHello& pending);
+  void openOutgoing(const std::vector<std::string>& addresses, uint64_t deadlineNs);
+  void awaitIncoming(uint64_t deadlineNs);
+  std::string missingRanks(bool incoming) const;
+
+  // Data path (tcp_sender.cpp, tcp_receiver.cpp).
+  void senderLoop(TxSocket& s);
+  Status sendChunk(TxSocket& s, const TxItem& item);
+  Status onSendFailure(TxSocket& s, const IoStatus& io, const std::string& why);
+  void sayGoodbye(TxSocket& s);
+  void receiverLoop(RxSocket& s);
+  bool receiveOne(RxSocket& s);
+  bool txAborted() const;
+
+  // Failure handling.
+  void failPeer(int peer, const std::string& why);
+  Status failedStatus(int peer) const;
+
+  const TcpTransportOptions options_;
+  const int rank_;
+  const int world_;
+  const int sockets_;
+  UniqueFd listener_;
+  std::string advertised_;
+
+  ImmHandler immHandler_;
+  std::mutex failureHandlerMutex_;
+  PeerFailureHandler failureHandler_;
+
+  mutable std::shared_mutex windowsMutex_;
+  std::unordered_map<uint32_t, LocalWindow> windows_;
+  std::vector<std::unordered_map<uint32_t, uint64_t>> remoteWindows_;  ///< per peer: id -> bytes
+
+  std::unique_ptr<std::atomic<int>[]> peerState_;  ///< per peer: a PeerState
+  mutable std::mutex whyMutex_;
+  std::vector<std::string> why_;  ///< per peer: why it failed
+
+  int numLanes_ = 0;
+  bool connected_ = false;
+  bool connectStarted_ = false;
+  std::vector<std::unique_ptr<TcpLane>> lanes_;
+  std::vector<std::unique_ptr<TxSocket>> tx_;      ///< [lane][peer][socket]
+  std::vector<std::unique_ptr<RxSocket>> rx_;      ///< [lane][peer][socket]; filled by the acceptor
+  std::vector<std::unique_ptr<RxOrder>> rxOrder_;  ///< [lane][peer]
+  std::mutex rxMutex_;                             ///< guards rx_ while the acceptor fills it
+  std::condition_variable rxCv_;
+  size_t rxFilled_ = 0;
+
+  std::thread acceptor_;
+  UniqueFd wakeRead_, wakeWrite_;  ///< a pipe that wakes the acceptor at shutdown
+  std::atomic<bool> acceptorStop_{false};
+
+  std::mutex shutdownMutex_;
+  bool shutDown_ = false;
+  std::atomic<bool> stopping_{false};         ///< shutdown() began: posts refused, failures not reported
+  std::atomic<uint64_t> drainDeadlineNs_{0};  ///< senders give up pending chunks after this (0: no limit)
+  std::atomic<bool> rxStop_{false};           ///< receivers stop at the next chance
+};
+
+}  // namespace gdx::tcp

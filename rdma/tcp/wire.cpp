@@ -1,0 +1,67 @@
+#include "rdma/tcp/wire.hpp"
+
+#include <sstream>
+
+namespace gdx::tcp {
+
+const char* helloReplyName(HelloReply reply) {
+  switch (reply) {
+    case HelloReply::kAccepted: return "accepted";
+    case HelloReply::kBadSecret: return "wrong job secret";
+    case HelloReply::kBadRank: return "unknown rank";
+    case HelloReply::kWorldMismatch: return "world size differs";
+    case HelloReply::kBadLane: return "unknown lane or lane count differs";
+    case HelloReply::kBadSocket: return "unknown socket index or socket count differs";
+    case HelloReply::kDuplicate: return "duplicate connection";
+    case HelloReply::kChunkTooLarge: return "sender's chunk size exceeds the receiver's";
+  }
+  return "unknown reply";
+}
+
+std::string checkRange(uint64_t offset, uint64_t bytes, uint64_t windowBytes) {
+  // Written as two comparisons so that offset + bytes can never wrap around.
+  if (bytes > windowBytes || offset > windowBytes - bytes) {
+    std::ostringstream os;
+    os << "range [offset " << offset << ", +" << bytes << " bytes) exceeds the window of " << windowBytes << " bytes";
+    return os.str();
+  }
+  return "";
+}
+
+std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk) {
+  std::ostringstream os;
+  if (h.magic != kMessageMagic) {
+    os << "bad magic 0x" << std::hex << h.magic;
+  } else if (h.version != kWireVersion) {
+    os << "unsupported wire version " << h.version;
+  } else if (h.type != static_cast<uint8_t>(MessageType::kWrite) &&
+             h.type != static_cast<uint8_t>(MessageType::kGoodbye)) {
+    os << "unknown message type " << static_cast<int>(h.type);
+  } else if ((h.flags & ~kFlagImm) != 0) {
+    os << "unknown flags 0x" << std::hex << static_cast<int>(h.flags);
+  } else if (h.lane != expectedLane) {
+    os << "lane " << h.lane << " on a connection of lane " << expectedLane;
+  } else if (h.type == static_cast<uint8_t>(MessageType::kWrite)) {
+    if (h.bytes == 0 || h.chunkBytes == 0) {
+      os << "empty write";
+    } else if (h.chunkBytes > maxChunk) {
+      os << "chunk of " << h.chunkBytes << " bytes exceeds the chunk limit of " << maxChunk;
+    } else if (h.chunkBytes > h.bytes || h.chunkOffset > h.bytes - h.chunkBytes) {
+      os << "chunk [" << h.chunkOffset << ", +" << h.chunkBytes << ") lies outside its message of " << h.bytes
+         << " bytes";
+    }
+  } else if (h.chunkBytes != 0) {
+    os << "goodbye with " << h.chunkBytes << " payload bytes";
+  }
+  return os.str();
+}
+
+std::string describe(const MessageHeader& h) {
+  std::ostringstream os;
+  os << "{type " << static_cast<int>(h.type) << ", lane " << h.lane << ", window " << h.window << ", seq " << h.seq
+     << ", offset " << h.offset << ", bytes " << h.bytes << ", chunk [" << h.chunkOffset << ", +" << h.chunkBytes
+     << ")}";
+  return os.str();
+}
+
+}  // namespace gdx::tcp

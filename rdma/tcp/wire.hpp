@@ -1,0 +1,97 @@
+// Wire format of the TCP transport. Every connection carries one direction (the rank that connects is the one
+// that sends), starts with a Hello that the acceptor answers with a HelloAck, and then carries a stream of
+// MessageHeaders, each followed by `chunkBytes` bytes of payload. The structs are sent as they are laid out in
+// memory: every field is naturally aligned (no padding, checked below) and gdx only runs on little-endian hosts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace gdx::tcp {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP wire format is little-endian");
+
+constexpr uint32_t kHelloMagic = 0x48584447;    // "GDXH"
+constexpr uint32_t kAckMagic = 0x41584447;      // "GDXA"
+constexpr uint32_t kMessageMagic = 0x4D584447;  // "GDXM"
+constexpr uint16_t kWireVersion = 1;
+/// Longest job secret a Hello may carry; bounds what the acceptor reads from a stranger.
+constexpr uint32_t kMaxSecretBytes = 4096;
+/// Largest chunk the format can describe (MessageHeader::chunkBytes is 32 bits; 1 GiB keeps it far from that).
+constexpr uint64_t kMaxChunkBytes = 1ull << 30;
+
+/// First bytes on every connection, followed by `secretBytes` bytes of the job secret.
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  uint16_t version = kWireVersion;
+  uint16_t reserved = 0;
+  int32_t rank = -1;  ///< the sender
+  int32_t worldSize = 0;
+  uint32_t lane = 0;
+  uint32_t lanes = 0;
+  uint32_t socketIndex = 0;
+  uint32_t socketsPerPeer = 0;
+  uint32_t secretBytes = 0;
+  uint32_t reserved2 = 0;
+  uint64_t chunkBytes = 0;  ///< the sender's chunk size; must not exceed the receiver's
+};
+static_assert(sizeof(Hello) == 48 && std::is_trivially_copyable_v<Hello>);
+
+/// Why an acceptor refused a Hello (kAccepted: it did not).
+enum class HelloReply : uint32_t {
+  kAccepted = 0,
+  kBadSecret,
+  kBadRank,
+  kWorldMismatch,
+  kBadLane,
+  kBadSocket,
+  kDuplicate,
+  kChunkTooLarge,
+};
+const char* helloReplyName(HelloReply reply);
+
+/// The acceptor's answer to a Hello; on a refusal the connection is closed right after it.
+struct HelloAck {
+  uint32_t magic = kAckMagic;
+  uint32_t reply = 0;  ///< a HelloReply
+};
+static_assert(sizeof(HelloAck) == 8 && std::is_trivially_copyable_v<HelloAck>);
+
+enum class MessageType : uint8_t {
+  kWrite = 1,    ///< a chunk of a one-sided write; chunkBytes of payload follow
+  kGoodbye = 2,  ///< the sender closes this connection on purpose; nothing follows
+};
+constexpr uint8_t kFlagImm = 1;  ///< the write carries an immediate to announce once it is in place
+
+/// Precedes every chunk. One write of `bytes` bytes at `offset` of window `window` is sent as one or more chunks
+/// (possibly over several sockets of the lane), all carrying the same message fields and the message's `seq`,
+/// the number of the write within its (lane, sender, receiver) direction.
+struct MessageHeader {
+  uint32_t magic = kMessageMagic;
+  uint16_t version = kWireVersion;
+  uint8_t type = 0;  ///< a MessageType
+  uint8_t flags = 0;
+  uint32_t lane = 0;
+  uint32_t window = 0;
+  uint64_t seq = 0;
+  uint64_t offset = 0;       ///< of the whole write in the window
+  uint64_t bytes = 0;        ///< of the whole write
+  uint64_t chunkOffset = 0;  ///< of this chunk within the write
+  uint32_t chunkBytes = 0;   ///< payload bytes that follow this header
+  uint32_t imm = 0;
+};
+static_assert(sizeof(MessageHeader) == 56 && std::is_trivially_copyable_v<MessageHeader>);
+
+/// Checks everything about a header that does not depend on the receiver's windows: magic, version, type,
+/// flags, lane, chunk length (<= maxChunk) and that the chunk lies inside its message. Returns "" when it is
+/// well formed, else what is wrong.
+std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk);
+
+/// "" when [offset, offset + bytes) lies within a window of `windowBytes` (without overflowing), else why not.
+std::string checkRange(uint64_t offset, uint64_t bytes, uint64_t windowBytes);
+
+/// A short human-readable rendering of a header for error messages.
+std::string describe(const MessageHeader& h);
+
+}  // namespace gdx::tcp

@@ -6,7 +6,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CMAKE_FLAGS ?=
-RUN_ARGS ?=
+RUN_ARGS ?= --json $(BUILD)/benchmark_local.json
 
 .PHONY: all deps configure test test-unit test-rdma test-gpu bench bench-gpu run install format clean
 

@@ -108,6 +108,20 @@ MessageHeader write(uint64_t offset, uint64_t bytes, uint64_t seq, bool imm) {
   return h;
 }
 
+/// A well-formed atomic on the word at `offset`; its 8-byte operand is the 0x77 filler FakePeer::send() adds.
+MessageHeader atomic(uint64_t offset, uint64_t seq, AtomicKind kind) {
+  MessageHeader h;
+  h.type = static_cast<uint8_t>(tcp::MessageType::kAtomic);
+  h.lane = 0;
+  h.window = kWindow;
+  h.seq = seq;
+  h.offset = offset;
+  h.bytes = tcp::kAtomicBytes;
+  h.chunkBytes = tcp::kAtomicBytes;
+  h.imm = static_cast<uint32_t>(kind);
+  return h;
+}
+
 struct BadHeader {
   const char* name;
   std::function<MessageHeader()> make;
@@ -191,14 +205,22 @@ TEST_P(TcpProtocol, MalformedHeaderFailsThePeerAndWritesNothing) {
     }
   }
 
-  // Writes to the failed peer complete with kPeerFailed instead of throwing.
+  // Writes and atomics to the failed peer complete with kPeerFailed instead of throwing.
   std::vector<unsigned char> src(64);
   t->registerWindow(1, src.data(), src.size(), MemoryKind::kHost);
   t->lane(0).post(WriteOp{1, 1, 0, kWindow, 0, 64, false, 0, 9});
-  auto done = test::pollCompletions(t->lane(0), 1, 5000);
-  ASSERT_EQ(done.size(), 1u);
+  AtomicOp add;
+  add.peer = 1;
+  add.remoteWindow = kWindow;
+  add.value = 1;
+  add.cookie = 10;
+  t->lane(0).postAtomic(add);
+  auto done = test::pollCompletions(t->lane(0), 2, 5000);
+  ASSERT_EQ(done.size(), 2u);
   EXPECT_EQ(done[0].status, Status::kPeerFailed);
   EXPECT_EQ(done[0].cookie, 9u);
+  EXPECT_EQ(done[1].status, Status::kPeerFailed);
+  EXPECT_EQ(done[1].cookie, 10u);
   t->shutdown();
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(failures.size(), 1u) << "the failure handler ran more than once";
@@ -207,45 +229,73 @@ TEST_P(TcpProtocol, MalformedHeaderFailsThePeerAndWritesNothing) {
 const uint64_t kMax = UINT64_MAX;
 INSTANTIATE_TEST_SUITE_P(
     Tcp, TcpProtocol,
-    ::testing::Values(BadHeader{"OffsetPastTheWindow", [] { return write(kWindowBytes - 10, 100, 1, true); }, 100,
-                                "exceeds the window"},
-                      BadHeader{"OffsetOverflowing", [] { return write(kMax - 50, 100, 1, false); }, 100,
-                                "exceeds the window"},
-                      BadHeader{"ChunkOutsideItsMessage",
-                                [] {
-                                  MessageHeader h = write(0, 100, 1, false);
-                                  h.chunkOffset = kMax - 20;
-                                  return h;
-                                },
-                                100, "outside its message"},
-                      BadHeader{"OversizedChunk",
-                                [] {
-                                  MessageHeader h = write(0, kChunk + 1, 1, false);
-                                  return h;
-                                },
-                                kChunk + 1, "exceeds the chunk limit"},
-                      BadHeader{"UnregisteredWindow",
-                                [] {
-                                  MessageHeader h = write(0, 10, 1, false);
-                                  h.window = 8;
-                                  return h;
-                                },
-                                10, "not registered"},
-                      BadHeader{"WrongLane",
-                                [] {
-                                  MessageHeader h = write(0, 10, 1, false);
-                                  h.lane = 3;
-                                  return h;
-                                },
-                                10, "lane 3"},
-                      BadHeader{"AlreadyCompleteWrite", [] { return write(0, 10, 0, false); }, 10, "already complete"},
-                      BadHeader{"Garbage",
-                                [] {
-                                  MessageHeader h;
-                                  test::fillRandom(&h, sizeof h, 99);
-                                  return h;
-                                },
-                                1000, "bad magic"}),
+    ::testing::Values(
+        BadHeader{"OffsetPastTheWindow", [] { return write(kWindowBytes - 10, 100, 1, true); }, 100,
+                  "exceeds the window"},
+        BadHeader{"OffsetOverflowing", [] { return write(kMax - 50, 100, 1, false); }, 100, "exceeds the window"},
+        BadHeader{"ChunkOutsideItsMessage",
+                  [] {
+                    MessageHeader h = write(0, 100, 1, false);
+                    h.chunkOffset = kMax - 20;
+                    return h;
+                  },
+                  100, "outside its message"},
+        BadHeader{"OversizedChunk",
+                  [] {
+                    MessageHeader h = write(0, kChunk + 1, 1, false);
+                    return h;
+                  },
+                  kChunk + 1, "exceeds the chunk limit"},
+        BadHeader{"UnregisteredWindow",
+                  [] {
+                    MessageHeader h = write(0, 10, 1, false);
+                    h.window = 8;
+                    return h;
+                  },
+                  10, "not registered"},
+        BadHeader{"WrongLane",
+                  [] {
+                    MessageHeader h = write(0, 10, 1, false);
+                    h.lane = 3;
+                    return h;
+                  },
+                  10, "lane 3"},
+        BadHeader{"AlreadyCompleteWrite", [] { return write(0, 10, 0, false); }, 10, "already complete"},
+        BadHeader{"AtomicUnaligned", [] { return atomic(100, 1, AtomicKind::kAdd); }, 8, "not 8-byte aligned"},
+        BadHeader{"AtomicPastTheWindow", [] { return atomic(kWindowBytes, 1, AtomicKind::kSet); }, 8,
+                  "exceeds the window"},
+        BadHeader{"AtomicOverflowing", [] { return atomic(kMax - 7, 1, AtomicKind::kAdd); }, 8, "exceeds the window"},
+        BadHeader{"AtomicUnregisteredWindow",
+                  [] {
+                    MessageHeader h = atomic(0, 1, AtomicKind::kAdd);
+                    h.window = 8;
+                    return h;
+                  },
+                  8, "not registered"},
+        BadHeader{"AtomicUnknownKind", [] { return atomic(0, 1, static_cast<AtomicKind>(2)); }, 8,
+                  "unknown atomic kind"},
+        BadHeader{"AtomicOfTwoWords",
+                  [] {
+                    MessageHeader h = atomic(0, 1, AtomicKind::kAdd);
+                    h.bytes = h.chunkBytes = 16;
+                    return h;
+                  },
+                  16, "one 8-byte word"},
+        BadHeader{"AtomicWithImmediate",
+                  [] {
+                    MessageHeader h = atomic(0, 1, AtomicKind::kAdd);
+                    h.flags = tcp::kFlagImm;
+                    return h;
+                  },
+                  8, "flags"},
+        BadHeader{"AtomicAlreadyComplete", [] { return atomic(0, 0, AtomicKind::kSet); }, 8, "already complete"},
+        BadHeader{"Garbage",
+                  [] {
+                    MessageHeader h;
+                    test::fillRandom(&h, sizeof h, 99);
+                    return h;
+                  },
+                  1000, "bad magic"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -18,17 +18,12 @@ namespace {
 
 using test::connectAll;
 using test::tcpOptions;
+using test::tcpWorld;
 using test::waitFor;
 
 constexpr uint32_t kSrcWindow = 1;
 constexpr uint32_t kDstWindow = 2;
 constexpr size_t kGuard = 4096;
-
-std::vector<std::unique_ptr<Transport>> makeWorld(int world, int sockets, size_t chunk, int timeoutMs = 20000) {
-  std::vector<std::unique_ptr<Transport>> t;
-  for (int r = 0; r < world; ++r) t.push_back(makeTcpTransport(tcpOptions(r, world, sockets, chunk, timeoutMs)));
-  return t;
-}
 
 // ---- data integrity and ordering ------------------------------------------------------------------------
 
@@ -59,7 +54,7 @@ TEST_P(TcpData, EveryByteArrivesAndImmediatesFollowTheirDataInPostOrder) {
   for (uint64_t i = 0; i < total; ++i) dst[i] = src[i] ^ 0x5A;
   std::memset(dst.data() + total, 0xEE, kGuard);
 
-  auto t = makeWorld(world, sockets, chunk);
+  auto t = tcpWorld(world, sockets, chunk);
   std::mutex mu;
   std::vector<std::string> errors;
   std::atomic<long> lastAnnounced{-1};
@@ -136,7 +131,7 @@ INSTANTIATE_TEST_SUITE_P(Tcp, TcpData,
 TEST(TcpTransport, LanesAreIndependentAndUsableFromTheirOwnThreads) {
   constexpr int kLanes = 3;
   constexpr size_t kBytes = 3 << 20;
-  auto t = makeWorld(2, 2, 256 << 10);
+  auto t = tcpWorld(2, 2, 256 << 10);
   std::vector<unsigned char> src(kBytes * kLanes), dst(kBytes * kLanes, 0);
   test::fillRandom(src.data(), src.size(), 3);
   std::atomic<int> announced{0};
@@ -171,7 +166,7 @@ TEST(TcpTransport, LanesAreIndependentAndUsableFromTheirOwnThreads) {
 
 TEST(TcpTransport, InvalidWritesThrowBeforeAnythingIsSent) {
   constexpr size_t kBytes = 8192;
-  auto t = makeWorld(2, 2, 4096);
+  auto t = tcpWorld(2, 2, 4096);
   std::vector<unsigned char> src(kBytes), dst(kBytes, 0xCD);
   test::fillRandom(src.data(), kBytes, 9);
   std::atomic<int> announced{0};
@@ -182,13 +177,8 @@ TEST(TcpTransport, InvalidWritesThrowBeforeAnythingIsSent) {
   TransportLane& lane = t[0]->lane(0);
 
   const WriteOp good{1, kSrcWindow, 0, kDstWindow, 0, 100, true, 1, 7};
-  struct Bad {
-    const char* what;
-    std::function<void(WriteOp&)> mutate;
-    const char* mentions;
-  };
   const uint64_t kMax = UINT64_MAX;
-  std::vector<Bad> cases = {
+  std::vector<test::BadArgument<WriteOp>> cases = {
       {"negative peer", [](WriteOp& o) { o.peer = -1; }, "peer -1"},
       {"peer past the world", [](WriteOp& o) { o.peer = 2; }, "unknown peer"},
       {"unregistered local window", [](WriteOp& o) { o.localWindow = 99; }, "local window 99"},
@@ -201,19 +191,7 @@ TEST(TcpTransport, InvalidWritesThrowBeforeAnythingIsSent) {
       {"remote offset at the end", [](WriteOp& o) { o.remoteOffset = kBytes; }, "exceeds the window"},
       {"zero size", [](WriteOp& o) { o.bytes = 0; }, "zero-byte"},
   };
-  for (auto& c : cases) {
-    WriteOp op = good;
-    c.mutate(op);
-    try {
-      lane.post(op);
-      ADD_FAILURE() << c.what << ": no exception";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << c.what;
-      std::string msg = e.what();
-      EXPECT_NE(msg.find(c.mentions), std::string::npos) << c.what << ": " << msg;
-      EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
-    }
-  }
+  test::expectInvalidArguments<WriteOp>(good, cases, [&](const WriteOp& op) { lane.post(op); });
   EXPECT_EQ(lane.inFlight(), 0u);
   Completion c;
   EXPECT_EQ(lane.poll(&c, 1), 0u);
@@ -309,7 +287,7 @@ tcp::Hello helloAs(int rank, int world, uint32_t lane, uint32_t socket, const st
 }
 
 TEST(TcpTransport, StrangersAreRefusedAndTheRealPeerStillConnects) {
-  auto t = makeWorld(2, 1, 4096, 10000);
+  auto t = tcpWorld(2, 1, 4096, 10000);
   std::vector<unsigned char> src(4096), dst(4096, 0);
   test::fillRandom(src.data(), src.size(), 5);
   std::atomic<int> failures{0}, announced{0};
@@ -366,7 +344,7 @@ TEST(TcpTransport, ConnectTimesOutNamingTheMissingRank) {
 }
 
 TEST(TcpTransport, GoodbyeIsNotAFailure) {
-  auto t = makeWorld(2, 2, 4096, 10000);
+  auto t = tcpWorld(2, 2, 4096, 10000);
   std::vector<unsigned char> buf(4096);
   std::atomic<int> failures{0};
   for (auto& x : t) x->setPeerFailureHandler([&](int, const std::string&) { failures++; });

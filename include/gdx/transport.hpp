@@ -11,6 +11,9 @@
 //  * Ordering: on one lane, to one peer, a write-with-immediate is announced to the receiver (ImmHandler)
 //    only after its own data and the data of every earlier write of that lane to that peer are in place.
 //    Writes without an immediate are never announced.
+//  * Atomics (postAtomic): a remote 64-bit add or set takes its place in that same per-(lane, peer) order: it is
+//    performed only after every earlier write and atomic of the lane to the peer is in place, an immediate posted
+//    after it is announced only after it was performed, and it is never announced itself.
 //  * Failure: a peer that dies, closes without saying goodbye, or sends anything malformed is marked failed;
 //    PeerFailureHandler runs once for it, pending and later writes to it complete with Status::kPeerFailed.
 #pragma once
@@ -42,7 +45,18 @@ struct WriteOp {
   uint64_t cookie = 0;  ///< returned unchanged in the Completion
 };
 
-/// Sender-side completion of one WriteOp.
+/// Remote 64-bit atomic operations a lane can post (signals and atomicAdd of the device API use them).
+enum class AtomicKind : uint8_t { kAdd = 0, kSet = 1 };
+struct AtomicOp {
+  int peer = -1;
+  uint32_t remoteWindow = 0;
+  uint64_t remoteOffset = 0;  ///< 8-byte aligned, inside the window
+  AtomicKind kind = AtomicKind::kAdd;
+  uint64_t value = 0;
+  uint64_t cookie = 0;  ///< returned unchanged in the Completion
+};
+
+/// Sender-side completion of one WriteOp or AtomicOp.
 struct Completion {
   uint64_t cookie = 0;
   Status status = Status::kOk;
@@ -65,9 +79,16 @@ class TransportLane {
   /// Posts a write; throws gdx::Error(kInvalidArgument) for an unknown peer, an unknown window or a range past
   /// either window's end, before anything is sent. A failed peer gives a Completion with kPeerFailed.
   virtual void post(const WriteOp& op) = 0;
-  /// Moves up to `max` finished writes into `out`; returns how many.
+  /// Posts a remote atomic on the 64-bit word at (remoteWindow, remoteOffset) of `peer`. It is performed at
+  /// the receiver after every earlier write and atomic of this lane to that peer is in place (the same ordering
+  /// as an announced immediate), as a system-scope atomic with release semantics, so a thread (or a GPU kernel
+  /// on host-mapped memory) that polls the word and sees the new value also sees the data written before it.
+  /// Validation and failure behave as for post(): kInvalidArgument (unknown peer/window, offset past the end or
+  /// not 8-byte aligned) is thrown before anything is sent; one Completion per op.
+  virtual void postAtomic(const AtomicOp& op) = 0;
+  /// Moves up to `max` finished writes and atomics into `out`; returns how many.
   virtual size_t poll(Completion* out, size_t max) = 0;
-  /// Writes posted and not yet returned by poll().
+  /// Writes and atomics posted and not yet returned by poll().
   virtual size_t inFlight() const = 0;
 };
 
@@ -107,10 +128,10 @@ class Transport {
 struct TcpTransportOptions {
   int rank = 0;
   int worldSize = 1;
-  int socketsPerPeer = 4;           ///< GDX_TCP_SOCKETS
-  size_t chunkBytes = 1 << 20;      ///< writes larger than this are split over the sockets (GDX_TCP_CHUNK)
-  std::string bindAddress = "";     ///< interface address to listen on; empty: the one MASTER_ADDR routes from
-  std::string secret;               ///< the job secret; a connection that does not present it is refused
+  int socketsPerPeer = 4;        ///< GDX_TCP_SOCKETS
+  size_t chunkBytes = 1 << 20;   ///< writes larger than this are split over the sockets (GDX_TCP_CHUNK)
+  std::string bindAddress = "";  ///< interface address to listen on; empty: the one MASTER_ADDR routes from
+  std::string secret;            ///< the job secret; a connection that does not present it is refused
   uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;
   /// Fills the fields above from GDX_TCP_SOCKETS / GDX_TCP_CHUNK / GDX_TCP_BIND_ADDR and GDX_TIMEOUT_MS.
   static TcpTransportOptions fromEnv(int rank, int worldSize, const std::string& secret);

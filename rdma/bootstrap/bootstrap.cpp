@@ -2,13 +2,9 @@
 // protocol is in protocol.hpp).
 #include "gdx/bootstrap.hpp"
 
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <optional>
 #include <thread>
 
@@ -18,11 +14,13 @@
 #include "rdma/bootstrap/frame_io.hpp"
 #include "rdma/bootstrap/protocol.hpp"
 #include "rdma/bootstrap/server.hpp"
-#include "rdma/bootstrap/socket.hpp"
+#include "rdma/socket.hpp"
 
 namespace gdx {
 
 using namespace bootstrap;
+using net::deadlineIn;
+using net::SockAddr;
 
 namespace {
 
@@ -63,7 +61,7 @@ struct Bootstrap::Impl {
   std::string master;  // "addr:port", for messages
   uint64_t timeoutMs = 0;
   std::unique_ptr<RendezvousServer> server;  // rank 0 only
-  Fd fd;
+  net::UniqueFd fd;
   std::vector<std::string> hostnames;
   std::vector<int> hostRanks;
   std::string localIp;
@@ -75,7 +73,7 @@ struct Bootstrap::Impl {
 
   explicit Impl(const BootstrapConfig& c) : cfg(c) {
     validate(cfg);
-    master = hostPort(cfg.masterAddr, cfg.masterPort);
+    master = net::hostPort(cfg.masterAddr, cfg.masterPort);
     timeoutMs = cfg.timeoutNs / kMsNs;
   }
 
@@ -85,7 +83,7 @@ struct Bootstrap::Impl {
     Deadline joinDeadline = deadlineIn(cfg.timeoutNs);
     if (cfg.rank == 0) server = std::make_unique<RendezvousServer>(cfg);
     connectToMaster(joinDeadline);
-    localIp = localAddress(fd.get());
+    localIp = net::localAddress(fd.get());
 
     Hello hello;
     hello.rank = static_cast<uint32_t>(cfg.rank);
@@ -117,7 +115,7 @@ struct Bootstrap::Impl {
     uint64_t backoffNs = 10 * kMsNs;
     std::string lastError = "no attempt made";
     for (;;) {
-      std::vector<SockAddr> addrs = resolve(cfg.masterAddr, cfg.masterPort, false, &lastError);
+      std::vector<SockAddr> addrs = net::resolve(cfg.masterAddr, cfg.masterPort, false, &lastError);
       for (const SockAddr& a : addrs) {
         if (tryConnect(a, std::min(deadline, deadlineIn(kConnectAttemptNs)), &lastError)) return;
       }
@@ -132,30 +130,9 @@ struct Bootstrap::Impl {
   }
 
   bool tryConnect(const SockAddr& a, Deadline deadline, std::string* lastError) {
-    Fd s(::socket(a.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    GDX_SYS_CHECK(s.valid());
-    int rc;
-    do {
-      rc = ::connect(s.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len);
-    } while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EINPROGRESS) {
-      *lastError = std::strerror(errno);
-      return false;
-    }
-    if (rc != 0) {
-      if (waitFor(s.get(), POLLOUT, deadline) == IoStatus::kTimeout) {
-        *lastError = "connect timed out";
-        return false;
-      }
-      int err = 0;
-      socklen_t len = sizeof err;
-      GDX_SYS_CHECK(getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len) == 0);
-      if (err != 0) {
-        *lastError = std::strerror(err);
-        return false;
-      }
-    }
-    setNoDelay(s.get());
+    int err = 0;
+    net::UniqueFd s = net::connectOnce(a, net::Tuning::kControl, deadline, &err, lastError);
+    if (!s.valid()) return false;
     fd = std::move(s);
     return true;
   }
@@ -167,13 +144,13 @@ struct Bootstrap::Impl {
   }
 
   void send(MsgType type, const std::string& prefix, const std::string& body, Deadline deadline, const char* what) {
-    IoStatus s = sendFrame(fd.get(), type, prefix, body, deadline);
-    if (s == IoStatus::kOk) return;
-    if (s == IoStatus::kClosed) {
+    FrameIo s = sendFrame(fd.get(), type, prefix, body, deadline);
+    if (s == FrameIo::kOk) return;
+    if (s == FrameIo::kClosed) {
       // The server may have closed after telling us why (an abort or a refusal): report that reason.
       Frame f;
       try {
-        if (recvFrame(fd.get(), f, kMaxHelloBytes, deadlineIn(100 * kMsNs)) == IoStatus::kOk) onServerVerdict(f);
+        if (recvFrame(fd.get(), f, kMaxHelloBytes, deadlineIn(100 * kMsNs)) == FrameIo::kOk) onServerVerdict(f);
       } catch (const Error&) {
       }
       fail(ErrorCode::kPeerFailed, std::string("lost the connection to the rendezvous server at ") + master +
@@ -185,16 +162,16 @@ struct Bootstrap::Impl {
 
   Frame receive(MsgType expected, uint64_t maxPayload, Deadline deadline, const std::string& waitingFor) {
     Frame f;
-    IoStatus s;
+    FrameIo s;
     try {
       s = recvFrame(fd.get(), f, std::max<uint64_t>(maxPayload, kMaxHelloBytes), deadline);
     } catch (const Error& e) {
       fail(e.code(), std::string("from the rendezvous server at ") + master + ": " + e.what());
     }
-    if (s == IoStatus::kTimeout)
+    if (s == FrameIo::kTimeout)
       fail(ErrorCode::kTimeout, "heard nothing back from the rendezvous server at " + master + " within " +
                                     std::to_string(timeoutMs) + " ms (+ grace) while waiting for " + waitingFor);
-    if (s == IoStatus::kClosed)
+    if (s == FrameIo::kClosed)
       fail(ErrorCode::kPeerFailed, "the rendezvous server at " + master +
                                        " closed the connection while this rank waited for " + waitingFor +
                                        " (rank 0 died?)");

@@ -5,20 +5,25 @@
 #include <string>
 
 #include "rdma/bootstrap/protocol.hpp"
-#include "rdma/bootstrap/socket.hpp"
+#include "rdma/socket.hpp"
 
 namespace gdx::bootstrap {
+
+using net::Deadline;
 
 struct Frame {
   MsgType type = MsgType::kHello;
   std::string payload;
 };
 
+/// How a frame transfer that did not throw ended.
+enum class FrameIo { kOk, kTimeout, kClosed };
+
 /// Sends one frame whose payload is `prefix` followed by `body` (so a large blob is not copied to prepend
-/// a sequence number).
-IoStatus sendFrame(int fd, MsgType type, const std::string& prefix, const std::string& body, Deadline deadline);
+/// a sequence number). kClosed when the peer is gone; socket errors other than a reset throw SystemError.
+FrameIo sendFrame(int fd, MsgType type, const std::string& prefix, const std::string& body, Deadline deadline);
 /// Receives one frame. A header with the wrong magic or version, or a payload longer than `maxPayload`,
 /// throws gdx::Error(kProtocol).
-IoStatus recvFrame(int fd, Frame& out, uint64_t maxPayload, Deadline deadline);
+FrameIo recvFrame(int fd, Frame& out, uint64_t maxPayload, Deadline deadline);
 
 }  // namespace gdx::bootstrap

@@ -1,11 +1,7 @@
 #include "rdma/bootstrap/server.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,9 +18,16 @@
 #include "gdx/error.hpp"
 #include "gdx/log.hpp"
 #include "rdma/bootstrap/protocol.hpp"
-#include "rdma/bootstrap/socket.hpp"
+#include "rdma/socket.hpp"
 
 namespace gdx::bootstrap {
+
+using net::Deadline;
+using net::deadlineIn;
+using net::hostPort;
+using net::SockAddr;
+using net::UniqueFd;
+
 namespace {
 
 constexpr size_t kReadChunk = 256 << 10;
@@ -39,7 +42,7 @@ struct OutChunk {
 };
 
 struct Conn {
-  Fd fd;
+  UniqueFd fd;
   std::string peer;  // remote address, for log lines
   std::string in;    // bytes received, not yet parsed into frames
   std::deque<OutChunk> out;
@@ -57,24 +60,6 @@ std::string rankList(const std::vector<int>& ranks) {
   return s;
 }
 
-std::string peerAddress(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
-  char text[INET6_ADDRSTRLEN] = {};
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
-    port = ntohs(a->sin_port);
-  } else {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
-    port = ntohs(a->sin6_port);
-  }
-  return hostPort(text, port);
-}
-
 }  // namespace
 
 struct RendezvousServer::Impl {
@@ -83,8 +68,8 @@ struct RendezvousServer::Impl {
   BootstrapConfig cfg;
   std::string where;  // master address:port, for messages
   uint64_t timeoutMs = 0;
-  Fd listener;
-  Fd wakeRead, wakeWrite;  // self-pipe: the destructor wakes poll() instead of waiting for its timeout
+  UniqueFd listener;
+  net::WakePipe wake;  // the destructor wakes poll() instead of waiting for its timeout
   std::thread thread;
   std::atomic<bool> stopRequested{false};
   std::mutex mu;
@@ -123,7 +108,7 @@ struct RendezvousServer::Impl {
 
   void listen() {
     std::string err;
-    std::vector<SockAddr> addrs = resolve(cfg.masterAddr, cfg.masterPort, true, &err);
+    std::vector<SockAddr> addrs = net::resolve(cfg.masterAddr, cfg.masterPort, true, &err);
     if (addrs.empty()) throw Error(ErrorCode::kInvalidArgument, "rendezvous server: " + err);
     int lastErr = 0;
     for (const SockAddr& a : addrs) {
@@ -132,31 +117,14 @@ struct RendezvousServer::Impl {
     if (lastErr == EADDRNOTAVAIL) {
       // MASTER_ADDR names this host by an address it does not own (NAT, a DNS alias): listen everywhere.
       GDX_WARN("rendezvous server: " << where << " is not a local address; listening on all interfaces");
-      SockAddr any;
-      auto* a = reinterpret_cast<sockaddr_in*>(&any.addr);
-      a->sin_family = AF_INET;
-      a->sin_addr.s_addr = htonl(INADDR_ANY);
-      a->sin_port = htons(static_cast<uint16_t>(cfg.masterPort));
-      any.len = sizeof(sockaddr_in);
-      any.family = AF_INET;
-      if (tryBind(any, &lastErr)) return;
+      if (tryBind(net::ipv4("", cfg.masterPort), &lastErr)) return;
     }
     throw SystemError("bind(" + where + ") for the rendezvous server", lastErr, __FILE__, __LINE__);
   }
 
   bool tryBind(const SockAddr& a, int* lastErr) {
-    Fd fd(::socket(a.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    GDX_SYS_CHECK(fd.valid());
-    int one = 1;
-    // A restarted job must be able to listen again while the previous one's connections sit in TIME_WAIT.
-    GDX_SYS_CHECK(setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
-    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) != 0) {
-      *lastErr = errno;
-      return false;
-    }
-    GDX_SYS_CHECK(::listen(fd.get(), SOMAXCONN) == 0);
-    listener = std::move(fd);
-    return true;
+    listener = net::listenAt(a, net::Tuning::kControl, lastErr);
+    return listener.valid();
   }
 
   // ---- the loop -------------------------------------------------------------------------------------------
@@ -178,7 +146,7 @@ struct RendezvousServer::Impl {
     std::vector<pollfd> fds;
     for (;;) {
       fds.clear();
-      fds.push_back({wakeRead.get(), POLLIN, 0});
+      fds.push_back({wake.fd(), POLLIN, 0});
       if (listener.valid()) fds.push_back({listener.get(), POLLIN, 0});
       size_t firstConn = fds.size();
       for (auto& c : conns) {
@@ -186,7 +154,7 @@ struct RendezvousServer::Impl {
         if (!c->out.empty()) ev |= POLLOUT;
         fds.push_back({c->fd.get(), ev, 0});
       }
-      int r = ::poll(fds.data(), fds.size(), msUntil(nextDeadline(), 1000));
+      int r = ::poll(fds.data(), fds.size(), net::msUntil(nextDeadline(), 1000));
       if (r < 0) {
         if (errno == EINTR) continue;
         GDX_SYS_CHECK(r >= 0);
@@ -229,8 +197,8 @@ struct RendezvousServer::Impl {
       }
       auto c = std::make_unique<Conn>();
       c->fd.reset(fd);
-      setNoDelay(fd);
-      c->peer = peerAddress(fd);
+      net::tuneSocket(fd, net::Tuning::kControl);
+      c->peer = net::peerName(fd);
       c->deadline = deadlineIn(cfg.timeoutNs);
       GDX_DEBUG("rendezvous server: connection from " << c->peer);
       conns.push_back(std::move(c));
@@ -512,18 +480,12 @@ struct RendezvousServer::Impl {
 
 RendezvousServer::RendezvousServer(const BootstrapConfig& config) : impl_(std::make_unique<Impl>(config)) {
   impl_->listen();
-  int p[2];
-  GDX_SYS_CHECK(::pipe2(p, O_CLOEXEC | O_NONBLOCK) == 0);
-  impl_->wakeRead.reset(p[0]);
-  impl_->wakeWrite.reset(p[1]);
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
 
 RendezvousServer::~RendezvousServer() {
   impl_->stopRequested.store(true);
-  char b = 1;
-  // Best effort: if the pipe is full the thread is awake anyway.
-  [[maybe_unused]] ssize_t n = ::write(impl_->wakeWrite.get(), &b, 1);
+  impl_->wake.wake();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 

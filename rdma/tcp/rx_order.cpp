@@ -4,7 +4,7 @@
 
 namespace gdx::tcp {
 
-std::string RxOrder::admit(const MessageHeader& h) {
+std::string RxOrder::admit(const MessageHeader& h, uint64_t* atomicWord, uint64_t atomicOperand) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::ostringstream os;
   if (h.seq < next_) {
@@ -16,6 +16,7 @@ std::string RxOrder::admit(const MessageHeader& h) {
     return os.str();
   }
   bool withImm = (h.flags & kFlagImm) != 0;
+  bool atomic = h.type == static_cast<uint8_t>(MessageType::kAtomic);
   auto [it, inserted] = pending_.try_emplace(h.seq);
   Message& m = it->second;
   if (inserted) {
@@ -24,8 +25,11 @@ std::string RxOrder::admit(const MessageHeader& h) {
     m.bytes = h.bytes;
     m.imm = h.imm;
     m.withImm = withImm;
+    m.atomic = atomic;
+    m.word = atomicWord;
+    m.operand = atomicOperand;
   } else if (m.window != h.window || m.offset != h.offset || m.bytes != h.bytes || m.imm != h.imm ||
-             m.withImm != withImm) {
+             m.withImm != withImm || m.atomic != atomic) {
     os << "chunk disagrees with earlier chunks of write #" << h.seq << " (window " << m.window << ", offset "
        << m.offset << ", bytes " << m.bytes << ")";
     return os.str();
@@ -39,7 +43,7 @@ std::string RxOrder::admit(const MessageHeader& h) {
   return "";
 }
 
-void RxOrder::placed(const MessageHeader& h, const std::function<void(const Message&)>& announce) {
+void RxOrder::placed(const MessageHeader& h, const std::function<void(const Message&)>& deliver) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = pending_.find(h.seq);
   if (it == pending_.end()) return;  // admit() was not called; nothing to account
@@ -47,7 +51,7 @@ void RxOrder::placed(const MessageHeader& h, const std::function<void(const Mess
   while (!pending_.empty()) {
     auto first = pending_.begin();
     if (first->first != next_ || first->second.placed != first->second.bytes) break;
-    if (first->second.withImm && announce) announce(first->second);
+    if ((first->second.withImm || first->second.atomic) && deliver) deliver(first->second);
     pending_.erase(first);
     ++next_;
   }

@@ -15,6 +15,9 @@
 #include "rdma/tcp/tcp_transport.hpp"
 
 namespace gdx::tcp {
+
+using net::IoStatus;
+
 namespace {
 // A connection that has not finished its Hello by then is dropped, so a silent stranger cannot hold a slot.
 constexpr uint64_t kHelloTimeoutNs = 10000000000ull;
@@ -22,7 +25,7 @@ constexpr uint64_t kHelloTimeoutNs = 10000000000ull;
 
 /// An accepted connection whose Hello (and secret) is still being read.
 struct TcpTransport::PendingHello {
-  UniqueFd fd;
+  net::UniqueFd fd;
   std::string from;
   std::string buffer;
   uint64_t deadlineNs = 0;
@@ -41,7 +44,7 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, int lanes)
                                                  std::to_string(lanes) + " must be in [1, 1024]");
   if (stopping_.load())
     throw Error(ErrorCode::kShutdown, "TCP transport rank " + std::to_string(rank_) + ": connect() after shutdown()");
-  for (auto& a : addresses) HostPort::parse(a);
+  for (auto& a : addresses) net::HostPort::parse(a);
   connectStarted_ = true;
   const uint64_t deadline = nowNs() + options_.timeoutNs;
 
@@ -79,11 +82,11 @@ void TcpTransport::openOutgoing(const std::vector<std::string>& addresses, uint6
   // All connections and Hellos go out first, then all answers are collected: the peers answer only once they
   // themselves are in connect(), and they may get there in any order.
   for (int p = 0; p < world_; ++p) {
-    HostPort hp = HostPort::parse(addresses[p]);
+    net::HostPort hp = net::HostPort::parse(addresses[p]);
     for (int l = 0; l < numLanes_ && !unreachable.count(p); ++l) {
       for (int s = 0; s < sockets_ && !unreachable.count(p); ++s) {
         std::string why;
-        UniqueFd fd = connectTo(hp, deadlineNs, &why);
+        net::UniqueFd fd = net::connectTo(hp, deadlineNs, &why);
         if (!fd.valid()) {
           unreachable.insert(p);
           lastWhy = "rank " + std::to_string(p) + " at " + addresses[p] + ": " + why;
@@ -99,8 +102,9 @@ void TcpTransport::openOutgoing(const std::vector<std::string>& addresses, uint6
         hello.secretBytes = static_cast<uint32_t>(options_.secret.size());
         hello.chunkBytes = options_.chunkBytes;
         iovec iov[2] = {{&hello, sizeof hello}, {const_cast<char*>(options_.secret.data()), options_.secret.size()}};
-        uint64_t now = nowNs();
-        IoStatus io = sendFull(fd.get(), iov, 2, deadlineNs > now ? deadlineNs - now : 0, nullptr);
+        net::IoLimits limits;
+        limits.deadline = deadlineNs;
+        IoStatus io = net::sendFull(fd.get(), iov, 2, limits);
         if (!io.ok()) {
           unreachable.insert(p);
           lastWhy = "rank " + std::to_string(p) + ": sending the hello failed: " + io.describe();
@@ -115,9 +119,9 @@ void TcpTransport::openOutgoing(const std::vector<std::string>& addresses, uint6
       for (int s = 0; s < sockets_ && !unreachable.count(p); ++s) {
         TxSocket& tx = txSocket(l, p, s);
         HelloAck ack;
-        uint64_t now = nowNs();
-        IoStatus io = recvFull(tx.fd.get(), &ack, sizeof ack, deadlineNs > now ? deadlineNs - now : 0, nullptr,
-                               /*idleOk=*/false);
+        net::IoLimits limits;
+        limits.deadline = deadlineNs;
+        IoStatus io = net::recvFull(tx.fd.get(), &ack, sizeof ack, limits);
         if (!io.ok()) {
           unreachable.insert(p);
           lastWhy = "rank " + std::to_string(p) + " did not accept lane " + std::to_string(l) + " socket " +
@@ -177,7 +181,7 @@ void TcpTransport::acceptorLoop() {
   while (!acceptorStop_.load()) {
     std::vector<pollfd> fds;
     fds.push_back({listener_.get(), POLLIN, 0});
-    fds.push_back({wakeRead_.get(), POLLIN, 0});
+    fds.push_back({wake_.fd(), POLLIN, 0});
     for (auto& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
     int n = ::poll(fds.data(), fds.size(), 100);
     if (n < 0 && errno != EINTR) {
@@ -202,12 +206,12 @@ void TcpTransport::acceptorLoop() {
         PendingHello p;
         p.fd.reset(fd);
         try {
-          configureSocket(fd, true);
+          net::tuneSocket(fd, net::Tuning::kBulk);
         } catch (const std::exception& e) {
           GDX_WARN("TCP transport rank " << rank_ << ": dropping a connection: " << e.what());
           continue;
         }
-        p.from = peerName(fd);
+        p.from = net::peerName(fd);
         p.deadlineNs = nowNs() + std::min(kHelloTimeoutNs, options_.timeoutNs);
         pending.push_back(std::move(p));
       }
@@ -283,7 +287,9 @@ void TcpTransport::handleHello(PendingHello& p) {
   IoStatus io;
   {
     iovec iov{&ack, sizeof ack};
-    io = sendFull(p.fd.get(), &iov, 1, 1000000000ull, nullptr);
+    net::IoLimits limits;
+    limits.stallNs = 1000000000ull;
+    io = net::sendFull(p.fd.get(), &iov, 1, limits);
   }
   if (!io.ok()) {
     lock.unlock();

@@ -1,14 +1,20 @@
 // Receive side of the TCP transport: one thread per incoming socket. Every header is checked completely
 // (format, lane, chunk length, window, range, ordering state) before a single payload byte is received, and
-// the payload then goes straight into the window; anything malformed fails the peer instead.
+// the payload then goes straight into the window; anything malformed fails the peer instead. An atomic is
+// checked the same way and performed by whichever receiver thread of its direction completes the messages
+// before it (RxOrder).
 #include <sys/socket.h>
 
 #include <sstream>
 
+#include "gdx/atomic.hpp"
 #include "gdx/log.hpp"
 #include "rdma/tcp/tcp_transport.hpp"
 
 namespace gdx::tcp {
+
+using net::IoResult;
+using net::IoStatus;
 
 void TcpTransport::receiverLoop(RxSocket& s) {
   while (receiveOne(s)) {
@@ -26,10 +32,13 @@ bool TcpTransport::receiveOne(RxSocket& s) {
     if (!rxStop_.load()) failPeer(s.peer, where() + ": " + what);
     return false;
   };
-  AbortCheck abort = [&] { return rxStop_.load() || peerState_[s.peer].load() == kPeerFailed; };
+  net::IoLimits limits;
+  limits.stallNs = options_.timeoutNs;
+  limits.abort = [&] { return rxStop_.load() || peerState_[s.peer].load() == kPeerFailed; };
+  limits.idleOk = true;
 
   MessageHeader h;
-  IoStatus io = recvFull(s.fd.get(), &h, sizeof h, options_.timeoutNs, abort, /*idleOk=*/true);
+  IoStatus io = net::recvFull(s.fd.get(), &h, sizeof h, limits);
   if (!io.ok()) {
     if (io.result == IoResult::kAborted || rxStop_.load()) return false;
     if (io.result == IoResult::kEof && io.done == 0) return fail("connection closed without goodbye");
@@ -44,29 +53,51 @@ bool TcpTransport::receiveOne(RxSocket& s) {
     return false;
   }
 
+  const bool atomic = h.type == static_cast<uint8_t>(MessageType::kAtomic);
   char* dst = nullptr;
   {
     std::shared_lock<std::shared_mutex> lock(windowsMutex_);
     auto it = windows_.find(h.window);
     if (it == windows_.end())
-      return fail("write " + describe(h) + " names window " + std::to_string(h.window) +
-                  ", which is not registered here");
+      return fail(describe(h) + " names window " + std::to_string(h.window) + ", which is not registered here");
     bad = checkRange(h.offset, h.bytes, it->second.bytes);
-    if (!bad.empty()) return fail("write " + describe(h) + " into window " + std::to_string(h.window) + ": " + bad);
+    if (!bad.empty()) return fail(describe(h) + " into window " + std::to_string(h.window) + ": " + bad);
     // checkHeader() put the chunk inside the message and checkRange() the message inside the window.
     dst = it->second.base + h.offset + h.chunkOffset;
+    if (atomic && reinterpret_cast<uintptr_t>(dst) % alignof(uint64_t) != 0)
+      return fail(describe(h) + ": the word is not 8-byte aligned in memory (window " + std::to_string(h.window) +
+                  " starts at an unaligned address)");
   }
   RxOrder& order = *rxOrder_[static_cast<size_t>(s.lane) * world_ + s.peer];
-  bad = order.admit(h);
-  if (!bad.empty()) return fail("write " + describe(h) + ": " + bad);
 
-  io = recvFull(s.fd.get(), dst, h.chunkBytes, options_.timeoutNs, abort, /*idleOk=*/false);
+  // A write's payload goes straight into the window; an atomic's operand is kept until its turn comes, and the
+  // atomic is admitted only with it.
+  uint64_t operand = 0;
+  if (!atomic) {
+    bad = order.admit(h);
+    if (!bad.empty()) return fail(describe(h) + ": " + bad);
+  }
+  limits.idleOk = false;
+  io = net::recvFull(s.fd.get(), atomic ? static_cast<void*>(&operand) : dst, h.chunkBytes, limits);
   if (!io.ok()) {
     if (io.result == IoResult::kAborted || rxStop_.load()) return false;
     return fail("receiving the payload of " + describe(h) + " failed after " + std::to_string(io.done) +
                 " bytes: " + io.describe());
   }
+  if (atomic) {
+    bad = order.admit(h, reinterpret_cast<uint64_t*>(dst), operand);
+    if (!bad.empty()) return fail(describe(h) + ": " + bad);
+  }
   order.placed(h, [&](const RxOrder::Message& m) {
+    if (m.atomic) {
+      // Every earlier message of the direction is in place (their receivers released it through the order's
+      // lock, which this thread holds), so a release here publishes all of it to whoever acquires the word.
+      if (m.imm == static_cast<uint32_t>(AtomicKind::kAdd))
+        atomicFetchAdd(m.word, m.operand, kRelease);
+      else
+        atomicStore(m.word, m.operand, kRelease);
+      return;
+    }
     if (!immHandler_) return;
     try {
       immHandler_(RemoteWrite{s.peer, m.window, m.offset, m.bytes, m.imm});

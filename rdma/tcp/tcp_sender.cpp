@@ -1,5 +1,6 @@
 // Send side of the TCP transport: TcpLane::post() validates a write and splits it into chunks over the lane's
-// sockets to the peer; one sender thread per socket hands its chunks to the kernel in order.
+// sockets to the peer, TcpLane::postAtomic() sends an atomic as one message on the next socket; one sender
+// thread per socket hands its chunks to the kernel in order.
 #include <algorithm>
 #include <chrono>
 #include <sstream>
@@ -11,6 +12,10 @@
 #include "rdma/tcp/tcp_transport.hpp"
 
 namespace gdx::tcp {
+
+using net::IoResult;
+using net::IoStatus;
+
 namespace {
 // How long a sender whose socket broke waits for the peer's GOODBYE to show up on the receive side before it
 // calls the break a failure: a peer that shuts down closes its end after saying goodbye, so the goodbye is
@@ -39,22 +44,11 @@ void TcpLane::post(const WriteOp& op) {
     if (local == t_.windows_.end()) invalid("local window " + std::to_string(op.localWindow) + " is not registered");
     std::string bad = checkRange(op.localOffset, op.bytes, local->second.bytes);
     if (!bad.empty()) invalid("local window " + std::to_string(op.localWindow) + ": " + bad);
-    auto& remotes = t_.remoteWindows_[op.peer];
-    auto remote = remotes.find(op.remoteWindow);
-    if (remote == remotes.end())
-      invalid("remote window " + std::to_string(op.remoteWindow) + " of peer " + std::to_string(op.peer) +
-              " is not known");
-    bad = checkRange(op.remoteOffset, op.bytes, remote->second);
-    if (!bad.empty()) invalid("remote window " + std::to_string(op.remoteWindow) + ": " + bad);
+    bad = checkRemote(op.peer, op.remoteWindow, op.remoteOffset, op.bytes);
+    if (!bad.empty()) invalid(bad);
     src = local->second.base + op.localOffset;
   }
-
-  inFlight_.fetch_add(1, std::memory_order_relaxed);
-  Status early = t_.failedStatus(op.peer);
-  if (early != Status::kOk) {
-    complete(op.cookie, op.peer, early);
-    return;
-  }
+  if (!admitOp(op.cookie, op.peer)) return;
 
   const uint64_t chunk = t_.options_.chunkBytes;
   const uint64_t chunks = (op.bytes + chunk - 1) / chunk;
@@ -68,14 +62,8 @@ void TcpLane::post(const WriteOp& op) {
     invalid("write needs more than 2^32 chunks; raise GDX_TCP_CHUNK");
   }
 
-  MessageHeader h;
-  h.type = static_cast<uint8_t>(MessageType::kWrite);
+  MessageHeader h = nextMessage(MessageType::kWrite, op.peer, op.remoteWindow, op.remoteOffset, op.bytes);
   h.flags = op.withImm ? kFlagImm : 0;
-  h.lane = static_cast<uint32_t>(index_);
-  h.window = op.remoteWindow;
-  h.seq = nextSeq_[op.peer]++;
-  h.offset = op.remoteOffset;
-  h.bytes = op.bytes;
   h.imm = op.imm;
 
   // Chunk i goes to socket (first + i) % sockets; each socket's share is queued under one lock. Starting where
@@ -100,6 +88,75 @@ void TcpLane::post(const WriteOp& op) {
     }
     tx.cv.notify_one();
   }
+}
+
+void TcpLane::postAtomic(const AtomicOp& op) {
+  auto invalid = [&](const std::string& what) {
+    std::ostringstream os;
+    os << "TCP transport rank " << t_.rank_ << " lane " << index_ << ": atomic on peer " << op.peer
+       << " (remote window " << op.remoteWindow << " offset " << op.remoteOffset << ", kind "
+       << static_cast<int>(op.kind) << ", value " << op.value << "): " << what;
+    throw Error(ErrorCode::kInvalidArgument, os.str());
+  };
+  if (!t_.connected_) invalid("the transport is not connected");
+  if (op.peer < 0 || op.peer >= t_.world_) invalid("unknown peer (world size " + std::to_string(t_.world_) + ")");
+  if (op.kind != AtomicKind::kAdd && op.kind != AtomicKind::kSet) invalid("unknown atomic kind");
+  if (op.remoteOffset % kAtomicBytes != 0) invalid("the offset is not 8-byte aligned");
+  {
+    std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
+    std::string bad = checkRemote(op.peer, op.remoteWindow, op.remoteOffset, kAtomicBytes);
+    if (!bad.empty()) invalid(bad);
+  }
+  if (!admitOp(op.cookie, op.peer)) return;
+
+  auto* state = new OpState;
+  state->remaining.store(1);
+  state->cookie = op.cookie;
+  state->peer = op.peer;
+  MessageHeader h = nextMessage(MessageType::kAtomic, op.peer, op.remoteWindow, op.remoteOffset, kAtomicBytes);
+  h.chunkBytes = kAtomicBytes;
+  h.imm = static_cast<uint32_t>(op.kind);
+  // Any socket keeps the order (the receiver sequences by seq); the next one in turn spreads the load.
+  const uint32_t s = nextSocket_[op.peer];
+  nextSocket_[op.peer] = (s + 1) % static_cast<uint32_t>(t_.sockets_);
+  TxSocket& tx = t_.txSocket(index_, op.peer, static_cast<int>(s));
+  {
+    std::lock_guard<std::mutex> lock(tx.mutex);
+    if (tx.closed) {  // a post racing with shutdown(): the sender thread is gone
+      finishChunk(state, Status::kShutdown);
+      return;
+    }
+    tx.queue.push_back(TxItem{h, nullptr, state, op.value});
+  }
+  tx.cv.notify_one();
+}
+
+MessageHeader TcpLane::nextMessage(MessageType type, int peer, uint32_t window, uint64_t offset, uint64_t bytes) {
+  MessageHeader h;
+  h.type = static_cast<uint8_t>(type);
+  h.lane = static_cast<uint32_t>(index_);
+  h.window = window;
+  h.seq = nextSeq_[peer]++;
+  h.offset = offset;
+  h.bytes = bytes;
+  return h;
+}
+
+std::string TcpLane::checkRemote(int peer, uint32_t window, uint64_t offset, uint64_t bytes) const {
+  auto& remotes = t_.remoteWindows_[peer];
+  auto remote = remotes.find(window);
+  if (remote == remotes.end())
+    return "remote window " + std::to_string(window) + " of peer " + std::to_string(peer) + " is not known";
+  std::string bad = checkRange(offset, bytes, remote->second);
+  return bad.empty() ? bad : "remote window " + std::to_string(window) + ": " + bad;
+}
+
+bool TcpLane::admitOp(uint64_t cookie, int peer) {
+  inFlight_.fetch_add(1, std::memory_order_relaxed);
+  Status early = t_.failedStatus(peer);
+  if (early == Status::kOk) return true;
+  complete(cookie, peer, early);
+  return false;
 }
 
 size_t TcpLane::poll(Completion* out, size_t max) {
@@ -161,13 +218,16 @@ Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item) {
   iovec iov[2];
   iov[0].iov_base = const_cast<MessageHeader*>(&item.header);
   iov[0].iov_len = sizeof(MessageHeader);
-  iov[1].iov_base = const_cast<char*>(item.data);
+  iov[1].iov_base = item.data ? static_cast<void*>(const_cast<char*>(item.data))
+                              : static_cast<void*>(const_cast<uint64_t*>(&item.operand));
   iov[1].iov_len = item.header.chunkBytes;
-  IoStatus io = sendFull(s.fd.get(), iov, 2, options_.timeoutNs,
-                         [&] { return txAborted() || peerState_[s.peer].load() == kPeerFailed; });
+  net::IoLimits limits;
+  limits.stallNs = options_.timeoutNs;
+  limits.abort = [&] { return txAborted() || peerState_[s.peer].load() == kPeerFailed; };
+  IoStatus io = net::sendFull(s.fd.get(), iov, 2, limits);
   if (io.ok()) return Status::kOk;
   std::ostringstream why;
-  why << "sending a chunk " << describe(item.header) << " to peer " << s.peer << " on lane " << s.lane << " socket "
+  why << "sending a chunk of " << describe(item.header) << " to peer " << s.peer << " on lane " << s.lane << " socket "
       << s.index << " failed after " << io.done << " bytes: " << io.describe();
   return onSendFailure(s, io, why.str());
 }
@@ -193,7 +253,10 @@ void TcpTransport::sayGoodbye(TxSocket& s) {
   h.type = static_cast<uint8_t>(MessageType::kGoodbye);
   h.lane = static_cast<uint32_t>(s.lane);
   iovec iov{&h, sizeof h};
-  IoStatus io = sendFull(s.fd.get(), &iov, 1, options_.timeoutNs, [&] { return txAborted(); });
+  net::IoLimits limits;
+  limits.stallNs = options_.timeoutNs;
+  limits.abort = [&] { return txAborted(); };
+  IoStatus io = net::sendFull(s.fd.get(), &iov, 1, limits);
   if (!io.ok())
     GDX_INFO("TCP transport rank " << rank_ << ": goodbye to peer " << s.peer << " lane " << s.lane << " socket "
                                    << s.index << " not sent: " << io.describe());

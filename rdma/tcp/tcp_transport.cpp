@@ -2,9 +2,7 @@
 // the data path in tcp_sender.cpp and tcp_receiver.cpp.
 #include "rdma/tcp/tcp_transport.hpp"
 
-#include <fcntl.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <sstream>
 
@@ -58,20 +56,15 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options)
   if (!bad.str().empty()) throw Error(ErrorCode::kInvalidArgument, "TCP transport: " + bad.str());
 
   int port = 0;
-  listener_ = listenOn(options.bindAddress, &port);
+  listener_ = net::listenOn(options.bindAddress, &port);
   std::string host = options.bindAddress;
   if (host.empty() || host == "0.0.0.0") {
     // Listening everywhere: advertise the interface that routes to the master, which peers can reach us by.
     std::string master = envFirst({"GDX_MASTER_ADDR", "MASTER_ADDR"}, "");
-    host = master.empty() ? "" : localAddressToward(master);
+    host = master.empty() ? "" : net::localAddressToward(master);
     if (host.empty()) host = "127.0.0.1";
   }
   advertised_ = host + ":" + std::to_string(port);
-
-  int pipeFds[2];
-  GDX_SYS_CHECK(::pipe2(pipeFds, O_CLOEXEC | O_NONBLOCK) == 0);
-  wakeRead_.reset(pipeFds[0]);
-  wakeWrite_.reset(pipeFds[1]);
 
   remoteWindows_.resize(world_);
   why_.resize(world_);
@@ -222,10 +215,7 @@ void TcpTransport::shutdown() {
     if (r && r->thread.joinable()) r->thread.join();
   // 3. The acceptor.
   acceptorStop_.store(true);
-  if (wakeWrite_.valid()) {
-    char byte = 1;
-    [[maybe_unused]] ssize_t n = ::write(wakeWrite_.get(), &byte, 1);
-  }
+  wake_.wake();
   if (acceptor_.joinable()) acceptor_.join();
   for (auto& s : tx_) s->fd.reset();
   for (auto& r : rx_)

@@ -9,7 +9,8 @@
 // Threads: one acceptor (poll() over the listener and half-read Hellos), one sender per outgoing socket (a
 // queue of chunks; writes larger than chunkBytes are split round-robin over the lane's sockets to the peer so
 // they move in parallel), one receiver per incoming socket (validates each header, then receives the payload
-// straight into the window and lets RxOrder decide what can be announced).
+// straight into the window and lets RxOrder decide what can be announced). An atomic is one more message of the
+// lane's sequence (wire.hpp): sent on the next socket in turn, performed by RxOrder's delivery in sequence order.
 #pragma once
 
 #include <atomic>
@@ -24,15 +25,15 @@
 #include <vector>
 
 #include "gdx/transport.hpp"
+#include "rdma/socket.hpp"
 #include "rdma/tcp/rx_order.hpp"
-#include "rdma/tcp/socket.hpp"
 #include "rdma/tcp/wire.hpp"
 
 namespace gdx::tcp {
 
 class TcpTransport;
 
-/// A posted write; freed by the sender thread that finishes its last chunk.
+/// A posted write or atomic; freed by the sender thread that finishes its last chunk.
 struct OpState {
   std::atomic<uint32_t> remaining{0};                                ///< chunks not yet handed to the kernel
   std::atomic<uint32_t> status{static_cast<uint32_t>(Status::kOk)};  ///< first failure of any chunk
@@ -43,16 +44,21 @@ struct OpState {
 /// One chunk waiting for its socket.
 struct TxItem {
   MessageHeader header;
-  const char* data = nullptr;
+  const char* data = nullptr;  ///< the payload; null for an atomic, whose payload is `operand`
   OpState* op = nullptr;
+  uint64_t operand = 0;
 };
 
-/// An outgoing connection and its sender thread.
-struct TxSocket {
-  UniqueFd fd;
+/// One connection of a (lane, peer) pair: socket `index` of the lane's sockets to or from `peer`.
+struct LaneSocket {
+  net::UniqueFd fd;
   int peer = -1;
   int lane = 0;
   int index = 0;
+};
+
+/// An outgoing connection and its sender thread.
+struct TxSocket : LaneSocket {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<TxItem> queue;
@@ -63,11 +69,7 @@ struct TxSocket {
 };
 
 /// An incoming connection and its receiver thread.
-struct RxSocket {
-  UniqueFd fd;
-  int peer = -1;
-  int lane = 0;
-  int index = 0;
+struct RxSocket : LaneSocket {
   std::thread thread;
 };
 
@@ -75,6 +77,7 @@ class TcpLane : public TransportLane {
  public:
   TcpLane(TcpTransport& transport, int index, int worldSize);
   void post(const WriteOp& op) override;
+  void postAtomic(const AtomicOp& op) override;
   size_t poll(Completion* out, size_t max) override;
   size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
 
@@ -83,10 +86,17 @@ class TcpLane : public TransportLane {
 
  private:
   void complete(uint64_t cookie, int peer, Status status);
+  /// Counts a validated op in flight; false (after completing it) when its peer has already failed or left.
+  bool admitOp(uint64_t cookie, int peer);
+  /// Checks that [offset, offset + bytes) lies in remote window `window` of `peer`; "" or why not. Needs
+  /// windowsMutex_ held.
+  std::string checkRemote(int peer, uint32_t window, uint64_t offset, uint64_t bytes) const;
+  /// The header of the next message of this lane to `peer` (takes its sequence number).
+  MessageHeader nextMessage(MessageType type, int peer, uint32_t window, uint64_t offset, uint64_t bytes);
 
   TcpTransport& t_;
   const int index_;
-  std::vector<uint64_t> nextSeq_;     ///< per peer: number of the next write of this lane
+  std::vector<uint64_t> nextSeq_;     ///< per peer: number of the next write or atomic of this lane
   std::vector<uint32_t> nextSocket_;  ///< per peer: where the round-robin over sockets continues
   std::mutex doneMutex_;
   std::deque<Completion> done_;
@@ -140,7 +150,7 @@ class TcpTransport : public Transport {
   // Data path (tcp_sender.cpp, tcp_receiver.cpp).
   void senderLoop(TxSocket& s);
   Status sendChunk(TxSocket& s, const TxItem& item);
-  Status onSendFailure(TxSocket& s, const IoStatus& io, const std::string& why);
+  Status onSendFailure(TxSocket& s, const net::IoStatus& io, const std::string& why);
   void sayGoodbye(TxSocket& s);
   void receiverLoop(RxSocket& s);
   bool receiveOne(RxSocket& s);
@@ -154,7 +164,7 @@ class TcpTransport : public Transport {
   const int rank_;
   const int world_;
   const int sockets_;
-  UniqueFd listener_;
+  net::UniqueFd listener_;
   std::string advertised_;
 
   ImmHandler immHandler_;
@@ -181,7 +191,7 @@ class TcpTransport : public Transport {
   size_t rxFilled_ = 0;
 
   std::thread acceptor_;
-  UniqueFd wakeRead_, wakeWrite_;  ///< a pipe that wakes the acceptor at shutdown
+  net::WakePipe wake_;  ///< wakes the acceptor at shutdown
   std::atomic<bool> acceptorStop_{false};
 
   std::mutex shutdownMutex_;

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "gdx/transport.hpp"
+
 namespace gdx::tcp {
 
 const char* helloReplyName(HelloReply reply) {
@@ -35,7 +37,8 @@ std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t 
   } else if (h.version != kWireVersion) {
     os << "unsupported wire version " << h.version;
   } else if (h.type != static_cast<uint8_t>(MessageType::kWrite) &&
-             h.type != static_cast<uint8_t>(MessageType::kGoodbye)) {
+             h.type != static_cast<uint8_t>(MessageType::kGoodbye) &&
+             h.type != static_cast<uint8_t>(MessageType::kAtomic)) {
     os << "unknown message type " << static_cast<int>(h.type);
   } else if ((h.flags & ~kFlagImm) != 0) {
     os << "unknown flags 0x" << std::hex << static_cast<int>(h.flags);
@@ -50,6 +53,17 @@ std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t 
       os << "chunk [" << h.chunkOffset << ", +" << h.chunkBytes << ") lies outside its message of " << h.bytes
          << " bytes";
     }
+  } else if (h.type == static_cast<uint8_t>(MessageType::kAtomic)) {
+    if (h.flags != 0) {
+      os << "atomic with flags 0x" << std::hex << static_cast<int>(h.flags) << " (an atomic is never announced)";
+    } else if (h.imm != static_cast<uint32_t>(AtomicKind::kAdd) && h.imm != static_cast<uint32_t>(AtomicKind::kSet)) {
+      os << "unknown atomic kind " << h.imm;
+    } else if (h.bytes != kAtomicBytes || h.chunkBytes != kAtomicBytes || h.chunkOffset != 0) {
+      os << "atomic of " << h.bytes << " bytes with chunk [" << h.chunkOffset << ", +" << h.chunkBytes
+         << "); it must be one 8-byte word";
+    } else if (h.offset % kAtomicBytes != 0) {
+      os << "atomic at offset " << h.offset << ", which is not 8-byte aligned";
+    }
   } else if (h.chunkBytes != 0) {
     os << "goodbye with " << h.chunkBytes << " payload bytes";
   }
@@ -58,9 +72,14 @@ std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t 
 
 std::string describe(const MessageHeader& h) {
   std::ostringstream os;
-  os << "{type " << static_cast<int>(h.type) << ", lane " << h.lane << ", window " << h.window << ", seq " << h.seq
-     << ", offset " << h.offset << ", bytes " << h.bytes << ", chunk [" << h.chunkOffset << ", +" << h.chunkBytes
-     << ")}";
+  if (h.type == static_cast<uint8_t>(MessageType::kAtomic)) {
+    os << "atomic {kind " << h.imm << ", lane " << h.lane << ", window " << h.window << ", seq " << h.seq << ", offset "
+       << h.offset << "}";
+    return os.str();
+  }
+  os << "write {type " << static_cast<int>(h.type) << ", lane " << h.lane << ", window " << h.window << ", seq "
+     << h.seq << ", offset " << h.offset << ", bytes " << h.bytes << ", chunk [" << h.chunkOffset << ", +"
+     << h.chunkBytes << ")}";
   return os.str();
 }
 

@@ -1,7 +1,8 @@
 // Wire format of the TCP transport. Every connection carries one direction (the rank that connects is the one
 // that sends), starts with a Hello that the acceptor answers with a HelloAck, and then carries a stream of
-// MessageHeaders, each followed by `chunkBytes` bytes of payload. The structs are sent as they are laid out in
-// memory: every field is naturally aligned (no padding, checked below) and gdx only runs on little-endian hosts.
+// MessageHeaders, each followed by `chunkBytes` bytes of payload (a chunk of a write, or an atomic's operand). The
+// structs are sent as they are laid out in memory: every field is naturally aligned (no padding, checked below) and gdx
+// only runs on little-endian hosts.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP wire format is
 constexpr uint32_t kHelloMagic = 0x48584447;    // "GDXH"
 constexpr uint32_t kAckMagic = 0x41584447;      // "GDXA"
 constexpr uint32_t kMessageMagic = 0x4D584447;  // "GDXM"
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;            ///< 2: kAtomic
 /// Longest job secret a Hello may carry; bounds what the acceptor reads from a stranger.
 constexpr uint32_t kMaxSecretBytes = 4096;
 /// Largest chunk the format can describe (MessageHeader::chunkBytes is 32 bits; 1 GiB keeps it far from that).
@@ -61,8 +62,14 @@ static_assert(sizeof(HelloAck) == 8 && std::is_trivially_copyable_v<HelloAck>);
 enum class MessageType : uint8_t {
   kWrite = 1,    ///< a chunk of a one-sided write; chunkBytes of payload follow
   kGoodbye = 2,  ///< the sender closes this connection on purpose; nothing follows
+  kAtomic = 3,   ///< a remote atomic on the 64-bit word at `offset`; its 8-byte operand follows (see below)
 };
 constexpr uint8_t kFlagImm = 1;  ///< the write carries an immediate to announce once it is in place
+
+/// An atomic is one message of one chunk, numbered in the same `seq` sequence as the writes of its direction:
+/// `imm` holds the AtomicKind, `bytes` and `chunkBytes` are 8, `chunkOffset` and `flags` are 0, `offset` is
+/// 8-byte aligned, and the payload is the operand.
+constexpr uint32_t kAtomicBytes = 8;
 
 /// Precedes every chunk. One write of `bytes` bytes at `offset` of window `window` is sent as one or more chunks
 /// (possibly over several sockets of the lane), all carrying the same message fields and the message's `seq`,
@@ -84,14 +91,14 @@ struct MessageHeader {
 static_assert(sizeof(MessageHeader) == 56 && std::is_trivially_copyable_v<MessageHeader>);
 
 /// Checks everything about a header that does not depend on the receiver's windows: magic, version, type,
-/// flags, lane, chunk length (<= maxChunk) and that the chunk lies inside its message. Returns "" when it is
-/// well formed, else what is wrong.
+/// flags, lane, chunk length (<= maxChunk) and that the chunk lies inside its message; for an atomic its kind,
+/// size and alignment. Returns "" when it is well formed, else what is wrong.
 std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk);
 
 /// "" when [offset, offset + bytes) lies within a window of `windowBytes` (without overflowing), else why not.
 std::string checkRange(uint64_t offset, uint64_t bytes, uint64_t windowBytes);
 
-/// A short human-readable rendering of a header for error messages.
+/// A short human-readable rendering of a header for error messages ("write {...}", "atomic {...}").
 std::string describe(const MessageHeader& h);
 
 }  // namespace gdx::tcp

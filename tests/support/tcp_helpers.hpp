@@ -3,6 +3,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "gdx/error.hpp"
 #include "gdx/transport.hpp"
 
 namespace gdx::test {
@@ -32,6 +34,13 @@ inline TcpTransportOptions tcpOptions(int rank, int world, int sockets, size_t c
   o.secret = secret;
   o.timeoutNs = static_cast<uint64_t>(timeoutMs) * 1000000ull;
   return o;
+}
+
+/// A world of `world` TCP transports in this process (not yet connected).
+inline std::vector<std::unique_ptr<Transport>> tcpWorld(int world, int sockets, size_t chunk, int timeoutMs = 20000) {
+  std::vector<std::unique_ptr<Transport>> t;
+  for (int r = 0; r < world; ++r) t.push_back(makeTcpTransport(tcpOptions(r, world, sockets, chunk, timeoutMs)));
+  return t;
 }
 
 /// Calls connect() of every transport from its own thread (it is collective) and rethrows the first failure.
@@ -75,6 +84,34 @@ inline std::vector<Completion> pollCompletions(TransportLane& lane, size_t n, in
       },
       timeoutMs);
   return out;
+}
+
+/// One argument error of a posted op: how to spoil a valid op, and a phrase the message must contain.
+template <typename Op>
+struct BadArgument {
+  const char* what;
+  std::function<void(Op&)> mutate;
+  const char* mentions;
+};
+
+/// Posts each spoiled copy of `good` through `post` and checks that it throws gdx::Error(kInvalidArgument) with a
+/// message that names the problem and "rank 0" (the sender).
+template <typename Op>
+void expectInvalidArguments(const Op& good, const std::vector<BadArgument<Op>>& cases,
+                            const std::function<void(const Op&)>& post) {
+  for (auto& c : cases) {
+    Op op = good;
+    c.mutate(op);
+    try {
+      post(op);
+      ADD_FAILURE() << c.what << ": no exception";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << c.what;
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(c.mentions), std::string::npos) << c.what << ": " << msg;
+      EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+    }
+  }
 }
 
 /// A blocking client socket to "ip:port"; -1 on failure.

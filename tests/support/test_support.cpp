@@ -97,6 +97,11 @@ int waitChild(pid_t pid, int timeoutSec) {
 }
 
 std::vector<int> runRanks(int ranks, const std::function<int(int rank)>& body, int timeoutSec) {
+  return runRanksWith(ranks, "127.0.0.1", [](int) {}, body, timeoutSec);
+}
+
+std::vector<int> runRanksWith(int ranks, const std::string& masterAddr, const std::function<void(int rank)>& setup,
+                              const std::function<int(int rank)>& body, int timeoutSec) {
   int port = freePort();
   std::string secret = "test-secret-" + std::to_string(getpid()) + "-" + std::to_string(port);
   std::vector<pid_t> pids;
@@ -105,9 +110,10 @@ std::vector<int> runRanks(int ranks, const std::function<int(int rank)>& body, i
       setenv("GDX_RANK", std::to_string(r).c_str(), 1);
       setenv("GDX_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
       setenv("GDX_LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("GDX_MASTER_ADDR", "127.0.0.1", 1);
+      setenv("GDX_MASTER_ADDR", masterAddr.c_str(), 1);
       setenv("GDX_MASTER_PORT", std::to_string(port).c_str(), 1);
       setenv("GDX_JOB_SECRET", secret.c_str(), 1);
+      setup(r);
       return body(r);
     }));
   }

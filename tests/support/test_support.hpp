@@ -28,5 +28,9 @@ int waitChild(pid_t pid, int timeoutSec = 120);
 /// Runs `ranks` processes of `body(rank)` with GDX_RANK/GDX_WORLD_SIZE/GDX_MASTER_ADDR/GDX_MASTER_PORT/
 /// GDX_JOB_SECRET set for a fresh job, waits for all, and returns their exit codes.
 std::vector<int> runRanks(int ranks, const std::function<int(int rank)>& body, int timeoutSec = 300);
+/// runRanks with the master at `masterAddr` and `setup(rank)` run in each child first (entering a network
+/// namespace, setting extra variables).
+std::vector<int> runRanksWith(int ranks, const std::string& masterAddr, const std::function<void(int rank)>& setup,
+                              const std::function<int(int rank)>& body, int timeoutSec = 300);
 
 }  // namespace gdx::test

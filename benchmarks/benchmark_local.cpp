@@ -1,0 +1,125 @@
+// benchmark_local, host mode: host threads produce commands -> command ring -> proxy thread -> TCP over
+// loopback -> the second process's proxy -> its signal. Rank 0 measures, per message size, the one-way
+// latency (half a putWithSignal ping-pong), the bandwidth of a stream of puts closed by a putWithSignal,
+// and the message rate; rank 1 answers. Started by hand it runs both ranks itself.
+//
+//   benchmark_local [--min-bytes N] [--max-bytes N] [--json FILE]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "benchmarks/self_launch.hpp"
+#include "gdx/context.hpp"
+#include "gdx/error.hpp"
+
+namespace {
+
+struct Row {
+  size_t bytes;
+  double latencyUs;
+  double gbPerSec;
+  double messagesPerSec;
+};
+
+constexpr uint32_t kPing = 0, kPong = 1, kData = 2, kAck = 3;
+
+// Both ranks derive the same iteration counts from the size.
+int latencyIters(size_t bytes) { return static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / bytes, 10, 2000)); }
+int bandwidthIters(size_t bytes) { return static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 8, 20000)); }
+
+double seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t minBytes = 8, maxBytes = size_t{64} << 20;
+  std::string json = "benchmark_local.json";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--min-bytes") minBytes = std::stoull(argv[i + 1]);
+    else if (a == "--max-bytes") maxBytes = std::stoull(argv[i + 1]);
+    else if (a == "--json") json = argv[i + 1];
+    else {
+      std::fprintf(stderr, "usage: %s [--min-bytes N] [--max-bytes N] [--json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (gdx::bench::launchedByHand()) return gdx::bench::runSelfAsJob(2, argv);
+
+  try {
+    gdx::Context ctx;
+    if (ctx.worldSize() != 2) throw gdx::Error(gdx::ErrorCode::kInvalidArgument, "benchmark_local needs 2 ranks");
+    const int rank = ctx.rank(), peer = 1 - rank;
+    // The destination is large enough that a stream of puts rotates over distinct memory.
+    const size_t window = std::max(maxBytes, size_t{64} << 20);
+    std::vector<unsigned char> src(window, static_cast<unsigned char>(rank + 1)), dst(window, 0);
+    gdx::Window s = ctx.registerWindow(src.data(), src.size());
+    gdx::Window d = ctx.registerWindow(dst.data(), dst.size());
+    gdx::Channel ch = ctx.channel(peer);
+    std::vector<Row> rows;
+    uint64_t pings = 0, datas = 0;
+    ctx.barrier();
+    for (size_t bytes = minBytes; bytes <= maxBytes; bytes *= 2) {
+      // Latency: ping-pong of putWithSignal.
+      const int li = latencyIters(bytes);
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < li; ++i) {
+        ++pings;
+        if (rank == 0) {
+          ch.putWithSignal(d, 0, s, 0, bytes, kPing, 1);
+          ctx.wait(kPong, pings);
+        } else {
+          ctx.wait(kPing, pings);
+          ch.putWithSignal(d, 0, s, 0, bytes, kPong, 1);
+        }
+      }
+      double lat = seconds(t0) / li / 2 * 1e6;
+      // Bandwidth: a stream of puts closed by a putWithSignal, acknowledged by the receiver.
+      const int bi = bandwidthIters(bytes);
+      const size_t slots = window / bytes;
+      ++datas;
+      ctx.barrier();
+      t0 = std::chrono::steady_clock::now();
+      if (rank == 0) {
+        for (int i = 0; i + 1 < bi; ++i) ch.put(d, (i % slots) * bytes, s, 0, bytes);
+        ch.putWithSignal(d, ((bi - 1) % slots) * bytes, s, 0, bytes, kData, 1);
+        ctx.wait(kAck, datas);
+      } else {
+        ctx.wait(kData, datas);
+        ch.signal(kAck, 1);
+      }
+      double t = seconds(t0);
+      ch.flush();
+      if (rank == 0) rows.push_back(Row{bytes, lat, double(bytes) * bi / t / 1e9, bi / t});
+    }
+    ctx.barrier();
+    if (rank == 0) {
+      gdx::ProxyCounters c = ctx.proxy().totalCounters();
+      std::printf("benchmark_local (host mode): host threads -> ring -> proxy -> %s loopback -> second process\n",
+                  ctx.transport().name().c_str());
+      std::printf("%12s %14s %14s %16s\n", "bytes", "latency_us", "GB/s", "messages/s");
+      for (const Row& r : rows)
+        std::printf("%12zu %14.2f %14.3f %16.0f\n", r.bytes, r.latencyUs, r.gbPerSec, r.messagesPerSec);
+      std::printf("proxy: %llu commands, %llu bytes, %llu errors\n", (unsigned long long)c.commands,
+                  (unsigned long long)c.bytes, (unsigned long long)c.errors);
+      std::ofstream out(json);
+      out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"host\",\"transport\":\"" << ctx.transport().name()
+          << "\",\"results\":[";
+      for (size_t i = 0; i < rows.size(); ++i)
+        out << (i ? "," : "") << "{\"bytes\":" << rows[i].bytes << ",\"latency_us\":" << rows[i].latencyUs
+            << ",\"gb_per_s\":" << rows[i].gbPerSec << ",\"messages_per_s\":" << rows[i].messagesPerSec << "}";
+      out << "]}\n";
+      std::printf("wrote %s\n", json.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "benchmark_local: %s\n", e.what());
+    return 1;
+  }
+}

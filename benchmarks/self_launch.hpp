@@ -1,0 +1,60 @@
+// When a benchmark is started by hand (no GDX_RANK / RANK in the environment) it starts its own job: it runs
+// `ranks` copies of itself with the bootstrap variables set for a fresh job on 127.0.0.1, waits for them and
+// returns the worst exit code. Under torchrun/mpirun the variables are set and the program just runs.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace gdx::bench {
+
+inline bool launchedByHand() { return !std::getenv("GDX_RANK") && !std::getenv("RANK"); }
+
+inline int freeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+inline int runSelfAsJob(int ranks, char** argv) {
+  std::string port = std::to_string(freeLoopbackPort());
+  std::string secret = "bench-" + std::to_string(std::random_device{}()) + std::to_string(getpid());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < ranks; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("GDX_RANK", std::to_string(r).c_str(), 1);
+      setenv("GDX_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+      setenv("GDX_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("GDX_MASTER_ADDR", "127.0.0.1", 1);
+      setenv("GDX_MASTER_PORT", port.c_str(), 1);
+      setenv("GDX_JOB_SECRET", secret.c_str(), 1);
+      execv("/proc/self/exe", argv);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int worst = 0;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (rc > worst) worst = rc;
+  }
+  return worst;
+}
+
+}  // namespace gdx::bench

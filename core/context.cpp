@@ -1,0 +1,252 @@
+#include "gdx/context.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "gdx/atomic.hpp"
+#include "gdx/clock.hpp"
+#include "gdx/config.hpp"
+#include "gdx/error.hpp"
+#include "gdx/log.hpp"
+#include "gdx/signal_imm.hpp"
+
+namespace gdx {
+namespace {
+
+// A window's registration record as exchanged through the bootstrap: id, size, transport key.
+std::string encodeWindowRecord(uint32_t id, uint64_t bytes, const std::string& key) {
+  std::string out(12, '\0');
+  std::memcpy(&out[0], &id, 4);
+  std::memcpy(&out[4], &bytes, 8);
+  return out + key;
+}
+
+void decodeWindowRecord(const std::string& blob, int peer, uint32_t* id, uint64_t* bytes, std::string* key) {
+  if (blob.size() < 12)
+    throw Error(ErrorCode::kProtocol, "window record from rank " + std::to_string(peer) + " is truncated");
+  std::memcpy(id, blob.data(), 4);
+  std::memcpy(bytes, blob.data() + 4, 8);
+  *key = blob.substr(12);
+}
+
+}  // namespace
+
+ContextOptions ContextOptions::fromEnv() {
+  ContextOptions o;
+  o.proxy = Proxy::Options::fromEnv();
+  o.proxy.placement = defaultPlacement();
+  o.numSignals = static_cast<uint32_t>(envInt("GDX_NUM_SIGNALS", o.numSignals));
+  o.transport = envString("GDX_TRANSPORT", o.transport);
+  o.tcpSockets = static_cast<int>(envInt("GDX_TCP_SOCKETS", o.tcpSockets));
+  o.timeoutNs = defaultTimeoutNs();
+  return o;
+}
+
+Context::Context(const ContextOptions& options) : Context(BootstrapConfig::fromEnv(), options) {}
+
+Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options) : options_(options) {
+  if (options_.timeoutNs == 0) options_.timeoutNs = defaultTimeoutNs();
+  if (options_.proxy.timeoutNs == 0) options_.proxy.timeoutNs = options_.timeoutNs;
+  if (options_.proxy.placement.reason.empty()) options_.proxy.placement = defaultPlacement();
+  if (options_.numSignals == 0 || options_.numSignals > kMaxSignals)
+    throw Error(ErrorCode::kInvalidArgument, "GDX_NUM_SIGNALS must be in 1.." + std::to_string(kMaxSignals));
+  bootstrap_ = std::make_unique<Bootstrap>(bootstrap);
+  init();
+}
+
+void Context::init() {
+  const int rank = bootstrap_->rank(), world = bootstrap_->worldSize();
+  if (world > static_cast<int>(kMaxPeers))
+    throw Error(ErrorCode::kInvalidArgument, "world size " + std::to_string(world) + " exceeds " +
+                                                 std::to_string(kMaxPeers) + " ranks");
+  if (options_.transport != "tcp")
+    throw Error(ErrorCode::kInvalidArgument, "GDX_TRANSPORT='" + options_.transport + "' is not available (tcp)");
+  TcpTransportOptions t = TcpTransportOptions::fromEnv(rank, world, bootstrap_->secret());
+  t.socketsPerPeer = options_.tcpSockets;
+  t.bindAddress = bootstrap_->localIp();
+  t.timeoutNs = options_.timeoutNs;
+  transport_ = makeTcpTransport(t);
+  transport_->setImmHandler([this](const RemoteWrite& w) { onImm(w); });
+  transport_->setPeerFailureHandler([this](int peer, const std::string& why) { onPeerFailure(peer, why); });
+  std::vector<std::string> addresses = bootstrap_->allGather(transport_->localAddress());
+  transport_->connect(addresses, options_.proxy.threads);
+
+  registry_ = std::make_unique<WindowRegistry>(rank, world, kMaxWindows);
+  windowInUse_.assign(kMaxWindows, false);
+  signals_ = std::make_unique<HostBuffer>(size_t{options_.numSignals} * 8, options_.proxy.placement.numaNode, true);
+  // The signal array is a window like any other (remote atomics address it), under a reserved id.
+  {
+    std::string key = transport_->registerWindow(kSignalWindowId, signals_->data(), signals_->size(), MemoryKind::kHost);
+    registry_->addLocal(kSignalWindowId, signals_->data(), signals_->size(), MemoryKind::kHost);
+    windowInUse_[kSignalWindowId] = true;
+    std::vector<std::string> all = bootstrap_->allGather(encodeWindowRecord(kSignalWindowId, signals_->size(), key));
+    for (int p = 0; p < world; ++p) {
+      uint32_t id;
+      uint64_t bytes;
+      std::string k;
+      decodeWindowRecord(all[p], p, &id, &bytes, &k);
+      transport_->addRemoteWindow(p, id, bytes, k);
+      registry_->addRemote(p, id, bytes);
+    }
+  }
+  proxy_ = std::make_unique<Proxy>(options_.proxy, transport_.get(), *registry_);
+  proxy_->start();
+  liveProxy_.store(proxy_.get(), std::memory_order_release);
+  if (failed_.load() != 0) proxy_->failAll(static_cast<Status>(failed_.load()), failure());
+  bootstrap_->barrier();
+  GDX_INFO("context ready: rank " << rank << " of " << world << ", transport " << transport_->name() << " ("
+                                  << options_.tcpSockets << " sockets per peer), " << options_.numSignals
+                                  << " signals");
+}
+
+Context::~Context() {
+  liveProxy_.store(nullptr, std::memory_order_release);
+  try {
+    if (proxy_) proxy_->stop();
+    if (transport_) transport_->shutdown();
+  } catch (const std::exception& e) {
+    GDX_ERROR("closing the context: " << e.what());
+  }
+}
+
+Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
+  if (!base || bytes == 0)
+    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": cannot register an empty window");
+  uint32_t id = kMaxUserWindows;
+  {
+    std::lock_guard<std::mutex> lock(windowMutex_);
+    for (uint32_t i = 0; i < kMaxUserWindows; ++i)
+      if (!windowInUse_[i]) {
+        id = i;
+        break;
+      }
+    if (id == kMaxUserWindows)
+      throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": all " +
+                                                   std::to_string(kMaxUserWindows) + " window ids are in use");
+    windowInUse_[id] = true;
+  }
+  std::string key;
+  try {
+    key = transport_->registerWindow(id, base, bytes, kind);
+    registry_->addLocal(id, base, bytes, kind);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(windowMutex_);
+    windowInUse_[id] = false;
+    throw;
+  }
+  Window window(this, id, base, bytes, kind);
+  std::vector<std::string> all = bootstrap_->allGather(encodeWindowRecord(id, bytes, key));
+  for (int p = 0; p < worldSize(); ++p) {
+    uint32_t peerId;
+    uint64_t peerBytes;
+    std::string peerKey;
+    decodeWindowRecord(all[p], p, &peerId, &peerBytes, &peerKey);
+    if (peerId != id)
+      throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + " registered window " +
+                                                   std::to_string(id) + " while rank " + std::to_string(p) +
+                                                   " registered window " + std::to_string(peerId) +
+                                                   ": windows must be registered in the same order on every rank");
+    transport_->addRemoteWindow(p, id, peerBytes, peerKey);
+    registry_->addRemote(p, id, peerBytes);
+  }
+  GDX_DEBUG("registered window " << id << " of " << bytes << " bytes");
+  return window;
+}
+
+void Context::deregister(uint32_t id) noexcept {
+  try {
+    registry_->removeLocal(id);
+    transport_->deregisterWindow(id);
+  } catch (const std::exception& e) {
+    GDX_ERROR("deregistering window " << id << ": " << e.what());
+  }
+  std::lock_guard<std::mutex> lock(windowMutex_);
+  windowInUse_[id] = false;
+}
+
+Channel Context::channel(int peer, int ringIndex) {
+  if (peer < 0 || peer >= worldSize())
+    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": peer " + std::to_string(peer) +
+                                                 " does not exist (world size " + std::to_string(worldSize()) + ")");
+  if (ringIndex < 0) ringIndex = peer % proxy_->numRings();
+  if (ringIndex >= proxy_->numRings())
+    throw Error(ErrorCode::kInvalidArgument, "ring " + std::to_string(ringIndex) + " does not exist (" +
+                                                 std::to_string(proxy_->numRings()) + " rings)");
+  return Channel(this, peer, ringIndex, proxy_->ring(ringIndex).hostHandle());
+}
+
+uint64_t Context::signalValue(uint32_t id) const {
+  if (id >= options_.numSignals) throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
+  return atomicLoad(static_cast<uint64_t*>(signals_->data()) + id, kAcquire);
+}
+
+void Context::setSignal(uint32_t id, uint64_t value) {
+  if (id >= options_.numSignals) throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
+  atomicStore(static_cast<uint64_t*>(signals_->data()) + id, value, kRelease);
+}
+
+Status Context::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+  if (id >= options_.numSignals) return Status::kInvalidArgument;
+  uint64_t* word = static_cast<uint64_t*>(signals_->data()) + id;
+  const uint64_t bound = timeoutNs ? timeoutNs : options_.timeoutNs;
+  const uint64_t start = nowNs();
+  for (uint64_t spins = 0;; ++spins) {
+    if (atomicLoad(word, kAcquire) >= value) return Status::kOk;
+    uint32_t f = failed_.load(std::memory_order_acquire);
+    if (f != 0) return static_cast<Status>(f);
+    if ((spins & 63) == 0 && nowNs() - start > bound) return Status::kTimeout;
+    if (spins > 100000)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else
+      spinPause(spins);
+  }
+}
+
+void Context::wait(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+  const uint64_t start = nowNs();
+  Status s = waitStatus(id, value, timeoutNs);
+  if (s == Status::kOk) return;
+  std::string msg = "rank " + std::to_string(rank()) + ": wait for signal " + std::to_string(id) + " >= " +
+                    std::to_string(value) + " returned '" + statusName(s) + "' after " +
+                    std::to_string((nowNs() - start) / 1000000) + " ms; last value seen " +
+                    std::to_string(id < options_.numSignals ? signalValue(id) : 0);
+  std::string why = failure();
+  if (!why.empty()) msg += "; " + why;
+  throw Error(s == Status::kTimeout ? ErrorCode::kTimeout
+              : s == Status::kInvalidArgument ? ErrorCode::kInvalidArgument
+                                              : ErrorCode::kPeerFailed,
+              msg);
+}
+
+std::string Context::failure() const {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  return failure_;
+}
+
+void Context::onImm(const RemoteWrite& w) {
+  SignalUpdate u = decodeSignalImm(w.imm);
+  if (!u.valid || u.id >= options_.numSignals) {
+    GDX_ERROR("rank " << rank() << ": write-with-immediate from rank " << w.peer << " carries an invalid signal "
+                      << "update (imm 0x" << std::hex << w.imm << ")");
+    return;
+  }
+  uint64_t* word = static_cast<uint64_t*>(signals_->data()) + u.id;
+  if (u.add)
+    atomicFetchAdd(word, u.value, kRelease);
+  else
+    atomicStore(word, u.value, kRelease);
+}
+
+void Context::onPeerFailure(int peer, const std::string& why) {
+  std::string msg = "rank " + std::to_string(peer) + " failed: " + why;
+  {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    if (failure_.empty()) failure_ = msg;
+  }
+  failed_.store(static_cast<uint32_t>(Status::kPeerFailed), std::memory_order_release);
+  // The proxy may not exist yet (a failure while connecting); init() re-applies the failure after creating it.
+  if (Proxy* p = liveProxy_.load(std::memory_order_acquire)) p->failAll(Status::kPeerFailed, msg);
+}
+
+}  // namespace gdx

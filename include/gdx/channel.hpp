@@ -1,0 +1,57 @@
+// Channel: the host-side way to issue one-sided operations to one peer. Every call enqueues commands on a
+// command ring (host threads are producers here; kernels use the device handle of the next layer) which a
+// proxy thread turns into transport operations. Channels are cheap to copy and safe to use from several
+// threads at once. Arguments are checked before anything is enqueued: a bad peer, window, range or signal id
+// throws gdx::Error(kInvalidArgument) and nothing is sent.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "gdx/ring_device.hpp"
+#include "gdx/window.hpp"
+
+namespace gdx {
+
+class Context;
+
+enum class SignalOp : uint8_t { kAdd = 0, kSet = 1 };
+
+class Channel {
+ public:
+  int peer() const { return peer_; }
+  int ringIndex() const { return ringIndex_; }
+
+  /// Copies `bytes` from local window `src` at `srcOffset` into the peer's copy of window `dst` at
+  /// `dstOffset`. Returns once enqueued; the source may be modified only after flush().
+  void put(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes);
+  /// put(), then updates signal `signalId` on the peer; the peer sees the update only after all the data of
+  /// this put (and of every earlier operation of this channel) is in place.
+  void putWithSignal(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes,
+                     uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd);
+  /// Updates signal `signalId` on the peer after every earlier operation of this channel is in place.
+  void signal(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd);
+  /// Adds `value` to the 64-bit word at `dstOffset` (8-byte aligned) of the peer's window `dst`.
+  void atomicAdd(const Window& dst, uint64_t dstOffset, uint64_t value);
+  /// Waits (bounded) until every operation issued through this channel so far completed at the source;
+  /// throws gdx::Error naming the rank, peer and the proxy's error when one occurred.
+  void flush();
+
+ private:
+  friend class Context;
+  Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring);
+  void push(const Command& c);
+  void pushPair(const Command& first, const Command& second);
+  void checkPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) const;
+  void checkSignal(uint32_t signalId) const;
+  [[noreturn]] void fail(Status status, const char* operation) const;
+
+  Context* context_;
+  int peer_;
+  int ringIndex_;
+  RingDeviceHandle ring_;
+  std::shared_ptr<std::atomic<int64_t>> lastPosition_;  // highest ring position this channel used; -1: none
+};
+
+}  // namespace gdx

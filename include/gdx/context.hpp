@@ -1,0 +1,97 @@
+// Context: one process's membership in a gdx job. It joins the bootstrap, connects the transport to every
+// rank, owns the signal array, the window registry and the proxy, and hands out Windows and Channels.
+//
+//   gdx::Context ctx;                                  // reads GDX_* / torchrun variables
+//   auto win = ctx.registerWindow(buf, bytes);         // collective
+//   auto ch = ctx.channel((ctx.rank() + 1) % ctx.worldSize());
+//   ch.putWithSignal(win, 0, win, 0, bytes, /*signal*/ 0, 1);
+//   ctx.wait(/*signal*/ 0, 1);                          // bounded; throws on timeout or a failed peer
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "gdx/bootstrap.hpp"
+#include "gdx/channel.hpp"
+#include "gdx/host_buffer.hpp"
+#include "gdx/proxy.hpp"
+#include "gdx/transport.hpp"
+#include "gdx/window.hpp"
+#include "gdx/window_registry.hpp"
+
+namespace gdx {
+
+struct ContextOptions {
+  Proxy::Options proxy;           ///< threads, rings, ring size, in-flight cap, placement
+  uint32_t numSignals = 1024;     ///< GDX_NUM_SIGNALS (at most kMaxSignals)
+  std::string transport = "tcp";  ///< GDX_TRANSPORT: tcp
+  int tcpSockets = 4;             ///< GDX_TCP_SOCKETS
+  uint64_t timeoutNs = 0;         ///< every wait's bound (GDX_TIMEOUT_MS); 0: defaultTimeoutNs()
+  /// Reads the variables above; placement from GDX_NUMA_NODE or the calling thread's node.
+  static ContextOptions fromEnv();
+};
+
+class Context {
+ public:
+  /// Joins the job described by the environment (BootstrapConfig::fromEnv()).
+  explicit Context(const ContextOptions& options = ContextOptions::fromEnv());
+  Context(const BootstrapConfig& bootstrap, const ContextOptions& options);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int rank() const { return bootstrap_->rank(); }
+  int worldSize() const { return bootstrap_->worldSize(); }
+  Bootstrap& bootstrap() { return *bootstrap_; }
+  Proxy& proxy() { return *proxy_; }
+  Transport& transport() { return *transport_; }
+  const ContextOptions& options() const { return options_; }
+
+  /// Collective: every rank registers its windows in the same order (sizes may differ). Throws when the
+  /// ranks disagree on the id, when the memory range is empty or when all window ids are in use.
+  Window registerWindow(void* base, size_t bytes, MemoryKind kind = MemoryKind::kHost);
+  /// A channel to `peer` on ring `ringIndex` (-1: spread channels over the rings by peer).
+  Channel channel(int peer, int ringIndex = -1);
+
+  uint32_t numSignals() const { return options_.numSignals; }
+  /// Current value of local signal `id`.
+  uint64_t signalValue(uint32_t id) const;
+  /// Sets local signal `id` (to re-arm it between rounds; only safe when no peer is updating it).
+  void setSignal(uint32_t id, uint64_t value);
+  /// Waits until local signal `id` >= `value`. Bounded by `timeoutNs` (0: the context's timeout); throws
+  /// gdx::Error(kTimeout) naming rank, signal, expected and last seen value, or kPeerFailed/kProtocol as soon
+  /// as a peer failed.
+  void wait(uint32_t id, uint64_t value, uint64_t timeoutNs = 0) const;
+  /// Like wait() but returns the status instead of throwing.
+  Status waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs = 0) const;
+  /// Why the job is broken (a failed peer), empty while healthy.
+  std::string failure() const;
+  void barrier() { bootstrap_->barrier(); }
+
+ private:
+  friend class Window;
+  friend class Channel;
+  void init();
+  void deregister(uint32_t id) noexcept;
+  void onImm(const RemoteWrite& w);
+  void onPeerFailure(int peer, const std::string& why);
+
+  ContextOptions options_;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<WindowRegistry> registry_;
+  std::unique_ptr<HostBuffer> signals_;
+  std::unique_ptr<Proxy> proxy_;
+  std::atomic<Proxy*> liveProxy_{nullptr};  // proxy_ as seen by the transport's failure handler thread
+  std::mutex windowMutex_;
+  std::vector<bool> windowInUse_;
+  std::atomic<uint32_t> failed_{0};  // a Status; kOk while every peer is healthy
+  mutable std::mutex failureMutex_;
+  std::string failure_;
+  std::atomic<int> nextRing_{0};
+};
+
+}  // namespace gdx

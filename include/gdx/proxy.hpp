@@ -1,0 +1,86 @@
+// Proxy: threads that drain command rings and turn commands into transport operations.
+//
+// Each proxy thread owns `ringsPerThread` rings and one transport lane. Its loop: take a batch of commands
+// from each ring, check every command against the WindowRegistry, post it on the lane (one put -> one write;
+// putWithSignal -> one write-with-immediate, or a write then a remote atomic when the signal does not fit
+// the immediate; signal/atomicAdd -> one remote atomic), publish the ring's tail, then reap lane completions
+// and advance each ring's in-order completion counter (what flush() waits on). A command that fails the check
+// is not posted: it is counted as an error, its message kept, and the ring's error word set, so producers'
+// waits return Status::kProxyError. Threads are pinned to the CPUs of one NUMA node and the rings' memory is
+// placed on that node.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gdx/placement.hpp"
+#include "gdx/ring.hpp"
+#include "gdx/transport.hpp"
+#include "gdx/window_registry.hpp"
+
+namespace gdx {
+
+/// Per-thread counters, updated by the proxy thread and readable at any time.
+struct ProxyCounters {
+  uint64_t commands = 0;  ///< commands taken out of the rings (a putWithSignal pair counts as 2)
+  uint64_t bytes = 0;     ///< payload bytes posted
+  uint64_t errors = 0;    ///< commands rejected plus operations that completed with an error
+  uint64_t batches = 0;   ///< non-empty polls of a ring
+};
+
+class Proxy {
+ public:
+  struct Options {
+    int threads = 1;               ///< GDX_PROXY_THREADS
+    int ringsPerThread = 1;        ///< GDX_RINGS_PER_THREAD
+    uint64_t ringCapacity = 4096;  ///< GDX_RING_SIZE
+    size_t maxInFlight = 1024;     ///< operations posted and not completed, per thread (GDX_PROXY_MAX_INFLIGHT)
+    uint64_t timeoutNs = 0;        ///< producers' bound; 0: defaultTimeoutNs()
+    Placement placement;
+    static Options fromEnv();
+  };
+
+  /// `transport` may be null: the proxy then completes every valid command without moving data (the null
+  /// transport of the command-rate benchmark).
+  Proxy(const Options& options, Transport* transport, const WindowRegistry& registry);
+  ~Proxy();
+  Proxy(const Proxy&) = delete;
+  Proxy& operator=(const Proxy&) = delete;
+
+  void start();
+  /// Stops the threads after the operations in flight completed (bounded by the timeout); idempotent.
+  void stop();
+
+  int numRings() const { return static_cast<int>(rings_.size()); }
+  CommandRing& ring(int index) { return *rings_.at(index); }
+  int numThreads() const { return static_cast<int>(threads_.size()); }
+  ProxyCounters counters(int thread) const;
+  ProxyCounters totalCounters() const;
+  /// Sets every ring's error word (a failed peer, shutdown); the first message is kept for lastError().
+  void failAll(Status status, const std::string& why);
+  /// The first error any proxy thread recorded, empty when none.
+  std::string lastError() const;
+  const Options& options() const { return options_; }
+
+ private:
+  struct Thread;
+  void run(Thread& t);
+  void recordError(const std::string& message);
+
+  Options options_;
+  Transport* transport_;
+  const WindowRegistry& registry_;
+  std::vector<std::unique_ptr<CommandRing>> rings_;
+  std::vector<std::unique_ptr<Thread>> threads_;
+  std::atomic<bool> stopping_{false};
+  bool started_ = false;
+  mutable std::mutex errorMutex_;
+  std::string firstError_;
+};
+
+}  // namespace gdx

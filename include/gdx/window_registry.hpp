@@ -1,0 +1,55 @@
+// WindowRegistry: the windows this rank registered and the windows each peer registered, by id. The proxy
+// checks every command against it before anything is posted, so a bad window id or an offset past the end is
+// rejected with a message instead of reaching the wire.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "gdx/transport.hpp"
+
+namespace gdx {
+
+struct WindowInfo {
+  void* base = nullptr;
+  size_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  bool valid = false;
+};
+
+class WindowRegistry {
+ public:
+  WindowRegistry(int rank, int worldSize, uint32_t maxWindows);
+
+  void addLocal(uint32_t id, void* base, size_t bytes, MemoryKind kind);
+  void removeLocal(uint32_t id);
+  void addRemote(int peer, uint32_t id, size_t bytes);
+
+  /// Empty when [offset, offset + bytes) lies inside local window `id`; otherwise why not.
+  std::string checkLocal(uint32_t id, uint64_t offset, uint64_t bytes) const;
+  /// Same for window `id` of `peer` (also checks that the peer exists).
+  std::string checkRemote(int peer, uint32_t id, uint64_t offset, uint64_t bytes) const;
+  WindowInfo local(uint32_t id) const;
+  size_t remoteBytes(int peer, uint32_t id) const;
+
+  int rank() const { return rank_; }
+  int worldSize() const { return worldSize_; }
+
+ private:
+  int rank_;
+  int worldSize_;
+  uint32_t maxWindows_;
+  mutable std::shared_mutex mutex_;
+  std::vector<WindowInfo> local_;
+  std::vector<std::vector<size_t>> remote_;  // [peer][id] -> bytes; 0 = not registered
+};
+
+/// Empty when [offset, offset + bytes) fits in a window of `windowBytes`, without overflow.
+inline bool rangeFits(uint64_t offset, uint64_t bytes, uint64_t windowBytes) {
+  return offset <= windowBytes && bytes <= windowBytes - offset;
+}
+
+}  // namespace gdx

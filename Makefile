@@ -30,8 +30,13 @@ test-unit: all
 test-rdma: all
 	cd $(BUILD) && ctest --output-on-failure -L rdma $(CTEST_ARGS)
 
+# GPU tests (skip cleanly without a GPU); run them on an H100/H200 machine whenever device code changes.
 test-gpu: all
-	cd $(BUILD) && ctest --output-on-failure -L gpu $(CTEST_ARGS)
+	cd $(BUILD) && NCCL_NVLS_ENABLE=0 ctest --output-on-failure -L gpu $(CTEST_ARGS)
+
+# GPU benchmarks: benchmark_local's GPU mode (table on stdout, JSON beside it).
+bench-gpu: all
+	NCCL_NVLS_ENABLE=0 $(BUILD)/benchmarks/benchmark_local --mode gpu --json $(BUILD)/benchmark_local_gpu.json
 
 bench: all
 	$(BUILD)/benchmarks/bench_ring --benchmark_out=$(BUILD)/bench_ring.json --benchmark_out_format=json

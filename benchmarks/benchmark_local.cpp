@@ -1,13 +1,15 @@
-// benchmark_local, host mode: host threads produce commands -> command ring -> proxy thread -> TCP over
-// loopback -> the second process's proxy -> its signal. Rank 0 measures, per message size, the one-way
-// latency (half a putWithSignal ping-pong), the bandwidth of a stream of puts closed by a putWithSignal,
-// and the message rate; rank 1 answers. Started by hand it runs both ranks itself.
+// benchmark_local. On a machine with a GPU (and a build with CUDA) it runs the GPU mode of
+// benchmark_local_gpu.cu. Otherwise, or with --mode host, the host mode: host threads produce commands ->
+// command ring -> proxy thread -> TCP over loopback -> the second process's proxy -> its signal. Rank 0
+// measures, per message size, the one-way latency (half a putWithSignal ping-pong), the bandwidth of a stream
+// of puts closed by a putWithSignal, and the message rate; rank 1 answers. Started by hand it runs both ranks.
 //
-//   benchmark_local [--min-bytes N] [--max-bytes N] [--json FILE]
+//   benchmark_local [--mode auto|host|gpu] [--min-bytes N] [--max-bytes N] [--json FILE]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -15,6 +17,9 @@
 #include "benchmarks/self_launch.hpp"
 #include "gdx/context.hpp"
 #include "gdx/error.hpp"
+#if defined(GDX_HAVE_CUDA)
+#include "benchmarks/benchmark_local_gpu.hpp"
+#endif
 
 namespace {
 
@@ -38,19 +43,43 @@ double seconds(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  size_t minBytes = 8, maxBytes = size_t{64} << 20;
-  std::string json = "benchmark_local.json";
+  size_t minBytes = 8, maxBytes = 0;
+  std::string json = "benchmark_local.json", mode = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--min-bytes") minBytes = std::stoull(argv[i + 1]);
+    if (a == "--mode") mode = argv[i + 1];
+    else if (a == "--min-bytes") minBytes = std::stoull(argv[i + 1]);
     else if (a == "--max-bytes") maxBytes = std::stoull(argv[i + 1]);
     else if (a == "--json") json = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: %s [--min-bytes N] [--max-bytes N] [--json FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--mode auto|host|gpu] [--min-bytes N] [--max-bytes N] [--json FILE]\n", argv[0]);
       return 2;
     }
   }
-  if (gdx::bench::launchedByHand()) return gdx::bench::runSelfAsJob(2, argv);
+#if defined(GDX_HAVE_CUDA)
+  if (mode == "gpu" || (mode == "auto" && !std::getenv("GDX_BENCH_MODE_HOST") && gdx::bench::gpuAvailable())) {
+    try {
+      gdx::bench::GpuModeOptions o;
+      o.minBytes = minBytes;
+      if (maxBytes) o.maxBytes = maxBytes;
+      o.json = json;
+      return gdx::bench::runGpuMode(o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "benchmark_local (GPU mode): %s\n", e.what());
+      return 1;
+    }
+  }
+#endif
+  if (mode == "gpu") {
+    std::fprintf(stderr, "benchmark_local: --mode gpu needs a CUDA build and a GPU\n");
+    return 2;
+  }
+  if (maxBytes == 0) maxBytes = size_t{64} << 20;
+  if (gdx::bench::launchedByHand()) {
+    // The children run the host mode too, whatever this machine has.
+    setenv("GDX_BENCH_MODE_HOST", "1", 1);
+    return gdx::bench::runSelfAsJob(2, argv);
+  }
 
   try {
     gdx::Context ctx;

@@ -3,6 +3,11 @@
 #include "gdx/atomic.hpp"
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
+#include "gdx/log.hpp"
+
+#if defined(GDX_HAVE_CUDA)
+#include "gdx/cuda_check.hpp"
+#endif
 
 namespace gdx {
 namespace {
@@ -35,10 +40,48 @@ CommandRing::CommandRing(const Options& o)
   tail_ = reinterpret_cast<uint64_t*>(control + kTailOffset);
   completed_ = reinterpret_cast<uint64_t*>(control + kCompletedOffset);
   error_ = reinterpret_cast<uint32_t*>(control + kErrorOffset);
+  if (o.deviceProducers) {
+#if defined(GDX_HAVE_CUDA)
+    if (!memory_.gpuMapped())
+      throw Error(ErrorCode::kInvalidArgument, "a ring for GPU producers needs a GPU and host-mapped memory");
+    void* p = nullptr;
+    GDX_CUDA_CHECK(cudaMalloc(&p, 2 * kLine));
+    GDX_CUDA_CHECK(cudaMemset(p, 0, 2 * kLine));
+    deviceCounters_ = static_cast<uint64_t*>(p);
+#else
+    throw Error(ErrorCode::kInvalidArgument, "a ring for GPU producers needs gdx built with CUDA");
+#endif
+  }
+}
+
+CommandRing::~CommandRing() {
+#if defined(GDX_HAVE_CUDA)
+  if (deviceCounters_) {
+    cudaError_t rc = cudaFree(deviceCounters_);
+    if (rc != cudaSuccess) GDX_WARN("cudaFree of ring counters failed: " << cudaGetErrorString(rc));
+  }
+#endif
 }
 
 RingDeviceHandle CommandRing::hostHandle() const {
+  if (deviceCounters_) throw Error(ErrorCode::kInvalidArgument, "this ring takes commands from GPU threads only");
   return RingDeviceHandle{slots_, head_, cachedTail_, tail_, completed_, error_, capacity_, timeoutNs_};
+}
+
+RingDeviceHandle CommandRing::deviceHandle() const {
+  if (!deviceCounters_) throw Error(ErrorCode::kInvalidArgument, "this ring takes commands from host threads only");
+  // The GPU reaches the host-mapped block through its own address for it.
+  char* dev = static_cast<char*>(memory_.devicePtr());
+  char* host = static_cast<char*>(memory_.data());
+  auto onGpu = [&](void* p) { return dev + (static_cast<char*>(p) - host); };
+  return RingDeviceHandle{reinterpret_cast<Command*>(onGpu(slots_)),
+                          deviceCounters_,
+                          deviceCounters_ + kLine / sizeof(uint64_t),
+                          reinterpret_cast<uint64_t*>(onGpu(tail_)),
+                          reinterpret_cast<uint64_t*>(onGpu(completed_)),
+                          reinterpret_cast<uint32_t*>(onGpu(error_)),
+                          capacity_,
+                          timeoutNs_};
 }
 
 bool CommandRing::readSlot(uint64_t pos, Command* out) const {
@@ -79,7 +122,5 @@ void CommandRing::publishCompleted(uint64_t upTo) { atomicStore(completed_, upTo
 void CommandRing::setError(Status status) { atomicStore(error_, static_cast<uint32_t>(status), kRelease); }
 
 Status CommandRing::error() const { return static_cast<Status>(atomicLoad(error_, kAcquire)); }
-
-uint64_t CommandRing::reserved() const { return atomicLoad(head_, kRelaxed); }
 
 }  // namespace gdx

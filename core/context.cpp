@@ -48,7 +48,17 @@ Context::Context(const ContextOptions& options) : Context(BootstrapConfig::fromE
 Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options) : options_(options) {
   if (options_.timeoutNs == 0) options_.timeoutNs = defaultTimeoutNs();
   if (options_.proxy.timeoutNs == 0) options_.proxy.timeoutNs = options_.timeoutNs;
+  gpu_ = selectGpu();
+  // The GPU decides where proxy threads and rings live unless GDX_NUMA_NODE says otherwise.
+  if (gpu_.present() && envInt("GDX_NUMA_NODE", -1) < 0) {
+    try {
+      options_.proxy.placement = placementForPciBusId(gpu_.pciBusId);
+    } catch (const Error& e) {
+      GDX_WARN("no NUMA placement for GPU " << gpu_.pciBusId << " (" << e.what() << "); using the default");
+    }
+  }
   if (options_.proxy.placement.reason.empty()) options_.proxy.placement = defaultPlacement();
+  if (options_.proxy.deviceRingsPerThread < 0) options_.proxy.deviceRingsPerThread = gpu_.present() ? 1 : 0;
   if (options_.numSignals == 0 || options_.numSignals > kMaxSignals)
     throw Error(ErrorCode::kInvalidArgument, "GDX_NUM_SIGNALS must be in 1.." + std::to_string(kMaxSignals));
   bootstrap_ = std::make_unique<Bootstrap>(bootstrap);
@@ -74,13 +84,16 @@ void Context::init() {
 
   registry_ = std::make_unique<WindowRegistry>(rank, world, kMaxWindows);
   windowInUse_.assign(kMaxWindows, false);
-  signals_ = std::make_unique<HostBuffer>(size_t{options_.numSignals} * 8, options_.proxy.placement.numaNode, true);
+  // The signal array, then the failure word on its own line; both host-mapped so kernels can poll them.
+  const size_t signalBytes = size_t{options_.numSignals} * 8;
+  signals_ = std::make_unique<HostBuffer>(signalBytes + 128, options_.proxy.placement.numaNode, true);
+  failed_ = reinterpret_cast<uint32_t*>(static_cast<char*>(signals_->data()) + signalBytes);
   // The signal array is a window like any other (remote atomics address it), under a reserved id.
   {
-    std::string key = transport_->registerWindow(kSignalWindowId, signals_->data(), signals_->size(), MemoryKind::kHost);
-    registry_->addLocal(kSignalWindowId, signals_->data(), signals_->size(), MemoryKind::kHost);
+    std::string key = transport_->registerWindow(kSignalWindowId, signals_->data(), signalBytes, MemoryKind::kHost);
+    registry_->addLocal(kSignalWindowId, signals_->data(), signalBytes, MemoryKind::kHost);
     windowInUse_[kSignalWindowId] = true;
-    std::vector<std::string> all = bootstrap_->allGather(encodeWindowRecord(kSignalWindowId, signals_->size(), key));
+    std::vector<std::string> all = bootstrap_->allGather(encodeWindowRecord(kSignalWindowId, signalBytes, key));
     for (int p = 0; p < world; ++p) {
       uint32_t id;
       uint64_t bytes;
@@ -93,7 +106,10 @@ void Context::init() {
   proxy_ = std::make_unique<Proxy>(options_.proxy, transport_.get(), *registry_);
   proxy_->start();
   liveProxy_.store(proxy_.get(), std::memory_order_release);
-  if (failed_.load() != 0) proxy_->failAll(static_cast<Status>(failed_.load()), failure());
+  if (earlyFailure_.load(std::memory_order_acquire)) {
+    atomicStore(failed_, static_cast<uint32_t>(Status::kPeerFailed), kRelease);
+    proxy_->failAll(Status::kPeerFailed, failure());
+  }
   bootstrap_->barrier();
   GDX_INFO("context ready: rank " << rank << " of " << world << ", transport " << transport_->name() << " ("
                                   << options_.tcpSockets << " sockets per peer), " << options_.numSignals
@@ -176,6 +192,28 @@ Channel Context::channel(int peer, int ringIndex) {
   return Channel(this, peer, ringIndex, proxy_->ring(ringIndex).hostHandle());
 }
 
+ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) {
+  if (peer < 0 || peer >= worldSize())
+    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": peer " + std::to_string(peer) +
+                                                 " does not exist (world size " + std::to_string(worldSize()) + ")");
+  if (proxy_->numDeviceRings() == 0 || !signals_->gpuMapped())
+    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": no GPU, so no device channels");
+  if (ringIndex < 0) ringIndex = peer % proxy_->numDeviceRings();
+  if (ringIndex >= proxy_->numDeviceRings())
+    throw Error(ErrorCode::kInvalidArgument, "device ring " + std::to_string(ringIndex) + " does not exist (" +
+                                                 std::to_string(proxy_->numDeviceRings()) + " device rings)");
+  auto* devSignals = static_cast<uint64_t*>(signals_->devicePtr());
+  auto* devFailure = reinterpret_cast<uint32_t*>(static_cast<char*>(signals_->devicePtr()) +
+                                                 (reinterpret_cast<char*>(failed_) - static_cast<char*>(signals_->data())));
+  return ChannelDeviceHandle{proxy_->deviceRing(ringIndex).deviceHandle(),
+                             devSignals,
+                             devFailure,
+                             options_.numSignals,
+                             static_cast<uint32_t>(peer),
+                             options_.timeoutNs,
+                             ~uint64_t{0}};
+}
+
 uint64_t Context::signalValue(uint32_t id) const {
   if (id >= options_.numSignals) throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
   return atomicLoad(static_cast<uint64_t*>(signals_->data()) + id, kAcquire);
@@ -193,7 +231,7 @@ Status Context::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) cons
   const uint64_t start = nowNs();
   for (uint64_t spins = 0;; ++spins) {
     if (atomicLoad(word, kAcquire) >= value) return Status::kOk;
-    uint32_t f = failed_.load(std::memory_order_acquire);
+    uint32_t f = atomicLoad(failed_, kAcquire);
     if (f != 0) return static_cast<Status>(f);
     if ((spins & 63) == 0 && nowNs() - start > bound) return Status::kTimeout;
     if (spins > 100000)
@@ -244,7 +282,9 @@ void Context::onPeerFailure(int peer, const std::string& why) {
     std::lock_guard<std::mutex> lock(failureMutex_);
     if (failure_.empty()) failure_ = msg;
   }
-  failed_.store(static_cast<uint32_t>(Status::kPeerFailed), std::memory_order_release);
+  // A failure before the signal block exists (while connecting) is re-applied by init() once it does.
+  if (failed_) atomicStore(failed_, static_cast<uint32_t>(Status::kPeerFailed), kRelease);
+  earlyFailure_.store(true, std::memory_order_release);
   // The proxy may not exist yet (a failure while connecting); init() re-applies the failure after creating it.
   if (Proxy* p = liveProxy_.load(std::memory_order_acquire)) p->failAll(Status::kPeerFailed, msg);
 }

@@ -1,5 +1,6 @@
 #include "gdx/proxy.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
@@ -14,7 +15,7 @@ namespace gdx {
 namespace {
 constexpr int kCookieRingShift = 56;
 constexpr uint64_t kCookieSeqMask = (uint64_t{1} << kCookieRingShift) - 1;
-constexpr size_t kBatch = 64;
+constexpr size_t kBatch = 256;
 // After this long without work a proxy thread naps between polls, so idle processes leave the cores to
 // others; a steady stream of commands never lets it get there.
 constexpr uint64_t kIdleBeforeNapNs = 200 * 1000;
@@ -34,12 +35,15 @@ Proxy::Options Proxy::Options::fromEnv() {
   Options o;
   o.threads = static_cast<int>(envInt("GDX_PROXY_THREADS", o.threads));
   o.ringsPerThread = static_cast<int>(envInt("GDX_RINGS_PER_THREAD", o.ringsPerThread));
+  o.deviceRingsPerThread = static_cast<int>(envInt("GDX_DEVICE_RINGS_PER_THREAD", -1));
   o.ringCapacity = static_cast<uint64_t>(envInt("GDX_RING_SIZE", static_cast<int64_t>(o.ringCapacity)));
   o.maxInFlight = static_cast<size_t>(envInt("GDX_PROXY_MAX_INFLIGHT", static_cast<int64_t>(o.maxInFlight)));
   o.timeoutNs = defaultTimeoutNs();
-  if (o.threads < 1 || o.ringsPerThread < 1 || o.ringsPerThread > 255 || o.maxInFlight < 1)
+  if (o.threads < 1 || o.ringsPerThread < 0 || o.ringsPerThread > 127 || o.deviceRingsPerThread > 127 ||
+      o.maxInFlight < 1)
     throw Error(ErrorCode::kInvalidArgument,
-                "GDX_PROXY_THREADS, GDX_RINGS_PER_THREAD (<= 255) and GDX_PROXY_MAX_INFLIGHT must be positive");
+                "GDX_PROXY_THREADS and GDX_PROXY_MAX_INFLIGHT must be positive, GDX_RINGS_PER_THREAD and "
+                "GDX_DEVICE_RINGS_PER_THREAD at most 127");
   return o;
 }
 
@@ -53,13 +57,16 @@ Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry&
     auto th = std::make_unique<Thread>();
     th->index = t;
     th->lane = transport_ ? &transport_->lane(t) : nullptr;
-    for (int r = 0; r < options_.ringsPerThread; ++r) {
+    const int deviceRings = std::max(options_.deviceRingsPerThread, 0);
+    for (int r = 0; r < options_.ringsPerThread + deviceRings; ++r) {
+      bool device = r >= options_.ringsPerThread;
+      (device ? deviceRings_ : hostRings_).push_back(static_cast<int>(rings_.size()));
       th->ringIds.push_back(static_cast<int>(rings_.size()));
-      rings_.push_back(std::make_unique<CommandRing>(
-          CommandRing::Options{options_.ringCapacity, options_.placement.numaNode, options_.timeoutNs}));
+      rings_.push_back(std::make_unique<CommandRing>(CommandRing::Options{
+          options_.ringCapacity, options_.placement.numaNode, options_.timeoutNs, device}));
     }
-    th->trackers.resize(options_.ringsPerThread);
-    th->published.assign(options_.ringsPerThread, 0);
+    th->trackers.resize(th->ringIds.size());
+    th->published.assign(th->ringIds.size(), 0);
     threads_.push_back(std::move(th));
   }
 }
@@ -75,7 +82,8 @@ Proxy::~Proxy() {
 void Proxy::start() {
   if (started_) return;
   started_ = true;
-  GDX_INFO("proxy: " << options_.threads << " thread(s) x " << options_.ringsPerThread << " ring(s) of "
+  GDX_INFO("proxy: " << options_.threads << " thread(s) x " << options_.ringsPerThread << " host + "
+                     << std::max(options_.deviceRingsPerThread, 0) << " device ring(s) of "
                      << options_.ringCapacity << " slots on NUMA node " << options_.placement.numaNode << " ("
                      << options_.placement.reason << "), transport " << (transport_ ? transport_->name() : "null"));
   for (auto& t : threads_) t->thread = std::thread([this, th = t.get()] { run(*th); });

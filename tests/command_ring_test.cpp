@@ -99,7 +99,7 @@ StressResult runStress(uint64_t capacity, int producers, uint64_t perProducer, b
     if (sincePause > 50000) {
       sincePause = 0;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      if (ring.reserved() - ring.consumed() >= capacity) r.fullObserved++;
+      if (atomicLoad(h.head, kRelaxed) - ring.consumed() >= capacity) r.fullObserved++;
     }
   }
   for (auto& t : threads) t.join();

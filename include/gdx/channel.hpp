@@ -16,8 +16,6 @@ namespace gdx {
 
 class Context;
 
-enum class SignalOp : uint8_t { kAdd = 0, kSet = 1 };
-
 class Channel {
  public:
   int peer() const { return peer_; }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "gdx/device.hpp"
+#include "gdx/ptx.hpp"
 
 #if !GDX_DEVICE_COMPILE
 #include <chrono>
@@ -15,10 +16,7 @@ namespace gdx {
 
 GDX_HOST_DEVICE_INLINE uint64_t nowNs() {
 #if GDX_DEVICE_COMPILE
-  uint64_t t;
-  // The only way to read the GPU's global nanosecond timer; there is no intrinsic for it.
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
+  return ptx::globalTimerNs();
 #else
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())

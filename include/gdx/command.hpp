@@ -174,6 +174,9 @@ static_assert(sizeof(Command) == 16, "a command is exactly 16 bytes");
 static_assert(alignof(Command) == 16, "a command is published with one 16-byte store");
 static_assert(std::is_trivially_copyable<Command>::value, "commands are copied as raw bytes");
 
+/// What a signal update does to the 64-bit counter.
+enum class SignalOp : uint8_t { kAdd = 0, kSet = 1 };
+
 /// Number of ring slots a command of this opcode occupies.
 GDX_HOST_DEVICE_INLINE int slotsFor(Opcode op) { return op == Opcode::kPutWithSignal ? 2 : 1; }
 

@@ -16,6 +16,8 @@
 
 #include "gdx/bootstrap.hpp"
 #include "gdx/channel.hpp"
+#include "gdx/channel_device.hpp"
+#include "gdx/gpu.hpp"
 #include "gdx/host_buffer.hpp"
 #include "gdx/proxy.hpp"
 #include "gdx/transport.hpp"
@@ -55,6 +57,10 @@ class Context {
   Window registerWindow(void* base, size_t bytes, MemoryKind kind = MemoryKind::kHost);
   /// A channel to `peer` on ring `ringIndex` (-1: spread channels over the rings by peer).
   Channel channel(int peer, int ringIndex = -1);
+  /// The device handle of a channel to `peer` on device ring `ringIndex` (-1: by peer), for kernels. Needs a GPU.
+  ChannelDeviceHandle deviceChannel(int peer, int ringIndex = -1);
+  /// The GPU this context drives (present() is false without one).
+  const GpuInfo& gpu() const { return gpu_; }
 
   uint32_t numSignals() const { return options_.numSignals; }
   /// Current value of local signal `id`.
@@ -88,10 +94,11 @@ class Context {
   std::atomic<Proxy*> liveProxy_{nullptr};  // proxy_ as seen by the transport's failure handler thread
   std::mutex windowMutex_;
   std::vector<bool> windowInUse_;
-  std::atomic<uint32_t> failed_{0};  // a Status; kOk while every peer is healthy
+  GpuInfo gpu_;
+  uint32_t* failed_ = nullptr;  // a Status in host-mapped memory (kernels read it); kOk while all peers are healthy
   mutable std::mutex failureMutex_;
   std::string failure_;
-  std::atomic<int> nextRing_{0};
+  std::atomic<bool> earlyFailure_{false};
 };
 
 }  // namespace gdx

@@ -37,7 +37,9 @@ class Proxy {
  public:
   struct Options {
     int threads = 1;               ///< GDX_PROXY_THREADS
-    int ringsPerThread = 1;        ///< GDX_RINGS_PER_THREAD
+    int ringsPerThread = 1;        ///< rings for host-thread producers, per thread (GDX_RINGS_PER_THREAD)
+    int deviceRingsPerThread = 0;  ///< rings for GPU producers, per thread (GDX_DEVICE_RINGS_PER_THREAD;
+                                   ///< the Context makes 1 when a GPU is present)
     uint64_t ringCapacity = 4096;  ///< GDX_RING_SIZE
     size_t maxInFlight = 1024;     ///< operations posted and not completed, per thread (GDX_PROXY_MAX_INFLIGHT)
     uint64_t timeoutNs = 0;        ///< producers' bound; 0: defaultTimeoutNs()
@@ -56,8 +58,12 @@ class Proxy {
   /// Stops the threads after the operations in flight completed (bounded by the timeout); idempotent.
   void stop();
 
-  int numRings() const { return static_cast<int>(rings_.size()); }
-  CommandRing& ring(int index) { return *rings_.at(index); }
+  /// Rings for host-thread producers.
+  int numRings() const { return static_cast<int>(hostRings_.size()); }
+  CommandRing& ring(int index) { return *rings_.at(hostRings_.at(index)); }
+  /// Rings for GPU producers.
+  int numDeviceRings() const { return static_cast<int>(deviceRings_.size()); }
+  CommandRing& deviceRing(int index) { return *rings_.at(deviceRings_.at(index)); }
   int numThreads() const { return static_cast<int>(threads_.size()); }
   ProxyCounters counters(int thread) const;
   ProxyCounters totalCounters() const;
@@ -76,6 +82,7 @@ class Proxy {
   Transport* transport_;
   const WindowRegistry& registry_;
   std::vector<std::unique_ptr<CommandRing>> rings_;
+  std::vector<int> hostRings_, deviceRings_;  // indexes into rings_
   std::vector<std::unique_ptr<Thread>> threads_;
   std::atomic<bool> stopping_{false};
   bool started_ = false;

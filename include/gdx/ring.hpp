@@ -19,14 +19,21 @@ class CommandRing {
     uint64_t capacity = 4096;  ///< slots; a power of two >= 2 (GDX_RING_SIZE)
     int numaNode = -1;         ///< where the slots and counters live; -1: the calling thread's node
     uint64_t timeoutNs = 0;    ///< producers' wait bound; 0: defaultTimeoutNs()
+    bool deviceProducers = false;  ///< producers are GPU threads: head and cached tail live in device memory
   };
 
   explicit CommandRing(const Options& options);
   CommandRing(const CommandRing&) = delete;
   CommandRing& operator=(const CommandRing&) = delete;
 
-  /// Handle for producers that are host threads (head and cached tail in host memory).
+  ~CommandRing();
+  /// Handle for producers that are host threads (head and cached tail in host memory); throws for a ring
+  /// made for device producers.
   RingDeviceHandle hostHandle() const;
+  /// Handle for producers that are GPU threads: every pointer is one the GPU can use. Throws unless the ring
+  /// was made with deviceProducers (which needs CUDA and a GPU).
+  RingDeviceHandle deviceHandle() const;
+  bool deviceProducers() const { return deviceCounters_ != nullptr; }
 
   // ---- consumer side: one thread only ----
   /// Copies up to `max` published commands, in ring order, into `out` and returns how many. A putWithSignal
@@ -44,8 +51,6 @@ class CommandRing {
 
   uint64_t capacity() const { return capacity_; }
   int numaNode() const { return memory_.numaNode(); }
-  /// Positions reserved by producers so far (for diagnostics: head - consumed() is the backlog).
-  uint64_t reserved() const;
 
  private:
   bool readSlot(uint64_t pos, Command* out) const;
@@ -59,6 +64,7 @@ class CommandRing {
   uint64_t* tail_;
   uint64_t* completed_;
   uint32_t* error_;
+  uint64_t* deviceCounters_ = nullptr;  // [0]: head, [16]: cached tail (own 128-byte lines), device memory
   uint64_t localTail_ = 0;
 };
 

@@ -1,11 +1,14 @@
 // WindowRegistry: the windows this rank registered and the windows each peer registered, by id. The proxy
 // checks every command against it before anything is posted, so a bad window id or an offset past the end is
-// rejected with a message instead of reaching the wire.
+// rejected with a message instead of reaching the wire. Proxy threads check every command, so lookups take no
+// lock: sizes are atomics (0 = not registered) written after the rest of an entry.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <shared_mutex>
+#include <atomic>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -42,9 +45,14 @@ class WindowRegistry {
   int rank_;
   int worldSize_;
   uint32_t maxWindows_;
-  mutable std::shared_mutex mutex_;
-  std::vector<WindowInfo> local_;
-  std::vector<std::vector<size_t>> remote_;  // [peer][id] -> bytes; 0 = not registered
+  struct LocalEntry {
+    void* base = nullptr;
+    MemoryKind kind = MemoryKind::kHost;
+    std::atomic<uint64_t> bytes{0};
+  };
+  std::mutex writeMutex_;
+  std::unique_ptr<LocalEntry[]> local_;
+  std::unique_ptr<std::atomic<uint64_t>[]> remote_;  // [peer * maxWindows + id] -> bytes; 0 = not registered
 };
 
 /// Empty when [offset, offset + bytes) fits in a window of `windowBytes`, without overflow.

@@ -1,0 +1,258 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "benchmarks/benchmark_local_gpu.hpp"
+#include "benchmarks/self_launch.hpp"
+#include "gdx/channel_device.hpp"
+#include "gdx/context.hpp"
+#include "gdx/cuda_check.hpp"
+#include "gdx/proxy.hpp"
+#include "gdx/signal_imm.hpp"
+
+namespace gdx::bench {
+namespace {
+
+// ---- raw GPU -> CPU -> GPU round trip through host-mapped memory ------------------------------------------
+__global__ void pingKernel(uint64_t* ping, uint64_t* pong, int iters, uint64_t* elapsedNs) {
+  uint64_t t0 = nowNs();
+  for (int i = 1; i <= iters; ++i) {
+    atomicStore(ping, uint64_t(i), kRelease);
+    while (atomicLoad(pong, kAcquire) != uint64_t(i)) {
+    }
+  }
+  *elapsedNs = nowNs() - t0;
+}
+
+double rawRoundTripUs() {
+  uint64_t* flags = nullptr;
+  GDX_CUDA_CHECK(cudaHostAlloc(&flags, 256, cudaHostAllocMapped));
+  std::fill(flags, flags + 32, 0);
+  uint64_t *ping = flags, *pong = flags + 16, *elapsed = flags + 8;
+  const int iters = 20000;
+  std::thread responder([&] {
+    for (uint64_t i = 1; i <= uint64_t(iters); ++i) {
+      while (atomicLoad(ping, kAcquire) != i) {
+      }
+      atomicStore(pong, i, kRelease);
+    }
+  });
+  pingKernel<<<1, 1>>>(ping, pong, iters, elapsed);
+  GDX_CUDA_CHECK(cudaDeviceSynchronize());
+  responder.join();
+  double us = double(*elapsed) / iters / 1000.0;
+  cudaFreeHost(flags);
+  return us;
+}
+
+// ---- put-with-signal latency and put bandwidth through the proxy ------------------------------------------
+__global__ void pingPutWithSignal(ChannelDeviceHandle ch, uint32_t dst, uint32_t src, uint64_t bytes, uint64_t base,
+                                  int iters, uint64_t* elapsedNs, uint32_t* status) {
+  uint64_t t0 = nowNs();
+  Status s = Status::kOk;
+  for (int i = 1; i <= iters && s == Status::kOk; ++i) {
+    s = ch.putWithSignal(dst, 0, src, 0, bytes, 0, 1);
+    if (s == Status::kOk) s = ch.wait(0, base + i);
+  }
+  *elapsedNs = nowNs() - t0;
+  *status = static_cast<uint32_t>(s);
+}
+
+__global__ void streamPuts(ChannelDeviceHandle ch, uint32_t dst, uint32_t src, uint64_t bytes, uint64_t slots,
+                           uint64_t base, int iters, uint64_t* elapsedNs, uint32_t* status) {
+  uint64_t t0 = nowNs();
+  Status s = Status::kOk;
+  for (int i = 0; i + 1 < iters && s == Status::kOk; ++i) s = ch.put(dst, (i % slots) * bytes, src, 0, bytes);
+  if (s == Status::kOk) s = ch.putWithSignal(dst, ((iters - 1) % slots) * bytes, src, 0, bytes, 1, 1);
+  if (s == Status::kOk) s = ch.wait(1, base + 1);
+  *elapsedNs = nowNs() - t0;
+  *status = static_cast<uint32_t>(s);
+}
+
+// ---- command rate with the null transport -----------------------------------------------------------------
+__global__ void pushCommands(const RingDeviceHandle* rings, int numRings, int perThread, uint32_t* status) {
+  RingDeviceHandle ring = rings[blockIdx.x % numRings];
+  const Command c = Command::put(0, 0, threadIdx.x, 0, blockIdx.x, 8);
+  for (int i = 0; i < perThread; ++i) {
+    Status s = ring.push(c);
+    if (s != Status::kOk) {
+      atomicCAS(status, 0u, static_cast<uint32_t>(s));
+      return;
+    }
+  }
+}
+
+struct RateRow {
+  int proxyThreads, blocks;
+  double commandsPerSec;
+};
+
+std::vector<RateRow> nullTransportRates() {
+  std::vector<RateRow> rows;
+  WindowRegistry registry(0, 1, kMaxWindows);
+  static char fake;  // never touched: the null transport moves no data
+  registry.addLocal(0, &fake, size_t{1} << 30, MemoryKind::kHost);
+  registry.addRemote(0, 0, size_t{1} << 30);
+  uint32_t* status = nullptr;
+  GDX_CUDA_CHECK(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped));
+  RingDeviceHandle* devRings = nullptr;
+  GDX_CUDA_CHECK(cudaMalloc(&devRings, 8 * sizeof(RingDeviceHandle)));
+  constexpr int kThreadsPerBlock = 256, kPerThread = 256;
+  for (int threads : {1, 2, 4, 8}) {
+    Proxy::Options o = Proxy::Options::fromEnv();
+    o.threads = threads;
+    o.ringsPerThread = 0;
+    o.deviceRingsPerThread = 1;
+    o.ringCapacity = 8192;
+    o.placement = defaultPlacement();
+    Proxy proxy(o, nullptr, registry);
+    proxy.start();
+    std::vector<RingDeviceHandle> handles;
+    for (int r = 0; r < proxy.numDeviceRings(); ++r) handles.push_back(proxy.deviceRing(r).deviceHandle());
+    GDX_CUDA_CHECK(cudaMemcpy(devRings, handles.data(), handles.size() * sizeof(RingDeviceHandle), cudaMemcpyHostToDevice));
+    for (int blocks : {1, 2, 4, 8, 16, 33, 66, 132}) {
+      *status = 0;
+      const uint64_t before = proxy.totalCounters().commands;
+      const uint64_t total = uint64_t(blocks) * kThreadsPerBlock * kPerThread;
+      auto t0 = std::chrono::steady_clock::now();
+      pushCommands<<<blocks, kThreadsPerBlock>>>(devRings, proxy.numDeviceRings(), kPerThread, status);
+      GDX_CUDA_CHECK(cudaDeviceSynchronize());
+      while (proxy.totalCounters().commands - before < total) std::this_thread::yield();
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (*status != 0) throw Error(ErrorCode::kInternal, std::string("push failed: ") + statusName(Status(*status)));
+      rows.push_back(RateRow{threads, blocks, total / s});
+    }
+    proxy.stop();
+  }
+  cudaFree(devRings);
+  cudaFreeHost(status);
+  return rows;
+}
+
+struct SizeRow {
+  size_t bytes;
+  double latencyUs, gbPerSec;
+};
+
+}  // namespace
+
+bool gpuAvailable() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+int runGpuMode(const GpuModeOptions& opt) {
+  // A world of one: the proxy delivers back to this GPU. The thinnest transport measures the path itself.
+  if (launchedByHand()) {
+    setenv("GDX_RANK", "0", 1);
+    setenv("GDX_WORLD_SIZE", "1", 1);
+    setenv("GDX_MASTER_ADDR", "127.0.0.1", 1);
+    setenv("GDX_MASTER_PORT", std::to_string(freeLoopbackPort()).c_str(), 1);
+    setenv("GDX_JOB_SECRET", "benchmark_local", 0);
+    setenv("GDX_TRANSPORT", "loopback", 0);
+  }
+  const double rawUs = rawRoundTripUs();
+  std::vector<SizeRow> sizes;
+  double hostWindowLatencyUs = 0;
+  std::string transportName;
+  {
+    Context ctx;
+    transportName = ctx.transport().name();
+    const size_t window = std::max(opt.maxBytes, size_t{64} << 20);
+    void *src = nullptr, *dst = nullptr, *hsrc = nullptr, *hdst = nullptr;
+    GDX_CUDA_CHECK(cudaMalloc(&src, window));
+    GDX_CUDA_CHECK(cudaMalloc(&dst, window));
+    GDX_CUDA_CHECK(cudaMemset(src, 1, window));
+    GDX_CUDA_CHECK(cudaHostAlloc(&hsrc, 4096, cudaHostAllocMapped));
+    GDX_CUDA_CHECK(cudaHostAlloc(&hdst, 4096, cudaHostAllocMapped));
+    uint64_t* scratch = nullptr;
+    GDX_CUDA_CHECK(cudaHostAlloc(&scratch, 256, cudaHostAllocMapped));
+    uint32_t* status = reinterpret_cast<uint32_t*>(scratch + 8);
+    {
+      Window s = ctx.registerWindow(src, window, MemoryKind::kCuda);
+      Window d = ctx.registerWindow(dst, window, MemoryKind::kCuda);
+      Window hs = ctx.registerWindow(hsrc, 4096, MemoryKind::kHost);
+      Window hd = ctx.registerWindow(hdst, 4096, MemoryKind::kHost);
+      uint64_t pings = 0, streams = 0;
+      auto check = [&](const char* what) {
+        if (*status != 0)
+          throw Error(ErrorCode::kInternal, std::string(what) + ": " + statusName(Status(*status)) + "; proxy: " +
+                                                ctx.proxy().lastError());
+      };
+      // Small put-with-signal between host-mapped windows: the proxy path with the least data movement.
+      {
+        const int iters = 2000;
+        pingPutWithSignal<<<1, 1>>>(ctx.deviceChannel(0), hd.id(), hs.id(), 8, pings, iters, scratch, status);
+        GDX_CUDA_CHECK(cudaDeviceSynchronize());
+        check("latency, host windows");
+        pings += iters;
+        hostWindowLatencyUs = double(scratch[0]) / iters / 1000.0;
+      }
+      for (size_t bytes = opt.minBytes; bytes <= opt.maxBytes; bytes *= 2) {
+        const int li = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / bytes, 10, 2000));
+        pingPutWithSignal<<<1, 1>>>(ctx.deviceChannel(0), d.id(), s.id(), bytes, pings, li, scratch, status);
+        GDX_CUDA_CHECK(cudaDeviceSynchronize());
+        check("latency");
+        pings += li;
+        double lat = double(scratch[0]) / li / 1000.0;
+        const int bi = static_cast<int>(std::clamp<size_t>((size_t{1} << 30) / bytes, 4, 20000));
+        streamPuts<<<1, 1>>>(ctx.deviceChannel(0), d.id(), s.id(), bytes, window / bytes, streams, bi, scratch, status);
+        GDX_CUDA_CHECK(cudaDeviceSynchronize());
+        check("bandwidth");
+        streams += 1;
+        double gbs = double(bytes) * bi / (double(scratch[0]) / 1e9) / 1e9;
+        sizes.push_back(SizeRow{bytes, lat, gbs});
+      }
+    }
+    cudaFree(src);
+    cudaFree(dst);
+    cudaFreeHost(hsrc);
+    cudaFreeHost(hdst);
+    cudaFreeHost(scratch);
+  }
+  std::vector<RateRow> rates = nullTransportRates();
+
+  std::printf("benchmark_local (GPU mode): kernel -> ring -> proxy -> %s transport -> same GPU\n", transportName.c_str());
+  std::printf("raw GPU->CPU->GPU round trip through host-mapped memory: %.2f us\n", rawUs);
+  std::printf("putWithSignal -> signal seen by the waiting kernel, 8 B, host-mapped windows: %.2f us (%.2fx raw)\n",
+              hostWindowLatencyUs, hostWindowLatencyUs / rawUs);
+  std::printf("%12s %16s %12s   (GPU windows)\n", "bytes", "put+signal_us", "GB/s");
+  for (const SizeRow& r : sizes) std::printf("%12zu %16.2f %12.3f\n", r.bytes, r.latencyUs, r.gbPerSec);
+  std::printf("null transport command rate (Mcommands/s), 256 threads per block:\n%8s", "blocks");
+  for (int t : {1, 2, 4, 8}) std::printf(" %8s", ("proxy" + std::to_string(t)).c_str());
+  std::printf("\n");
+  for (int b : {1, 2, 4, 8, 16, 33, 66, 132}) {
+    std::printf("%8d", b);
+    for (const RateRow& r : rates)
+      if (r.blocks == b) std::printf(" %8.1f", r.commandsPerSec / 1e6);
+    std::printf("\n");
+  }
+  std::ofstream out(opt.json);
+  out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"gpu\",\"transport\":\"" << transportName
+      << "\",\"raw_round_trip_us\":" << rawUs << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs
+      << ",\"sizes\":[";
+  for (size_t i = 0; i < sizes.size(); ++i)
+    out << (i ? "," : "") << "{\"bytes\":" << sizes[i].bytes << ",\"latency_us\":" << sizes[i].latencyUs
+        << ",\"gb_per_s\":" << sizes[i].gbPerSec << "}";
+  out << "],\"null_transport_rate\":[";
+  for (size_t i = 0; i < rates.size(); ++i)
+    out << (i ? "," : "") << "{\"proxy_threads\":" << rates[i].proxyThreads << ",\"blocks\":" << rates[i].blocks
+        << ",\"commands_per_s\":" << rates[i].commandsPerSec << "}";
+  out << "]}\n";
+  std::printf("wrote %s\n", opt.json.c_str());
+  return 0;
+}
+
+}  // namespace gdx::bench

@@ -1,0 +1,171 @@
+// ChannelDeviceHandle: what a CUDA kernel receives (by value) to issue one-sided operations to one peer.
+// Every operation is a command enqueued on a command ring that a proxy thread drains; see ring_device.hpp for
+// the ring protocol and proxy.hpp for what the proxy does with each command.
+//
+// Status, not hangs: every call returns a Status. Enqueueing waits only when the ring is full; wait() and
+// flush() wait for the peer or the proxy. All of them are bounded by `timeoutNs` (GDX_TIMEOUT_MS) and end
+// early with the proxy's status once the ring's error word or the context's failure word is set (a rejected
+// command: kProxyError; a failed peer: kPeerFailed). Nothing traps.
+//
+// Ordering guarantees:
+//  * Before a put's command is published, the producing thread's earlier writes (the data it puts) are made
+//    visible at system scope, so the proxy and the transport read what the kernel wrote.
+//  * A signal update sent by putWithSignal / signal becomes visible at the receiver only after the data of
+//    that put and of every earlier operation on the same ring to the same peer is in place.
+//  * When wait(id, v) returns kOk the signal had reached v with acquire semantics at system scope: the data
+//    whose arrival the signal announced is visible to the waiting thread. Other threads of the block see it
+//    after a __syncthreads() (or another fence/barrier) following the wait.
+//  * flush() returning kOk means every operation this thread (this copy of the handle) enqueued so far
+//    completed at the source: its source memory may be overwritten. It says nothing about the remote side;
+//    use a signal for that.
+// Warp-cooperative forms (…Warp) are called by every lane of a converged warp with the same arguments; one
+// elected lane enqueues and the others return kOk immediately, so the warp need not wait for the ring.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gdx/atomic.hpp"
+#include "gdx/clock.hpp"
+#include "gdx/command.hpp"
+#include "gdx/device.hpp"
+#include "gdx/ring_device.hpp"
+#include "gdx/status.hpp"
+
+namespace gdx {
+
+struct ChannelDeviceHandle {
+  RingDeviceHandle ring;
+  uint64_t* signals;       ///< this rank's signal array as the GPU sees it
+  uint32_t* failure;       ///< the context's failure word (a Status), kOk while every peer is healthy
+  uint32_t numSignals;
+  uint32_t peer;
+  uint64_t timeoutNs;
+  uint64_t lastPosition;   ///< highest ring position this copy of the handle used; ~0: none
+
+  GDX_HOST_DEVICE_INLINE Status enqueue(const Command& c) {
+    uint64_t pos;
+    Status s = ring.push(c, &pos);
+    if (s == Status::kOk) lastPosition = pos;
+    return s;
+  }
+
+  /// Copies `bytes` from local window `srcWindow` at `srcOffset` to window `dstWindow` of the peer at
+  /// `dstOffset`. Larger than kMaxCommandBytes: several commands.
+  GDX_HOST_DEVICE_INLINE Status put(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
+                                    uint64_t bytes) {
+    if (bytes == 0 || dstWindow >= kMaxWindows || srcWindow >= kMaxWindows) return Status::kInvalidArgument;
+    for (uint64_t done = 0; done < bytes;) {
+      uint64_t n = bytes - done < kMaxCommandBytes ? bytes - done : kMaxCommandBytes;
+      Status s = enqueue(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, n));
+      if (s != Status::kOk) return s;
+      done += n;
+    }
+    return Status::kOk;
+  }
+
+  /// put(), then `op` on the peer's signal `signalId` once the data is in place there.
+  GDX_HOST_DEVICE_INLINE Status putWithSignal(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
+                                              uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
+                                              SignalOp op = SignalOp::kAdd) {
+    if (bytes == 0 || dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals)
+      return Status::kInvalidArgument;
+    uint64_t done = 0;
+    while (bytes - done > kMaxCommandBytes) {
+      Status s = enqueue(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, kMaxCommandBytes));
+      if (s != Status::kOk) return s;
+      done += kMaxCommandBytes;
+    }
+    uint64_t pos;
+    Status s = ring.pushPair(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, bytes - done, true),
+                             Command::signal(peer, signalId, value, op == SignalOp::kAdd), &pos);
+    if (s == Status::kOk) lastPosition = pos;
+    return s;
+  }
+
+  /// Sets or adds to the peer's signal `signalId`, after every earlier operation of this ring to the peer.
+  GDX_HOST_DEVICE_INLINE Status signal(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd) {
+    if (signalId >= kMaxSignals) return Status::kInvalidArgument;
+    return enqueue(Command::signal(peer, signalId, value, op == SignalOp::kAdd));
+  }
+
+  /// Atomically adds `value` to the 64-bit word at `dstOffset` (8-byte aligned) of the peer's `dstWindow`.
+  GDX_HOST_DEVICE_INLINE Status atomicAdd(uint32_t dstWindow, uint64_t dstOffset, uint64_t value) {
+    if (dstWindow >= kMaxWindows || dstOffset % 8 != 0) return Status::kInvalidArgument;
+    return enqueue(Command::atomicAdd(peer, dstWindow, dstOffset, value));
+  }
+
+  /// Waits until this rank's signal `signalId` >= `value` (bounded; see the header comment).
+  GDX_HOST_DEVICE_INLINE Status wait(uint32_t signalId, uint64_t value) const {
+    if (signalId >= numSignals) return Status::kInvalidArgument;
+    uint64_t start = 0;
+    for (uint64_t spins = 0;; ++spins) {
+      if (atomicLoad(&signals[signalId], kAcquire) >= value) return Status::kOk;
+      uint32_t f = atomicLoad(failure, kRelaxed);
+      if (f == 0) f = atomicLoad(ring.error, kRelaxed);
+      if (f != 0) return static_cast<Status>(f);
+      if ((spins & 15) == 0) {
+        uint64_t now = nowNs();
+        if (start == 0) start = now;
+        if (now - start > timeoutNs) return Status::kTimeout;
+      }
+      spinPause(spins);
+    }
+  }
+
+  /// Waits until every operation this handle enqueued completed at the source (bounded).
+  GDX_HOST_DEVICE_INLINE Status flush() const {
+    if (lastPosition == ~uint64_t{0}) return Status::kOk;
+    return ring.waitCompleted(lastPosition);
+  }
+
+  /// Current value of this rank's signal `signalId`.
+  GDX_HOST_DEVICE_INLINE uint64_t signalValue(uint32_t signalId) const {
+    return atomicLoad(&signals[signalId], kAcquire);
+  }
+
+#if defined(__CUDACC__)
+  GDX_DEVICE_INLINE static bool electedLane() {
+    return (threadIdx.x & 31) == static_cast<unsigned>(__ffs(__activemask()) - 1);
+  }
+  GDX_DEVICE_INLINE Status putWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
+                                   uint64_t bytes) {
+    __syncwarp(__activemask());  // the lanes' writes to the source are ordered before the elected lane's fence
+    return electedLane() ? put(dstWindow, dstOffset, srcWindow, srcOffset, bytes) : Status::kOk;
+  }
+  GDX_DEVICE_INLINE Status putWithSignalWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
+                                             uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
+                                             SignalOp op = SignalOp::kAdd) {
+    __syncwarp(__activemask());
+    return electedLane() ? putWithSignal(dstWindow, dstOffset, srcWindow, srcOffset, bytes, signalId, value, op)
+                         : Status::kOk;
+  }
+  GDX_DEVICE_INLINE Status signalWarp(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd) {
+    __syncwarp(__activemask());
+    return electedLane() ? signal(signalId, value, op) : Status::kOk;
+  }
+  GDX_DEVICE_INLINE Status atomicAddWarp(uint32_t dstWindow, uint64_t dstOffset, uint64_t value) {
+    return electedLane() ? atomicAdd(dstWindow, dstOffset, value) : Status::kOk;
+  }
+  /// Every lane waits; one lane polls host memory and the result is shared, so a warp costs one PCIe read
+  /// per poll instead of 32.
+  GDX_DEVICE_INLINE Status waitWarp(uint32_t signalId, uint64_t value) const {
+    const unsigned mask = __activemask();
+    const int leader = __ffs(mask) - 1;
+    Status s = Status::kOk;
+    if ((threadIdx.x & 31) == static_cast<unsigned>(leader)) s = wait(signalId, value);
+    return static_cast<Status>(__shfl_sync(mask, static_cast<uint32_t>(s), leader));
+  }
+  GDX_DEVICE_INLINE Status flushWarp() const {
+    const unsigned mask = __activemask();
+    const int leader = __ffs(mask) - 1;
+    Status s = Status::kOk;
+    if ((threadIdx.x & 31) == static_cast<unsigned>(leader)) s = flush();
+    return static_cast<Status>(__shfl_sync(mask, static_cast<uint32_t>(s), leader));
+  }
+#endif
+};
+
+static_assert(std::is_trivially_copyable<ChannelDeviceHandle>::value, "handles are passed to kernels by value");
+
+}  // namespace gdx

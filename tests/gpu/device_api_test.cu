@@ -1,0 +1,239 @@
+// The device API on a real GPU: kernels issue put / putWithSignal / signal / atomicAdd / wait / flush
+// through a device ring to the proxy and the transport (TCP to itself by default, GDX_TRANSPORT to change).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gdx/channel_device.hpp"
+#include "gdx/context.hpp"
+#include "gpu_test_support.hpp"
+
+namespace gdx {
+namespace {
+
+struct PutDesc {
+  uint64_t srcOffset, dstOffset, bytes;
+};
+
+// Each warp takes descriptors [warp * perWarp, (warp + 1) * perWarp). Even warps: every lane puts its own
+// descriptors (single-thread form). Odd warps: the warp walks them with the warp-cooperative form. Every put
+// carries a signal add of 1 on signal 0; statuses go to `status`.
+__global__ void randomPuts(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, const PutDesc* descs, int perWarp,
+                           uint32_t* status) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x & 31;
+  Status s = Status::kOk;
+  const PutDesc* mine = descs + size_t(warp) * perWarp;
+  if (warp % 2 == 0) {
+    for (int i = lane; i < perWarp && s == Status::kOk; i += 32)
+      s = ch.putWithSignal(dstWin, mine[i].dstOffset, srcWin, mine[i].srcOffset, mine[i].bytes, 0, 1);
+    if (s == Status::kOk) s = ch.flush();
+  } else {
+    for (int i = 0; i < perWarp && s == Status::kOk; ++i)
+      s = ch.putWithSignalWarp(dstWin, mine[i].dstOffset, srcWin, mine[i].srcOffset, mine[i].bytes, 0, 1);
+    if (s == Status::kOk) s = ch.flushWarp();
+  }
+  if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+}
+
+__global__ void manySignals(ChannelDeviceHandle ch, int perThread, uint32_t* status) {
+  Status s = Status::kOk;
+  for (int i = 0; i < perThread && s == Status::kOk; ++i) s = ch.signal(1, 1);
+  if (s == Status::kOk) s = ch.flush();
+  if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+}
+
+__global__ void waitOnce(ChannelDeviceHandle ch, uint32_t signal, uint64_t value, uint32_t* status) {
+  *status = static_cast<uint32_t>(ch.wait(signal, value));
+}
+
+__global__ void putThenFlush(ChannelDeviceHandle ch, uint32_t dstWin, uint64_t dstOffset, uint32_t srcWin,
+                             uint64_t bytes, uint32_t* status) {
+  Status s = ch.put(dstWin, dstOffset, srcWin, 0, bytes);
+  if (s == Status::kOk) s = ch.flush();
+  *status = static_cast<uint32_t>(s);
+}
+
+__global__ void atomicAdds(ChannelDeviceHandle ch, uint32_t win, int perThread, uint32_t* status) {
+  Status s = Status::kOk;
+  for (int i = 0; i < perThread && s == Status::kOk; ++i) s = ch.atomicAdd(win, 8 * (threadIdx.x % 4), 1);
+  if (s == Status::kOk) s = ch.flush();
+  if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+}
+
+class DeviceApi : public ::testing::TestWithParam<MemoryKind> {
+ protected:
+  void SetUp() override {
+    GDX_SKIP_WITHOUT_GPU();
+    test::soloJobEnv();
+  }
+};
+
+// Many blocks x warps, random sizes and offsets, random data, both forms of the API; every byte of the
+// destination is compared, including the poison between the regions.
+TEST_P(DeviceApi, RandomPutsFromManyBlocksAndWarpsArriveIntact) {
+  const MemoryKind kind = GetParam();
+  Context ctx;
+  constexpr int kBlocks = 32, kThreads = 128, kPerWarp = 16, kSlot = 4096;
+  const int warps = kBlocks * kThreads / 32, puts = warps * kPerWarp;
+  const size_t srcBytes = size_t{8} << 20, dstBytes = size_t(puts) * kSlot;
+  std::vector<unsigned char> hostSrc(srcBytes), expect(dstBytes, 0xEE);
+  test::fillRandom(hostSrc.data(), srcBytes, 42);
+  std::vector<PutDesc> descs(puts);
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < puts; ++i) {
+    uint64_t bytes = 1 + rng() % (kSlot - 64);
+    uint64_t dst = uint64_t(i) * kSlot + rng() % (kSlot - bytes);
+    uint64_t src = rng() % (srcBytes - bytes);
+    descs[i] = {src, dst, bytes};
+    std::memcpy(&expect[dst], &hostSrc[src], bytes);
+  }
+  void *src = nullptr, *dst = nullptr;
+  if (kind == MemoryKind::kCuda) {
+    GDX_TEST_CUDA(cudaMalloc(&src, srcBytes));
+    GDX_TEST_CUDA(cudaMalloc(&dst, dstBytes));
+  } else {
+    GDX_TEST_CUDA(cudaHostAlloc(&src, srcBytes, cudaHostAllocMapped));
+    GDX_TEST_CUDA(cudaHostAlloc(&dst, dstBytes, cudaHostAllocMapped));
+  }
+  GDX_TEST_CUDA(cudaMemcpy(src, hostSrc.data(), srcBytes, cudaMemcpyDefault));
+  GDX_TEST_CUDA(cudaMemset(dst, 0xEE, dstBytes));
+  {
+    Window s = ctx.registerWindow(src, srcBytes, kind);
+    Window d = ctx.registerWindow(dst, dstBytes, kind);
+    PutDesc* devDescs = nullptr;
+    uint32_t* status = nullptr;
+    GDX_TEST_CUDA(cudaMalloc(&devDescs, puts * sizeof(PutDesc)));
+    GDX_TEST_CUDA(cudaMemcpy(devDescs, descs.data(), puts * sizeof(PutDesc), cudaMemcpyHostToDevice));
+    GDX_TEST_CUDA(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped));
+    *status = 0;
+    randomPuts<<<kBlocks, kThreads>>>(ctx.deviceChannel(0), d.id(), s.id(), devDescs, kPerWarp, status);
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(*status, 0u) << statusName(static_cast<Status>(*status)) << "; proxy: " << ctx.proxy().lastError();
+    ctx.wait(0, puts);
+    std::vector<unsigned char> got(dstBytes);
+    GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, dstBytes, cudaMemcpyDefault));
+    long long bad = test::firstMismatch(got.data(), expect.data(), dstBytes);
+    EXPECT_EQ(bad, -1) << "first differing byte in slot " << (bad / kSlot);
+    cudaFree(devDescs);
+    cudaFreeHost(status);
+  }
+  if (kind == MemoryKind::kCuda) {
+    cudaFree(src);
+    cudaFree(dst);
+  } else {
+    cudaFreeHost(src);
+    cudaFreeHost(dst);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, DeviceApi, ::testing::Values(MemoryKind::kHost, MemoryKind::kCuda),
+                         [](const auto& info) { return info.param == MemoryKind::kCuda ? "gpu" : "host"; });
+
+// A small ring under every SM's worth of producers: the ring wraps thousands of times while full, and
+// every command still arrives exactly once (the signal counts them).
+TEST(DeviceApiRing, WrapAroundUnderFullLoadCountsExactly) {
+  GDX_SKIP_WITHOUT_GPU();
+  test::soloJobEnv();
+  setenv("GDX_RING_SIZE", "64", 1);
+  Context ctx;
+  unsetenv("GDX_RING_SIZE");
+  constexpr int kBlocks = 132, kThreads = 128, kPerThread = 16;
+  uint32_t* status = nullptr;
+  GDX_TEST_CUDA(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped));
+  *status = 0;
+  manySignals<<<kBlocks, kThreads>>>(ctx.deviceChannel(0), kPerThread, status);
+  GDX_TEST_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(*status, 0u) << statusName(static_cast<Status>(*status));
+  const uint64_t total = uint64_t(kBlocks) * kThreads * kPerThread;
+  ctx.wait(1, total);
+  EXPECT_EQ(ctx.signalValue(1), total);
+  EXPECT_GT(total, 64u * 1000) << "the ring of 64 slots wrapped over a thousand times";
+  cudaFreeHost(status);
+}
+
+TEST(DeviceApiRing, AtomicAddsFromAllThreadsSumExactly) {
+  GDX_SKIP_WITHOUT_GPU();
+  test::soloJobEnv();
+  Context ctx;
+  uint64_t* words = nullptr;
+  GDX_TEST_CUDA(cudaHostAlloc(&words, 64, cudaHostAllocMapped));
+  std::memset(words, 0, 64);
+  uint32_t* status = nullptr;
+  GDX_TEST_CUDA(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped));
+  *status = 0;
+  {
+    Window w = ctx.registerWindow(words, 64);
+    atomicAdds<<<8, 128>>>(ctx.deviceChannel(0), w.id(), 20, status);
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(*status, 0u);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(words[i], 8u * 128 * 20 / 4) << "word " << i;
+  }
+  cudaFreeHost(words);
+  cudaFreeHost(status);
+}
+
+// A wait that nobody answers returns kTimeout, not a hang, within twice its bound.
+TEST(DeviceApiErrors, WaitTimesOutWithinTwiceItsBound) {
+  GDX_SKIP_WITHOUT_GPU();
+  test::soloJobEnv();
+  setenv("GDX_TIMEOUT_MS", "500", 1);
+  Context ctx;
+  unsetenv("GDX_TIMEOUT_MS");
+  uint32_t* status = nullptr;
+  GDX_TEST_CUDA(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped));
+  *status = 99;
+  auto t0 = std::chrono::steady_clock::now();
+  waitOnce<<<1, 1>>>(ctx.deviceChannel(0), 5, 1, status);
+  GDX_TEST_CUDA(cudaDeviceSynchronize());
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(static_cast<Status>(*status), Status::kTimeout);
+  EXPECT_GE(s, 0.5);
+  EXPECT_LT(s, 1.0);
+  cudaFreeHost(status);
+}
+
+// A kernel naming an unregistered window or an offset past the end gets kProxyError back from flush, the
+// proxy says why, nothing is written, and a later wait ends early with the same error instead of timing out.
+TEST(DeviceApiErrors, InvalidWindowOrOffsetIsRejectedAndReported) {
+  GDX_SKIP_WITHOUT_GPU();
+  test::soloJobEnv();
+  setenv("GDX_TIMEOUT_MS", "20000", 1);
+  Context ctx;
+  unsetenv("GDX_TIMEOUT_MS");
+  void *src = nullptr, *dst = nullptr;
+  GDX_TEST_CUDA(cudaMalloc(&src, 4096));
+  GDX_TEST_CUDA(cudaMalloc(&dst, 4096));
+  GDX_TEST_CUDA(cudaMemset(src, 0x11, 4096));
+  GDX_TEST_CUDA(cudaMemset(dst, 0x00, 4096));
+  uint32_t* status = nullptr;
+  GDX_TEST_CUDA(cudaHostAlloc(&status, 2 * sizeof(uint32_t), cudaHostAllocMapped));
+  {
+    Window s = ctx.registerWindow(src, 4096, MemoryKind::kCuda);
+    Window d = ctx.registerWindow(dst, 4096, MemoryKind::kCuda);
+    putThenFlush<<<1, 1>>>(ctx.deviceChannel(0), 50, 0, s.id(), 64, status);
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(static_cast<Status>(status[0]), Status::kProxyError);
+    EXPECT_NE(ctx.proxy().lastError().find("window 50"), std::string::npos) << ctx.proxy().lastError();
+    putThenFlush<<<1, 1>>>(ctx.deviceChannel(0), d.id(), 4090, s.id(), 64, status + 1);
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(static_cast<Status>(status[1]), Status::kProxyError);
+    auto t0 = std::chrono::steady_clock::now();
+    waitOnce<<<1, 1>>>(ctx.deviceChannel(0), 3, 1, status);
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(static_cast<Status>(status[0]), Status::kProxyError);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+    std::vector<unsigned char> got(4096);
+    GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, 4096, cudaMemcpyDeviceToHost));
+    for (unsigned char b : got) ASSERT_EQ(b, 0) << "a rejected put wrote to the destination";
+    EXPECT_GE(ctx.proxy().totalCounters().errors, 2u);
+  }
+  cudaFree(src);
+  cudaFree(dst);
+  cudaFreeHost(status);
+}
+
+}  // namespace
+}  // namespace gdx

@@ -70,13 +70,23 @@ void Context::init() {
   if (world > static_cast<int>(kMaxPeers))
     throw Error(ErrorCode::kInvalidArgument, "world size " + std::to_string(world) + " exceeds " +
                                                  std::to_string(kMaxPeers) + " ranks");
-  if (options_.transport != "tcp")
-    throw Error(ErrorCode::kInvalidArgument, "GDX_TRANSPORT='" + options_.transport + "' is not available (tcp)");
-  TcpTransportOptions t = TcpTransportOptions::fromEnv(rank, world, bootstrap_->secret());
-  t.socketsPerPeer = options_.tcpSockets;
-  t.bindAddress = bootstrap_->localIp();
-  t.timeoutNs = options_.timeoutNs;
-  transport_ = makeTcpTransport(t);
+  if (options_.transport == "tcp") {
+    TcpTransportOptions t = TcpTransportOptions::fromEnv(rank, world, bootstrap_->secret());
+    t.socketsPerPeer = options_.tcpSockets;
+    t.bindAddress = bootstrap_->localIp();
+    t.timeoutNs = options_.timeoutNs;
+    transport_ = makeTcpTransport(t);
+  } else if (options_.transport == "loopback") {
+    if (world != 1)
+      throw Error(ErrorCode::kInvalidArgument, "GDX_TRANSPORT=loopback needs a world of one rank, not " +
+                                                   std::to_string(world));
+    LoopbackTransportOptions l = LoopbackTransportOptions::fromEnv();
+    l.timeoutNs = options_.timeoutNs;
+    transport_ = makeLoopbackTransport(l);
+  } else {
+    throw Error(ErrorCode::kInvalidArgument,
+                "GDX_TRANSPORT='" + options_.transport + "' is not available (tcp, or loopback for one rank)");
+  }
   transport_->setImmHandler([this](const RemoteWrite& w) { onImm(w); });
   transport_->setPeerFailureHandler([this](int peer, const std::string& why) { onPeerFailure(peer, why); });
   std::vector<std::string> addresses = bootstrap_->allGather(transport_->localAddress());

@@ -122,13 +122,14 @@ struct RingDeviceHandle {
     return Status::kOk;
   }
 
-  /// Waits (bounded) until every position <= pos completed at the source.
+  /// Waits (bounded) until every position <= pos completed at the source. The error word is checked first:
+  /// a rejected command also "completes", so once the ring has an error no flush reports success.
   GDX_HOST_DEVICE_INLINE Status waitCompleted(uint64_t pos) const {
     uint64_t start = 0;
     for (uint64_t spins = 0;; ++spins) {
-      if (atomicLoad(completed, kAcquire) > pos) return Status::kOk;
-      uint32_t e = atomicLoad(error, kRelaxed);
+      uint32_t e = atomicLoad(error, kAcquire);
       if (e != 0) return static_cast<Status>(e);
+      if (atomicLoad(completed, kAcquire) > pos) return Status::kOk;
       if ((spins & 63) == 0) {
         uint64_t now = nowNs();
         if (start == 0) start = now;

@@ -14,6 +14,8 @@
 //  * Atomics (postAtomic): a remote 64-bit add or set takes its place in that same per-(lane, peer) order: it is
 //    performed only after every earlier write and atomic of the lane to the peer is in place, an immediate posted
 //    after it is announced only after it was performed, and it is never announced itself.
+//  * GPU windows (MemoryKind::kCuda) work in both backends when gdx is built with CUDA; remote atomics on them are
+//    refused with kInvalidArgument (a CPU-driven transport cannot update GPU memory atomically).
 //  * Failure: a peer that dies, closes without saying goodbye, or sends anything malformed is marked failed;
 //    PeerFailureHandler runs once for it, pending and later writes to it complete with Status::kPeerFailed.
 #pragma once
@@ -138,5 +140,20 @@ struct TcpTransportOptions {
 };
 
 std::unique_ptr<Transport> makeTcpTransport(const TcpTransportOptions& options);
+
+/// Options of the loopback backend.
+struct LoopbackTransportOptions {
+  uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;  ///< bound of waiting for one GPU copy (GDX_TIMEOUT_MS)
+  /// Fills the fields above from GDX_TIMEOUT_MS.
+  static LoopbackTransportOptions fromEnv();
+};
+
+/// The loopback backend, for a world of one: connect() takes exactly one address, its own localAddress(), and
+/// every write is performed by post() itself in the calling thread (memcpy between host windows; with CUDA, a
+/// cudaMemcpyAsync on a stream of the lane plus a bounded wait when either window is GPU memory), then its
+/// immediate is announced from that same thread and its Completion queued for poll(). Validation is the TCP
+/// backend's. Atomics work on host windows (system scope, release) and are refused on GPU windows. It measures
+/// the path kernel -> ring -> proxy -> transport with the least transport overhead.
+std::unique_ptr<Transport> makeLoopbackTransport(const LoopbackTransportOptions& options = {});
 
 }  // namespace gdx

@@ -2,7 +2,8 @@
 // (format, lane, chunk length, window, range, ordering state) before a single payload byte is received, and
 // the payload then goes straight into the window; anything malformed fails the peer instead. An atomic is
 // checked the same way and performed by whichever receiver thread of its direction completes the messages
-// before it (RxOrder).
+// before it (RxOrder). A chunk for a GPU window is received into the thread's pinned staging buffer and copied to
+// the GPU before it counts as placed.
 #include <sys/socket.h>
 
 #include <sstream>
@@ -17,11 +18,12 @@ using net::IoResult;
 using net::IoStatus;
 
 void TcpTransport::receiverLoop(RxSocket& s) {
-  while (receiveOne(s)) {
+  CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
+  while (receiveOne(s, staging)) {
   }
 }
 
-bool TcpTransport::receiveOne(RxSocket& s) {
+bool TcpTransport::receiveOne(RxSocket& s, CudaStaging& staging) {
   auto where = [&] {
     std::ostringstream os;
     os << "peer " << s.peer << " (lane " << s.lane << ", socket " << s.index << ")";
@@ -55,6 +57,7 @@ bool TcpTransport::receiveOne(RxSocket& s) {
 
   const bool atomic = h.type == static_cast<uint8_t>(MessageType::kAtomic);
   char* dst = nullptr;
+  int cudaDevice = -1;  // >= 0: dst is GPU memory of this device
   {
     std::shared_lock<std::shared_mutex> lock(windowsMutex_);
     auto it = windows_.find(h.window);
@@ -64,6 +67,10 @@ bool TcpTransport::receiveOne(RxSocket& s) {
     if (!bad.empty()) return fail(describe(h) + " into window " + std::to_string(h.window) + ": " + bad);
     // checkHeader() put the chunk inside the message and checkRange() the message inside the window.
     dst = it->second.base + h.offset + h.chunkOffset;
+    if (it->second.kind == MemoryKind::kCuda) cudaDevice = it->second.device;
+    if (atomic && cudaDevice >= 0)
+      return fail(describe(h) + " on window " + std::to_string(h.window) +
+                  ": atomics on GPU windows are not supported by the TCP transport");
     if (atomic && reinterpret_cast<uintptr_t>(dst) % alignof(uint64_t) != 0)
       return fail(describe(h) + ": the word is not 8-byte aligned in memory (window " + std::to_string(h.window) +
                   " starts at an unaligned address)");
@@ -77,12 +84,23 @@ bool TcpTransport::receiveOne(RxSocket& s) {
     bad = order.admit(h);
     if (!bad.empty()) return fail(describe(h) + ": " + bad);
   }
+  void* into = atomic ? static_cast<void*>(&operand) : dst;
+  if (cudaDevice >= 0) {
+    std::string why;
+    into = staging.buffer(&why);
+    if (into == nullptr) return fail("staging " + describe(h) + " for the GPU: " + why);
+  }
   limits.idleOk = false;
-  io = net::recvFull(s.fd.get(), atomic ? static_cast<void*>(&operand) : dst, h.chunkBytes, limits);
+  io = net::recvFull(s.fd.get(), into, h.chunkBytes, limits);
   if (!io.ok()) {
     if (io.result == IoResult::kAborted || rxStop_.load()) return false;
     return fail("receiving the payload of " + describe(h) + " failed after " + std::to_string(io.done) +
                 " bytes: " + io.describe());
+  }
+  if (cudaDevice >= 0) {
+    // Host -> GPU, finished before RxOrder hears of the chunk: announcements and atomics come after it.
+    std::string why = staging.toDevice(dst, h.chunkBytes, cudaDevice);
+    if (!why.empty()) return fail("placing " + describe(h) + " in GPU window " + std::to_string(h.window) + ": " + why);
   }
   if (atomic) {
     bad = order.admit(h, reinterpret_cast<uint64_t*>(dst), operand);

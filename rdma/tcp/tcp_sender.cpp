@@ -1,6 +1,7 @@
 // Send side of the TCP transport: TcpLane::post() validates a write and splits it into chunks over the lane's
 // sockets to the peer, TcpLane::postAtomic() sends an atomic as one message on the next socket; one sender
-// thread per socket hands its chunks to the kernel in order.
+// thread per socket hands its chunks to the kernel in order (a chunk of a GPU window staged through the thread's
+// pinned buffer first).
 #include <algorithm>
 #include <chrono>
 #include <sstream>
@@ -38,6 +39,7 @@ void TcpLane::post(const WriteOp& op) {
   if (op.peer < 0 || op.peer >= t_.world_) invalid("unknown peer (world size " + std::to_string(t_.world_) + ")");
   if (op.bytes == 0) invalid("zero-byte write");
   const char* src = nullptr;
+  int cudaDevice = -1;
   {
     std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
     auto local = t_.windows_.find(op.localWindow);
@@ -47,6 +49,7 @@ void TcpLane::post(const WriteOp& op) {
     bad = checkRemote(op.peer, op.remoteWindow, op.remoteOffset, op.bytes);
     if (!bad.empty()) invalid(bad);
     src = local->second.base + op.localOffset;
+    if (local->second.kind == MemoryKind::kCuda) cudaDevice = local->second.device;
   }
   if (!admitOp(op.cookie, op.peer)) return;
 
@@ -83,7 +86,7 @@ void TcpLane::post(const WriteOp& op) {
         }
         h.chunkOffset = i * chunk;
         h.chunkBytes = static_cast<uint32_t>(std::min(chunk, op.bytes - h.chunkOffset));
-        tx.queue.push_back(TxItem{h, src + h.chunkOffset, state});
+        tx.queue.push_back(TxItem{h, src + h.chunkOffset, state, 0, cudaDevice});
       }
     }
     tx.cv.notify_one();
@@ -104,8 +107,11 @@ void TcpLane::postAtomic(const AtomicOp& op) {
   if (op.remoteOffset % kAtomicBytes != 0) invalid("the offset is not 8-byte aligned");
   {
     std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
-    std::string bad = checkRemote(op.peer, op.remoteWindow, op.remoteOffset, kAtomicBytes);
+    bool cuda = false;
+    std::string bad = checkRemote(op.peer, op.remoteWindow, op.remoteOffset, kAtomicBytes, &cuda);
     if (!bad.empty()) invalid(bad);
+    // The receiver would have to read-modify-write GPU memory with copies, which is not atomic.
+    if (cuda) invalid("atomics on GPU windows are not supported by the TCP transport");
   }
   if (!admitOp(op.cookie, op.peer)) return;
 
@@ -142,12 +148,13 @@ MessageHeader TcpLane::nextMessage(MessageType type, int peer, uint32_t window, 
   return h;
 }
 
-std::string TcpLane::checkRemote(int peer, uint32_t window, uint64_t offset, uint64_t bytes) const {
+std::string TcpLane::checkRemote(int peer, uint32_t window, uint64_t offset, uint64_t bytes, bool* cuda) const {
   auto& remotes = t_.remoteWindows_[peer];
   auto remote = remotes.find(window);
   if (remote == remotes.end())
     return "remote window " + std::to_string(window) + " of peer " + std::to_string(peer) + " is not known";
-  std::string bad = checkRange(offset, bytes, remote->second);
+  if (cuda) *cuda = remote->second.cuda;
+  std::string bad = checkRange(offset, bytes, remote->second.bytes);
   return bad.empty() ? bad : "remote window " + std::to_string(window) + ": " + bad;
 }
 
@@ -188,6 +195,7 @@ void TcpLane::finishChunk(OpState* op, Status status) {
 
 void TcpTransport::senderLoop(TxSocket& s) {
   TcpLane& lane = *lanes_[s.lane];
+  CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
   for (;;) {
     TxItem item;
     {
@@ -207,19 +215,37 @@ void TcpTransport::senderLoop(TxSocket& s) {
     else if (s.broken || peerState_[s.peer].load() != kPeerOk)
       status = failedStatus(s.peer);
     else
-      status = sendChunk(s, item);
+      status = sendChunk(s, item, staging);
     if (status == Status::kOk && peerState_[s.peer].load() == kPeerFailed) status = Status::kPeerFailed;
     lane.finishChunk(item.op, status);
   }
   sayGoodbye(s);
 }
 
-Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item) {
+Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, CudaStaging& staging) {
+  const char* payload = item.data;
+  if (item.data != nullptr && item.cudaDevice >= 0) {
+    // A chunk of a GPU window: device -> this thread's pinned buffer, finished before a byte of it is sent.
+    std::string bad = staging.fromDevice(item.data, item.header.chunkBytes, item.cudaDevice);
+    if (!bad.empty()) {
+      // Nothing of the chunk went out, but the receiver cannot complete the direction without it: the peer fails,
+      // as a queue pair goes to the error state after a local error.
+      s.broken = true;
+      std::ostringstream why;
+      why << "staging a chunk of " << describe(item.header) << " for peer " << s.peer << " on lane " << s.lane
+          << " socket " << s.index << " from the GPU failed: " << bad;
+      if (stopping_.load()) return Status::kShutdown;
+      failPeer(s.peer, why.str());
+      return Status::kPeerFailed;
+    }
+    std::string unused;
+    payload = staging.buffer(&unused);
+  }
   iovec iov[2];
   iov[0].iov_base = const_cast<MessageHeader*>(&item.header);
   iov[0].iov_len = sizeof(MessageHeader);
-  iov[1].iov_base = item.data ? static_cast<void*>(const_cast<char*>(item.data))
-                              : static_cast<void*>(const_cast<uint64_t*>(&item.operand));
+  iov[1].iov_base = payload ? static_cast<void*>(const_cast<char*>(payload))
+                            : static_cast<void*>(const_cast<uint64_t*>(&item.operand));
   iov[1].iov_len = item.header.chunkBytes;
   net::IoLimits limits;
   limits.stallNs = options_.timeoutNs;

@@ -92,18 +92,25 @@ TransportLane& TcpTransport::lane(int index) {
   return *lanes_[index];
 }
 
+namespace {
+/// Peers address windows by id and offset only, so the key just restates the window for checking, plus whether
+/// it is GPU memory (which the sender needs to refuse atomics on it).
+std::string windowKey(uint32_t id, uint64_t bytes, bool cuda) {
+  return "tcp:" + std::to_string(id) + ":" + std::to_string(bytes) + (cuda ? ":cuda" : "");
+}
+}  // namespace
+
 std::string TcpTransport::registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) {
   std::string who = "TCP transport rank " + std::to_string(rank_) + ": window " + std::to_string(id);
-  if (kind == MemoryKind::kCuda)
-    throw Error(ErrorCode::kInvalidArgument,
-                who + ": CUDA memory is not supported by the TCP transport yet; register a host staging buffer");
-  if (kind != MemoryKind::kHost) throw Error(ErrorCode::kInvalidArgument, who + ": unknown memory kind");
+  if (kind != MemoryKind::kHost && kind != MemoryKind::kCuda)
+    throw Error(ErrorCode::kInvalidArgument, who + ": unknown memory kind");
   if (base == nullptr && bytes > 0) throw Error(ErrorCode::kInvalidArgument, who + ": null base");
+  LocalWindow w{static_cast<char*>(base), bytes, kind, -1};
+  // Throws when the memory is not on a GPU, or when gdx was built without CUDA.
+  if (kind == MemoryKind::kCuda) w.device = cudaWindowDevice(base, bytes, who);
   std::unique_lock<std::shared_mutex> lock(windowsMutex_);
-  if (!windows_.emplace(id, LocalWindow{static_cast<char*>(base), bytes}).second)
-    throw Error(ErrorCode::kInvalidArgument, who + " is already registered");
-  // Peers address windows by id and offset only, so the key just restates the window for checking.
-  return "tcp:" + std::to_string(id) + ":" + std::to_string(bytes);
+  if (!windows_.emplace(id, w).second) throw Error(ErrorCode::kInvalidArgument, who + " is already registered");
+  return windowKey(id, bytes, kind == MemoryKind::kCuda);
 }
 
 void TcpTransport::deregisterWindow(uint32_t id) {
@@ -117,13 +124,14 @@ void TcpTransport::addRemoteWindow(int peer, uint32_t id, size_t bytes, const st
   if (peer < 0 || peer >= world_)
     throw Error(ErrorCode::kInvalidArgument, "TCP transport rank " + std::to_string(rank_) + ": remote window " +
                                                  std::to_string(id) + " of unknown peer " + std::to_string(peer));
-  std::string expected = "tcp:" + std::to_string(id) + ":" + std::to_string(bytes);
-  if (!key.empty() && key != expected)
+  // An empty key (tests, tools) describes a host window; the receiver checks every message itself anyway.
+  const bool cuda = key == windowKey(id, bytes, true);
+  if (!key.empty() && !cuda && key != windowKey(id, bytes, false))
     throw Error(ErrorCode::kInvalidArgument, "TCP transport rank " + std::to_string(rank_) + ": key '" + key +
                                                  "' of peer " + std::to_string(peer) + " does not describe window " +
                                                  std::to_string(id) + " of " + std::to_string(bytes) + " bytes");
   std::unique_lock<std::shared_mutex> lock(windowsMutex_);
-  remoteWindows_[peer][id] = bytes;
+  remoteWindows_[peer][id] = RemoteWindow{bytes, cuda};
 }
 
 void TcpTransport::setPeerFailureHandler(PeerFailureHandler handler) {

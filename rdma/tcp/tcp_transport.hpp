@@ -11,6 +11,15 @@
 // they move in parallel), one receiver per incoming socket (validates each header, then receives the payload
 // straight into the window and lets RxOrder decide what can be announced). An atomic is one more message of the
 // lane's sequence (wire.hpp): sent on the next socket in turn, performed by RxOrder's delivery in sequence order.
+//
+// GPU windows (MemoryKind::kCuda, only in a build with CUDA) are staged through pinned host memory, one chunk at a
+// time (cuda_staging.hpp): each sender and receiver thread owns a chunk-sized pinned buffer and its own streams.
+// A sender copies a chunk of a GPU window device->host into its buffer and sends it from there; a receiver
+// receives a chunk for a GPU window into its buffer and copies it host->device before it tells RxOrder the chunk
+// is placed, so an immediate is announced (and a later atomic performed) only after the GPU copy finished. A
+// CUDA failure on either side fails the peer (the direction's sequence cannot continue without the chunk), like
+// a local error moving a queue pair to the error state. Atomics on GPU windows are refused (kInvalidArgument at
+// the sender; a malformed message at the receiver): the CPU cannot update GPU memory atomically.
 #pragma once
 
 #include <atomic>
@@ -26,6 +35,7 @@
 
 #include "gdx/transport.hpp"
 #include "rdma/socket.hpp"
+#include "rdma/tcp/cuda_staging.hpp"
 #include "rdma/tcp/rx_order.hpp"
 #include "rdma/tcp/wire.hpp"
 
@@ -47,6 +57,7 @@ struct TxItem {
   const char* data = nullptr;  ///< the payload; null for an atomic, whose payload is `operand`
   OpState* op = nullptr;
   uint64_t operand = 0;
+  int cudaDevice = -1;  ///< >= 0: `data` lies in a GPU window on this device and is staged before it is sent
 };
 
 /// One connection of a (lane, peer) pair: socket `index` of the lane's sockets to or from `peer`.
@@ -88,9 +99,9 @@ class TcpLane : public TransportLane {
   void complete(uint64_t cookie, int peer, Status status);
   /// Counts a validated op in flight; false (after completing it) when its peer has already failed or left.
   bool admitOp(uint64_t cookie, int peer);
-  /// Checks that [offset, offset + bytes) lies in remote window `window` of `peer`; "" or why not. Needs
-  /// windowsMutex_ held.
-  std::string checkRemote(int peer, uint32_t window, uint64_t offset, uint64_t bytes) const;
+  /// Checks that [offset, offset + bytes) lies in remote window `window` of `peer`; "" or why not. Sets `*cuda`
+  /// (when given) to whether the peer registered it as GPU memory. Needs windowsMutex_ held.
+  std::string checkRemote(int peer, uint32_t window, uint64_t offset, uint64_t bytes, bool* cuda = nullptr) const;
   /// The header of the next message of this lane to `peer` (takes its sequence number).
   MessageHeader nextMessage(MessageType type, int peer, uint32_t window, uint64_t offset, uint64_t bytes);
 
@@ -132,6 +143,12 @@ class TcpTransport : public Transport {
   struct LocalWindow {
     char* base = nullptr;
     uint64_t bytes = 0;
+    MemoryKind kind = MemoryKind::kHost;
+    int device = -1;  ///< kCuda: the GPU it lies on (cudaPointerGetAttributes at registration)
+  };
+  struct RemoteWindow {
+    uint64_t bytes = 0;
+    bool cuda = false;  ///< the peer registered it as GPU memory (its key says so)
   };
   struct PendingHello;
 
@@ -149,11 +166,11 @@ class TcpTransport : public Transport {
 
   // Data path (tcp_sender.cpp, tcp_receiver.cpp).
   void senderLoop(TxSocket& s);
-  Status sendChunk(TxSocket& s, const TxItem& item);
+  Status sendChunk(TxSocket& s, const TxItem& item, CudaStaging& staging);
   Status onSendFailure(TxSocket& s, const net::IoStatus& io, const std::string& why);
   void sayGoodbye(TxSocket& s);
   void receiverLoop(RxSocket& s);
-  bool receiveOne(RxSocket& s);
+  bool receiveOne(RxSocket& s, CudaStaging& staging);
   bool txAborted() const;
 
   // Failure handling.
@@ -173,7 +190,7 @@ class TcpTransport : public Transport {
 
   mutable std::shared_mutex windowsMutex_;
   std::unordered_map<uint32_t, LocalWindow> windows_;
-  std::vector<std::unordered_map<uint32_t, uint64_t>> remoteWindows_;  ///< per peer: id -> bytes
+  std::vector<std::unordered_map<uint32_t, RemoteWindow>> remoteWindows_;  ///< per peer: id -> window
 
   std::unique_ptr<std::atomic<int>[]> peerState_;  ///< per peer: a PeerState
   mutable std::mutex whyMutex_;

@@ -19,6 +19,17 @@ constexpr size_t kBatch = 256;
 // After this long without work a proxy thread naps between polls, so idle processes leave the cores to
 // others; a steady stream of commands never lets it get there.
 constexpr uint64_t kIdleBeforeNapNs = 200 * 1000;
+// Before that, it spins without a system call for a while: a command that arrives meanwhile is seen within
+// a few hundred nanoseconds, which the GPU round-trip latency depends on.
+constexpr uint64_t kIdleBeforeYieldNs = 20 * 1000;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 }  // namespace
 
 struct Proxy::Thread {
@@ -324,8 +335,10 @@ void Proxy::run(Thread& t) {
       if (idleSince == 0) idleSince = now;
       if (now - idleSince > kIdleBeforeNapNs)
         std::this_thread::sleep_for(std::chrono::microseconds(20));
-      else
+      else if (now - idleSince > kIdleBeforeYieldNs)
         std::this_thread::yield();
+      else
+        cpuRelax();
     }
   }
 }

@@ -35,4 +35,18 @@ GDX_HOST_DEVICE_INLINE void spinPause(uint64_t spins) {
 #endif
 }
 
+/// Back-off of a producer waiting for ring space, `behind` slots short of it. On the device the sleep grows
+/// with the distance, so thousands of waiting warps far down the line do not flood PCIe with reads of the
+/// tail while the consumer frees the slots ahead of them; on the host it is spinPause().
+GDX_HOST_DEVICE_INLINE void waitForSlots(uint64_t spins, uint64_t behind) {
+#if GDX_DEVICE_COMPILE
+  (void)spins;
+  uint64_t ns = behind * 16;
+  __nanosleep(static_cast<unsigned>(ns < 64 ? 64 : ns > 8192 ? 8192 : ns));
+#else
+  (void)behind;
+  spinPause(spins);
+#endif
+}
+
 }  // namespace gdx

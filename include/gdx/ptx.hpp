@@ -22,6 +22,11 @@ GDX_DEVICE_INLINE void releaseStore128Sys(uint64_t* p, uint64_t w0, uint64_t w1)
   asm volatile("fence.acq_rel.sys;" ::: "memory");
   asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");
 }
+
+/// The second store of a pair published under one fence (releaseStore128Sys already ordered what came before).
+GDX_DEVICE_INLINE void relaxedStore128Sys(uint64_t* p, uint64_t w0, uint64_t w1) {
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");
+}
 #endif
 
 }  // namespace gdx::ptx

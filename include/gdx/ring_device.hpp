@@ -35,6 +35,7 @@
 namespace gdx {
 
 struct RingDeviceHandle {
+
   Command* slots;
   uint64_t* head;        ///< producers' reservation counter
   uint64_t* cachedTail;  ///< producers' last seen tail (same memory as head)
@@ -72,19 +73,21 @@ struct RingDeviceHandle {
     if (last < atomicLoad(cachedTail, kRelaxed) + capacity) return Status::kOk;
     uint64_t start = 0;
     for (uint64_t spins = 0;; ++spins) {
-      uint64_t t = atomicLoad(tail, kAcquire);
-      if (last < t + capacity) {
-        atomicFetchMax(cachedTail, t, kRelaxed);
-        return Status::kOk;
+      // Another producer may have refreshed the cached copy already; only then pay for reading the real tail.
+      uint64_t t = atomicLoad(cachedTail, kRelaxed);
+      if (last >= t + capacity) {
+        t = atomicLoad(tail, kAcquire);
+        if (last < t + capacity) atomicFetchMax(cachedTail, t, kRelaxed);
       }
-      uint32_t e = atomicLoad(error, kRelaxed);
-      if (e != 0) return static_cast<Status>(e);
-      if ((spins & 63) == 0) {
+      if (last < t + capacity) return Status::kOk;
+      if ((spins & 15) == 0) {
+        uint32_t e = atomicLoad(error, kRelaxed);
+        if (e != 0) return static_cast<Status>(e);
         uint64_t now = nowNs();
         if (start == 0) start = now;
         if (now - start > timeoutNs) return Status::kTimeout;
       }
-      spinPause(spins);
+      waitForSlots(spins, last + 1 - (t + capacity));
     }
   }
 
@@ -116,8 +119,16 @@ struct RingDeviceHandle {
     uint64_t pos;
     Status s = reserve(2, &pos);
     if (s != Status::kOk) return s;
+#if GDX_DEVICE_COMPILE
+    // One system fence for both slots: the consumer takes the pair only when both are valid, so the order in
+    // which the two stores arrive does not matter.
+    Command a = first.withLap(lapOf(pos, capacity)), b = second.withLap(lapOf(pos + 1, capacity));
+    ptx::releaseStore128Sys(slots[pos & (capacity - 1)].word, a.word[0], a.word[1]);
+    ptx::relaxedStore128Sys(slots[(pos + 1) & (capacity - 1)].word, b.word[0], b.word[1]);
+#else
     publish(pos, first);
     publish(pos + 1, second);
+#endif
     if (lastPos) *lastPos = pos + 1;
     return Status::kOk;
   }

@@ -59,6 +59,8 @@ __global__ void putThenFlush(ChannelDeviceHandle ch, uint32_t dstWin, uint64_t d
 __global__ void atomicAdds(ChannelDeviceHandle ch, uint32_t win, int perThread, uint32_t* status) {
   Status s = Status::kOk;
   for (int i = 0; i < perThread && s == Status::kOk; ++i) s = ch.atomicAdd(win, 8 * (threadIdx.x % 4), 1);
+  // The signal lands after this thread's adds (same ring, same peer): the host waits on it.
+  if (s == Status::kOk) s = ch.signal(2, 1);
   if (s == Status::kOk) s = ch.flush();
   if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
 }
@@ -169,6 +171,7 @@ TEST(DeviceApiRing, AtomicAddsFromAllThreadsSumExactly) {
     atomicAdds<<<8, 128>>>(ctx.deviceChannel(0), w.id(), 20, status);
     GDX_TEST_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(*status, 0u);
+    ctx.wait(2, 8 * 128);
     for (int i = 0; i < 4; ++i) EXPECT_EQ(words[i], 8u * 128 * 20 / 4) << "word " << i;
   }
   cudaFreeHost(words);

@@ -42,22 +42,25 @@ void Channel::fail(Status status, const char* operation) const {
   throw Error(errorCodeFor(status), msg);
 }
 
+void Channel::notePosition(uint64_t pos) {
+  // Several threads may share this channel: flush() must cover the highest position any of them used.
+  int64_t prev = lastPosition_->load(std::memory_order_relaxed);
+  while (prev < static_cast<int64_t>(pos) && !lastPosition_->compare_exchange_weak(prev, static_cast<int64_t>(pos))) {
+  }
+}
+
 void Channel::push(const Command& c) {
   uint64_t pos = 0;
   Status s = ring_.push(c, &pos);
   if (s != Status::kOk) fail(s, opcodeName(c.opcode()));
-  int64_t prev = lastPosition_->load(std::memory_order_relaxed);
-  while (prev < static_cast<int64_t>(pos) && !lastPosition_->compare_exchange_weak(prev, static_cast<int64_t>(pos))) {
-  }
+  notePosition(pos);
 }
 
 void Channel::pushPair(const Command& first, const Command& second) {
   uint64_t pos = 0;
   Status s = ring_.pushPair(first, second, &pos);
   if (s != Status::kOk) fail(s, "putWithSignal");
-  int64_t prev = lastPosition_->load(std::memory_order_relaxed);
-  while (prev < static_cast<int64_t>(pos) && !lastPosition_->compare_exchange_weak(prev, static_cast<int64_t>(pos))) {
-  }
+  notePosition(pos);
 }
 
 void Channel::checkPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,

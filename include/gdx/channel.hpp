@@ -41,6 +41,7 @@ class Channel {
   Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring);
   void push(const Command& c);
   void pushPair(const Command& first, const Command& second);
+  void notePosition(uint64_t pos);
   void checkPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) const;
   void checkSignal(uint32_t signalId) const;
   [[noreturn]] void fail(Status status, const char* operation) const;

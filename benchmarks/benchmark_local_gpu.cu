@@ -22,14 +22,32 @@ namespace gdx::bench {
 namespace {
 
 // ---- raw GPU -> CPU -> GPU round trip through host-mapped memory ------------------------------------------
+// Bound of the raw round-trip loops (they measure the hardware, so they spin without backing off).
+constexpr uint64_t kRawBoundNs = 10ull * 1000 * 1000 * 1000;
+
 __global__ void pingKernel(uint64_t* ping, uint64_t* pong, int iters, uint64_t* elapsedNs) {
   uint64_t t0 = nowNs();
   for (int i = 1; i <= iters; ++i) {
     atomicStore(ping, uint64_t(i), kRelease);
     while (atomicLoad(pong, kAcquire) != uint64_t(i)) {
+      if (nowNs() - t0 > kRawBoundNs) {
+        *elapsedNs = ~uint64_t{0};  // the responder never answered
+        return;
+      }
     }
   }
   *elapsedNs = nowNs() - t0;
+}
+
+void checkRaw(uint64_t elapsed, const char* what) {
+  if (elapsed == ~uint64_t{0}) throw Error(ErrorCode::kTimeout, std::string(what) + ": no answer within 10 s");
+}
+
+// The CPU side of the raw round trip; gives up after the same bound as the kernel.
+bool awaitPing(uint64_t* ping, uint64_t i, std::chrono::steady_clock::time_point t0) {
+  while (atomicLoad(ping, kAcquire) != i)
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(kRawBoundNs)) return false;
+  return true;
 }
 
 double rawRoundTripUs() {
@@ -38,16 +56,14 @@ double rawRoundTripUs() {
   std::fill(flags, flags + 32, 0);
   uint64_t *ping = flags, *pong = flags + 16, *elapsed = flags + 8;
   const int iters = 20000;
+  auto t0 = std::chrono::steady_clock::now();
   std::thread responder([&] {
-    for (uint64_t i = 1; i <= uint64_t(iters); ++i) {
-      while (atomicLoad(ping, kAcquire) != i) {
-      }
-      atomicStore(pong, i, kRelease);
-    }
+    for (uint64_t i = 1; i <= uint64_t(iters) && awaitPing(ping, i, t0); ++i) atomicStore(pong, i, kRelease);
   });
   pingKernel<<<1, 1>>>(ping, pong, iters, elapsed);
   GDX_CUDA_CHECK(cudaDeviceSynchronize());
   responder.join();
+  checkRaw(*elapsed, "raw round trip");
   double us = double(*elapsed) / iters / 1000.0;
   cudaFreeHost(flags);
   return us;
@@ -67,10 +83,9 @@ double rawRoundTripDeviceSignalUs() {
   GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&kernelStream, cudaStreamNonBlocking));
   GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&copyStream, cudaStreamNonBlocking));
   const int iters = 2000;
+  auto t0 = std::chrono::steady_clock::now();
   std::thread responder([&] {
-    for (uint64_t i = 1; i <= uint64_t(iters); ++i) {
-      while (atomicLoad(ping, kAcquire) != i) {
-      }
+    for (uint64_t i = 1; i <= uint64_t(iters) && awaitPing(ping, i, t0); ++i) {
       *value = i;
       cudaMemcpyAsync(devPong, value, 8, cudaMemcpyHostToDevice, copyStream);
       cudaStreamSynchronize(copyStream);
@@ -79,6 +94,7 @@ double rawRoundTripDeviceSignalUs() {
   pingKernel<<<1, 1, 0, kernelStream>>>(ping, devPong, iters, elapsed);
   GDX_CUDA_CHECK(cudaStreamSynchronize(kernelStream));
   responder.join();
+  checkRaw(*elapsed, "raw round trip with device-memory answers");
   double us = double(*elapsed) / iters / 1000.0;
   cudaStreamDestroy(kernelStream);
   cudaStreamDestroy(copyStream);
@@ -159,7 +175,13 @@ std::vector<RateRow> nullTransportRates() {
       auto t0 = std::chrono::steady_clock::now();
       pushCommands<<<blocks, kThreadsPerBlock>>>(devRings, proxy.numDeviceRings(), kPerThread, status);
       GDX_CUDA_CHECK(cudaDeviceSynchronize());
-      while (proxy.totalCounters().commands - before < total) std::this_thread::yield();
+      while (proxy.totalCounters().commands - before < total && *status == 0) {
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60))
+          throw Error(ErrorCode::kTimeout, "null transport: the proxy consumed " +
+                                               std::to_string(proxy.totalCounters().commands - before) + " of " +
+                                               std::to_string(total) + " commands in 60 s");
+        std::this_thread::yield();
+      }
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (*status != 0) throw Error(ErrorCode::kInternal, std::string("push failed: ") + statusName(Status(*status)));
       rows.push_back(RateRow{threads, blocks, total / s});

@@ -5,7 +5,7 @@
 set -euo pipefail
 [ "${GDX_NO_APT:-0}" = 1 ] && exit 0
 PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-providers rdma-core ibverbs-utils libnuma-dev libhwloc-dev
-libgtest-dev libgmock-dev libbenchmark-dev iproute2 iperf3"
+libgtest-dev libgmock-dev libbenchmark-dev iproute2 iperf3 qemu-system-x86 busybox-static cpio kmod perftest"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 [ -z "$missing" ] && exit 0

@@ -83,6 +83,7 @@ void Channel::checkSignal(uint32_t signalId) const {
 }
 
 void Channel::put(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) {
+  if (bytes == 0) return;  // as in NVSHMEM: nothing to move
   checkPut(dst, dstOffset, src, srcOffset, bytes);
   for (uint64_t done = 0; done < bytes;) {
     uint64_t n = std::min<uint64_t>(bytes - done, kMaxCommandBytes);
@@ -93,6 +94,7 @@ void Channel::put(const Window& dst, uint64_t dstOffset, const Window& src, uint
 
 void Channel::putWithSignal(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
                             uint64_t bytes, uint32_t signalId, uint64_t value, SignalOp op) {
+  if (bytes == 0) return signal(signalId, value, op);  // the signal still matters ("no data for you")
   checkPut(dst, dstOffset, src, srcOffset, bytes);
   checkSignal(signalId);
   // Chunks before the last go as plain puts; the signal rides on the last one, and the ordering of the
@@ -114,8 +116,9 @@ void Channel::signal(uint32_t signalId, uint64_t value, SignalOp op) {
 void Channel::atomicAdd(const Window& dst, uint64_t dstOffset, uint64_t value) {
   std::string where = "rank " + std::to_string(context_->rank()) + ": atomicAdd to peer " + std::to_string(peer_) + ": ";
   if (!dst.valid()) throw Error(ErrorCode::kInvalidArgument, where + "window is not registered");
-  if (dstOffset % 8 != 0)
-    throw Error(ErrorCode::kInvalidArgument, where + "offset " + std::to_string(dstOffset) + " is not 8-byte aligned");
+  if (dstOffset % 8 != 0 || dstOffset > kMaxWindowOffset - 7)
+    throw Error(ErrorCode::kInvalidArgument,
+                where + "offset " + std::to_string(dstOffset) + " is not 8-byte aligned or cannot be addressed");
   std::string why = context_->registry_->checkRemote(peer_, dst.id(), dstOffset, 8);
   if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, where + why);
   push(Command::atomicAdd(peer_, dst.id(), dstOffset, value));

@@ -119,7 +119,7 @@ void CommandRing::publishTail() { atomicStore(tail_, localTail_, kRelease); }
 
 void CommandRing::publishCompleted(uint64_t upTo) { atomicStore(completed_, upTo, kRelease); }
 
-void CommandRing::setError(Status status) { atomicStore(error_, static_cast<uint32_t>(status), kRelease); }
+void CommandRing::setError(Status status) { setErrorOnce(error_, status); }
 
 Status CommandRing::error() const { return static_cast<Status>(atomicLoad(error_, kAcquire)); }
 

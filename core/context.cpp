@@ -62,7 +62,27 @@ Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options
   if (options_.numSignals == 0 || options_.numSignals > kMaxSignals)
     throw Error(ErrorCode::kInvalidArgument, "GDX_NUM_SIGNALS must be in 1.." + std::to_string(kMaxSignals));
   bootstrap_ = std::make_unique<Bootstrap>(bootstrap);
-  init();
+  try {
+    init();
+  } catch (...) {
+    // No destructor runs for a constructor that throws: stop the threads that use this object's members
+    // (proxy, transport receivers calling onImm/onPeerFailure) before those members are destroyed.
+    shutdownThreads();
+    throw;
+  }
+}
+
+void Context::shutdownThreads() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    liveProxy_ = nullptr;
+  }
+  try {
+    if (proxy_) proxy_->stop();
+    if (transport_) transport_->shutdown();
+  } catch (const std::exception& e) {
+    GDX_ERROR("closing the context: " << e.what());
+  }
 }
 
 void Context::init() {
@@ -83,6 +103,15 @@ void Context::init() {
     LoopbackTransportOptions l = LoopbackTransportOptions::fromEnv();
     l.timeoutNs = options_.timeoutNs;
     transport_ = makeLoopbackTransport(l);
+  } else if (options_.transport == "verbs") {
+#if defined(GDX_HAVE_VERBS)
+    VerbsTransportOptions v = VerbsTransportOptions::fromEnv(rank, world);
+    v.lanes = options_.proxy.threads;
+    v.timeoutNs = options_.timeoutNs;
+    transport_ = makeVerbsTransport(v);
+#else
+    throw Error(ErrorCode::kInvalidArgument, "GDX_TRANSPORT=verbs: gdx was built without libibverbs");
+#endif
   } else {
     throw Error(ErrorCode::kInvalidArgument,
                 "GDX_TRANSPORT='" + options_.transport + "' is not available (tcp, or loopback for one rank)");
@@ -115,10 +144,16 @@ void Context::init() {
   }
   proxy_ = std::make_unique<Proxy>(options_.proxy, transport_.get(), *registry_);
   proxy_->start();
-  liveProxy_.store(proxy_.get(), std::memory_order_release);
-  if (earlyFailure_.load(std::memory_order_acquire)) {
-    atomicStore(failed_, static_cast<uint32_t>(Status::kPeerFailed), kRelease);
-    proxy_->failAll(Status::kPeerFailed, failure());
+  {
+    // Under the same lock as onPeerFailure: a failure that came while connecting is applied now, one that
+    // comes later finds the proxy and the failure word in place.
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    liveProxy_ = proxy_.get();
+    failureWord_ = failed_;
+    if (!failure_.empty()) {
+      atomicStore(failed_, static_cast<uint32_t>(Status::kPeerFailed), kRelease);
+      proxy_->failAll(Status::kPeerFailed, failure_);
+    }
   }
   bootstrap_->barrier();
   GDX_INFO("context ready: rank " << rank << " of " << world << ", transport " << transport_->name() << " ("
@@ -126,15 +161,7 @@ void Context::init() {
                                   << " signals");
 }
 
-Context::~Context() {
-  liveProxy_.store(nullptr, std::memory_order_release);
-  try {
-    if (proxy_) proxy_->stop();
-    if (transport_) transport_->shutdown();
-  } catch (const std::exception& e) {
-    GDX_ERROR("closing the context: " << e.what());
-  }
-}
+Context::~Context() { shutdownThreads(); }
 
 Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
   if (!base || bytes == 0)
@@ -195,6 +222,9 @@ Channel Context::channel(int peer, int ringIndex) {
   if (peer < 0 || peer >= worldSize())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": peer " + std::to_string(peer) +
                                                  " does not exist (world size " + std::to_string(worldSize()) + ")");
+  if (proxy_->numRings() == 0)
+    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) +
+                                                 ": no rings for host producers (GDX_RINGS_PER_THREAD=0)");
   if (ringIndex < 0) ringIndex = peer % proxy_->numRings();
   if (ringIndex >= proxy_->numRings())
     throw Error(ErrorCode::kInvalidArgument, "ring " + std::to_string(ringIndex) + " does not exist (" +
@@ -288,15 +318,11 @@ void Context::onImm(const RemoteWrite& w) {
 
 void Context::onPeerFailure(int peer, const std::string& why) {
   std::string msg = "rank " + std::to_string(peer) + " failed: " + why;
-  {
-    std::lock_guard<std::mutex> lock(failureMutex_);
-    if (failure_.empty()) failure_ = msg;
-  }
-  // A failure before the signal block exists (while connecting) is re-applied by init() once it does.
-  if (failed_) atomicStore(failed_, static_cast<uint32_t>(Status::kPeerFailed), kRelease);
-  earlyFailure_.store(true, std::memory_order_release);
-  // The proxy may not exist yet (a failure while connecting); init() re-applies the failure after creating it.
-  if (Proxy* p = liveProxy_.load(std::memory_order_acquire)) p->failAll(Status::kPeerFailed, msg);
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  if (failure_.empty()) failure_ = msg;
+  // Before init() published the proxy and the failure word, it applies failure_ itself.
+  if (failureWord_) atomicStore(failureWord_, static_cast<uint32_t>(Status::kPeerFailed), kRelease);
+  if (liveProxy_) liveProxy_->failAll(Status::kPeerFailed, msg);
 }
 
 }  // namespace gdx

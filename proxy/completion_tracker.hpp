@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <deque>
 
 namespace gdx {
@@ -20,6 +21,11 @@ class CompletionTracker {
   void complete(uint64_t seq) {
     uint64_t i = seq - baseSeq_;
     if (i < pending_.size() && pending_[i].operations > 0) --pending_[i].operations;
+  }
+  /// `n` operations of entry `seq` will never complete (posting them failed).
+  void cancel(uint64_t seq, uint32_t n) {
+    uint64_t i = seq - baseSeq_;
+    if (i < pending_.size()) pending_[i].operations -= std::min(n, pending_[i].operations);
   }
   /// Advances over finished entries; returns the first position not yet known to be done.
   uint64_t advance() {

@@ -104,6 +104,8 @@ void Proxy::stop() {
   if (!started_ || stopping_.exchange(true)) return;
   for (auto& t : threads_)
     if (t->thread.joinable()) t->thread.join();
+  // Producers still waiting for space or completions learn that nobody will serve them.
+  for (auto& r : rings_) r->setError(Status::kShutdown);
 }
 
 void Proxy::recordError(const std::string& message) {
@@ -195,6 +197,16 @@ std::string describe(const Command& c) {
 }  // namespace
 
 void Proxy::run(Thread& t) {
+  try {
+    loop(t);
+  } catch (const std::exception& e) {
+    // Whatever went wrong, the rings this thread serves are dead: say so to every producer and waiter.
+    failAll(Status::kProxyError, "rank " + std::to_string(registry_.rank()) + " proxy thread " +
+                                     std::to_string(t.index) + " stopped: " + e.what());
+  }
+}
+
+void Proxy::loop(Thread& t) {
   pinCurrentThread(options_.placement);
   const int rank = registry_.rank();
   Command batch[kBatch];
@@ -235,6 +247,8 @@ void Proxy::run(Thread& t) {
           } else {
             const int peer = static_cast<int>(c.peer());
             uint64_t cookieBase = static_cast<uint64_t>(r) << kCookieRingShift;
+            uint64_t seq = 0;
+            uint32_t unposted = 0;  // operations of the open entry that were not handed to the lane
             try {
               if (c.opcode() == Opcode::kPut || pair) {
                 WriteOp w;
@@ -248,9 +262,11 @@ void Proxy::run(Thread& t) {
                 bool viaImm = pair && encodeSignalImm(add, signal->signalId(), signal->value(), &w.imm);
                 w.withImm = viaImm;
                 uint32_t ops = (pair && !viaImm) ? 2 : 1;
-                uint64_t seq = tracker.open(endPos, ops);
+                seq = tracker.open(endPos, ops);
+                unposted = ops;
                 w.cookie = cookieBase | seq;
                 t.lane->post(w);
+                --unposted;
                 t.bytes.fetch_add(c.size(), std::memory_order_relaxed);
                 if (ops == 2) {
                   AtomicOp a;
@@ -261,6 +277,7 @@ void Proxy::run(Thread& t) {
                   a.value = signal->value();
                   a.cookie = cookieBase | seq;
                   t.lane->postAtomic(a);
+                  --unposted;
                 }
               } else {
                 AtomicOp a;
@@ -275,17 +292,23 @@ void Proxy::run(Thread& t) {
                   a.kind = c.opcode() == Opcode::kSignalAdd ? AtomicKind::kAdd : AtomicKind::kSet;
                 }
                 a.value = c.value();
-                a.cookie = cookieBase | tracker.open(endPos, 1);
+                seq = tracker.open(endPos, 1);
+                unposted = 1;
+                a.cookie = cookieBase | seq;
                 t.lane->postAtomic(a);
+                --unposted;
               }
             } catch (const std::exception& e) {
-              // The transport refused what the registry allowed (a window deregistered meanwhile): the
-              // operation never started, so its entry must not wait for a completion.
+              // The transport refused what the registry allowed (a window deregistered meanwhile): what was
+              // not posted will never complete, so the entry must not wait for it.
               t.errors.fetch_add(1, std::memory_order_relaxed);
               recordError("rank " + std::to_string(rank) + " proxy thread " + std::to_string(t.index) +
                           ": posting " + describe(c) + " failed: " + e.what());
               ring.setError(Status::kProxyError);
-              tracker.open(endPos, 0);
+              if (unposted > 0)
+                tracker.cancel(seq, unposted);
+              else
+                tracker.open(endPos, 0);  // the entry itself was never opened
             }
           }
           if (pair) ++i;

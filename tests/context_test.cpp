@@ -131,7 +131,8 @@ TEST(Context, BadArgumentsThrowAndSendNothing) {
     expectInvalid("destination past the end", [&] { ch.put(d, 999, s, 0, 2); });
     expectInvalid("source past the end", [&] { ch.put(d, 0, s, 1, 1000); });
     expectInvalid("offset overflow", [&] { ch.put(d, ~uint64_t{0} - 2, s, 0, 8); });
-    expectInvalid("zero size", [&] { ch.put(d, 0, s, 0, 0); });
+    ch.put(d, 0, s, 0, 0);  // zero bytes: a no-op, not an error
+    expectInvalid("zero size past the end", [&] { ch.put(d, 2000, s, 0, 1); });
     expectInvalid("unknown peer", [&] { ctx.channel(1); });
     expectInvalid("negative peer", [&] { ctx.channel(-1); });
     expectInvalid("signal id out of range", [&] { ch.signal(ctx.numSignals(), 1); });

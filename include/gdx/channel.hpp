@@ -22,10 +22,10 @@ class Channel {
   int ringIndex() const { return ringIndex_; }
 
   /// Copies `bytes` from local window `src` at `srcOffset` into the peer's copy of window `dst` at
-  /// `dstOffset`. Returns once enqueued; the source may be modified only after flush().
+  /// `dstOffset`. Returns once enqueued; the source may be modified only after flush(). Zero bytes: no-op.
   void put(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes);
   /// put(), then updates signal `signalId` on the peer; the peer sees the update only after all the data of
-  /// this put (and of every earlier operation of this channel) is in place.
+  /// this put (and of every earlier operation of this channel) is in place. Zero bytes: only the signal.
   void putWithSignal(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes,
                      uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd);
   /// Updates signal `signalId` on the peer after every earlier operation of this channel is in place.

@@ -19,7 +19,9 @@
 //    completed at the source: its source memory may be overwritten. It says nothing about the remote side;
 //    use a signal for that.
 // Warp-cooperative forms (…Warp) are called by every lane of a converged warp with the same arguments; one
-// elected lane enqueues and the others return kOk immediately, so the warp need not wait for the ring.
+// elected lane enqueues and the others return kOk at once, so the warp need not wait for the ring (the elected
+// lane's return value is the enqueue status; flushWarp / waitWarp give every lane the ring's errors).
+// Lanes are numbered by %laneid, so any block shape works.
 #pragma once
 
 #include <cstdint>
@@ -50,11 +52,18 @@ struct ChannelDeviceHandle {
     return s;
   }
 
+  /// True when [offset, offset + bytes) can be named in a command (the proxy checks it against the window).
+  GDX_HOST_DEVICE_INLINE static bool addressable(uint64_t offset, uint64_t bytes) {
+    return offset <= kMaxWindowOffset && (bytes == 0 || bytes - 1 <= kMaxWindowOffset - offset);
+  }
+
   /// Copies `bytes` from local window `srcWindow` at `srcOffset` to window `dstWindow` of the peer at
-  /// `dstOffset`. Larger than kMaxCommandBytes: several commands.
+  /// `dstOffset`. Larger than kMaxCommandBytes: several commands. Zero bytes: nothing to do.
   GDX_HOST_DEVICE_INLINE Status put(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                     uint64_t bytes) {
-    if (bytes == 0 || dstWindow >= kMaxWindows || srcWindow >= kMaxWindows) return Status::kInvalidArgument;
+    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || !addressable(dstOffset, bytes) ||
+        !addressable(srcOffset, bytes))
+      return Status::kInvalidArgument;
     for (uint64_t done = 0; done < bytes;) {
       uint64_t n = bytes - done < kMaxCommandBytes ? bytes - done : kMaxCommandBytes;
       Status s = enqueue(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, n));
@@ -64,12 +73,15 @@ struct ChannelDeviceHandle {
     return Status::kOk;
   }
 
-  /// put(), then `op` on the peer's signal `signalId` once the data is in place there.
+  /// put(), then `op` on the peer's signal `signalId` once the data is in place there. Zero bytes: only the
+  /// signal (a MoE sender still tells an expert that no tokens are coming).
   GDX_HOST_DEVICE_INLINE Status putWithSignal(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                               uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
                                               SignalOp op = SignalOp::kAdd) {
-    if (bytes == 0 || dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals)
+    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals ||
+        !addressable(dstOffset, bytes) || !addressable(srcOffset, bytes))
       return Status::kInvalidArgument;
+    if (bytes == 0) return signal(signalId, value, op);
     uint64_t done = 0;
     while (bytes - done > kMaxCommandBytes) {
       Status s = enqueue(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, kMaxCommandBytes));
@@ -91,7 +103,7 @@ struct ChannelDeviceHandle {
 
   /// Atomically adds `value` to the 64-bit word at `dstOffset` (8-byte aligned) of the peer's `dstWindow`.
   GDX_HOST_DEVICE_INLINE Status atomicAdd(uint32_t dstWindow, uint64_t dstOffset, uint64_t value) {
-    if (dstWindow >= kMaxWindows || dstOffset % 8 != 0) return Status::kInvalidArgument;
+    if (dstWindow >= kMaxWindows || dstOffset % 8 != 0 || !addressable(dstOffset, 8)) return Status::kInvalidArgument;
     return enqueue(Command::atomicAdd(peer, dstWindow, dstOffset, value));
   }
 
@@ -127,43 +139,46 @@ struct ChannelDeviceHandle {
   }
 
 #if defined(__CUDACC__)
-  GDX_DEVICE_INLINE static bool electedLane() {
-    return (threadIdx.x & 31) == static_cast<unsigned>(__ffs(__activemask()) - 1);
+  /// The lowest active lane of the calling threads; it enqueues for the warp.
+  GDX_DEVICE_INLINE static unsigned leaderLane(unsigned mask) { return __ffs(mask) - 1; }
+  /// Runs `op` on the leader lane only. The other lanes do not wait for it and get kOk: the leader's return
+  /// value is the enqueue status, and a failure the proxy finds later reaches every lane through flushWarp or
+  /// waitWarp (the ring's error word is sticky).
+  template <typename Op>
+  GDX_DEVICE_INLINE static Status onLeader(Op&& op) {
+    const unsigned mask = __activemask();
+    __syncwarp(mask);  // the lanes' writes (the data to send) are ordered before the leader's release fence
+    return ptx::laneId() == leaderLane(mask) ? op() : Status::kOk;
   }
   GDX_DEVICE_INLINE Status putWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                    uint64_t bytes) {
-    __syncwarp(__activemask());  // the lanes' writes to the source are ordered before the elected lane's fence
-    return electedLane() ? put(dstWindow, dstOffset, srcWindow, srcOffset, bytes) : Status::kOk;
+    return onLeader([&] { return put(dstWindow, dstOffset, srcWindow, srcOffset, bytes); });
   }
   GDX_DEVICE_INLINE Status putWithSignalWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                              uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
                                              SignalOp op = SignalOp::kAdd) {
-    __syncwarp(__activemask());
-    return electedLane() ? putWithSignal(dstWindow, dstOffset, srcWindow, srcOffset, bytes, signalId, value, op)
-                         : Status::kOk;
+    return onLeader([&] { return putWithSignal(dstWindow, dstOffset, srcWindow, srcOffset, bytes, signalId, value, op); });
   }
   GDX_DEVICE_INLINE Status signalWarp(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd) {
-    __syncwarp(__activemask());
-    return electedLane() ? signal(signalId, value, op) : Status::kOk;
+    return onLeader([&] { return signal(signalId, value, op); });
   }
   GDX_DEVICE_INLINE Status atomicAddWarp(uint32_t dstWindow, uint64_t dstOffset, uint64_t value) {
-    return electedLane() ? atomicAdd(dstWindow, dstOffset, value) : Status::kOk;
+    return onLeader([&] { return atomicAdd(dstWindow, dstOffset, value); });
   }
-  /// Every lane waits; one lane polls host memory and the result is shared, so a warp costs one PCIe read
-  /// per poll instead of 32.
+  /// Every lane waits; one lane polls host memory (one PCIe read per poll instead of 32) and the warp barrier
+  /// after it makes what the signal announced visible to every lane.
   GDX_DEVICE_INLINE Status waitWarp(uint32_t signalId, uint64_t value) const {
     const unsigned mask = __activemask();
-    const int leader = __ffs(mask) - 1;
-    Status s = Status::kOk;
-    if ((threadIdx.x & 31) == static_cast<unsigned>(leader)) s = wait(signalId, value);
-    return static_cast<Status>(__shfl_sync(mask, static_cast<uint32_t>(s), leader));
+    Status s = ptx::laneId() == leaderLane(mask) ? wait(signalId, value) : Status::kOk;
+    s = static_cast<Status>(__shfl_sync(mask, static_cast<uint32_t>(s), leaderLane(mask)));
+    __syncwarp(mask);
+    return s;
   }
+  /// Every lane's own operations, whichever form issued them, are complete at the source when this returns kOk
+  /// (the lanes' reads of the completion counter coalesce into one). The worst status of the lanes is returned.
   GDX_DEVICE_INLINE Status flushWarp() const {
     const unsigned mask = __activemask();
-    const int leader = __ffs(mask) - 1;
-    Status s = Status::kOk;
-    if ((threadIdx.x & 31) == static_cast<unsigned>(leader)) s = flush();
-    return static_cast<Status>(__shfl_sync(mask, static_cast<uint32_t>(s), leader));
+    return static_cast<Status>(__reduce_max_sync(mask, static_cast<unsigned>(flush())));
   }
 #endif
 };

@@ -89,8 +89,10 @@ struct alignas(16) Command {
     }
     return width == 64 ? v : v & ((uint64_t{1} << width) - 1);
   }
-  /// Writes `width` bits at payload position `pos`; the value must already fit.
+  /// Writes `width` bits at payload position `pos`; bits of `v` beyond the width are dropped, never spilled into
+  /// the next field (callers check ranges first: a truncated offset would address the wrong bytes).
   GDX_HOST_DEVICE_INLINE void setField(int pos, int width, uint64_t v) {
+    if (width < 64) v &= (uint64_t{1} << width) - 1;
     if (pos >= 63) {
       word[1] |= (v << (pos - 63)) & ~kLapBit;
     } else {

@@ -81,6 +81,7 @@ class Context {
   friend class Window;
   friend class Channel;
   void init();
+  void shutdownThreads() noexcept;
   void deregister(uint32_t id) noexcept;
   void onImm(const RemoteWrite& w);
   void onPeerFailure(int peer, const std::string& why);
@@ -91,14 +92,16 @@ class Context {
   std::unique_ptr<WindowRegistry> registry_;
   std::unique_ptr<HostBuffer> signals_;
   std::unique_ptr<Proxy> proxy_;
-  std::atomic<Proxy*> liveProxy_{nullptr};  // proxy_ as seen by the transport's failure handler thread
+  // What the transport's failure handler may touch, published by init() under failureMutex_.
+  Proxy* liveProxy_ = nullptr;
+  uint32_t* failureWord_ = nullptr;
   std::mutex windowMutex_;
   std::vector<bool> windowInUse_;
   GpuInfo gpu_;
   uint32_t* failed_ = nullptr;  // a Status in host-mapped memory (kernels read it); kOk while all peers are healthy
   mutable std::mutex failureMutex_;
   std::string failure_;
-  std::atomic<bool> earlyFailure_{false};
+
 };
 
 }  // namespace gdx

@@ -76,6 +76,7 @@ class Proxy {
  private:
   struct Thread;
   void run(Thread& t);
+  void loop(Thread& t);
   void recordError(const std::string& message);
 
   Options options_;

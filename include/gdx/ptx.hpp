@@ -15,6 +15,13 @@ GDX_DEVICE_INLINE uint64_t globalTimerNs() {
   return t;
 }
 
+/// The thread's lane within its warp; threadIdx.x & 31 is wrong for blocks whose x size is not a multiple of 32.
+GDX_DEVICE_INLINE unsigned laneId() {
+  unsigned id;
+  asm("mov.u32 %0, %%laneid;" : "=r"(id));
+  return id;
+}
+
 /// Release fence at system scope followed by one 16-byte relaxed system-scope store: publishes a command to
 /// host memory with a single PCIe write, ordered after everything this thread wrote before. libcu++ has no
 /// 128-bit atomic store and two 8-byte release stores would cost two system fences.

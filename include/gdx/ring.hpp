@@ -45,7 +45,7 @@ class CommandRing {
   void publishTail();
   /// Declares positions [0, upTo) finished at the source (flush() waits on this).
   void publishCompleted(uint64_t upTo);
-  /// Sets the sticky error word; producers' waits return this status from now on.
+  /// Sets the sticky error word unless one is set already; producers' waits return it from now on.
   void setError(Status status);
   Status error() const;
 

@@ -34,6 +34,19 @@
 
 namespace gdx {
 
+/// Sets a sticky error word unless an earlier error is already there (the first cause is the useful one).
+GDX_HOST_DEVICE_INLINE void setErrorOnce(uint32_t* word, Status status) {
+#if GDX_HAVE_LIBCUXX
+  uint32_t expected = 0;
+  cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(*word).compare_exchange_strong(
+      expected, static_cast<uint32_t>(status), cuda::std::memory_order_acq_rel);
+#else
+  uint32_t expected = 0;
+  __atomic_compare_exchange_n(word, &expected, static_cast<uint32_t>(status), false, __ATOMIC_ACQ_REL,
+                              __ATOMIC_ACQUIRE);
+#endif
+}
+
 struct RingDeviceHandle {
 
   Command* slots;
@@ -57,8 +70,8 @@ struct RingDeviceHandle {
     const unsigned active = __activemask();
     const unsigned group = __match_any_sync(active, reinterpret_cast<unsigned long long>(head));
     const unsigned pairs = __ballot_sync(group, n == 2) & group;
-    const int lane = threadIdx.x & 31;
-    const int leader = __ffs(group) - 1;
+    const unsigned lane = ptx::laneId();
+    const unsigned leader = __ffs(group) - 1;
     const unsigned lower = group & ((1u << lane) - 1);
     const uint64_t total = __popc(group) + __popc(pairs);
     uint64_t base = 0;
@@ -85,7 +98,12 @@ struct RingDeviceHandle {
         if (e != 0) return static_cast<Status>(e);
         uint64_t now = nowNs();
         if (start == 0) start = now;
-        if (now - start > timeoutNs) return Status::kTimeout;
+        if (now - start > timeoutNs) {
+          // This position is reserved and will never be published, so the consumer stops at it: the whole
+          // ring is broken from here on, and every other wait on it must say so instead of timing out too.
+          setErrorOnce(error, Status::kTimeout);
+          return Status::kTimeout;
+        }
       }
       waitForSlots(spins, last + 1 - (t + capacity));
     }

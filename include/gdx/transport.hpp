@@ -141,6 +141,36 @@ struct TcpTransportOptions {
 
 std::unique_ptr<Transport> makeTcpTransport(const TcpTransportOptions& options);
 
+/// Options of the RDMA verbs backend (rdma-core libibverbs; rdma/verbs/verbs_transport.hpp describes it).
+struct VerbsTransportOptions {
+  int rank = 0;
+  int worldSize = 1;
+  /// Lanes prepared at construction (their queue pairs are in localAddress()); connect() may use up to this many.
+  int lanes = 1;
+  std::string hca;             ///< GDX_IB_HCA, NCCL_IB_HCA syntax: "mlx5_0:1,mlx5_1", "^mlx5_2" excludes, "=" exact
+  int gidIndex = -1;           ///< GDX_IB_GID_INDEX; -1: the first RoCE v2 IPv4-mapped GID (Ethernet), 0 (InfiniBand)
+  int serviceLevel = 0;        ///< GDX_IB_SL
+  int trafficClass = 0;        ///< GDX_IB_TC
+  int sendDepth = 256;         ///< GDX_IB_SEND_DEPTH: work requests in flight per queue pair (capped by the device)
+  int recvDepth = 256;         ///< GDX_IB_RECV_DEPTH: receives kept posted per queue pair
+  int timeout = 14;            ///< GDX_IB_TIMEOUT: local ACK timeout exponent (4.096 us * 2^timeout)
+  int retryCount = 7;          ///< GDX_IB_RETRY_CNT
+  bool nativeAtomics = false;  ///< GDX_IB_NATIVE_ATOMICS: kAdd as IBV_WR_ATOMIC_FETCH_AND_ADD (see the header)
+  uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;
+  /// Fills the fields above from the GDX_IB_* variables and GDX_TIMEOUT_MS (lanes from GDX_PROXY_THREADS).
+  static VerbsTransportOptions fromEnv(int rank, int worldSize);
+};
+
+/// The verbs backend: RC queue pairs per lane and peer (itself included), RDMA_WRITE / RDMA_WRITE_WITH_IMM.
+/// The receiver does not learn which window or offset a write-with-immediate targeted (RDMA does not carry it):
+/// its RemoteWrite has window kUnknownRemoteWindow, offset 0, and as bytes the size of the write's last work
+/// request (the whole write unless it exceeded the port's max_msg_sz and was split). Throws
+/// gdx::Error(kVerbs / kInvalidArgument) when no usable RDMA device is present. Defined only in builds with
+/// libibverbs (libgdx is then compiled with GDX_HAVE_VERBS).
+std::unique_ptr<Transport> makeVerbsTransport(const VerbsTransportOptions& options);
+/// RemoteWrite::window of writes announced by a backend that cannot tell (verbs).
+constexpr uint32_t kUnknownRemoteWindow = 0xffffffffu;
+
 /// Options of the loopback backend.
 struct LoopbackTransportOptions {
   uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;  ///< bound of waiting for one GPU copy (GDX_TIMEOUT_MS)

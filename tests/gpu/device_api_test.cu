@@ -19,8 +19,9 @@ struct PutDesc {
 };
 
 // Each warp takes descriptors [warp * perWarp, (warp + 1) * perWarp). Even warps: every lane puts its own
-// descriptors (single-thread form). Odd warps: the warp walks them with the warp-cooperative form. Every put
-// carries a signal add of 1 on signal 0; statuses go to `status`.
+// descriptors (single-thread form) and the warp flushes with flushWarp, which must cover every lane's puts.
+// Odd warps: the warp walks them with the warp-cooperative form. Every put carries a signal add of 1 on
+// signal 0; statuses go to `status`.
 __global__ void randomPuts(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, const PutDesc* descs, int perWarp,
                            uint32_t* status) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x & 31;
@@ -29,7 +30,8 @@ __global__ void randomPuts(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t src
   if (warp % 2 == 0) {
     for (int i = lane; i < perWarp && s == Status::kOk; i += 32)
       s = ch.putWithSignal(dstWin, mine[i].dstOffset, srcWin, mine[i].srcOffset, mine[i].bytes, 0, 1);
-    if (s == Status::kOk) s = ch.flush();
+    Status f = ch.flushWarp();
+    if (s == Status::kOk) s = f;
   } else {
     for (int i = 0; i < perWarp && s == Status::kOk; ++i)
       s = ch.putWithSignalWarp(dstWin, mine[i].dstOffset, srcWin, mine[i].srcOffset, mine[i].bytes, 0, 1);
@@ -42,6 +44,14 @@ __global__ void manySignals(ChannelDeviceHandle ch, int perThread, uint32_t* sta
   Status s = Status::kOk;
   for (int i = 0; i < perThread && s == Status::kOk; ++i) s = ch.signal(1, 1);
   if (s == Status::kOk) s = ch.flush();
+  if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+}
+
+// Blocks whose x size is not a multiple of 32: lanes must still be told apart (%laneid, not threadIdx.x).
+__global__ void signalsFrom2dBlocks(ChannelDeviceHandle ch, uint32_t* status) {
+  Status s = ch.signal(4, 1);
+  if (s == Status::kOk) s = ch.signalWarp(5, 1);
+  if (s == Status::kOk) s = ch.flushWarp();
   if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
 }
 
@@ -153,6 +163,24 @@ TEST(DeviceApiRing, WrapAroundUnderFullLoadCountsExactly) {
   ctx.wait(1, total);
   EXPECT_EQ(ctx.signalValue(1), total);
   EXPECT_GT(total, 64u * 1000) << "the ring of 64 slots wrapped over a thousand times";
+  cudaFreeHost(status);
+}
+
+TEST(DeviceApiRing, TwoDimensionalBlocksPushEveryCommandOnce) {
+  GDX_SKIP_WITHOUT_GPU();
+  test::soloJobEnv();
+  Context ctx;
+  uint32_t* status = nullptr;
+  GDX_TEST_CUDA(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped));
+  *status = 0;
+  const dim3 block(16, 6);  // 96 threads: 3 warps, each spanning several rows
+  signalsFrom2dBlocks<<<20, block>>>(ctx.deviceChannel(0), status);
+  GDX_TEST_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(*status, 0u) << statusName(static_cast<Status>(*status));
+  ctx.wait(4, 20 * 96);
+  ctx.wait(5, 20 * 3);
+  EXPECT_EQ(ctx.signalValue(4), 20u * 96);
+  EXPECT_EQ(ctx.signalValue(5), 20u * 3) << "one signalWarp per warp";
   cudaFreeHost(status);
 }
 

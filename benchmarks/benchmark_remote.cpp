@@ -1,0 +1,259 @@
+// benchmark_remote: one-sided write bandwidth and command rate between two ranks through one transport lane.
+//
+//   benchmark_remote [--rank 0|1 --peer HOST [--port N]] [--transport verbs|tcp] [--device cpu|gpu]
+//                    [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE]
+//
+// Launch: with --rank/--peer (HOST: where rank 0 runs; rank 0 passes its own address), under torchrun / mpirun /
+// the GDX_* variables, or by hand with nothing at all: it then runs itself as two processes on 127.0.0.1.
+// Rank 0 writes to rank 1: per size (powers of two from --min-bytes 8 KiB to --max-bytes 256 MiB) it keeps
+// --depth writes in flight until about --target-bytes moved (at least 8 writes), and times from the first post to
+// the last completion (an RC completion means the data is placed at the receiver). It prints a table (time per
+// write, GB/s, million writes/s) and writes the same as JSON. --transport defaults to verbs when an RDMA device
+// is present, else tcp.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "benchmarks/self_launch.hpp"
+#include "gdx/bootstrap.hpp"
+#include "gdx/clock.hpp"
+#include "gdx/error.hpp"
+#include "gdx/transport.hpp"
+
+#if defined(GDX_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+// Defined only when libgdx was built with libibverbs; weak, so this program links (and falls back to tcp) without.
+namespace gdx {
+__attribute__((weak)) std::unique_ptr<Transport> makeVerbsTransport(const VerbsTransportOptions& options);
+}
+
+namespace {
+
+using namespace gdx;
+
+struct Args {
+  int rank = -1;
+  std::string peer;
+  int port = 29517;
+  std::string transport = "auto";
+  std::string device = "cpu";
+  uint64_t minBytes = 8 << 10;
+  uint64_t maxBytes = 256 << 20;
+  int depth = 16;
+  uint64_t targetBytes = 1ull << 30;
+  std::string json = "benchmark_remote.json";
+};
+
+struct Row {
+  uint64_t bytes;
+  uint64_t writes;
+  double seconds;
+};
+
+uint64_t parseBytes(const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string unit = end ? end : "";
+  if (unit == "K" || unit == "k" || unit == "KiB") v *= 1024;
+  if (unit == "M" || unit == "MiB") v *= 1024 * 1024;
+  if (unit == "G" || unit == "GiB") v *= 1024.0 * 1024 * 1024;
+  return static_cast<uint64_t>(v);
+}
+
+void usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s [--rank 0|1 --peer HOST [--port N]] [--transport verbs|tcp] [--device cpu|gpu]\n"
+               "          [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE]\n",
+               argv0);
+}
+
+/// The buffer both windows live in: host memory, or GPU memory with --device gpu.
+struct Buffer {
+  Buffer(size_t bytes, bool gpu) : gpu(gpu) {
+    if (!gpu) {
+      p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+      std::memset(p, 1, bytes);
+      return;
+    }
+#if defined(GDX_HAVE_CUDA)
+    if (cudaMalloc(&p, bytes) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaMalloc failed");
+#else
+    throw Error(ErrorCode::kInvalidArgument, "--device gpu: gdx was built without CUDA");
+#endif
+  }
+  ~Buffer() {
+#if defined(GDX_HAVE_CUDA)
+    if (gpu) {
+      cudaFree(p);
+      return;
+    }
+#endif
+    std::free(p);
+  }
+  void* p = nullptr;
+  bool gpu;
+};
+
+std::unique_ptr<Transport> makeTransport(const Args& a, const Bootstrap& b, std::string* why) {
+  const bool tryVerbs = a.transport == "verbs" || a.transport == "auto";
+  if (tryVerbs) {
+    if (!makeVerbsTransport) {
+      if (a.transport == "verbs") throw Error(ErrorCode::kInvalidArgument, "gdx was built without libibverbs");
+      *why = "gdx built without libibverbs";
+    } else {
+      try {
+        VerbsTransportOptions o = VerbsTransportOptions::fromEnv(b.rank(), b.worldSize());
+        o.lanes = 1;
+        return makeVerbsTransport(o);
+      } catch (const Error& e) {
+        if (a.transport == "verbs" || e.code() != ErrorCode::kVerbs) throw;
+        *why = std::string("no RDMA device: ") + e.what();
+      }
+    }
+  }
+  TcpTransportOptions o = TcpTransportOptions::fromEnv(b.rank(), b.worldSize(), b.secret());
+  o.bindAddress = b.localIp();
+  return makeTcpTransport(o);
+}
+
+int run(const Args& a) {
+  BootstrapConfig cfg = BootstrapConfig::fromEnv();
+  if (cfg.worldSize != 2) throw Error(ErrorCode::kInvalidArgument, "benchmark_remote needs exactly two ranks");
+  Bootstrap boot(cfg);
+  const int rank = boot.rank();
+  std::string fallback;
+  std::unique_ptr<Transport> t = makeTransport(a, boot, &fallback);
+  std::vector<std::string> names = boot.allGather(t->name());
+  if (names[0] != names[1])
+    throw Error(ErrorCode::kInvalidArgument, "the ranks picked different transports: " + names[0] + ", " + names[1]);
+  std::atomic<bool> done{false};
+  t->setImmHandler([&](const RemoteWrite& w) {
+    if (w.imm == 0xdeadu) done.store(true);
+  });
+  t->connect(boot.allGather(t->localAddress()), 1);
+  Buffer buf(a.maxBytes, a.device == "gpu");
+  std::string key = t->registerWindow(1, buf.p, a.maxBytes, a.device == "gpu" ? MemoryKind::kCuda : MemoryKind::kHost);
+  std::vector<std::string> keys = boot.allGather(key);
+  for (int p = 0; p < 2; ++p) t->addRemoteWindow(p, 1, a.maxBytes, keys[p]);
+  boot.barrier();
+
+  std::vector<Row> rows;
+  if (rank == 0) {
+    if (!fallback.empty()) std::printf("transport: tcp (%s)\n", fallback.c_str());
+    TransportLane& lane = t->lane(0);
+    Completion c[64];
+    auto drainTo = [&](size_t limit, uint64_t deadline) {
+      while (lane.inFlight() > limit) {
+        size_t n = lane.poll(c, 64);
+        for (size_t i = 0; i < n; ++i)
+          if (c[i].status != Status::kOk)
+            throw Error(ErrorCode::kPeerFailed, std::string("a write failed: ") + statusName(c[i].status));
+        if (nowNs() > deadline) throw Error(ErrorCode::kTimeout, "writes did not complete in time");
+      }
+    };
+    const uint64_t bound = 600ull * 1000 * 1000 * 1000;
+    for (uint64_t size = a.minBytes; size <= a.maxBytes; size *= 2) {
+      uint64_t writes = std::max<uint64_t>(8, a.targetBytes / size);
+      for (int i = 0; i < 2; ++i) lane.post(WriteOp{1, 1, 0, 1, 0, size, false, 0, 0});  // warm-up
+      drainTo(0, nowNs() + bound);
+      uint64_t start = nowNs();
+      for (uint64_t i = 0; i < writes; ++i) {
+        drainTo(static_cast<size_t>(a.depth) - 1, start + bound);
+        lane.post(WriteOp{1, 1, 0, 1, 0, size, false, 0, i});
+      }
+      drainTo(0, start + bound);
+      rows.push_back(Row{size, writes, (nowNs() - start) / 1e9});
+    }
+    lane.post(WriteOp{1, 1, 0, 1, 0, 8, true, 0xdeadu, 0});
+    drainTo(0, nowNs() + bound);
+    std::printf("benchmark_remote: transport %s, device %s, depth %d, rank 0 -> rank 1\n", t->name().c_str(),
+                a.device.c_str(), a.depth);
+    std::printf("%12s %8s %14s %12s %12s\n", "bytes", "writes", "us/write", "GB/s", "Mwrites/s");
+    std::ostringstream js;
+    js << "{\"benchmark\":\"benchmark_remote\",\"transport\":\"" << t->name() << "\",\"device\":\"" << a.device
+       << "\",\"depth\":" << a.depth << ",\"results\":[";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      double us = r.seconds * 1e6 / r.writes, gbps = r.bytes * r.writes / r.seconds / 1e9,
+             mops = r.writes / r.seconds / 1e6;
+      std::printf("%12llu %8llu %14.2f %12.3f %12.4f\n", static_cast<unsigned long long>(r.bytes),
+                  static_cast<unsigned long long>(r.writes), us, gbps, mops);
+      js << (i ? "," : "") << "{\"bytes\":" << r.bytes << ",\"writes\":" << r.writes << ",\"seconds\":" << r.seconds
+         << ",\"us_per_write\":" << us << ",\"gb_per_s\":" << gbps << ",\"mwrites_per_s\":" << mops << "}";
+    }
+    js << "]}\n";
+    std::ofstream(a.json) << js.str();
+    std::printf("wrote %s\n", a.json.c_str());
+  } else {
+    uint64_t deadline = nowNs() + 3600ull * 1000 * 1000 * 1000;
+    while (!done.load()) {
+      if (t->peerStatus(0) != Status::kOk) throw Error(ErrorCode::kPeerFailed, "rank 0 failed");
+      if (nowNs() > deadline) throw Error(ErrorCode::kTimeout, "rank 0 never finished");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  boot.barrier();
+  t->shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "-h" || k == "--help") return usage(argv[0]), 0;
+    if (i + 1 >= argc) return usage(argv[0]), 2;
+    std::string v = argv[++i];
+    if (k == "--rank")
+      a.rank = std::atoi(v.c_str());
+    else if (k == "--peer")
+      a.peer = v;
+    else if (k == "--port")
+      a.port = std::atoi(v.c_str());
+    else if (k == "--transport")
+      a.transport = v;
+    else if (k == "--device")
+      a.device = v;
+    else if (k == "--min-bytes")
+      a.minBytes = parseBytes(v);
+    else if (k == "--max-bytes")
+      a.maxBytes = parseBytes(v);
+    else if (k == "--depth")
+      a.depth = std::atoi(v.c_str());
+    else if (k == "--target-bytes")
+      a.targetBytes = parseBytes(v);
+    else if (k == "--json")
+      a.json = v;
+    else
+      return usage(argv[0]), 2;
+  }
+  if ((a.transport != "auto" && a.transport != "verbs" && a.transport != "tcp") ||
+      (a.device != "cpu" && a.device != "gpu") || a.minBytes == 0 || a.maxBytes < a.minBytes || a.depth < 1)
+    return usage(argv[0]), 2;
+  if (a.rank >= 0) {
+    if (a.rank > 1 || a.peer.empty()) return usage(argv[0]), 2;
+    setenv("GDX_RANK", std::to_string(a.rank).c_str(), 1);
+    setenv("GDX_WORLD_SIZE", "2", 1);
+    setenv("GDX_MASTER_ADDR", a.peer.c_str(), 1);
+    setenv("GDX_MASTER_PORT", std::to_string(a.port).c_str(), 1);
+  } else if (bench::launchedByHand()) {
+    return bench::runSelfAsJob(2, argv);
+  }
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "benchmark_remote: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,942 @@
+// The RDMA verbs backend of gdx::Transport (rdma-core libibverbs).
+//
+// Connections: one RC queue pair per (lane, peer), itself included (a world of one writes through a QP connected
+// to itself). The QPs of VerbsTransportOptions::lanes lanes are created at construction, so localAddress() can
+// carry their numbers: a header (rank, world, lanes, LID, GID, MTU) and then, for every (lane, peer), the QPN and
+// PSN of the QP this rank uses towards that peer. QP (lane l, peer p) of rank r connects to QP (l, r) of rank p.
+//
+// Sending (the lane's thread only): post() validates against the local and the remote window, splits a write into
+// work requests of at most the port's message size, the last one RDMA_WRITE_WITH_IMM when asked, and queues them
+// on the QP's software backlog; the backlog is posted (one ibv_post_send per chain) while the QP has fewer than
+// `sendDepth` work requests outstanding, so the send queue never overflows. Every work request is signalled on the
+// lane's send CQ, which poll() reaps; an op completes once all its work requests did. Ops that wait in the backlog
+// are posted as completions free slots.
+//
+// Receiving: every QP keeps `recvDepth` receives posted, each with a 32-byte slot of one registered buffer. One
+// thread per transport polls the shared receive CQ (busy for a while, then blocking on a completion channel with a
+// short timeout so shutdown stays bounded). An IBV_WC_RECV_RDMA_WITH_IMM becomes an ImmHandler call (RC delivers
+// in order, so the write's data and every earlier write of that QP are in place); the receive is reposted.
+//
+// Atomics: by default in software, ordered like everything else: an IBV_WR_SEND of a 24-byte control record
+// (window, kind, offset, value) arrives as IBV_WC_RECV (never as an immediate, so no imm bit pattern is taken from
+// signal_imm.hpp) in the QP's order, and the receiver thread validates it and performs it with a system-scope
+// release atomic. With nativeAtomics (GDX_IB_NATIVE_ATOMICS=1) and a device that supports atomics, kAdd is an
+// IBV_WR_ATOMIC_FETCH_AND_ADD into the lane's scratch word instead; the NIC then performs it, which is only
+// correct when nothing else (a software kSet, an immediate-carried signal update) touches the same word, since
+// those are performed by the CPU later than the NIC's own processing.
+//
+// Failure: a completion with an error status (send or receive side) marks its peer failed with the status string
+// and the rank, moves every QP to that peer into the error state (so outstanding work flushes), and runs the
+// PeerFailureHandler once. Later and backlogged ops complete with kPeerFailed.
+#include <arpa/inet.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <shared_mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include "gdx/atomic.hpp"
+#include "gdx/clock.hpp"
+#include "gdx/config.hpp"
+#include "gdx/error.hpp"
+#include "gdx/log.hpp"
+#include "gdx/transport.hpp"
+#include "rdma/tcp/wire.hpp"
+#include "rdma/verbs/verbs_resources.hpp"
+
+#if defined(GDX_HAVE_CUDA)
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace gdx {
+
+VerbsTransportOptions VerbsTransportOptions::fromEnv(int rank, int worldSize) {
+  VerbsTransportOptions o;
+  o.rank = rank;
+  o.worldSize = worldSize;
+  o.lanes = static_cast<int>(envInt("GDX_PROXY_THREADS", o.lanes));
+  o.hca = envString("GDX_IB_HCA", "");
+  o.gidIndex = static_cast<int>(envInt("GDX_IB_GID_INDEX", o.gidIndex));
+  o.serviceLevel = static_cast<int>(envInt("GDX_IB_SL", o.serviceLevel));
+  o.trafficClass = static_cast<int>(envInt("GDX_IB_TC", o.trafficClass));
+  o.sendDepth = static_cast<int>(envInt("GDX_IB_SEND_DEPTH", o.sendDepth));
+  o.recvDepth = static_cast<int>(envInt("GDX_IB_RECV_DEPTH", o.recvDepth));
+  o.timeout = static_cast<int>(envInt("GDX_IB_TIMEOUT", o.timeout));
+  o.retryCount = static_cast<int>(envInt("GDX_IB_RETRY_CNT", o.retryCount));
+  o.nativeAtomics = envInt("GDX_IB_NATIVE_ATOMICS", 0) != 0;
+  o.timeoutNs = defaultTimeoutNs();
+  return o;
+}
+
+namespace verbs {
+namespace {
+
+using tcp::checkRange;
+
+constexpr uint32_t kAddressMagic = 0x56584447;  // "GDXV"
+constexpr uint64_t kWordBytes = 8;
+constexpr size_t kRecvSlotBytes = 32;
+constexpr size_t kControlSlotBytes = 32;
+constexpr uint32_t kMaxChunk = 1u << 30;
+
+struct AddressHeader {
+  uint32_t magic;
+  uint32_t rank;
+  uint32_t world;
+  uint32_t lanes;
+  uint16_t lid;
+  uint8_t mtu;
+  uint8_t ethernet;
+  uint8_t gid[16];
+};
+struct AddressEntry {
+  uint32_t qpn;
+  uint32_t psn;
+};
+/// A window's key as registerWindow() returns it.
+struct WindowKey {
+  uint64_t addr;
+  uint64_t bytes;
+  uint32_t rkey;
+  uint32_t cuda;
+};
+/// A software atomic as it travels in an IBV_WR_SEND.
+struct ControlRecord {
+  uint32_t window;
+  uint32_t kind;
+  uint64_t offset;
+  uint64_t value;
+};
+static_assert(sizeof(ControlRecord) <= kRecvSlotBytes && sizeof(ControlRecord) <= kControlSlotBytes, "slot size");
+
+struct AlignedFree {
+  void operator()(char* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<char, AlignedFree>;
+AlignedBuffer alignedBuffer(size_t bytes) {
+  size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  char* p = static_cast<char*>(std::aligned_alloc(4096, rounded));
+  if (!p) throw SystemError("aligned_alloc", ENOMEM, __FILE__, __LINE__);
+  std::memset(p, 0, rounded);
+  return AlignedBuffer(p);
+}
+
+class VerbsTransport;
+
+/// One work request not yet handed to the QP.
+struct PendingWr {
+  uint32_t op = 0;
+  ibv_wr_opcode opcode = IBV_WR_RDMA_WRITE;
+  uint64_t local = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+  uint64_t remote = 0;
+  uint32_t rkey = 0;
+  uint32_t imm = 0;
+  uint64_t add = 0;
+  bool control = false;
+  ControlRecord record{};
+};
+
+struct QpSlot {
+  UniqueQp qp;
+  uint32_t psn = 0;
+  uint32_t outstanding = 0;  ///< work requests posted and not completed
+  uint32_t controlNext = 0;  ///< next control slot, in posting order
+  uint64_t progressNs = 0;   ///< when the QP last completed work, or got work while idle
+  std::deque<PendingWr> backlog;
+};
+
+struct OpSlot {
+  uint64_t cookie = 0;
+  int peer = -1;
+  uint32_t remaining = 0;
+  Status status = Status::kOk;
+};
+
+class VerbsLane : public TransportLane {
+ public:
+  VerbsLane(VerbsTransport& t, int index);
+  void post(const WriteOp& op) override;
+  void postAtomic(const AtomicOp& op) override;
+  size_t poll(Completion* out, size_t max) override;
+  size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
+
+  ibv_qp* qp(int peer) const { return qps_[peer].qp.get(); }
+  uint32_t psn(int peer) const { return qps_[peer].psn; }
+  uint32_t maxInline() const { return maxInline_; }
+  /// shutdown(): destroys the QPs and completes every pending op with kShutdown.
+  void abandon();
+
+ private:
+  std::string who() const;
+  uint32_t newOp(uint64_t cookie, int peer, uint32_t workRequests);
+  void finishWr(uint32_t op, Status status);
+  void failedNow(uint64_t cookie, int peer);
+  void flush(int peer);
+  void failBacklog(int peer);
+
+  VerbsTransport& t_;
+  const int index_;
+  // Declared in creation order; destroyed in reverse (QPs, CQ, memory region, buffer).
+  AlignedBuffer buffer_;  ///< [0, 64): atomic scratch; then [peer][sendDepth] control slots
+  UniqueMr mr_;
+  UniqueCq sendCq_;
+  std::vector<QpSlot> qps_;
+  uint32_t maxInline_ = 0;
+  std::vector<OpSlot> ops_;
+  std::vector<uint32_t> freeOps_;
+  std::deque<Completion> done_;
+  std::atomic<size_t> inFlight_{0};
+};
+
+class VerbsTransport : public Transport {
+ public:
+  explicit VerbsTransport(const VerbsTransportOptions& options);
+  ~VerbsTransport() override { shutdown(); }
+
+  std::string name() const override { return "verbs"; }
+  std::string localAddress() override { return address_; }
+  void connect(const std::vector<std::string>& addresses, int lanes) override;
+  int numLanes() const override { return connected_ ? numLanes_ : 0; }
+  TransportLane& lane(int index) override {
+    if (!connected_ || index < 0 || index >= numLanes_)
+      throw Error(ErrorCode::kInvalidArgument, who() + ": lane " + std::to_string(index) + " does not exist (" +
+                                                   std::to_string(numLanes()) + " lanes connected)");
+    return *lanes_[index];
+  }
+
+  std::string registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) override;
+  void deregisterWindow(uint32_t id) override;
+  void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) override;
+
+  void setImmHandler(ImmHandler handler) override { immHandler_ = std::move(handler); }
+  void setPeerFailureHandler(PeerFailureHandler handler) override {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    failureHandler_ = std::move(handler);
+  }
+  Status peerStatus(int peer) const override {
+    if (peer < 0 || peer >= world_) return Status::kInvalidArgument;
+    if (peerFailed_[peer].load()) return Status::kPeerFailed;
+    return stopping_.load() ? Status::kShutdown : Status::kOk;
+  }
+  void shutdown() override;
+
+ private:
+  friend class VerbsLane;
+  struct LocalWindow {
+    char* base = nullptr;
+    uint64_t bytes = 0;
+    MemoryKind kind = MemoryKind::kHost;
+    UniqueMr mr;
+  };
+  struct RemoteWindow {
+    WindowKey key{};
+  };
+
+  std::string who() const { return "verbs transport rank " + std::to_string(rank_); }
+  bool failed(int peer) const { return peerFailed_[peer].load(std::memory_order_acquire); }
+  void failPeer(int peer, const std::string& why);
+  void receiverLoop();
+  void onReceive(const ibv_wc& wc);
+  void applyControl(int peer, const ControlRecord& r);
+  void postReceive(int lane, int peer, uint32_t slot);
+  UniqueMr registerCuda(void* base, size_t bytes, int access, std::string* how);
+
+  const VerbsTransportOptions options_;
+  const int rank_;
+  const int world_;
+  PortInfo port_;
+  PathOptions path_;
+  int sendDepth_ = 0;
+  int recvDepth_ = 0;
+  bool nativeAtomics_ = false;
+  std::string address_;
+
+  // Verbs objects in creation order (destroyed in reverse): device, PD, channel, receive CQ, receive buffer and
+  // its MR, windows' MRs, lanes (their CQs and QPs).
+  UniqueContext ctx_;
+  UniquePd pd_;
+  UniqueChannel channel_;
+  UniqueCq recvCq_;
+  AlignedBuffer recvBuffer_;
+  UniqueMr recvMr_;
+  mutable std::shared_mutex windowsMutex_;
+  std::unordered_map<uint32_t, LocalWindow> windows_;
+  std::vector<std::unordered_map<uint32_t, RemoteWindow>> remoteWindows_;
+  std::vector<std::unique_ptr<VerbsLane>> lanes_;
+
+  ImmHandler immHandler_;
+  std::mutex failureMutex_;
+  PeerFailureHandler failureHandler_;
+  std::unique_ptr<std::atomic<bool>[]> peerFailed_;
+
+  bool connectStarted_ = false;
+  bool connected_ = false;
+  int numLanes_ = 0;
+  std::thread receiver_;
+  std::atomic<bool> rxStop_{false};
+  std::atomic<bool> stopping_{false};
+  std::mutex shutdownMutex_;
+  bool shutDown_ = false;
+};
+
+// ---- transport ---------------------------------------------------------------------------------------------
+
+VerbsTransport::VerbsTransport(const VerbsTransportOptions& o) : options_(o), rank_(o.rank), world_(o.worldSize) {
+  if (world_ < 1 || rank_ < 0 || rank_ >= world_)
+    throw Error(ErrorCode::kInvalidArgument, "verbs transport: rank " + std::to_string(rank_) + " of world " +
+                                                 std::to_string(world_) + " is not valid");
+  if (o.lanes < 1 || o.lanes > 64)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": lanes " + std::to_string(o.lanes) + " not in [1, 64]");
+  if (o.sendDepth < 1 || o.recvDepth < 1 || o.timeoutNs == 0)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": sendDepth, recvDepth and timeoutNs must be positive");
+  peerFailed_.reset(new std::atomic<bool>[world_]);
+  for (int p = 0; p < world_; ++p) peerFailed_[p].store(false);
+  remoteWindows_.resize(world_);
+
+  ctx_ = openPort(o.hca, o.gidIndex, &port_);
+  const ibv_device_attr& dev = port_.device_attr;
+  sendDepth_ = std::min(o.sendDepth, dev.max_qp_wr);
+  recvDepth_ = std::min(o.recvDepth, dev.max_qp_wr);
+  nativeAtomics_ = o.nativeAtomics && dev.atomic_cap != IBV_ATOMIC_NONE;
+  path_.port = port_.port;
+  path_.gidIndex = port_.gidIndex;
+  path_.ethernet = port_.ethernet;
+  path_.serviceLevel = o.serviceLevel;
+  path_.trafficClass = o.trafficClass;
+  path_.timeout = o.timeout;
+  path_.retryCount = o.retryCount;
+  path_.maxRdAtomic = std::max(1, std::min({dev.max_qp_rd_atom, dev.max_qp_init_rd_atom, 16}));
+
+  pd_.reset(ibv_alloc_pd(ctx_.get()));
+  if (!pd_) throw VerbsError("ibv_alloc_pd", errno, __FILE__, __LINE__);
+  channel_.reset(ibv_create_comp_channel(ctx_.get()));
+  if (!channel_) throw VerbsError("ibv_create_comp_channel", errno, __FILE__, __LINE__);
+  const size_t qpsTotal = static_cast<size_t>(o.lanes) * world_;
+  const int recvCqe = static_cast<int>(std::min<size_t>(qpsTotal * recvDepth_, dev.max_cqe));
+  recvCq_.reset(ibv_create_cq(ctx_.get(), recvCqe, nullptr, channel_.get(), 0));
+  if (!recvCq_) throw VerbsError("ibv_create_cq (receive, " + std::to_string(recvCqe) + ")", errno, __FILE__, __LINE__);
+  recvBuffer_ = alignedBuffer(qpsTotal * recvDepth_ * kRecvSlotBytes);
+  recvMr_.reset(
+      ibv_reg_mr(pd_.get(), recvBuffer_.get(), qpsTotal * recvDepth_ * kRecvSlotBytes, IBV_ACCESS_LOCAL_WRITE));
+  if (!recvMr_) throw VerbsError("ibv_reg_mr (receive slots)", errno, __FILE__, __LINE__);
+  for (int l = 0; l < o.lanes; ++l) lanes_.push_back(std::make_unique<VerbsLane>(*this, l));
+
+  AddressHeader h{};
+  h.magic = kAddressMagic;
+  h.rank = static_cast<uint32_t>(rank_);
+  h.world = static_cast<uint32_t>(world_);
+  h.lanes = static_cast<uint32_t>(o.lanes);
+  h.lid = port_.lid;
+  h.mtu = static_cast<uint8_t>(port_.mtu);
+  h.ethernet = port_.ethernet ? 1 : 0;
+  std::memcpy(h.gid, port_.gid.raw, 16);
+  address_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  for (int l = 0; l < o.lanes; ++l)
+    for (int p = 0; p < world_; ++p) {
+      AddressEntry e{lanes_[l]->qp(p)->qp_num, lanes_[l]->psn(p)};
+      address_.append(reinterpret_cast<const char*>(&e), sizeof e);
+    }
+  GDX_INFO(who() << ": device " << port_.device << " port " << port_.port << ", GID index " << port_.gidIndex << " ("
+                 << gidString(port_.gid) << "), " << (port_.ethernet ? "RoCE v2" : "InfiniBand")
+                 << (port_.ethernet ? "" : " LID " + std::to_string(port_.lid)) << ", MTU " << (128 << port_.mtu)
+                 << ", send depth " << sendDepth_ << ", max inline " << lanes_[0]->maxInline() << ", atomics "
+                 << (nativeAtomics_ ? "native fetch-and-add" : "software (receiver thread)"));
+}
+
+void VerbsTransport::connect(const std::vector<std::string>& addresses, int lanes) {
+  if (connectStarted_) throw Error(ErrorCode::kInvalidArgument, who() + ": connect() may be called once");
+  if (static_cast<int>(addresses.size()) != world_)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": connect() got " + std::to_string(addresses.size()) +
+                                                 " addresses for a world of " + std::to_string(world_));
+  if (lanes < 1 || lanes > options_.lanes)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": " + std::to_string(lanes) + " lanes requested, " +
+                                                 std::to_string(options_.lanes) +
+                                                 " prepared (VerbsTransportOptions::lanes / GDX_PROXY_THREADS)");
+  if (stopping_.load()) throw Error(ErrorCode::kShutdown, who() + ": connect() after shutdown()");
+  connectStarted_ = true;
+  std::vector<AddressHeader> headers(world_);
+  for (int p = 0; p < world_; ++p) {
+    const std::string& a = addresses[p];
+    AddressHeader& h = headers[p];
+    if (a.size() >= sizeof h) std::memcpy(&h, a.data(), sizeof h);
+    if (a.size() < sizeof h || h.magic != kAddressMagic || h.rank != static_cast<uint32_t>(p) ||
+        h.world != static_cast<uint32_t>(world_) || h.lanes < static_cast<uint32_t>(lanes) ||
+        a.size() != sizeof h + size_t{h.lanes} * world_ * sizeof(AddressEntry) || (h.ethernet != 0) != port_.ethernet)
+      throw Error(ErrorCode::kProtocol, who() + ": the address of rank " + std::to_string(p) +
+                                            " is not a verbs address of this world with " + std::to_string(lanes) +
+                                            " lanes (" + std::to_string(a.size()) + " bytes)");
+  }
+  for (int l = 0; l < lanes; ++l)
+    for (int p = 0; p < world_; ++p) {
+      ibv_qp* qp = lanes_[l]->qp(p);
+      toInit(qp, port_.port);
+      for (int s = 0; s < recvDepth_; ++s) postReceive(l, p, static_cast<uint32_t>(s));
+      const AddressHeader& h = headers[p];
+      AddressEntry e;
+      std::memcpy(&e, addresses[p].data() + sizeof h + (size_t{static_cast<uint32_t>(l)} * world_ + rank_) * sizeof e,
+                  sizeof e);
+      QpAddress remote;
+      remote.qpn = e.qpn;
+      remote.psn = e.psn;
+      remote.lid = h.lid;
+      std::memcpy(remote.gid.raw, h.gid, 16);
+      remote.mtu = static_cast<ibv_mtu>(std::min<int>(h.mtu, port_.mtu));
+      toRtr(qp, remote, path_);
+      toRts(qp, lanes_[l]->psn(p), path_);
+    }
+  numLanes_ = lanes;
+  receiver_ = std::thread([this] { receiverLoop(); });
+  connected_ = true;
+}
+
+void VerbsTransport::postReceive(int lane, int peer, uint32_t slot) {
+  const size_t qpIndex = static_cast<size_t>(lane) * world_ + peer;
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uint64_t>(recvBuffer_.get() + (qpIndex * recvDepth_ + slot) * kRecvSlotBytes);
+  sge.length = kRecvSlotBytes;
+  sge.lkey = recvMr_->lkey;
+  ibv_recv_wr wr{};
+  wr.wr_id = (static_cast<uint64_t>(qpIndex) << 32) | slot;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  GDX_IBV_CHECK(ibv_post_recv(lanes_[lane]->qp(peer), &wr, &bad));
+}
+
+void VerbsTransport::receiverLoop() {
+  ibv_wc wc[32];
+  int idle = 0;
+  bool armed = false;
+  while (!rxStop_.load(std::memory_order_acquire)) {
+    int n = ibv_poll_cq(recvCq_.get(), 32, wc);
+    if (n < 0) {
+      GDX_ERROR(who() << ": ibv_poll_cq (receive) failed; receiver stops");
+      for (int p = 0; p < world_; ++p) failPeer(p, "polling the receive completion queue failed");
+      return;
+    }
+    for (int i = 0; i < n; ++i) onReceive(wc[i]);
+    if (n > 0) {
+      idle = 0;
+      continue;
+    }
+    if (++idle < 2000) continue;
+    if (!armed) {
+      if (ibv_req_notify_cq(recvCq_.get(), 0) != 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      armed = true;
+      continue;  // poll once more: a completion may have arrived before the CQ was armed
+    }
+    pollfd pfd{channel_->fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 20) > 0) {
+      ibv_cq* cq = nullptr;
+      void* ctx = nullptr;
+      if (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
+    }
+    armed = false;
+    idle = 0;
+  }
+}
+
+void VerbsTransport::onReceive(const ibv_wc& wc) {
+  const size_t qpIndex = wc.wr_id >> 32;
+  const uint32_t slot = static_cast<uint32_t>(wc.wr_id & 0xffffffffu);
+  const int lane = static_cast<int>(qpIndex / world_), peer = static_cast<int>(qpIndex % world_);
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (!stopping_.load())
+      failPeer(peer, "lane " + std::to_string(lane) + ": a receive from rank " + std::to_string(peer) +
+                         " completed with status '" + ibv_wc_status_str(wc.status) + "' (vendor error " +
+                         std::to_string(wc.vendor_err) + ")");
+    return;
+  }
+  if (failed(peer)) return;
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    if (immHandler_) {
+      try {
+        immHandler_(RemoteWrite{peer, kUnknownRemoteWindow, 0, wc.byte_len, ntohl(wc.imm_data)});
+      } catch (const std::exception& e) {
+        GDX_ERROR(who() << ": the immediate handler threw: " << e.what());
+      }
+    }
+  } else if (wc.opcode == IBV_WC_RECV && wc.byte_len == sizeof(ControlRecord)) {
+    ControlRecord r;
+    std::memcpy(&r, recvBuffer_.get() + (qpIndex * recvDepth_ + slot) * kRecvSlotBytes, sizeof r);
+    applyControl(peer, r);
+  } else {
+    failPeer(peer, "lane " + std::to_string(lane) + ": rank " + std::to_string(peer) +
+                       " sent an unexpected message (opcode " + std::to_string(wc.opcode) + ", " +
+                       std::to_string(wc.byte_len) + " bytes)");
+    return;
+  }
+  try {
+    postReceive(lane, peer, slot);
+  } catch (const Error& e) {
+    if (!stopping_.load()) failPeer(peer, std::string("reposting a receive: ") + e.what());
+  }
+}
+
+void VerbsTransport::applyControl(int peer, const ControlRecord& r) {
+  std::string bad;
+  uint64_t* word = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> lock(windowsMutex_);
+    auto it = windows_.find(r.window);
+    if (r.kind > static_cast<uint32_t>(AtomicKind::kSet)) {
+      bad = "unknown atomic kind " + std::to_string(r.kind);
+    } else if (it == windows_.end()) {
+      bad = "window " + std::to_string(r.window) + " is not registered here";
+    } else if (it->second.kind != MemoryKind::kHost) {
+      bad = "window " + std::to_string(r.window) + " is GPU memory";
+    } else {
+      bad = checkRange(r.offset, kWordBytes, it->second.bytes);
+      char* p = it->second.base + r.offset;
+      if (bad.empty() && reinterpret_cast<uintptr_t>(p) % kWordBytes != 0) bad = "the word is not 8-byte aligned";
+      if (bad.empty()) word = reinterpret_cast<uint64_t*>(p);
+    }
+    if (word) {
+      // Performed under the shared lock so the window cannot be deregistered meanwhile.
+      if (r.kind == static_cast<uint32_t>(AtomicKind::kAdd))
+        atomicFetchAdd(word, r.value, kRelease);
+      else
+        atomicStore(word, r.value, kRelease);
+      return;
+    }
+  }
+  failPeer(peer, "rank " + std::to_string(peer) + " sent a malformed atomic: " + bad);
+}
+
+void VerbsTransport::failPeer(int peer, const std::string& why) {
+  if (peerFailed_[peer].exchange(true)) return;
+  for (auto& l : lanes_)
+    if (int rc = l->qp(peer) ? toError(l->qp(peer)) : 0; rc != 0)
+      GDX_WARN(who() << ": moving the QP to rank " << peer << " to the error state failed: " << std::strerror(rc));
+  if (stopping_.load()) return;
+  GDX_ERROR(who() << ": rank " << peer << " failed: " << why);
+  PeerFailureHandler handler;
+  {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    handler = failureHandler_;
+  }
+  if (handler) handler(peer, why);
+}
+
+void VerbsTransport::shutdown() {
+  std::lock_guard<std::mutex> lock(shutdownMutex_);
+  if (shutDown_) return;
+  shutDown_ = true;
+  stopping_.store(true);
+  rxStop_.store(true, std::memory_order_release);
+  if (receiver_.joinable()) receiver_.join();
+  // Destroying the QPs is the goodbye: a peer still writing sees its work requests fail and marks this rank failed.
+  // The lanes stay (a caller may still hold one); everything they had pending completes with kShutdown.
+  for (int p = 0; p < world_; ++p) peerFailed_[p].store(true);
+  for (auto& l : lanes_) l->abandon();
+  {
+    std::unique_lock<std::shared_mutex> wl(windowsMutex_);
+    windows_.clear();
+  }
+}
+
+UniqueMr VerbsTransport::registerCuda(void* base, size_t bytes, int access, std::string* how) {
+#if defined(GDX_HAVE_CUDA)
+  using GetHandleFn = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070, cudaEnableDefault, &q) ==
+          cudaSuccess &&
+      q == cudaDriverEntryPointSuccess && fn) {
+    const uintptr_t page = 4096, start = reinterpret_cast<uintptr_t>(base) & ~(page - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(base) + bytes + page - 1) & ~(page - 1);
+    int fd = -1;
+    if (reinterpret_cast<GetHandleFn>(fn)(&fd, static_cast<CUdeviceptr>(start), end - start,
+                                          CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) == CUDA_SUCCESS) {
+      UniqueMr mr(ibv_reg_dmabuf_mr(pd_.get(), reinterpret_cast<uintptr_t>(base) - start, bytes,
+                                    reinterpret_cast<uint64_t>(base), fd, access));
+      int err = errno;
+      ::close(fd);
+      if (mr) {
+        *how = "dmabuf";
+        return mr;
+      }
+      *how = std::string("ibv_reg_dmabuf_mr: ") + std::strerror(err);
+    } else {
+      *how = "cuMemGetHandleForAddressRange failed";
+    }
+  } else {
+    *how = "no cuMemGetHandleForAddressRange in the driver";
+  }
+  UniqueMr mr(ibv_reg_mr(pd_.get(), base, bytes, access));
+  if (mr) {
+    *how = "peermem";
+    return mr;
+  }
+  *how += std::string("; ibv_reg_mr (peermem): ") + std::strerror(errno);
+  return nullptr;
+#else
+  (void)base, (void)bytes, (void)access;
+  *how = "gdx was built without CUDA";
+  return nullptr;
+#endif
+}
+
+std::string VerbsTransport::registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) {
+  std::string w = who() + ": window " + std::to_string(id);
+  if (kind != MemoryKind::kHost && kind != MemoryKind::kCuda)
+    throw Error(ErrorCode::kInvalidArgument, w + ": unknown memory kind");
+  if (base == nullptr && bytes > 0) throw Error(ErrorCode::kInvalidArgument, w + ": null base");
+  {
+    std::shared_lock<std::shared_mutex> lock(windowsMutex_);
+    if (windows_.count(id)) throw Error(ErrorCode::kInvalidArgument, w + " is already registered");
+  }
+  LocalWindow win;
+  win.base = static_cast<char*>(base);
+  win.bytes = bytes;
+  win.kind = kind;
+  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  if (port_.device_attr.atomic_cap != IBV_ATOMIC_NONE) access |= IBV_ACCESS_REMOTE_ATOMIC;
+  if (bytes > 0) {
+    if (kind == MemoryKind::kHost) {
+      win.mr.reset(ibv_reg_mr(pd_.get(), base, bytes, access));
+      if (!win.mr)
+        throw VerbsError("ibv_reg_mr (" + w + ", " + std::to_string(bytes) + " bytes)", errno, __FILE__, __LINE__);
+    } else {
+      std::string how;
+      win.mr = registerCuda(base, bytes, access, &how);
+      if (!win.mr)
+        throw Error(ErrorCode::kInvalidArgument,
+                    w + ": GPU memory cannot be registered with " + port_.device + " (" + how +
+                        "); staging through host memory is not implemented in the verbs transport yet");
+      GDX_INFO(w << ": GPU memory registered through " << how);
+    }
+  }
+  WindowKey key{reinterpret_cast<uint64_t>(base), bytes, win.mr ? win.mr->rkey : 0,
+                kind == MemoryKind::kCuda ? 1u : 0u};
+  std::unique_lock<std::shared_mutex> lock(windowsMutex_);
+  if (!windows_.emplace(id, std::move(win)).second)
+    throw Error(ErrorCode::kInvalidArgument, w + " is already registered");
+  return std::string(reinterpret_cast<const char*>(&key), sizeof key);
+}
+
+void VerbsTransport::deregisterWindow(uint32_t id) {
+  std::unique_lock<std::shared_mutex> lock(windowsMutex_);
+  if (windows_.erase(id) == 0)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": window " + std::to_string(id) + " is not registered");
+}
+
+void VerbsTransport::addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) {
+  if (peer < 0 || peer >= world_)
+    throw Error(ErrorCode::kInvalidArgument,
+                who() + ": remote window " + std::to_string(id) + " of unknown peer " + std::to_string(peer));
+  WindowKey k{};
+  if (key.size() == sizeof k) std::memcpy(&k, key.data(), sizeof k);
+  if (key.size() != sizeof k || k.bytes != bytes)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": the key of window " + std::to_string(id) + " of rank " +
+                                                 std::to_string(peer) + " is not a verbs key for " +
+                                                 std::to_string(bytes) + " bytes");
+  std::unique_lock<std::shared_mutex> lock(windowsMutex_);
+  remoteWindows_[peer][id] = RemoteWindow{k};
+}
+
+// ---- lane -----------------------------------------------------------------------------------------------------
+
+VerbsLane::VerbsLane(VerbsTransport& t, int index) : t_(t), index_(index) {
+  const size_t bufferBytes = 64 + static_cast<size_t>(t.world_) * t.sendDepth_ * kControlSlotBytes;
+  buffer_ = alignedBuffer(bufferBytes);
+  mr_.reset(ibv_reg_mr(t.pd_.get(), buffer_.get(), bufferBytes, IBV_ACCESS_LOCAL_WRITE));
+  if (!mr_) throw VerbsError("ibv_reg_mr (lane scratch)", errno, __FILE__, __LINE__);
+  const int cqe = std::min(t.world_ * t.sendDepth_, t.port_.device_attr.max_cqe);
+  sendCq_.reset(ibv_create_cq(t.ctx_.get(), cqe, nullptr, nullptr, 0));
+  if (!sendCq_) throw VerbsError("ibv_create_cq (send, " + std::to_string(cqe) + ")", errno, __FILE__, __LINE__);
+  std::random_device rd;
+  qps_.resize(t.world_);
+  for (int p = 0; p < t.world_; ++p) {
+    ibv_qp_init_attr a{};
+    a.send_cq = sendCq_.get();
+    a.recv_cq = t.recvCq_.get();
+    a.qp_type = IBV_QPT_RC;
+    a.sq_sig_all = 0;
+    a.cap.max_send_wr = static_cast<uint32_t>(t.sendDepth_);
+    a.cap.max_recv_wr = static_cast<uint32_t>(t.recvDepth_);
+    a.cap.max_send_sge = 1;
+    a.cap.max_recv_sge = 1;
+    a.cap.max_inline_data = 64;
+    qps_[p].qp.reset(ibv_create_qp(t.pd_.get(), &a));
+    if (!qps_[p].qp) {
+      a.cap.max_inline_data = 0;  // a device without inline sends
+      qps_[p].qp.reset(ibv_create_qp(t.pd_.get(), &a));
+    }
+    if (!qps_[p].qp) throw VerbsError("ibv_create_qp (RC)", errno, __FILE__, __LINE__);
+    maxInline_ = a.cap.max_inline_data;
+    qps_[p].psn = rd() & 0xffffff;
+  }
+  ops_.reserve(1024);
+}
+
+std::string VerbsLane::who() const {
+  return t_.who() + " lane " + std::to_string(index_);
+}
+
+uint32_t VerbsLane::newOp(uint64_t cookie, int peer, uint32_t workRequests) {
+  uint32_t i;
+  if (!freeOps_.empty()) {
+    i = freeOps_.back();
+    freeOps_.pop_back();
+  } else {
+    i = static_cast<uint32_t>(ops_.size());
+    ops_.emplace_back();
+  }
+  ops_[i] = OpSlot{cookie, peer, workRequests, Status::kOk};
+  inFlight_.fetch_add(1, std::memory_order_relaxed);
+  return i;
+}
+
+void VerbsLane::failedNow(uint64_t cookie, int peer) {
+  inFlight_.fetch_add(1, std::memory_order_relaxed);
+  done_.push_back(Completion{cookie, t_.stopping_.load() ? Status::kShutdown : Status::kPeerFailed, peer});
+}
+
+void VerbsLane::finishWr(uint32_t i, Status status) {
+  OpSlot& op = ops_[i];
+  if (status != Status::kOk && op.status == Status::kOk) op.status = status;
+  if (--op.remaining > 0) return;
+  done_.push_back(Completion{op.cookie, op.status, op.peer});
+  freeOps_.push_back(i);
+}
+
+void VerbsLane::post(const WriteOp& op) {
+  auto invalid = [&](const std::string& what) {
+    std::ostringstream os;
+    os << who() << ": write to peer " << op.peer << " (local window " << op.localWindow << " offset " << op.localOffset
+       << ", remote window " << op.remoteWindow << " offset " << op.remoteOffset << ", " << op.bytes
+       << " bytes): " << what;
+    throw Error(ErrorCode::kInvalidArgument, os.str());
+  };
+  if (!t_.connected_) invalid("the transport is not connected");
+  if (op.peer < 0 || op.peer >= t_.world_) invalid("unknown peer (world size " + std::to_string(t_.world_) + ")");
+  if (op.bytes == 0) invalid("zero-byte write");
+  uint64_t local = 0, remote = 0;
+  uint32_t lkey = 0, rkey = 0;
+  {
+    std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
+    auto l = t_.windows_.find(op.localWindow);
+    if (l == t_.windows_.end()) invalid("local window " + std::to_string(op.localWindow) + " is not registered");
+    std::string bad = checkRange(op.localOffset, op.bytes, l->second.bytes);
+    if (!bad.empty()) invalid("local window " + std::to_string(op.localWindow) + ": " + bad);
+    auto r = t_.remoteWindows_[op.peer].find(op.remoteWindow);
+    if (r == t_.remoteWindows_[op.peer].end())
+      invalid("remote window " + std::to_string(op.remoteWindow) + " of peer " + std::to_string(op.peer) +
+              " is not known");
+    bad = checkRange(op.remoteOffset, op.bytes, r->second.key.bytes);
+    if (!bad.empty()) invalid("remote window " + std::to_string(op.remoteWindow) + ": " + bad);
+    local = reinterpret_cast<uint64_t>(l->second.base) + op.localOffset;
+    lkey = l->second.mr->lkey;
+    remote = r->second.key.addr + op.remoteOffset;
+    rkey = r->second.key.rkey;
+  }
+  if (t_.failed(op.peer) || t_.stopping_.load(std::memory_order_relaxed)) return failedNow(op.cookie, op.peer);
+  const uint32_t chunk = std::min<uint32_t>(kMaxChunk, t_.port_.maxMsgBytes ? t_.port_.maxMsgBytes : kMaxChunk);
+  const uint32_t n = static_cast<uint32_t>((op.bytes + chunk - 1) / chunk);
+  const uint32_t id = newOp(op.cookie, op.peer, n);
+  QpSlot& q = qps_[op.peer];
+  for (uint32_t c = 0; c < n; ++c) {
+    PendingWr w;
+    w.op = id;
+    const uint64_t off = uint64_t{c} * chunk;
+    w.length = static_cast<uint32_t>(std::min<uint64_t>(chunk, op.bytes - off));
+    w.local = local + off;
+    w.lkey = lkey;
+    w.remote = remote + off;
+    w.rkey = rkey;
+    const bool last = c + 1 == n;
+    w.opcode = last && op.withImm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+    w.imm = op.imm;
+    q.backlog.push_back(w);
+  }
+  flush(op.peer);
+}
+
+void VerbsLane::postAtomic(const AtomicOp& op) {
+  auto invalid = [&](const std::string& what) {
+    std::ostringstream os;
+    os << who() << ": atomic on peer " << op.peer << " (remote window " << op.remoteWindow << " offset "
+       << op.remoteOffset << ", kind " << static_cast<int>(op.kind) << ", value " << op.value << "): " << what;
+    throw Error(ErrorCode::kInvalidArgument, os.str());
+  };
+  if (!t_.connected_) invalid("the transport is not connected");
+  if (op.peer < 0 || op.peer >= t_.world_) invalid("unknown peer (world size " + std::to_string(t_.world_) + ")");
+  if (op.kind != AtomicKind::kAdd && op.kind != AtomicKind::kSet) invalid("unknown atomic kind");
+  if (op.remoteOffset % kWordBytes != 0) invalid("the offset is not 8-byte aligned");
+  PendingWr w;
+  {
+    std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
+    auto r = t_.remoteWindows_[op.peer].find(op.remoteWindow);
+    if (r == t_.remoteWindows_[op.peer].end())
+      invalid("remote window " + std::to_string(op.remoteWindow) + " of peer " + std::to_string(op.peer) +
+              " is not known");
+    std::string bad = checkRange(op.remoteOffset, kWordBytes, r->second.key.bytes);
+    if (!bad.empty()) invalid("remote window " + std::to_string(op.remoteWindow) + ": " + bad);
+    if (r->second.key.cuda) invalid("atomics on GPU windows are not supported by the verbs transport");
+    w.remote = r->second.key.addr + op.remoteOffset;
+    w.rkey = r->second.key.rkey;
+    if (t_.nativeAtomics_ && op.kind == AtomicKind::kAdd && w.remote % kWordBytes != 0)
+      invalid("the word is not 8-byte aligned in memory (the window starts at an unaligned address)");
+  }
+  if (t_.failed(op.peer) || t_.stopping_.load(std::memory_order_relaxed)) return failedNow(op.cookie, op.peer);
+  w.op = newOp(op.cookie, op.peer, 1);
+  if (t_.nativeAtomics_ && op.kind == AtomicKind::kAdd) {
+    w.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    w.add = op.value;
+    w.local = reinterpret_cast<uint64_t>(buffer_.get());  // the scratch word takes the old value
+    w.length = kWordBytes;
+    w.lkey = mr_->lkey;
+  } else {
+    w.opcode = IBV_WR_SEND;
+    w.control = true;
+    w.record = ControlRecord{op.remoteWindow, static_cast<uint32_t>(op.kind), op.remoteOffset, op.value};
+  }
+  qps_[op.peer].backlog.push_back(w);
+  flush(op.peer);
+}
+
+void VerbsLane::abandon() {
+  for (QpSlot& q : qps_) {
+    q.qp.reset();
+    q.backlog.clear();
+    q.outstanding = 0;
+  }
+  for (uint32_t i = 0; i < ops_.size(); ++i)
+    if (ops_[i].remaining > 0) {
+      ops_[i].remaining = 1;
+      finishWr(i, Status::kShutdown);
+    }
+}
+
+void VerbsLane::failBacklog(int peer) {
+  QpSlot& q = qps_[peer];
+  while (!q.backlog.empty()) {
+    uint32_t id = q.backlog.front().op;
+    q.backlog.pop_front();
+    finishWr(id, Status::kPeerFailed);
+  }
+}
+
+void VerbsLane::flush(int peer) {
+  QpSlot& q = qps_[peer];
+  if (t_.failed(peer)) return failBacklog(peer);
+  constexpr size_t kBatch = 32;
+  ibv_send_wr wrs[kBatch];
+  ibv_sge sges[kBatch];
+  while (!q.backlog.empty() && q.outstanding < static_cast<uint32_t>(t_.sendDepth_)) {
+    const size_t n = std::min({kBatch, q.backlog.size(), static_cast<size_t>(t_.sendDepth_ - q.outstanding)});
+    for (size_t i = 0; i < n; ++i) {
+      const PendingWr& p = q.backlog[i];
+      ibv_send_wr& wr = wrs[i];
+      wr = ibv_send_wr{};
+      wr.wr_id = (static_cast<uint64_t>(peer) << 32) | p.op;
+      wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+      wr.sg_list = &sges[i];
+      wr.num_sge = 1;
+      wr.opcode = p.opcode;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      sges[i] = ibv_sge{p.local, p.length, p.lkey};
+      if (p.control) {
+        char* slot = buffer_.get() + 64 +
+                     (static_cast<size_t>(peer) * t_.sendDepth_ + q.controlNext++ % t_.sendDepth_) * kControlSlotBytes;
+        std::memcpy(slot, &p.record, sizeof p.record);
+        sges[i] = ibv_sge{reinterpret_cast<uint64_t>(slot), sizeof p.record, mr_->lkey};
+        if (sizeof p.record <= maxInline_) wr.send_flags |= IBV_SEND_INLINE;
+      } else if (p.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+        wr.wr.atomic.remote_addr = p.remote;
+        wr.wr.atomic.rkey = p.rkey;
+        wr.wr.atomic.compare_add = p.add;
+      } else {
+        wr.wr.rdma.remote_addr = p.remote;
+        wr.wr.rdma.rkey = p.rkey;
+        if (p.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) wr.imm_data = htonl(p.imm);
+        if (p.length <= maxInline_) wr.send_flags |= IBV_SEND_INLINE;
+      }
+    }
+    ibv_send_wr* bad = nullptr;
+    try {
+      GDX_IBV_CHECK(ibv_post_send(q.qp.get(), wrs, &bad));
+    } catch (const VerbsError& e) {
+      // Work requests before `bad` were posted; the rest were not.
+      size_t posted = 0;
+      while (posted < n && &wrs[posted] != bad) ++posted;
+      q.outstanding += static_cast<uint32_t>(posted);
+      q.backlog.erase(q.backlog.begin(), q.backlog.begin() + static_cast<std::ptrdiff_t>(posted));
+      t_.failPeer(peer,
+                  "lane " + std::to_string(index_) + ": posting to rank " + std::to_string(peer) + ": " + e.what());
+      return failBacklog(peer);
+    }
+    if (q.outstanding == 0) q.progressNs = nowNs();
+    q.outstanding += static_cast<uint32_t>(n);
+    q.backlog.erase(q.backlog.begin(), q.backlog.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+}
+
+size_t VerbsLane::poll(Completion* out, size_t max) {
+  if (t_.connected_ && !t_.stopping_.load(std::memory_order_relaxed)) {
+    ibv_wc wc[32];
+    int n;
+    while ((n = ibv_poll_cq(sendCq_.get(), 32, wc)) > 0) {
+      for (int i = 0; i < n; ++i) {
+        const int peer = static_cast<int>(wc[i].wr_id >> 32);
+        const uint32_t id = static_cast<uint32_t>(wc[i].wr_id & 0xffffffffu);
+        --qps_[peer].outstanding;
+        qps_[peer].progressNs = nowNs();
+        Status s = Status::kOk;
+        if (wc[i].status != IBV_WC_SUCCESS) {
+          s = Status::kPeerFailed;
+          t_.failPeer(peer, "lane " + std::to_string(index_) + ": a work request to rank " + std::to_string(peer) +
+                                " completed with status '" + ibv_wc_status_str(wc[i].status) + "' (vendor error " +
+                                std::to_string(wc[i].vendor_err) + ")");
+        }
+        finishWr(id, s);
+      }
+      if (n < 32) break;
+    }
+    if (n < 0) GDX_ERROR(who() << ": ibv_poll_cq (send) failed");
+    // Bounded waiting: a peer whose queue pair vanished may leave the NIC retrying for long (Soft-RoCE does not
+    // always give up at all), so no completion for timeoutNs while work is outstanding fails the peer; moving
+    // the QP to the error state then flushes the outstanding work.
+    const uint64_t now = nowNs();
+    for (int p = 0; p < t_.world_; ++p) {
+      const QpSlot& q = qps_[p];
+      if (q.outstanding > 0 && now - q.progressNs > t_.options_.timeoutNs && !t_.failed(p))
+        t_.failPeer(p, "lane " + std::to_string(index_) + ": no completion from rank " + std::to_string(p) + " for " +
+                           std::to_string((now - q.progressNs) / 1000000) + " ms with " +
+                           std::to_string(q.outstanding) + " work requests outstanding (status timeout)");
+    }
+    for (int p = 0; p < t_.world_; ++p)
+      if (!qps_[p].backlog.empty()) flush(p);
+  }
+  size_t k = std::min(max, done_.size());
+  std::copy_n(done_.begin(), k, out);
+  done_.erase(done_.begin(), done_.begin() + static_cast<std::ptrdiff_t>(k));
+  inFlight_.fetch_sub(k, std::memory_order_relaxed);
+  return k;
+}
+
+}  // namespace
+}  // namespace verbs
+
+std::unique_ptr<Transport> makeVerbsTransport(const VerbsTransportOptions& options) {
+  return std::make_unique<verbs::VerbsTransport>(options);
+}
+
+}  // namespace gdx

@@ -113,9 +113,9 @@ struct ChannelDeviceHandle {
     uint64_t start = 0;
     for (uint64_t spins = 0;; ++spins) {
       if (atomicLoad(&signals[signalId], kAcquire) >= value) return Status::kOk;
-      // Each poll of host memory is a PCIe round trip, so the error words are read on every 16th try only:
-      // the signal itself is what the latency depends on.
-      if ((spins & 15) == 0) {
+      // Each poll of host memory is a PCIe round trip, so the error words are read on every 16th try only, and
+      // not on the first: the signal itself is what the latency depends on.
+      if ((spins & 15) == 15) {
         uint32_t f = atomicLoad(failure, kRelaxed);
         if (f == 0) f = atomicLoad(ring.error, kRelaxed);
         if (f != 0) return static_cast<Status>(f);

@@ -114,7 +114,7 @@ void Context::init() {
 #endif
   } else {
     throw Error(ErrorCode::kInvalidArgument,
-                "GDX_TRANSPORT='" + options_.transport + "' is not available (tcp, or loopback for one rank)");
+                "GDX_TRANSPORT='" + options_.transport + "' is not available (tcp, verbs where built with rdma-core, or loopback for one rank)");
   }
   transport_->setImmHandler([this](const RemoteWrite& w) { onImm(w); });
   transport_->setPeerFailureHandler([this](int peer, const std::string& why) { onPeerFailure(peer, why); });

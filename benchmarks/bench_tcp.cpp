@@ -3,6 +3,8 @@
 // so the numbers are end to end (data in the remote window), not just handed to the kernel.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
+
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -51,19 +53,28 @@ void BM_TcpWrite(benchmark::State& state) {
   const uint64_t depth = std::max<uint64_t>(2, std::min<uint64_t>(64, kWindowBytesInFlight / bytes));
   uint64_t posted = 0;
   gdx::Completion done[64];
+  // Bounded like every wait in gdx: a transport that stops delivering ends the benchmark with an error.
+  const auto limit = std::chrono::seconds(60);
   auto drainTo = [&](uint64_t outstanding) {
+    auto t0 = std::chrono::steady_clock::now();
     while (posted - pair.announced.load(std::memory_order_relaxed) > outstanding) {
       if (lane.poll(done, 64) == 0) std::this_thread::yield();
+      if (std::chrono::steady_clock::now() - t0 > limit) {
+        state.SkipWithError("no immediate announced for 60 s");
+        return false;
+      }
     }
+    return true;
   };
   for (auto _ : state) {
-    drainTo(depth - 1);
+    if (!drainTo(depth - 1)) break;
     lane.post(gdx::WriteOp{1, 1, 0, 2, 0, bytes, true, 0, posted});
     ++posted;
     lane.poll(done, 64);
   }
   drainTo(0);
-  while (lane.inFlight() > 0) lane.poll(done, 64);
+  for (auto t0 = std::chrono::steady_clock::now(); lane.inFlight() > 0 && std::chrono::steady_clock::now() - t0 < limit;)
+    lane.poll(done, 64);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
   state.counters["sockets"] = sockets;
 }

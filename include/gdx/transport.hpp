@@ -156,6 +156,11 @@ struct VerbsTransportOptions {
   int timeout = 14;            ///< GDX_IB_TIMEOUT: local ACK timeout exponent (4.096 us * 2^timeout)
   int retryCount = 7;          ///< GDX_IB_RETRY_CNT
   bool nativeAtomics = false;  ///< GDX_IB_NATIVE_ATOMICS: kAdd as IBV_WR_ATOMIC_FETCH_AND_ADD (see the header)
+  /// GDX_IB_SIGNAL_EVERY: a send work request is signalled every this many (and always the last of a post).
+  int signalEvery = 16;
+  /// GDX_IB_FORCE_STAGING (testing): host windows are staged like GPU windows that cannot be registered, so the
+  /// staging protocol runs without a GPU.
+  bool stageAllWindows = false;
   uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;
   /// Fills the fields above from the GDX_IB_* variables and GDX_TIMEOUT_MS (lanes from GDX_PROXY_THREADS).
   static VerbsTransportOptions fromEnv(int rank, int worldSize);
@@ -165,8 +170,11 @@ struct VerbsTransportOptions {
 /// The receiver does not learn which window or offset a write-with-immediate targeted (RDMA does not carry it):
 /// its RemoteWrite has window kUnknownRemoteWindow, offset 0, and as bytes the size of the write's last work
 /// request (the whole write unless it exceeded the port's max_msg_sz and was split). Throws
-/// gdx::Error(kVerbs / kInvalidArgument) when no usable RDMA device is present. Defined only in builds with
-/// libibverbs (libgdx is then compiled with GDX_HAVE_VERBS).
+/// gdx::Error(kVerbs / kInvalidArgument) when no usable RDMA device is present. GPU windows are registered
+/// through dmabuf, else peermem; when both fail (Soft-RoCE, no nvidia-peermem) they are staged: bytes travel
+/// through registered host buffers and the receiver's transport thread copies them to the GPU before it announces
+/// the write (staged writes are announced with their real window and offset). Without CUDA, GPU windows are refused.
+/// Defined only in builds with libibverbs (libgdx is then compiled with GDX_HAVE_VERBS).
 std::unique_ptr<Transport> makeVerbsTransport(const VerbsTransportOptions& options);
 /// RemoteWrite::window of writes announced by a backend that cannot tell (verbs).
 constexpr uint32_t kUnknownRemoteWindow = 0xffffffffu;

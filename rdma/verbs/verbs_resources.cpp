@@ -180,7 +180,8 @@ void toInit(ibv_qp* qp, int port) {
   a.qp_state = IBV_QPS_INIT, mask |= IBV_QP_STATE;
   a.pkey_index = 0, mask |= IBV_QP_PKEY_INDEX;
   a.port_num = static_cast<uint8_t>(port), mask |= IBV_QP_PORT;
-  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC,
+  a.qp_access_flags =
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC,
   mask |= IBV_QP_ACCESS_FLAGS;
   GDX_IBV_CHECK(ibv_modify_qp(qp, &a, mask));
 }

@@ -8,9 +8,27 @@
 // Sending (the lane's thread only): post() validates against the local and the remote window, splits a write into
 // work requests of at most the port's message size, the last one RDMA_WRITE_WITH_IMM when asked, and queues them
 // on the QP's software backlog; the backlog is posted (one ibv_post_send per chain) while the QP has fewer than
-// `sendDepth` work requests outstanding, so the send queue never overflows. Every work request is signalled on the
-// lane's send CQ, which poll() reaps; an op completes once all its work requests did. Ops that wait in the backlog
-// are posted as completions free slots.
+// `sendDepth` work requests outstanding, so the send queue never overflows. Signalling is selective: every
+// `signalEvery`-th work request, the last of every ibv_post_send chain and every RDMA read are signalled. Each QP
+// keeps its posted work requests in order (sequence number in wr_id); a completion retires every work request up
+// to the one it names (RC completes a send queue in order; errors and flushes are reported for unsignalled work
+// requests too), and an op completes once all its work requests retired. Ops that wait in the backlog are posted
+// as completions free slots. An idle QP to another rank gets a zero-byte RDMA write every kHeartbeatNs (to the
+// first known host window of the peer): a peer that died without a word is thus noticed by the retry error (or
+// the completion timeout) even by a rank that only waits.
+//
+// Staged windows: a GPU window that can be registered neither through dmabuf nor peermem (Soft-RoCE, no
+// nvidia-peermem) is staged, and so is every window with stageAllWindows (testing). Its key carries the address
+// and rkey of the owner's receive staging area: a credit word per (lane, sender) and then kStageSlots slots of
+// kStageSlotBytes per (lane, sender). A write into a staged remote window is cut into slot-sized chunks; each is
+// an RDMA_WRITE into the next slot of the ring (lane, this rank) followed by a control SEND naming the slot, the
+// window, the offset and (for the last chunk) the immediate. The receiver thread copies the slot into the window
+// (cudaMemcpyAsync plus a bounded wait, or memcpy for host memory), then bumps the credit word, then announces the
+// immediate: all in QP order, so the data is in place before this or a later immediate is announced or a later
+// atomic applied. The sender knows a slot is free when the credit word, which it fetches with an RDMA read when
+// it runs out, says so. A write from a staged local window is first copied into one of the lane's kStageSlots
+// registered send slots (freed when the work request that reads it retires). post() waits for slots and credits
+// (bounded by timeoutNs, making progress on the lane meanwhile).
 //
 // Receiving: every QP keeps `recvDepth` receives posted, each with a 32-byte slot of one registered buffer. One
 // thread per transport polls the shared receive CQ (busy for a while, then blocking on a completion channel with a
@@ -51,6 +69,7 @@
 #include "gdx/error.hpp"
 #include "gdx/log.hpp"
 #include "gdx/transport.hpp"
+#include "rdma/tcp/cuda_staging.hpp"
 #include "rdma/tcp/wire.hpp"
 #include "rdma/verbs/verbs_resources.hpp"
 
@@ -75,6 +94,8 @@ VerbsTransportOptions VerbsTransportOptions::fromEnv(int rank, int worldSize) {
   o.timeout = static_cast<int>(envInt("GDX_IB_TIMEOUT", o.timeout));
   o.retryCount = static_cast<int>(envInt("GDX_IB_RETRY_CNT", o.retryCount));
   o.nativeAtomics = envInt("GDX_IB_NATIVE_ATOMICS", 0) != 0;
+  o.signalEvery = static_cast<int>(envInt("GDX_IB_SIGNAL_EVERY", o.signalEvery));
+  o.stageAllWindows = envInt("GDX_IB_FORCE_STAGING", 0) != 0;
   o.timeoutNs = defaultTimeoutNs();
   return o;
 }
@@ -89,6 +110,14 @@ constexpr uint64_t kWordBytes = 8;
 constexpr size_t kRecvSlotBytes = 32;
 constexpr size_t kControlSlotBytes = 32;
 constexpr uint32_t kMaxChunk = 1u << 30;
+constexpr uint32_t kStageSlots = 4;
+constexpr uint64_t kStageSlotBytes = 1 << 20;
+constexpr uint64_t kHeartbeatNs = 100ull * 1000 * 1000;
+/// A heartbeat unanswered this long (or timeoutNs / 4, if less) fails the peer: it is posted to an idle QP, so
+/// nothing queues before it, and some devices (Soft-RoCE) keep retrying a vanished peer far longer.
+constexpr uint64_t kHeartbeatTimeoutNs = 2000ull * 1000 * 1000;
+constexpr uint32_t kNoOp = 0xffffffffu;
+constexpr uint64_t kSeqMask = (uint64_t{1} << 40) - 1;
 
 struct AddressHeader {
   uint32_t magic;
@@ -110,13 +139,23 @@ struct WindowKey {
   uint64_t bytes;
   uint32_t rkey;
   uint32_t cuda;
+  uint64_t stagingAddr;  ///< staged windows: the owner's receive staging area
+  uint32_t stagingRkey;
+  uint32_t stagingLanes;  ///< lanes the owner's staging area has rings for
+  uint32_t staged;
+  uint32_t reserved;
 };
-/// A software atomic as it travels in an IBV_WR_SEND.
+/// Control kinds: AtomicKind values, then staged chunks.
+constexpr uint32_t kControlStaged = 2;
+constexpr uint32_t kControlStagedImm = 3;
+/// A software atomic or a staged chunk as it travels in an IBV_WR_SEND.
 struct ControlRecord {
   uint32_t window;
   uint32_t kind;
   uint64_t offset;
-  uint64_t value;
+  uint64_t value;  ///< atomics: the operand; staged chunks: the byte count
+  uint32_t slot;   ///< staged chunks: the slot of the ring (lane, sender)
+  uint32_t imm;    ///< kControlStagedImm: the immediate announced once the chunk is in place
 };
 static_assert(sizeof(ControlRecord) <= kRecvSlotBytes && sizeof(ControlRecord) <= kControlSlotBytes, "slot size");
 
@@ -146,16 +185,36 @@ struct PendingWr {
   uint32_t imm = 0;
   uint64_t add = 0;
   bool control = false;
+  int32_t sendSlot = -1;  ///< the lane's staging send slot this work request reads, freed when it retires
+  uint8_t what = 0;       ///< PostedWr::kOp, kCreditRead or kHeartbeat
   ControlRecord record{};
+};
+
+/// A work request handed to the QP and not yet retired.
+struct PostedWr {
+  enum : uint8_t { kOp = 0, kCreditRead = 1, kHeartbeat = 2 };
+  uint64_t seq = 0;
+  uint32_t op = kNoOp;
+  int32_t sendSlot = -1;
+  uint8_t what = kOp;
 };
 
 struct QpSlot {
   UniqueQp qp;
   uint32_t psn = 0;
-  uint32_t outstanding = 0;  ///< work requests posted and not completed
-  uint32_t controlNext = 0;  ///< next control slot, in posting order
-  uint64_t progressNs = 0;   ///< when the QP last completed work, or got work while idle
+  uint32_t controlNext = 0;     ///< next control slot, in posting order
+  uint32_t sinceSignal = 0;     ///< unsignalled work requests posted since the last signalled one
+  uint64_t nextSeq = 0;         ///< sequence number of the next posted work request
+  uint64_t progressNs = 0;      ///< when the QP last completed work, or got work while idle
+  uint64_t lastPostNs = 0;      ///< when work was last posted (heartbeats go to QPs idle for kHeartbeatNs)
+  uint64_t heartbeatNs = 0;     ///< when the heartbeat now outstanding was queued; 0: none
+  std::deque<PostedWr> posted;  ///< in posting order; its size is what the QP has outstanding
   std::deque<PendingWr> backlog;
+  // Staging towards this peer's staged windows: chunks sent into its ring (this lane, this rank), and the
+  // number it has consumed as last read from its credit word.
+  uint64_t stagedSent = 0;
+  uint64_t stagedFreed = 0;
+  bool creditReadPending = false;
 };
 
 struct OpSlot {
@@ -186,12 +245,29 @@ class VerbsLane : public TransportLane {
   void failedNow(uint64_t cookie, int peer);
   void flush(int peer);
   void failBacklog(int peer);
+  /// Reaps the send CQ, checks the completion timeouts, sends heartbeats and posts backlogs.
+  void progress();
+  void retire(int peer, const PostedWr& w, Status status);
+  /// Makes progress until `ready()` or the peer failed or timeoutNs passed (the peer is then failed); true if ready.
+  template <class Ready>
+  bool progressUntil(int peer, const char* what, Ready ready);
+  /// A free staging send slot (allocating the slots on first use), or -1 when the peer failed meanwhile.
+  int32_t acquireSendSlot(int peer, std::string* why);
+  void postStaged(const WriteOp& op, uint32_t id, const char* localBase, bool localStaged, int localDevice,
+                  MemoryKind localKind, uint32_t lkey, const WindowKey& remote);
+  void queueHeartbeat(int peer, uint64_t now);
 
   VerbsTransport& t_;
   const int index_;
-  // Declared in creation order; destroyed in reverse (QPs, CQ, memory region, buffer).
-  AlignedBuffer buffer_;  ///< [0, 64): atomic scratch; then [peer][sendDepth] control slots
+  // Declared in creation order; destroyed in reverse (QPs, CQ, memory regions, buffers).
+  AlignedBuffer buffer_;  ///< [0, 64): atomic scratch; [64, creditEnd_): credit words read; then control slots
   UniqueMr mr_;
+  size_t creditEnd_ = 64;
+  AlignedBuffer sendStaging_;  ///< kStageSlots x kStageSlotBytes, allocated on first use
+  UniqueMr sendStagingMr_;
+  bool sendSlotBusy_[kStageSlots] = {};
+  uint32_t sendSlotNext_ = 0;
+  tcp::CudaCopier copier_;
   UniqueCq sendCq_;
   std::vector<QpSlot> qps_;
   uint32_t maxInline_ = 0;
@@ -239,6 +315,8 @@ class VerbsTransport : public Transport {
     char* base = nullptr;
     uint64_t bytes = 0;
     MemoryKind kind = MemoryKind::kHost;
+    bool staged = false;
+    int device = -1;  ///< CUDA device of a GPU window
     UniqueMr mr;
   };
   struct RemoteWindow {
@@ -251,6 +329,9 @@ class VerbsTransport : public Transport {
   void receiverLoop();
   void onReceive(const ibv_wc& wc);
   void applyControl(int peer, const ControlRecord& r);
+  void applyStaged(int lane, int peer, const ControlRecord& r);
+  /// The receive staging area (allocated by the first staged window; windowsMutex_ held exclusively).
+  void ensureStagingArea();
   void postReceive(int lane, int peer, uint32_t slot);
   UniqueMr registerCuda(void* base, size_t bytes, int access, std::string* how);
 
@@ -272,6 +353,12 @@ class VerbsTransport : public Transport {
   UniqueCq recvCq_;
   AlignedBuffer recvBuffer_;
   UniqueMr recvMr_;
+  // Receive staging area: [lanes][world] credit words (consumed chunks), rounded to a page, then
+  // [lanes][world][kStageSlots] slots of kStageSlotBytes. Allocated with the first staged window.
+  AlignedBuffer staging_;
+  UniqueMr stagingMr_;
+  size_t stagingHeader_ = 0;
+  tcp::CudaCopier rxCopier_;  ///< used by the receiver thread only
   mutable std::shared_mutex windowsMutex_;
   std::unordered_map<uint32_t, LocalWindow> windows_;
   std::vector<std::unordered_map<uint32_t, RemoteWindow>> remoteWindows_;
@@ -294,14 +381,16 @@ class VerbsTransport : public Transport {
 
 // ---- transport ---------------------------------------------------------------------------------------------
 
-VerbsTransport::VerbsTransport(const VerbsTransportOptions& o) : options_(o), rank_(o.rank), world_(o.worldSize) {
+VerbsTransport::VerbsTransport(const VerbsTransportOptions& o)
+    : options_(o), rank_(o.rank), world_(o.worldSize), rxCopier_(o.timeoutNs) {
   if (world_ < 1 || rank_ < 0 || rank_ >= world_)
     throw Error(ErrorCode::kInvalidArgument, "verbs transport: rank " + std::to_string(rank_) + " of world " +
                                                  std::to_string(world_) + " is not valid");
   if (o.lanes < 1 || o.lanes > 64)
     throw Error(ErrorCode::kInvalidArgument, who() + ": lanes " + std::to_string(o.lanes) + " not in [1, 64]");
-  if (o.sendDepth < 1 || o.recvDepth < 1 || o.timeoutNs == 0)
-    throw Error(ErrorCode::kInvalidArgument, who() + ": sendDepth, recvDepth and timeoutNs must be positive");
+  if (o.sendDepth < 1 || o.recvDepth < 1 || o.signalEvery < 1 || o.timeoutNs == 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                who() + ": sendDepth, recvDepth, signalEvery and timeoutNs must be positive");
   peerFailed_.reset(new std::atomic<bool>[world_]);
   for (int p = 0; p < world_; ++p) peerFailed_[p].store(false);
   remoteWindows_.resize(world_);
@@ -475,7 +564,10 @@ void VerbsTransport::onReceive(const ibv_wc& wc) {
   } else if (wc.opcode == IBV_WC_RECV && wc.byte_len == sizeof(ControlRecord)) {
     ControlRecord r;
     std::memcpy(&r, recvBuffer_.get() + (qpIndex * recvDepth_ + slot) * kRecvSlotBytes, sizeof r);
-    applyControl(peer, r);
+    if (r.kind == kControlStaged || r.kind == kControlStagedImm)
+      applyStaged(lane, peer, r);
+    else
+      applyControl(peer, r);
   } else {
     failPeer(peer, "lane " + std::to_string(lane) + ": rank " + std::to_string(peer) +
                        " sent an unexpected message (opcode " + std::to_string(wc.opcode) + ", " +
@@ -517,6 +609,68 @@ void VerbsTransport::applyControl(int peer, const ControlRecord& r) {
     }
   }
   failPeer(peer, "rank " + std::to_string(peer) + " sent a malformed atomic: " + bad);
+}
+
+void VerbsTransport::ensureStagingArea() {
+  if (staging_) return;
+  stagingHeader_ = (static_cast<size_t>(options_.lanes) * world_ * kWordBytes + 4095) / 4096 * 4096;
+  const size_t bytes = stagingHeader_ + static_cast<size_t>(options_.lanes) * world_ * kStageSlots * kStageSlotBytes;
+  AlignedBuffer b = alignedBuffer(bytes);
+  UniqueMr mr(
+      ibv_reg_mr(pd_.get(), b.get(), bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
+  if (!mr)
+    throw VerbsError("ibv_reg_mr (receive staging, " + std::to_string(bytes) + " bytes)", errno, __FILE__, __LINE__);
+  staging_ = std::move(b);
+  stagingMr_ = std::move(mr);
+  GDX_INFO(who() << ": receive staging area of " << bytes << " bytes (" << kStageSlots << " slots of "
+                 << kStageSlotBytes << " bytes per lane and peer)");
+}
+
+void VerbsTransport::applyStaged(int lane, int peer, const ControlRecord& r) {
+  std::string bad;
+  bool announce = false;
+  RemoteWrite announced{};
+  {
+    std::shared_lock<std::shared_mutex> lock(windowsMutex_);
+    auto it = windows_.find(r.window);
+    if (it == windows_.end() || !it->second.staged) {
+      bad = "window " + std::to_string(r.window) + " is not a staged window here";
+    } else if (!staging_ || lane >= options_.lanes || r.slot >= kStageSlots || r.value == 0 ||
+               r.value > kStageSlotBytes) {
+      bad = "slot " + std::to_string(r.slot) + " / " + std::to_string(r.value) + " bytes is not a staging slot";
+    } else {
+      bad = checkRange(r.offset, r.value, it->second.bytes);
+    }
+    if (bad.empty()) {
+      const size_t ring = static_cast<size_t>(lane) * world_ + peer;
+      const char* src = staging_.get() + stagingHeader_ + (ring * kStageSlots + r.slot) * kStageSlotBytes;
+      char* dst = it->second.base + r.offset;
+      // Copied under the shared lock so the window cannot be deregistered meanwhile.
+      if (it->second.kind == MemoryKind::kCuda)
+        bad = rxCopier_.copy(dst, src, r.value, it->second.device);
+      else
+        std::memcpy(dst, src, r.value);
+      if (bad.empty()) {
+        // The slot may be reused: the sender reads this word (RDMA read) before it writes the slot again.
+        atomicFetchAdd(reinterpret_cast<uint64_t*>(staging_.get()) + ring, uint64_t{1}, kRelease);
+        announce = r.kind == kControlStagedImm;
+        announced = RemoteWrite{peer, r.window, r.offset, r.value, r.imm};
+      } else {
+        bad = "copying a staged chunk into window " + std::to_string(r.window) + ": " + bad;
+      }
+    }
+  }
+  if (!bad.empty()) {
+    failPeer(peer, "rank " + std::to_string(peer) + " sent a bad staged chunk: " + bad);
+    return;
+  }
+  if (announce && immHandler_) {
+    try {
+      immHandler_(announced);
+    } catch (const std::exception& e) {
+      GDX_ERROR(who() << ": the immediate handler threw: " << e.what());
+    }
+  }
 }
 
 void VerbsTransport::failPeer(int peer, const std::string& why) {
@@ -608,7 +762,15 @@ std::string VerbsTransport::registerWindow(uint32_t id, void* base, size_t bytes
   win.kind = kind;
   int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   if (port_.device_attr.atomic_cap != IBV_ATOMIC_NONE) access |= IBV_ACCESS_REMOTE_ATOMIC;
-  if (bytes > 0) {
+  if (kind == MemoryKind::kCuda) {
+    if (!tcp::cudaStagingBuiltIn())
+      throw Error(ErrorCode::kInvalidArgument,
+                  w + ": GPU memory (MemoryKind::kCuda) needs gdx built with CUDA; this build has no CUDA");
+    win.device = tcp::cudaWindowDevice(base, bytes, w);  // throws unless it is CUDA memory
+  }
+  if (options_.stageAllWindows) {
+    win.staged = true;
+  } else if (bytes > 0) {
     if (kind == MemoryKind::kHost) {
       win.mr.reset(ibv_reg_mr(pd_.get(), base, bytes, access));
       if (!win.mr)
@@ -616,16 +778,28 @@ std::string VerbsTransport::registerWindow(uint32_t id, void* base, size_t bytes
     } else {
       std::string how;
       win.mr = registerCuda(base, bytes, access, &how);
-      if (!win.mr)
-        throw Error(ErrorCode::kInvalidArgument,
-                    w + ": GPU memory cannot be registered with " + port_.device + " (" + how +
-                        "); staging through host memory is not implemented in the verbs transport yet");
-      GDX_INFO(w << ": GPU memory registered through " << how);
+      if (win.mr) {
+        GDX_INFO(w << ": GPU memory registered through " << how);
+      } else {
+        win.staged = true;
+        GDX_INFO(w << ": GPU memory cannot be registered with " << port_.device << " (" << how
+                   << "); it is staged through registered host buffers");
+      }
     }
   }
-  WindowKey key{reinterpret_cast<uint64_t>(base), bytes, win.mr ? win.mr->rkey : 0,
-                kind == MemoryKind::kCuda ? 1u : 0u};
   std::unique_lock<std::shared_mutex> lock(windowsMutex_);
+  if (win.staged) ensureStagingArea();
+  WindowKey key{};
+  key.addr = reinterpret_cast<uint64_t>(base);
+  key.bytes = bytes;
+  key.rkey = win.mr ? win.mr->rkey : 0;
+  key.cuda = kind == MemoryKind::kCuda ? 1u : 0u;
+  if (win.staged) {
+    key.staged = 1;
+    key.stagingAddr = reinterpret_cast<uint64_t>(staging_.get());
+    key.stagingRkey = stagingMr_->rkey;
+    key.stagingLanes = static_cast<uint32_t>(options_.lanes);
+  }
   if (!windows_.emplace(id, std::move(win)).second)
     throw Error(ErrorCode::kInvalidArgument, w + " is already registered");
   return std::string(reinterpret_cast<const char*>(&key), sizeof key);
@@ -653,8 +827,9 @@ void VerbsTransport::addRemoteWindow(int peer, uint32_t id, size_t bytes, const 
 
 // ---- lane -----------------------------------------------------------------------------------------------------
 
-VerbsLane::VerbsLane(VerbsTransport& t, int index) : t_(t), index_(index) {
-  const size_t bufferBytes = 64 + static_cast<size_t>(t.world_) * t.sendDepth_ * kControlSlotBytes;
+VerbsLane::VerbsLane(VerbsTransport& t, int index) : t_(t), index_(index), copier_(t.options_.timeoutNs) {
+  creditEnd_ = 64 + (static_cast<size_t>(t.world_) * kWordBytes + 63) / 64 * 64;
+  const size_t bufferBytes = creditEnd_ + static_cast<size_t>(t.world_) * t.sendDepth_ * kControlSlotBytes;
   buffer_ = alignedBuffer(bufferBytes);
   mr_.reset(ibv_reg_mr(t.pd_.get(), buffer_.get(), bufferBytes, IBV_ACCESS_LOCAL_WRITE));
   if (!mr_) throw VerbsError("ibv_reg_mr (lane scratch)", errno, __FILE__, __LINE__);
@@ -730,6 +905,10 @@ void VerbsLane::post(const WriteOp& op) {
   if (op.bytes == 0) invalid("zero-byte write");
   uint64_t local = 0, remote = 0;
   uint32_t lkey = 0, rkey = 0;
+  bool localStaged = false;
+  int localDevice = -1;
+  MemoryKind localKind = MemoryKind::kHost;
+  WindowKey remoteKey{};
   {
     std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
     auto l = t_.windows_.find(op.localWindow);
@@ -742,12 +921,25 @@ void VerbsLane::post(const WriteOp& op) {
               " is not known");
     bad = checkRange(op.remoteOffset, op.bytes, r->second.key.bytes);
     if (!bad.empty()) invalid("remote window " + std::to_string(op.remoteWindow) + ": " + bad);
+    remoteKey = r->second.key;
+    if (remoteKey.staged && static_cast<uint32_t>(index_) >= remoteKey.stagingLanes)
+      invalid("the remote window is staged and peer " + std::to_string(op.peer) + " has no staging ring for lane " +
+              std::to_string(index_));
     local = reinterpret_cast<uint64_t>(l->second.base) + op.localOffset;
-    lkey = l->second.mr->lkey;
-    remote = r->second.key.addr + op.remoteOffset;
-    rkey = r->second.key.rkey;
+    localStaged = l->second.staged;
+    localDevice = l->second.device;
+    localKind = l->second.kind;
+    lkey = l->second.mr ? l->second.mr->lkey : 0;
+    remote = remoteKey.addr + op.remoteOffset;
+    rkey = remoteKey.rkey;
   }
   if (t_.failed(op.peer) || t_.stopping_.load(std::memory_order_relaxed)) return failedNow(op.cookie, op.peer);
+  if (localStaged || remoteKey.staged) {
+    const uint64_t n = (op.bytes + kStageSlotBytes - 1) / kStageSlotBytes;
+    const uint32_t id = newOp(op.cookie, op.peer, static_cast<uint32_t>(n * (remoteKey.staged ? 2 : 1)));
+    return postStaged(op, id, reinterpret_cast<const char*>(local), localStaged, localDevice, localKind, lkey,
+                      remoteKey);
+  }
   const uint32_t chunk = std::min<uint32_t>(kMaxChunk, t_.port_.maxMsgBytes ? t_.port_.maxMsgBytes : kMaxChunk);
   const uint32_t n = static_cast<uint32_t>((op.bytes + chunk - 1) / chunk);
   const uint32_t id = newOp(op.cookie, op.peer, n);
@@ -767,6 +959,147 @@ void VerbsLane::post(const WriteOp& op) {
     q.backlog.push_back(w);
   }
   flush(op.peer);
+}
+
+template <class Ready>
+bool VerbsLane::progressUntil(int peer, const char* what, Ready ready) {
+  const uint64_t start = nowNs();
+  for (uint64_t spins = 0;; ++spins) {
+    if (ready()) return true;
+    if (t_.failed(peer) || t_.stopping_.load(std::memory_order_relaxed)) return false;
+    if (nowNs() - start > t_.options_.timeoutNs) {
+      t_.failPeer(peer, "lane " + std::to_string(index_) + ": waited " + std::to_string((nowNs() - start) / 1000000) +
+                            " ms for " + what + " of rank " + std::to_string(peer) + " (status timeout)");
+      return false;
+    }
+    progress();
+    if (spins > 1000) std::this_thread::yield();
+  }
+}
+
+int32_t VerbsLane::acquireSendSlot(int peer, std::string* why) {
+  if (!sendStaging_) {
+    const size_t bytes = kStageSlots * kStageSlotBytes;
+    AlignedBuffer b = alignedBuffer(bytes);
+    UniqueMr mr(ibv_reg_mr(t_.pd_.get(), b.get(), bytes, IBV_ACCESS_LOCAL_WRITE));
+    if (!mr) {
+      *why = std::string("ibv_reg_mr (staging send slots): ") + std::strerror(errno);
+      return -1;
+    }
+    sendStaging_ = std::move(b);
+    sendStagingMr_ = std::move(mr);
+  }
+  auto freeSlot = [&] {
+    for (uint32_t k = 0; k < kStageSlots; ++k)
+      if (!sendSlotBusy_[(sendSlotNext_ + k) % kStageSlots]) return true;
+    return false;
+  };
+  if (!progressUntil(peer, "a free staging send slot", freeSlot)) return -1;
+  for (uint32_t k = 0;; ++k) {
+    const uint32_t s = (sendSlotNext_ + k) % kStageSlots;
+    if (sendSlotBusy_[s]) continue;
+    sendSlotBusy_[s] = true;
+    sendSlotNext_ = (s + 1) % kStageSlots;
+    return static_cast<int32_t>(s);
+  }
+}
+
+void VerbsLane::postStaged(const WriteOp& op, uint32_t id, const char* localBase, bool localStaged, int localDevice,
+                           MemoryKind localKind, uint32_t lkey, const WindowKey& remote) {
+  QpSlot& q = qps_[op.peer];
+  const uint64_t n = (op.bytes + kStageSlotBytes - 1) / kStageSlotBytes;
+  const uint32_t perChunk = remote.staged ? 2 : 1;
+  for (uint64_t c = 0; c < n; ++c) {
+    const uint64_t off = c * kStageSlotBytes;
+    const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(kStageSlotBytes, op.bytes - off));
+    const bool last = c + 1 == n;
+    std::string why;
+    PendingWr w;
+    w.op = id;
+    w.length = len;
+    w.local = reinterpret_cast<uint64_t>(localBase + off);
+    w.lkey = lkey;
+    if (localStaged) {
+      w.sendSlot = acquireSendSlot(op.peer, &why);
+      if (w.sendSlot >= 0) {
+        char* slot = sendStaging_.get() + static_cast<size_t>(w.sendSlot) * kStageSlotBytes;
+        if (localKind == MemoryKind::kCuda)
+          why = copier_.copy(slot, localBase + off, len, localDevice);
+        else
+          std::memcpy(slot, localBase + off, len);
+        w.local = reinterpret_cast<uint64_t>(slot);
+        w.lkey = sendStagingMr_->lkey;
+        if (!why.empty()) {
+          sendSlotBusy_[w.sendSlot] = false;
+          w.sendSlot = -1;
+        }
+      }
+    }
+    uint64_t ringSlot = 0;
+    if (why.empty() && (!localStaged || w.sendSlot >= 0) && remote.staged) {
+      // A slot of the peer's ring (this lane, this rank) is free once the peer consumed the chunk kStageSlots back.
+      auto credit = [&] {
+        if (q.stagedSent - q.stagedFreed < kStageSlots) return true;
+        if (!q.creditReadPending) {
+          PendingWr r;
+          r.op = kNoOp;
+          r.what = PostedWr::kCreditRead;
+          r.opcode = IBV_WR_RDMA_READ;
+          r.local = reinterpret_cast<uint64_t>(buffer_.get() + 64 + static_cast<size_t>(op.peer) * kWordBytes);
+          r.length = kWordBytes;
+          r.lkey = mr_->lkey;
+          r.remote = remote.stagingAddr + (static_cast<uint64_t>(index_) * t_.world_ + t_.rank_) * kWordBytes;
+          r.rkey = remote.stagingRkey;
+          q.creditReadPending = true;
+          q.backlog.push_back(r);
+          flush(op.peer);
+        }
+        return false;
+      };
+      if (progressUntil(op.peer, "a staging credit", credit)) {
+        ringSlot = q.stagedSent++ % kStageSlots;
+      } else {
+        why = "no staging credit";
+      }
+    }
+    if (!why.empty() || (localStaged && w.sendSlot < 0)) {
+      if (w.sendSlot >= 0) sendSlotBusy_[w.sendSlot] = false;
+      if (!t_.failed(op.peer) && !t_.stopping_.load())
+        t_.failPeer(op.peer, "lane " + std::to_string(index_) + ": staging a write to rank " + std::to_string(op.peer) +
+                                 ": " + why);
+      // The chunks not queued complete with the failure (they were counted in the op).
+      const Status s = t_.stopping_.load() ? Status::kShutdown : Status::kPeerFailed;
+      for (uint64_t k = c; k < n; ++k)
+        for (uint32_t j = 0; j < perChunk; ++j) finishWr(id, s);
+      return flush(op.peer);
+    }
+    if (remote.staged) {
+      const uint64_t ring = static_cast<uint64_t>(index_) * t_.world_ + t_.rank_;
+      const uint64_t header = (uint64_t{remote.stagingLanes} * t_.world_ * kWordBytes + 4095) / 4096 * 4096;
+      w.opcode = IBV_WR_RDMA_WRITE;
+      w.remote = remote.stagingAddr + header + (ring * kStageSlots + ringSlot) * kStageSlotBytes;
+      w.rkey = remote.stagingRkey;
+      q.backlog.push_back(w);
+      PendingWr ctl;
+      ctl.op = id;
+      ctl.opcode = IBV_WR_SEND;
+      ctl.control = true;
+      ctl.record = ControlRecord{op.remoteWindow,
+                                 last && op.withImm ? kControlStagedImm : kControlStaged,
+                                 op.remoteOffset + off,
+                                 len,
+                                 static_cast<uint32_t>(ringSlot),
+                                 op.imm};
+      q.backlog.push_back(ctl);
+    } else {
+      w.opcode = last && op.withImm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+      w.imm = op.imm;
+      w.remote = remote.addr + op.remoteOffset + off;
+      w.rkey = remote.rkey;
+      q.backlog.push_back(w);
+    }
+    flush(op.peer);
+  }
 }
 
 void VerbsLane::postAtomic(const AtomicOp& op) {
@@ -806,7 +1139,7 @@ void VerbsLane::postAtomic(const AtomicOp& op) {
   } else {
     w.opcode = IBV_WR_SEND;
     w.control = true;
-    w.record = ControlRecord{op.remoteWindow, static_cast<uint32_t>(op.kind), op.remoteOffset, op.value};
+    w.record = ControlRecord{op.remoteWindow, static_cast<uint32_t>(op.kind), op.remoteOffset, op.value, 0, 0};
   }
   qps_[op.peer].backlog.push_back(w);
   flush(op.peer);
@@ -816,8 +1149,9 @@ void VerbsLane::abandon() {
   for (QpSlot& q : qps_) {
     q.qp.reset();
     q.backlog.clear();
-    q.outstanding = 0;
+    q.posted.clear();
   }
+  for (bool& b : sendSlotBusy_) b = false;
   for (uint32_t i = 0; i < ops_.size(); ++i)
     if (ops_[i].remaining > 0) {
       ops_[i].remaining = 1;
@@ -828,10 +1162,52 @@ void VerbsLane::abandon() {
 void VerbsLane::failBacklog(int peer) {
   QpSlot& q = qps_[peer];
   while (!q.backlog.empty()) {
-    uint32_t id = q.backlog.front().op;
+    PendingWr p = q.backlog.front();
     q.backlog.pop_front();
-    finishWr(id, Status::kPeerFailed);
+    retire(peer, PostedWr{0, p.op, p.sendSlot, p.what}, Status::kPeerFailed);
   }
+}
+
+void VerbsLane::retire(int peer, const PostedWr& w, Status status) {
+  if (w.sendSlot >= 0) sendSlotBusy_[w.sendSlot] = false;
+  QpSlot& q = qps_[peer];
+  if (w.what == PostedWr::kHeartbeat) q.heartbeatNs = 0;
+  if (w.what == PostedWr::kCreditRead) {
+    q.creditReadPending = false;
+    if (status == Status::kOk) {
+      const uint64_t consumed = atomicLoad(
+          reinterpret_cast<uint64_t*>(buffer_.get() + 64 + static_cast<size_t>(peer) * kWordBytes), kAcquire);
+      q.stagedFreed = std::max(q.stagedFreed, std::min(consumed, q.stagedSent));
+    }
+  }
+  if (w.op != kNoOp) finishWr(w.op, status);
+}
+
+void VerbsLane::queueHeartbeat(int peer, uint64_t now) {
+  QpSlot& q = qps_[peer];
+  q.lastPostNs = now;
+  PendingWr h;
+  {
+    // A zero-byte write needs no valid target, but some providers check the rkey anyway: use a window's (or, for a
+    // staged one, its staging area's).
+    std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
+    bool found = false;
+    for (const auto& [id, r] : t_.remoteWindows_[peer])
+      if (r.key.staged ? r.key.stagingRkey != 0 : r.key.rkey != 0) {
+        h.remote = r.key.staged ? r.key.stagingAddr : r.key.addr;
+        h.rkey = r.key.staged ? r.key.stagingRkey : r.key.rkey;
+        found = true;
+        break;
+      }
+    if (!found) return;
+  }
+  h.op = kNoOp;
+  h.what = PostedWr::kHeartbeat;
+  h.opcode = IBV_WR_RDMA_WRITE;
+  h.length = 0;
+  q.heartbeatNs = now;
+  q.backlog.push_back(h);
+  flush(peer);
 }
 
 void VerbsLane::flush(int peer) {
@@ -840,24 +1216,34 @@ void VerbsLane::flush(int peer) {
   constexpr size_t kBatch = 32;
   ibv_send_wr wrs[kBatch];
   ibv_sge sges[kBatch];
-  while (!q.backlog.empty() && q.outstanding < static_cast<uint32_t>(t_.sendDepth_)) {
-    const size_t n = std::min({kBatch, q.backlog.size(), static_cast<size_t>(t_.sendDepth_ - q.outstanding)});
+  const uint32_t depth = static_cast<uint32_t>(t_.sendDepth_);
+  const uint32_t every = static_cast<uint32_t>(std::min(t_.options_.signalEvery, t_.sendDepth_));
+  while (!q.backlog.empty() && q.posted.size() < depth) {
+    const size_t n = std::min({kBatch, q.backlog.size(), static_cast<size_t>(depth - q.posted.size())});
+    const size_t before = q.posted.size();
+    const uint32_t sinceSignal = q.sinceSignal;
     for (size_t i = 0; i < n; ++i) {
       const PendingWr& p = q.backlog[i];
       ibv_send_wr& wr = wrs[i];
       wr = ibv_send_wr{};
-      wr.wr_id = (static_cast<uint64_t>(peer) << 32) | p.op;
+      const uint64_t seq = q.nextSeq + i;
+      wr.wr_id = (static_cast<uint64_t>(peer) << 40) | (seq & kSeqMask);
       wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
       wr.sg_list = &sges[i];
-      wr.num_sge = 1;
+      wr.num_sge = p.length > 0 ? 1 : 0;
       wr.opcode = p.opcode;
-      wr.send_flags = IBV_SEND_SIGNALED;
+      // Selective signalling: every `every`-th, the last of the chain and RDMA reads (their result is awaited).
+      if (++q.sinceSignal >= every || i + 1 == n || p.opcode == IBV_WR_RDMA_READ) {
+        wr.send_flags = IBV_SEND_SIGNALED;
+        q.sinceSignal = 0;
+      }
       sges[i] = ibv_sge{p.local, p.length, p.lkey};
       if (p.control) {
-        char* slot = buffer_.get() + 64 +
+        char* slot = buffer_.get() + creditEnd_ +
                      (static_cast<size_t>(peer) * t_.sendDepth_ + q.controlNext++ % t_.sendDepth_) * kControlSlotBytes;
         std::memcpy(slot, &p.record, sizeof p.record);
         sges[i] = ibv_sge{reinterpret_cast<uint64_t>(slot), sizeof p.record, mr_->lkey};
+        wr.num_sge = 1;
         if (sizeof p.record <= maxInline_) wr.send_flags |= IBV_SEND_INLINE;
       } else if (p.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
         wr.wr.atomic.remote_addr = p.remote;
@@ -867,64 +1253,91 @@ void VerbsLane::flush(int peer) {
         wr.wr.rdma.remote_addr = p.remote;
         wr.wr.rdma.rkey = p.rkey;
         if (p.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) wr.imm_data = htonl(p.imm);
-        if (p.length <= maxInline_) wr.send_flags |= IBV_SEND_INLINE;
+        if (p.opcode != IBV_WR_RDMA_READ && p.length > 0 && p.length <= maxInline_) wr.send_flags |= IBV_SEND_INLINE;
       }
+      q.posted.push_back(PostedWr{seq, p.op, p.sendSlot, p.what});
     }
     ibv_send_wr* bad = nullptr;
     try {
       GDX_IBV_CHECK(ibv_post_send(q.qp.get(), wrs, &bad));
     } catch (const VerbsError& e) {
-      // Work requests before `bad` were posted; the rest were not.
+      // Work requests before `bad` were posted; the rest were not and stay in the backlog (failed below).
       size_t posted = 0;
       while (posted < n && &wrs[posted] != bad) ++posted;
-      q.outstanding += static_cast<uint32_t>(posted);
+      q.posted.erase(q.posted.begin() + static_cast<std::ptrdiff_t>(before + posted), q.posted.end());
+      q.sinceSignal = sinceSignal;
+      q.nextSeq += posted;
       q.backlog.erase(q.backlog.begin(), q.backlog.begin() + static_cast<std::ptrdiff_t>(posted));
       t_.failPeer(peer,
                   "lane " + std::to_string(index_) + ": posting to rank " + std::to_string(peer) + ": " + e.what());
       return failBacklog(peer);
     }
-    if (q.outstanding == 0) q.progressNs = nowNs();
-    q.outstanding += static_cast<uint32_t>(n);
+    const uint64_t now = nowNs();
+    if (before == 0) q.progressNs = now;
+    q.lastPostNs = now;
+    q.nextSeq += n;
     q.backlog.erase(q.backlog.begin(), q.backlog.begin() + static_cast<std::ptrdiff_t>(n));
   }
 }
 
-size_t VerbsLane::poll(Completion* out, size_t max) {
-  if (t_.connected_ && !t_.stopping_.load(std::memory_order_relaxed)) {
-    ibv_wc wc[32];
-    int n;
-    while ((n = ibv_poll_cq(sendCq_.get(), 32, wc)) > 0) {
-      for (int i = 0; i < n; ++i) {
-        const int peer = static_cast<int>(wc[i].wr_id >> 32);
-        const uint32_t id = static_cast<uint32_t>(wc[i].wr_id & 0xffffffffu);
-        --qps_[peer].outstanding;
-        qps_[peer].progressNs = nowNs();
-        Status s = Status::kOk;
-        if (wc[i].status != IBV_WC_SUCCESS) {
-          s = Status::kPeerFailed;
-          t_.failPeer(peer, "lane " + std::to_string(index_) + ": a work request to rank " + std::to_string(peer) +
-                                " completed with status '" + ibv_wc_status_str(wc[i].status) + "' (vendor error " +
-                                std::to_string(wc[i].vendor_err) + ")");
-        }
-        finishWr(id, s);
+void VerbsLane::progress() {
+  if (!t_.connected_ || t_.stopping_.load(std::memory_order_relaxed)) return;
+  ibv_wc wc[32];
+  int n;
+  while ((n = ibv_poll_cq(sendCq_.get(), 32, wc)) > 0) {
+    for (int i = 0; i < n; ++i) {
+      const int peer = static_cast<int>(wc[i].wr_id >> 40);
+      const uint64_t seq = wc[i].wr_id & kSeqMask;
+      QpSlot& q = qps_[peer];
+      q.progressNs = nowNs();
+      Status s = Status::kOk;
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        s = Status::kPeerFailed;
+        t_.failPeer(peer, "lane " + std::to_string(index_) + ": a work request to rank " + std::to_string(peer) +
+                              " completed with status '" + ibv_wc_status_str(wc[i].status) + "' (vendor error " +
+                              std::to_string(wc[i].vendor_err) + ")");
       }
-      if (n < 32) break;
+      // Everything posted before the reported work request is done (and succeeded: RC completes in order).
+      bool found = false;
+      while (!q.posted.empty() && !found) {
+        PostedWr w = q.posted.front();
+        q.posted.pop_front();
+        found = (w.seq & kSeqMask) == seq;
+        retire(peer, w, found ? s : Status::kOk);
+      }
+      if (!found) GDX_ERROR(who() << ": a completion for an unknown work request to rank " << peer);
     }
-    if (n < 0) GDX_ERROR(who() << ": ibv_poll_cq (send) failed");
-    // Bounded waiting: a peer whose queue pair vanished may leave the NIC retrying for long (Soft-RoCE does not
-    // always give up at all), so no completion for timeoutNs while work is outstanding fails the peer; moving
-    // the QP to the error state then flushes the outstanding work.
-    const uint64_t now = nowNs();
-    for (int p = 0; p < t_.world_; ++p) {
-      const QpSlot& q = qps_[p];
-      if (q.outstanding > 0 && now - q.progressNs > t_.options_.timeoutNs && !t_.failed(p))
-        t_.failPeer(p, "lane " + std::to_string(index_) + ": no completion from rank " + std::to_string(p) + " for " +
-                           std::to_string((now - q.progressNs) / 1000000) + " ms with " +
-                           std::to_string(q.outstanding) + " work requests outstanding (status timeout)");
-    }
-    for (int p = 0; p < t_.world_; ++p)
-      if (!qps_[p].backlog.empty()) flush(p);
+    if (n < 32) break;
   }
+  if (n < 0) GDX_ERROR(who() << ": ibv_poll_cq (send) failed");
+  // Bounded waiting: a peer whose queue pair vanished may leave the NIC retrying for long (Soft-RoCE does not
+  // always give up at all), so no completion for timeoutNs while work is outstanding fails the peer; moving
+  // the QP to the error state then flushes the outstanding work.
+  const uint64_t now = nowNs();
+  for (int p = 0; p < t_.world_; ++p) {
+    QpSlot& q = qps_[p];
+    if (t_.failed(p)) {
+      if (!q.backlog.empty()) failBacklog(p);
+      continue;
+    }
+    const uint64_t heartbeatTimeout = std::min(kHeartbeatTimeoutNs, t_.options_.timeoutNs / 4);
+    if (q.heartbeatNs != 0 && now - q.heartbeatNs > heartbeatTimeout)
+      t_.failPeer(p, "lane " + std::to_string(index_) + ": rank " + std::to_string(p) +
+                         " did not answer a heartbeat for " + std::to_string((now - q.heartbeatNs) / 1000000) +
+                         " ms (status timeout)");
+    else if (!q.posted.empty() && now - q.progressNs > t_.options_.timeoutNs)
+      t_.failPeer(p, "lane " + std::to_string(index_) + ": no completion from rank " + std::to_string(p) + " for " +
+                         std::to_string((now - q.progressNs) / 1000000) + " ms with " +
+                         std::to_string(q.posted.size()) + " work requests outstanding (status timeout)");
+    else if (!q.backlog.empty())
+      flush(p);
+    else if (p != t_.rank_ && q.posted.empty() && now - q.lastPostNs > kHeartbeatNs)
+      queueHeartbeat(p, now);
+  }
+}
+
+size_t VerbsLane::poll(Completion* out, size_t max) {
+  progress();
   size_t k = std::min(max, done_.size());
   std::copy_n(done_.begin(), k, out);
   done_.erase(done_.begin(), done_.begin() + static_cast<std::ptrdiff_t>(k));

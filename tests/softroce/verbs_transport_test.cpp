@@ -2,8 +2,10 @@
 // (tests/softroce/run-in-vm.sh); outside it, with no RDMA device, they skip unless GDX_REQUIRE_RDMA=1.
 // Worlds of two are two transports in this one process, both on the same device, connected like two ranks.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,29 +15,42 @@
 #include <string>
 #include <vector>
 
+#include "gdx/context.hpp"
 #include "gdx/error.hpp"
 #include "gdx/transport.hpp"
 #include "support/tcp_helpers.hpp"
+#include "support/test_support.hpp"
 
 namespace gdx::test {
 namespace {
 
 constexpr int kTimeoutMs = 20000;
 
-VerbsTransportOptions verbsOptions(int rank, int world, bool native = false) {
+/// Variations of the transports of a test world.
+struct Variant {
+  bool native = false;       ///< native fetch-and-add
+  uint32_t stagedRanks = 0;  ///< bit r: rank r stages every window (stageAllWindows)
+  int signalEvery = 0;       ///< 0: the default
+  int sendDepth = 0;         ///< 0: the default
+};
+
+VerbsTransportOptions verbsOptions(int rank, int world, Variant v = {}) {
   VerbsTransportOptions o = VerbsTransportOptions::fromEnv(rank, world);
   o.lanes = 1;
-  o.nativeAtomics = native;
+  o.nativeAtomics = v.native;
+  o.stageAllWindows = (v.stagedRanks >> rank) & 1;
+  if (v.signalEvery) o.signalEvery = v.signalEvery;
+  if (v.sendDepth) o.sendDepth = v.sendDepth;
   o.timeout = 12;  // ~17 ms ACK timeout x 7 retries: a vanished peer is noticed in well under a second
   o.timeoutNs = uint64_t{kTimeoutMs} * 1000000;
   return o;
 }
 
 /// A world of `world` verbs transports, or empty (and the test skipped) when there is no RDMA device.
-std::vector<std::unique_ptr<Transport>> verbsWorld(int world, bool native = false) {
+std::vector<std::unique_ptr<Transport>> verbsWorld(int world, Variant v = {}) {
   std::vector<std::unique_ptr<Transport>> t;
   try {
-    for (int r = 0; r < world; ++r) t.push_back(makeVerbsTransport(verbsOptions(r, world, native)));
+    for (int r = 0; r < world; ++r) t.push_back(makeVerbsTransport(verbsOptions(r, world, v)));
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kVerbs) throw;
     const char* require = std::getenv("GDX_REQUIRE_RDMA");
@@ -101,8 +116,8 @@ TEST(VerbsTransport, WorldOfOneWritesThroughItsOwnQp) {
   EXPECT_EQ(w[0]->lane(0).inFlight(), 0u);
 }
 
-TEST(VerbsTransport, RandomSizesEveryByteCheckedWhenAnnounced) {
-  GDX_VERBS_WORLD(w, 2);
+void randomSizesEveryByteChecked(Variant v) {
+  GDX_VERBS_WORLD(w, 2, v);
   const std::vector<size_t> sizes = {1, 7, 63, 64, 65, 4095, 4096, 65537, 1 << 20, (1 << 20) + 3, 16 << 20};
   size_t total = 0;
   for (size_t s : sizes) total += s;
@@ -130,6 +145,70 @@ TEST(VerbsTransport, RandomSizesEveryByteCheckedWhenAnnounced) {
   EXPECT_TRUE(waitFor([&] { return announced.load() == static_cast<int>(sizes.size()); }, kTimeoutMs));
   EXPECT_EQ(bad.load(), 0);
   EXPECT_EQ(std::memcmp(src.p, dst.p, total), 0);
+  EXPECT_EQ(w[0]->lane(0).inFlight(), 0u);
+}
+
+TEST(VerbsTransport, RandomSizesEveryByteCheckedWhenAnnounced) {
+  randomSizesEveryByteChecked({});
+}
+// Staging without a GPU: stageAllWindows makes host windows take the path of unregistrable GPU windows (ring slots,
+// control records, credits fetched by RDMA read, the receiver's copy before the announcement).
+TEST(VerbsTransport, StagedReceiverEveryByteCheckedWhenAnnounced) {
+  randomSizesEveryByteChecked(Variant{false, 0b10});
+}
+TEST(VerbsTransport, StagedSenderEveryByteCheckedWhenAnnounced) {
+  randomSizesEveryByteChecked(Variant{false, 0b01});
+}
+TEST(VerbsTransport, StagedBothSidesEveryByteCheckedWhenAnnounced) {
+  randomSizesEveryByteChecked(Variant{false, 0b11});
+}
+
+TEST(VerbsTransport, SelectiveSignallingGivesEveryOpOneCompletion) {
+  // A shallow send queue, so most posts find it full and chains of many work requests form (one signalled in 5).
+  GDX_VERBS_WORLD(w, 2, Variant{false, 0, 5, 16});
+  constexpr int kOps = 3000;
+  constexpr size_t kBytes = 512;
+  Buffer src(kOps * kBytes, 61), dst(kOps * kBytes, 62), words(4096, 0);
+  std::memset(words.p, 0, 4096);
+  share(w, 0, 1, src);
+  share(w, 1, 1, dst);
+  share(w, 1, 2, words);
+  std::atomic<int> announced{0};
+  w[1]->setImmHandler([&](const RemoteWrite&) { announced++; });
+  connectAll(w, 1);
+  TransportLane& lane = w[0]->lane(0);
+  size_t maxInFlight = 0;
+  std::vector<int> seen(kOps + 1, 0);
+  Completion c[64];
+  for (int i = 0; i < kOps; ++i) {
+    if (i % 10 == 9)
+      lane.postAtomic(AtomicOp{1, 2, 0, AtomicKind::kAdd, 1, static_cast<uint64_t>(i)});
+    else
+      lane.post(WriteOp{1, 1, i * kBytes, 1, i * kBytes, kBytes, i % 3 == 0, 1, static_cast<uint64_t>(i)});
+    maxInFlight = std::max(maxInFlight, lane.inFlight());
+    if (i % 7 == 0)
+      for (size_t n = lane.poll(c, 64), k = 0; k < n; ++k) {
+        EXPECT_EQ(c[k].status, Status::kOk);
+        seen[c[k].cookie]++;
+      }
+  }
+  for (auto& x : pollCompletions(lane, lane.inFlight(), kTimeoutMs)) {
+    EXPECT_EQ(x.status, Status::kOk);
+    seen[x.cookie]++;
+  }
+  for (int i = 0; i < kOps; ++i) EXPECT_EQ(seen[i], 1) << "op " << i;
+  EXPECT_EQ(lane.inFlight(), 0u);
+  int withImm = 0;
+  for (int i = 0; i < kOps; ++i) withImm += i % 10 != 9 && i % 3 == 0;
+  EXPECT_TRUE(waitFor([&] { return announced.load() == withImm; }, kTimeoutMs));
+  EXPECT_TRUE(waitFor([&] { return __atomic_load_n(reinterpret_cast<uint64_t*>(words.p), __ATOMIC_ACQUIRE) == 300; },
+                      kTimeoutMs));
+  for (int i = 0; i < kOps; ++i) {
+    if (i % 10 != 9) {
+      EXPECT_EQ(std::memcmp(src.p + i * kBytes, dst.p + i * kBytes, kBytes), 0) << "op " << i;
+    }
+  }
+  std::printf("max in flight %zu\n", maxInFlight);
 }
 
 TEST(VerbsTransport, HundredsOfOutstandingWritesQueueBeyondTheSendQueue) {
@@ -165,8 +244,8 @@ TEST(VerbsTransport, HundredsOfOutstandingWritesQueueBeyondTheSendQueue) {
   EXPECT_EQ(std::memcmp(src.p, dst.p, src.bytes), 0);
 }
 
-void atomicsAreOrdered(bool native) {
-  GDX_VERBS_WORLD(w, 2, native);
+void atomicsAreOrdered(bool native, uint32_t stagedRanks = 0) {
+  GDX_VERBS_WORLD(w, 2, Variant{native, stagedRanks});
   Buffer src(1 << 20, 31), dst(1 << 20, 32), words(4096, 0);
   std::memset(words.p, 0, 4096);
   share(w, 0, 1, src);
@@ -205,6 +284,9 @@ TEST(VerbsTransport, SoftwareAtomicsAddAndSetInOrder) {
 }
 TEST(VerbsTransport, NativeFetchAndAdd) {
   atomicsAreOrdered(true);
+}
+TEST(VerbsTransport, AtomicsAreAppliedAfterEarlierStagedWrites) {
+  atomicsAreOrdered(false, 0b11);
 }
 
 TEST(VerbsTransport, BadInputIsRefusedBeforeAnythingIsPosted) {
@@ -299,6 +381,143 @@ TEST(VerbsTransport, PeerThatDestroysItsQueuePairsIsReportedNotWaitedFor) {
   ASSERT_EQ(later.size(), 1u);
   EXPECT_EQ(later[0].status, Status::kPeerFailed);
   std::printf("failure noticed after %lld ms: %s\n", static_cast<long long>(ms), why.c_str());
+}
+
+TEST(VerbsTransport, IdlePeerThatVanishesIsNoticedByTheHeartbeat) {
+  GDX_VERBS_WORLD(w, 2);
+  Buffer a(4096, 71), b(4096, 72);
+  share(w, 0, 1, a);
+  share(w, 1, 1, b);
+  std::atomic<int> failures{0};
+  w[0]->setPeerFailureHandler([&](int peer, const std::string&) {
+    EXPECT_EQ(peer, 1);
+    failures++;
+  });
+  connectAll(w, 1);
+  TransportLane& lane = w[0]->lane(0);
+  Completion c[4];
+  // Healthy and idle: heartbeats complete quietly, no op completes.
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (std::chrono::steady_clock::now() < until) EXPECT_EQ(lane.poll(c, 4), 0u);
+  EXPECT_EQ(failures.load(), 0);
+  w[1]->shutdown();  // rank 1 vanishes; rank 0 has nothing to send
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(waitFor(
+      [&] {
+        lane.poll(c, 4);
+        return failures.load() == 1;
+      },
+      kTimeoutMs));
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(w[0]->peerStatus(1), Status::kPeerFailed);
+  std::printf("idle peer's failure noticed after %lld ms\n", static_cast<long long>(ms));
+}
+
+// ---- gdx::Context over verbs: two ranks as processes, bootstrap over 127.0.0.1 ---------------------------------
+
+void verbsJobEnv(bool staged) {
+  setenv("GDX_TRANSPORT", "verbs", 1);
+  setenv("GDX_IB_TIMEOUT", "12", 1);
+  setenv("GDX_IB_FORCE_STAGING", staged ? "1" : "0", 1);
+}
+
+int contextRandomDataAndSignals(int rank, bool staged) {
+  verbsJobEnv(staged);
+  setenv("GDX_TIMEOUT_MS", "30000", 1);
+  Context ctx;
+  const int peer = 1 - rank;
+  const std::vector<size_t> sizes = {1, 2, 7, 63, 64, 65, 4095, 4096, 65537, 1 << 20, (1 << 20) + 3, 4 << 20};
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (size_t n : sizes) {
+    offsets.push_back(total + (total % 8 == 0 ? 3 : 0));  // unaligned starts too
+    total = offsets.back() + n;
+  }
+  std::vector<unsigned char> src(total), dst(total, 0xA5), expect(total);
+  test::fillRandom(src.data(), total, 1000 + rank);
+  test::fillRandom(expect.data(), total, 1000 + peer);
+  Window s = ctx.registerWindow(src.data(), src.size());
+  Window d = ctx.registerWindow(dst.data(), dst.size());
+  ctx.barrier();
+  Channel ch = ctx.channel(peer);
+  const uint64_t big = 0x123456789abcdefull;  // does not fit an immediate: the remote atomic path
+  for (int round = 0; round < 3; ++round)
+    for (size_t i = 0; i < sizes.size(); ++i) ch.putWithSignal(d, offsets[i], s, offsets[i], sizes[i], 0, 1);
+  ch.signal(1, big, SignalOp::kSet);
+  ch.flush();
+  const uint64_t puts = 3 * sizes.size();
+  int bad = 0;
+  ctx.wait(1, big);
+  // The set was applied after every earlier put of the channel was placed and announced.
+  if (ctx.signalValue(0) != puts) bad |= 1;
+  ctx.wait(0, puts);
+  if (ctx.signalValue(0) != puts || ctx.signalValue(1) != big) bad |= 2;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    long long m = test::firstMismatch(dst.data() + offsets[i], expect.data() + offsets[i], sizes[i]);
+    if (m >= 0) {
+      std::fprintf(stderr, "rank %d: %zu bytes differ at byte %lld\n", rank, sizes[i], m);
+      bad |= 4;
+    }
+  }
+  if (bad)
+    std::fprintf(stderr, "rank %d: bad mask %d, signal 0 = %llu\n", rank, bad,
+                 static_cast<unsigned long long>(ctx.signalValue(0)));
+  ctx.barrier();
+  return bad;
+}
+
+TEST(VerbsContext, TwoRanksRandomDataSignalsCountedAndSetOverVerbs) {
+  auto codes = test::runRanks(
+      2, [](int rank) { return contextRandomDataAndSignals(rank, false); }, 240);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+TEST(VerbsContext, TwoRanksRandomDataSignalsCountedAndSetOverStagedVerbs) {
+  auto codes = test::runRanks(
+      2, [](int rank) { return contextRandomDataAndSignals(rank, true); }, 240);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST(VerbsContext, PeerKilledMidTransferEndsTheSurvivorsWait) {
+  auto codes = test::runRanks(
+      2,
+      [](int rank) {
+        verbsJobEnv(false);
+        setenv("GDX_TIMEOUT_MS", "8000", 1);
+        Context ctx;
+        std::vector<unsigned char> buf(size_t{8} << 20, 0x5A);
+        Window w = ctx.registerWindow(buf.data(), buf.size());
+        ctx.barrier();
+        if (rank == 1) {
+          Channel ch = ctx.channel(0);
+          for (int i = 0;; ++i) {
+            ch.put(w, 0, w, 0, buf.size());
+            if (i == 3) raise(SIGKILL);
+          }
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        Channel back = ctx.channel(1);
+        try {
+          ctx.wait(9, 1);
+          return 1;
+        } catch (const Error& e) {
+          double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          bool ok = e.code() == ErrorCode::kPeerFailed && sec < 8.0 &&
+                    std::string(e.what()).find("rank 1") != std::string::npos;
+          std::fprintf(stderr, "survivor's wait ended after %.3f s: %s\n", sec, e.what());
+          try {
+            back.put(w, 0, w, 0, 1024);
+            back.flush();
+            std::fprintf(stderr, "flush to the dead peer succeeded\n");
+            ok = false;
+          } catch (const Error& e2) {
+            ok = ok && e2.code() == ErrorCode::kPeerFailed;
+          }
+          return ok ? 0 : 1;
+        }
+      },
+      120);
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 128 + SIGKILL);
 }
 
 TEST(VerbsTransport, ConnectRejectsForeignAddresses) {

@@ -1,5 +1,7 @@
 #include "gdx/context.hpp"
 
+#include "core/direct_path.hpp"
+
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -14,20 +16,27 @@
 namespace gdx {
 namespace {
 
-// A window's registration record as exchanged through the bootstrap: id, size, transport key.
-std::string encodeWindowRecord(uint32_t id, uint64_t bytes, const std::string& key) {
-  std::string out(12, '\0');
+// A window's registration record as exchanged through the bootstrap: id, size, transport key, and what the
+// direct path needs (a CUDA IPC handle; empty for host windows).
+std::string encodeWindowRecord(uint32_t id, uint64_t bytes, const std::string& key, const std::string& direct = {}) {
+  std::string out(16, '\0');
+  const uint32_t keyBytes = static_cast<uint32_t>(key.size());
   std::memcpy(&out[0], &id, 4);
   std::memcpy(&out[4], &bytes, 8);
-  return out + key;
+  std::memcpy(&out[12], &keyBytes, 4);
+  return out + key + direct;
 }
 
-void decodeWindowRecord(const std::string& blob, int peer, uint32_t* id, uint64_t* bytes, std::string* key) {
-  if (blob.size() < 12)
+void decodeWindowRecord(const std::string& blob, int peer, uint32_t* id, uint64_t* bytes, std::string* key,
+                        std::string* direct = nullptr) {
+  uint32_t keyBytes = 0;
+  if (blob.size() >= 16) std::memcpy(&keyBytes, blob.data() + 12, 4);
+  if (blob.size() < 16 || blob.size() - 16 < keyBytes)
     throw Error(ErrorCode::kProtocol, "window record from rank " + std::to_string(peer) + " is truncated");
   std::memcpy(id, blob.data(), 4);
   std::memcpy(bytes, blob.data() + 4, 8);
-  *key = blob.substr(12);
+  *key = blob.substr(16, keyBytes);
+  if (direct) *direct = blob.substr(16 + keyBytes);
 }
 
 }  // namespace
@@ -142,6 +151,7 @@ void Context::init() {
       registry_->addRemote(p, id, bytes);
     }
   }
+  direct_ = std::make_unique<DirectPaths>(*bootstrap_, gpu_, options_.numSignals);
   proxy_ = std::make_unique<Proxy>(options_.proxy, transport_.get(), *registry_);
   proxy_->start();
   {
@@ -189,12 +199,13 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
     throw;
   }
   Window window(this, id, base, bytes, kind);
-  std::vector<std::string> all = bootstrap_->allGather(encodeWindowRecord(id, bytes, key));
+  std::vector<std::string> all = bootstrap_->allGather(encodeWindowRecord(id, bytes, key, direct_->windowBlob(base, bytes, kind)));
+  direct_->addLocal(id, base, bytes, kind);
   for (int p = 0; p < worldSize(); ++p) {
     uint32_t peerId;
     uint64_t peerBytes;
-    std::string peerKey;
-    decodeWindowRecord(all[p], p, &peerId, &peerBytes, &peerKey);
+    std::string peerKey, peerDirect;
+    decodeWindowRecord(all[p], p, &peerId, &peerBytes, &peerKey, &peerDirect);
     if (peerId != id)
       throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + " registered window " +
                                                    std::to_string(id) + " while rank " + std::to_string(p) +
@@ -202,6 +213,7 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
                                                    ": windows must be registered in the same order on every rank");
     transport_->addRemoteWindow(p, id, peerBytes, peerKey);
     registry_->addRemote(p, id, peerBytes);
+    direct_->addRemote(p, id, peerBytes, peerDirect);
   }
   GDX_DEBUG("registered window " << id << " of " << bytes << " bytes");
   return window;
@@ -209,6 +221,7 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
 
 void Context::deregister(uint32_t id) noexcept {
   try {
+    direct_->removeLocal(id);
     registry_->removeLocal(id);
     transport_->deregisterWindow(id);
   } catch (const std::exception& e) {
@@ -251,17 +264,25 @@ ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) {
                              options_.numSignals,
                              static_cast<uint32_t>(peer),
                              options_.timeoutNs,
-                             ~uint64_t{0}};
+                             ~uint64_t{0},
+                             peer == rank() ? nullptr : direct_->deviceTable(peer),
+                             direct_->deviceSignals()};
 }
+
+bool Context::isDirect(int peer) const { return direct_ && direct_->isDirect(peer); }
 
 uint64_t Context::signalValue(uint32_t id) const {
   if (id >= options_.numSignals) throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
-  return atomicLoad(static_cast<uint64_t*>(signals_->data()) + id, kAcquire);
+  uint64_t h = atomicLoad(static_cast<uint64_t*>(signals_->data()) + id, kAcquire);
+  if (!direct_->mayReceive()) return h;
+  uint64_t d = direct_->readSignal(id);
+  return h > d ? h : d;
 }
 
 void Context::setSignal(uint32_t id, uint64_t value) {
   if (id >= options_.numSignals) throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
   atomicStore(static_cast<uint64_t*>(signals_->data()) + id, value, kRelease);
+  direct_->writeSignal(id, value);
 }
 
 Status Context::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
@@ -269,8 +290,15 @@ Status Context::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) cons
   uint64_t* word = static_cast<uint64_t*>(signals_->data()) + id;
   const uint64_t bound = timeoutNs ? timeoutNs : options_.timeoutNs;
   const uint64_t start = nowNs();
+  // Direct-path updates land in device memory: read it through a copy, at most every 20 µs.
+  const bool device = direct_->mayReceive();
+  uint64_t lastDeviceRead = 0;
   for (uint64_t spins = 0;; ++spins) {
     if (atomicLoad(word, kAcquire) >= value) return Status::kOk;
+    if (device && nowNs() - lastDeviceRead > 20000) {
+      if (direct_->readSignal(id) >= value) return Status::kOk;
+      lastDeviceRead = nowNs();
+    }
     uint32_t f = atomicLoad(failed_, kAcquire);
     if (f != 0) return static_cast<Status>(f);
     if ((spins & 63) == 0 && nowNs() - start > bound) return Status::kTimeout;

@@ -1,6 +1,19 @@
 // ChannelDeviceHandle: what a CUDA kernel receives (by value) to issue one-sided operations to one peer.
-// Every operation is a command enqueued on a command ring that a proxy thread drains; see ring_device.hpp for
-// the ring protocol and proxy.hpp for what the proxy does with each command.
+// Two paths, chosen per peer when the Context is set up (and logged at GDX_LOG_LEVEL=INFO):
+//  * proxy path: every operation is a command enqueued on a command ring that a proxy thread drains; see
+//    ring_device.hpp for the ring protocol and proxy.hpp for what the proxy does with each command.
+//  * direct path (a peer GPU of the same host that this GPU can address, `direct` set): put / putWithSignal /
+//    signal / atomicAdd between GPU-addressable windows are done by the calling threads themselves, with SM
+//    loads and stores into the peer's IPC-mapped window and system-scope release atomics on the peer's device
+//    signal array (direct_device.hpp). A put whose source or destination window is not on the direct path
+//    (a host window that CUDA cannot address, a host window on the peer) still goes through the proxy.
+//    Direct-path operations are complete when the call returns (flush() has nothing to wait for); a range
+//    outside the window returns kInvalidArgument at once instead of a later kProxyError. The single-thread
+//    forms copy with one thread: use the warp (…Warp) or block (…Block) forms for anything large.
+//    Ordering between direct-path operations and proxied operations to the same peer is not guaranteed:
+//    announce data with a signal of the path that carried it.
+// wait(id, v) returns when either this rank's host-mapped signal (updated by proxied peers) or its device
+// signal (updated by direct-path peers) reaches v: let each signal id be updated by peers of one kind.
 //
 // Status, not hangs: every call returns a Status. Enqueueing waits only when the ring is full; wait() and
 // flush() wait for the peer or the proxy. All of them are bounded by `timeoutNs` (GDX_TIMEOUT_MS) and end
@@ -30,7 +43,9 @@
 #include "gdx/atomic.hpp"
 #include "gdx/clock.hpp"
 #include "gdx/command.hpp"
+#include "gdx/copy_device.hpp"
 #include "gdx/device.hpp"
+#include "gdx/direct_device.hpp"
 #include "gdx/ring_device.hpp"
 #include "gdx/status.hpp"
 
@@ -44,6 +59,36 @@ struct ChannelDeviceHandle {
   uint32_t peer;
   uint64_t timeoutNs;
   uint64_t lastPosition;   ///< highest ring position this copy of the handle used; ~0: none
+  const DirectPeer* direct;  ///< device table of the direct path to `peer`; null: every operation is proxied
+  uint64_t* deviceSignals;   ///< this rank's device signal array (direct-path updates land here); may be null
+
+#if defined(__CUDACC__)
+  /// Direct-path addresses of a put: 1 with *d/*s set, 0 when the put must go through the proxy, -1 when the
+  /// range lies outside a direct-path window.
+  GDX_DEVICE_INLINE int directPut(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
+                                  uint64_t bytes, char** d, const char** s) const {
+    if (!direct) return 0;
+    char* db = direct->peerBase[dstWindow];
+    char* sb = direct->localBase[srcWindow];
+    if (!db || !sb) return 0;
+    const uint64_t dn = direct->peerBytes[dstWindow], sn = direct->localBytes[srcWindow];
+    if (dstOffset > dn || bytes > dn - dstOffset || srcOffset > sn || bytes > sn - srcOffset) return -1;
+    *d = db + dstOffset;
+    *s = sb + srcOffset;
+    return 1;
+  }
+  GDX_DEVICE_INLINE bool directSignalOk(uint32_t signalId) const {
+    return direct && direct->peerSignals && signalId < direct->peerNumSignals;
+  }
+  /// Release at system scope: the data this thread wrote (and what it saw through a barrier) is visible first.
+  GDX_DEVICE_INLINE void directSignal(uint32_t signalId, uint64_t value, SignalOp op) const {
+    uint64_t* w = direct->peerSignals + signalId;
+    if (op == SignalOp::kAdd)
+      atomicFetchAdd(w, value, kRelease);
+    else
+      atomicStore(w, value, kRelease);
+  }
+#endif
 
   GDX_HOST_DEVICE_INLINE Status enqueue(const Command& c) {
     uint64_t pos;
@@ -64,6 +109,18 @@ struct ChannelDeviceHandle {
     if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || !addressable(dstOffset, bytes) ||
         !addressable(srcOffset, bytes))
       return Status::kInvalidArgument;
+#if GDX_DEVICE_COMPILE
+    {
+      char* d;
+      const char* sp;
+      int k = directPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &d, &sp);
+      if (k < 0) return Status::kInvalidArgument;
+      if (k > 0) {
+        copyCooperative(d, sp, bytes, 0, 1);
+        return Status::kOk;
+      }
+    }
+#endif
     for (uint64_t done = 0; done < bytes;) {
       uint64_t n = bytes - done < kMaxCommandBytes ? bytes - done : kMaxCommandBytes;
       Status s = enqueue(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, n));
@@ -82,6 +139,19 @@ struct ChannelDeviceHandle {
         !addressable(dstOffset, bytes) || !addressable(srcOffset, bytes))
       return Status::kInvalidArgument;
     if (bytes == 0) return signal(signalId, value, op);
+#if GDX_DEVICE_COMPILE
+    {
+      char* d;
+      const char* sp;
+      int k = directPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &d, &sp);
+      if (k < 0) return Status::kInvalidArgument;
+      if (k > 0 && directSignalOk(signalId)) {
+        copyCooperative(d, sp, bytes, 0, 1);
+        directSignal(signalId, value, op);
+        return Status::kOk;
+      }
+    }
+#endif
     uint64_t done = 0;
     while (bytes - done > kMaxCommandBytes) {
       Status s = enqueue(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, kMaxCommandBytes));
@@ -98,12 +168,25 @@ struct ChannelDeviceHandle {
   /// Sets or adds to the peer's signal `signalId`, after every earlier operation of this ring to the peer.
   GDX_HOST_DEVICE_INLINE Status signal(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd) {
     if (signalId >= kMaxSignals) return Status::kInvalidArgument;
+#if GDX_DEVICE_COMPILE
+    if (directSignalOk(signalId)) {
+      directSignal(signalId, value, op);
+      return Status::kOk;
+    }
+#endif
     return enqueue(Command::signal(peer, signalId, value, op == SignalOp::kAdd));
   }
 
   /// Atomically adds `value` to the 64-bit word at `dstOffset` (8-byte aligned) of the peer's `dstWindow`.
   GDX_HOST_DEVICE_INLINE Status atomicAdd(uint32_t dstWindow, uint64_t dstOffset, uint64_t value) {
     if (dstWindow >= kMaxWindows || dstOffset % 8 != 0 || !addressable(dstOffset, 8)) return Status::kInvalidArgument;
+#if GDX_DEVICE_COMPILE
+    if (direct && direct->peerBase[dstWindow]) {
+      if (dstOffset + 8 > direct->peerBytes[dstWindow]) return Status::kInvalidArgument;
+      atomicFetchAdd(reinterpret_cast<uint64_t*>(direct->peerBase[dstWindow] + dstOffset), value, kRelaxed);
+      return Status::kOk;
+    }
+#endif
     return enqueue(Command::atomicAdd(peer, dstWindow, dstOffset, value));
   }
 
@@ -112,7 +195,15 @@ struct ChannelDeviceHandle {
     if (signalId >= numSignals) return Status::kInvalidArgument;
     uint64_t start = 0;
     for (uint64_t spins = 0;; ++spins) {
-      if (atomicLoad(&signals[signalId], kAcquire) >= value) return Status::kOk;
+      // Both words are read relaxed (so the two loads are in flight together), then an acquire fence. A handle
+      // to a direct-path peer reads host memory (a PCIe round trip) on every 8th try only.
+      const bool pollHost = !direct || !deviceSignals || (spins & 7) == 0;
+      const uint64_t h = pollHost ? atomicLoad(&signals[signalId], kRelaxed) : 0;
+      const uint64_t d = deviceSignals ? atomicLoad(&deviceSignals[signalId], kRelaxed) : 0;
+      if (h >= value || d >= value) {
+        acquireFenceSystem();
+        return Status::kOk;
+      }
       // Each poll of host memory is a PCIe round trip, so the error words are read on every 16th try only, and
       // not on the first: the signal itself is what the latency depends on.
       if ((spins & 15) == 15) {
@@ -135,7 +226,9 @@ struct ChannelDeviceHandle {
 
   /// Current value of this rank's signal `signalId`.
   GDX_HOST_DEVICE_INLINE uint64_t signalValue(uint32_t signalId) const {
-    return atomicLoad(&signals[signalId], kAcquire);
+    uint64_t h = atomicLoad(&signals[signalId], kAcquire);
+    uint64_t d = deviceSignals ? atomicLoad(&deviceSignals[signalId], kAcquire) : 0;
+    return h > d ? h : d;
   }
 
 #if defined(__CUDACC__)
@@ -150,14 +243,66 @@ struct ChannelDeviceHandle {
     __syncwarp(mask);  // the lanes' writes (the data to send) are ordered before the leader's release fence
     return ptx::laneId() == leaderLane(mask) ? op() : Status::kOk;
   }
+  /// Direct path, cooperative: every calling thread copies its share, then a barrier (`sync`), then `leader`
+  /// signals. Returns -1 (nothing done: proxy path), else the status.
+  template <typename Sync>
+  GDX_DEVICE_INLINE int directCooperative(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
+                                          uint64_t srcOffset, uint64_t bytes, bool withSignal, uint32_t signalId,
+                                          uint64_t value, SignalOp op, uint64_t tid, uint64_t nthreads, Sync&& sync) {
+    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals) return int(Status::kInvalidArgument);
+    char* d;
+    const char* sp;
+    int k = directPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &d, &sp);
+    if (k < 0) return int(Status::kInvalidArgument);
+    if (k == 0 || (withSignal && !directSignalOk(signalId))) return -1;
+    copyCooperative(d, sp, bytes, tid, nthreads);
+    if (withSignal) {
+      sync();
+      if (tid == 0) directSignal(signalId, value, op);
+    }
+    return int(Status::kOk);
+  }
   GDX_DEVICE_INLINE Status putWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                    uint64_t bytes) {
+    const unsigned mask = __activemask();
+    int r = directCooperative(dstWindow, dstOffset, srcWindow, srcOffset, bytes, false, 0, 0, SignalOp::kAdd,
+                              __popc(mask & ((1u << ptx::laneId()) - 1)), __popc(mask), [&] { __syncwarp(mask); });
+    if (r >= 0) return static_cast<Status>(r);
     return onLeader([&] { return put(dstWindow, dstOffset, srcWindow, srcOffset, bytes); });
   }
   GDX_DEVICE_INLINE Status putWithSignalWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                              uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
                                              SignalOp op = SignalOp::kAdd) {
+    const unsigned mask = __activemask();
+    int r = directCooperative(dstWindow, dstOffset, srcWindow, srcOffset, bytes, true, signalId, value, op,
+                              __popc(mask & ((1u << ptx::laneId()) - 1)), __popc(mask), [&] { __syncwarp(mask); });
+    if (r >= 0) return static_cast<Status>(r);
     return onLeader([&] { return putWithSignal(dstWindow, dstOffset, srcWindow, srcOffset, bytes, signalId, value, op); });
+  }
+  /// Block-cooperative forms: every thread of the block calls with the same arguments (they contain
+  /// __syncthreads). Direct path: the block copies, then thread 0 signals. Proxy path: thread (0,0,0) enqueues;
+  /// the others get kOk.
+  GDX_DEVICE_INLINE Status putBlock(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
+                                    uint64_t bytes) {
+    return putWithSignalBlockImpl(dstWindow, dstOffset, srcWindow, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
+  }
+  GDX_DEVICE_INLINE Status putWithSignalBlock(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
+                                              uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
+                                              SignalOp op = SignalOp::kAdd) {
+    return putWithSignalBlockImpl(dstWindow, dstOffset, srcWindow, srcOffset, bytes, true, signalId, value, op);
+  }
+  GDX_DEVICE_INLINE Status putWithSignalBlockImpl(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
+                                                  uint64_t srcOffset, uint64_t bytes, bool withSignal,
+                                                  uint32_t signalId, uint64_t value, SignalOp op) {
+    const uint64_t tid = threadIdx.x + blockDim.x * (threadIdx.y + uint64_t(blockDim.y) * threadIdx.z);
+    const uint64_t n = uint64_t(blockDim.x) * blockDim.y * blockDim.z;
+    int r = directCooperative(dstWindow, dstOffset, srcWindow, srcOffset, bytes, withSignal, signalId, value, op, tid,
+                              n, [] { __syncthreads(); });
+    if (r >= 0) return static_cast<Status>(r);
+    __syncthreads();  // the block's writes (the data to send) are ordered before the enqueue's release fence
+    if (tid != 0) return Status::kOk;
+    return withSignal ? putWithSignal(dstWindow, dstOffset, srcWindow, srcOffset, bytes, signalId, value, op)
+                      : put(dstWindow, dstOffset, srcWindow, srcOffset, bytes);
   }
   GDX_DEVICE_INLINE Status signalWarp(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd) {
     return onLeader([&] { return signal(signalId, value, op); });

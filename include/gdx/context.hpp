@@ -26,6 +26,8 @@
 
 namespace gdx {
 
+class DirectPaths;
+
 struct ContextOptions {
   Proxy::Options proxy;           ///< threads, rings, ring size, in-flight cap, placement
   uint32_t numSignals = 1024;     ///< GDX_NUM_SIGNALS (at most kMaxSignals)
@@ -63,7 +65,9 @@ class Context {
   const GpuInfo& gpu() const { return gpu_; }
 
   uint32_t numSignals() const { return options_.numSignals; }
-  /// Current value of local signal `id`.
+  /// True when kernels reach `peer` on the direct path (a GPU of this host, through CUDA IPC) rather than the proxy.
+  bool isDirect(int peer) const;
+  /// Current value of local signal `id` (the larger of its proxy-path and direct-path words).
   uint64_t signalValue(uint32_t id) const;
   /// Sets local signal `id` (to re-arm it between rounds; only safe when no peer is updating it).
   void setSignal(uint32_t id, uint64_t value);
@@ -92,6 +96,7 @@ class Context {
   std::unique_ptr<WindowRegistry> registry_;
   std::unique_ptr<HostBuffer> signals_;
   std::unique_ptr<Proxy> proxy_;
+  std::unique_ptr<DirectPaths> direct_;  // same-host GPU peers reached without the proxy (core/direct_path.hpp)
   // What the transport's failure handler may touch, published by init() under failureMutex_.
   Proxy* liveProxy_ = nullptr;
   uint32_t* failureWord_ = nullptr;

@@ -1,0 +1,432 @@
+// benchmark_nvlink: two GPUs of one host, one process each (self-launched), in the same run:
+//   * device put over NVLink on gdx's direct path (putBlock from many blocks, no proxy),
+//   * the batched peer-copy kernel (gdx::peerCopy),
+//   * cudaMemcpyPeerAsync (the copy engines),
+//   * NCCL send/recv through PyTorch (torch.distributed, 2 processes, NCCL_NVLS_ENABLE=0),
+// for 4 KiB .. 1 GiB, and the put-with-signal latency between the two GPUs (ping-pong, half the round trip).
+// Table on stdout, JSON with --json PATH.
+//   benchmark_nvlink [--json PATH] [--max-bytes N] [--no-nccl]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "benchmarks/self_launch.hpp"
+#include "gdx/channel_device.hpp"
+#include "gdx/context.hpp"
+#include "gdx/cuda_check.hpp"
+#include "gdx/peer_copy.hpp"
+
+namespace gdx::bench {
+namespace {
+
+constexpr int kThreads = 512;
+
+// One put of `bytes`, cut into chunks that the blocks take grid-stride, each with the block form of put.
+__global__ void __launch_bounds__(kThreads, 2) putKernel(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin,
+                                                         uint64_t bytes, uint64_t chunk, uint32_t* status) {
+  Status s = Status::kOk;
+  for (uint64_t off = blockIdx.x * chunk; off < bytes; off += uint64_t(gridDim.x) * chunk) {
+    const uint64_t n = bytes - off < chunk ? bytes - off : chunk;
+    Status r = ch.putBlock(dstWin, off, srcWin, off, n);
+    if (r != Status::kOk) s = r;
+  }
+  if (s != Status::kOk && threadIdx.x == 0) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+}
+
+// `iters` puts of `bytes` from one launch (the device-initiated case: no launch per put). Each round ends with
+// a grid barrier, so round i+1 starts only once every block finished its part of put i. The grid must be
+// co-resident (the host caps it by the occupancy).
+__global__ void __launch_bounds__(kThreads, 2) putLoopKernel(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin,
+                                                             uint64_t bytes, uint64_t chunk, int iters,
+                                                             unsigned* barrier, uint32_t* status) {
+  Status s = Status::kOk;
+  for (int it = 0; it < iters; ++it) {
+    for (uint64_t off = blockIdx.x * chunk; off < bytes; off += uint64_t(gridDim.x) * chunk) {
+      const uint64_t n = bytes - off < chunk ? bytes - off : chunk;
+      Status r = ch.putBlock(dstWin, off, srcWin, off, n);
+      if (r != Status::kOk) s = r;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      atomicAdd(barrier, 1u);
+      const unsigned target = (it + 1) * gridDim.x;
+      while (atomicLoad(barrier, kAcquire) < target) {
+      }
+    }
+    __syncthreads();
+  }
+  if (s != Status::kOk && threadIdx.x == 0) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+}
+
+// Ping-pong: rank 0 puts `bytes` with signal `ping` = i and waits for `pong` >= i; rank 1 the mirror image.
+// Launched with one thread (single-thread forms) or one warp (warp forms).
+__global__ void pingPong(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, uint64_t bytes, int iters,
+                         bool initiator, uint32_t ping, uint32_t pong, uint64_t* elapsedNs, uint32_t* status) {
+  const bool warp = blockDim.x == 32;
+  Status s = Status::kOk;
+  uint64_t t0 = 0;
+  for (int i = 1; i <= iters + 100 && s == Status::kOk; ++i) {
+    if (i == 101) t0 = ptx::globalTimerNs();  // 100 warm-up rounds
+    if (initiator) {
+      s = warp ? ch.putWithSignalWarp(dstWin, 0, srcWin, 0, bytes, ping, i, SignalOp::kSet)
+               : ch.putWithSignal(dstWin, 0, srcWin, 0, bytes, ping, i, SignalOp::kSet);
+      if (s == Status::kOk) s = warp ? ch.waitWarp(pong, i) : ch.wait(pong, i);
+    } else {
+      s = warp ? ch.waitWarp(ping, i) : ch.wait(ping, i);
+      if (s == Status::kOk)
+        s = warp ? ch.putWithSignalWarp(dstWin, 0, srcWin, 0, bytes, pong, i, SignalOp::kSet)
+                 : ch.putWithSignal(dstWin, 0, srcWin, 0, bytes, pong, i, SignalOp::kSet);
+    }
+  }
+  if (threadIdx.x == 0) *elapsedNs = ptx::globalTimerNs() - t0;
+  if (s != Status::kOk) *status = static_cast<uint32_t>(s);
+}
+
+std::vector<uint64_t> sizesUpTo(uint64_t max) {
+  std::vector<uint64_t> v;
+  for (uint64_t s = 4096; s <= max; s *= 4) v.push_back(s);
+  return v;
+}
+
+int itersFor(uint64_t bytes) { return static_cast<int>(std::clamp<uint64_t>((8ull << 30) / bytes, 10, 2000)); }
+
+template <typename F>
+double timeGBps(uint64_t bytes, F&& launch) {
+  const int iters = itersFor(bytes);
+  for (int i = 0; i < 3; ++i) launch();
+  cudaEvent_t a, b;
+  GDX_CUDA_CHECK(cudaEventCreate(&a));
+  GDX_CUDA_CHECK(cudaEventCreate(&b));
+  GDX_CUDA_CHECK(cudaEventRecord(a));
+  for (int i = 0; i < iters; ++i) launch();
+  GDX_CUDA_CHECK(cudaEventRecord(b));
+  GDX_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  GDX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(bytes) * iters / (ms * 1e-3) / 1e9;
+}
+
+// One rank. Rank 0 measures; rank 1 takes part in the latency ping-pong. Results as "kind bytes value" lines.
+int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
+  if (!std::getenv("GDX_CUDA_DEVICE")) {
+    const char* lr = std::getenv("GDX_LOCAL_RANK");
+    setenv("GDX_CUDA_DEVICE", lr ? lr : "0", 1);
+  }
+  Context ctx;
+  const int rank = ctx.rank(), peer = 1 - rank;
+  if (ctx.worldSize() != 2) throw Error(ErrorCode::kInvalidArgument, "benchmark_nvlink needs exactly 2 ranks");
+  const bool direct = ctx.isDirect(peer);
+  void *src = nullptr, *dst = nullptr;
+  GDX_CUDA_CHECK(cudaMalloc(&src, maxBytes));
+  GDX_CUDA_CHECK(cudaMalloc(&dst, maxBytes));
+  GDX_CUDA_CHECK(cudaMemset(src, rank + 1, maxBytes));
+  GDX_CUDA_CHECK(cudaMemset(dst, 0, maxBytes));
+  GDX_CUDA_CHECK(cudaDeviceSynchronize());
+  uint32_t* status = nullptr;
+  uint64_t* elapsed = nullptr;
+  GDX_CUDA_CHECK(cudaHostAlloc(&status, 64, cudaHostAllocMapped));
+  GDX_CUDA_CHECK(cudaHostAlloc(&elapsed, 64, cudaHostAllocMapped));
+  *status = 0;
+  std::ostringstream out;
+  out << "direct " << (direct ? 1 : 0) << "\n";
+  int sms = 0;
+  GDX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.gpu().device));
+  cudaDeviceProp prop{};
+  GDX_CUDA_CHECK(cudaGetDeviceProperties(&prop, ctx.gpu().device));
+  {
+    Window s = ctx.registerWindow(src, maxBytes, MemoryKind::kCuda);
+    Window d = ctx.registerWindow(dst, maxBytes, MemoryKind::kCuda);
+    ChannelDeviceHandle ch = ctx.deviceChannel(peer);
+    ctx.barrier();
+    if (rank == 0) {
+      out << "gpu " << prop.name << "\n";
+      // The peer-copy kernel and the copy engines write into GPU 1's memory from this process.
+      void* peerDst = nullptr;
+      GDX_CUDA_CHECK(cudaSetDevice(1));
+      GDX_CUDA_CHECK(cudaMalloc(&peerDst, maxBytes));
+      GDX_CUDA_CHECK(cudaSetDevice(ctx.gpu().device));
+      if (!enablePeerAccess(1)) throw Error(ErrorCode::kInvalidArgument, "GPU 0 cannot access GPU 1");
+      // Pull: the peer-copy kernel running on GPU 1, reading GPU 0's memory over NVLink.
+      GDX_CUDA_CHECK(cudaSetDevice(1));
+      if (!enablePeerAccess(ctx.gpu().device)) throw Error(ErrorCode::kInvalidArgument, "GPU 1 cannot access GPU 0");
+      GDX_CUDA_CHECK(cudaSetDevice(ctx.gpu().device));
+      auto pullGBps = [&](uint64_t bytes, const PeerCopyOptions& o) {
+        GDX_CUDA_CHECK(cudaSetDevice(1));
+        PeerCopyDesc desc{src, peerDst, bytes};
+        double r = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, o)); });
+        GDX_CUDA_CHECK(cudaSetDevice(ctx.gpu().device));
+        return r;
+      };
+      unsigned* barrier = nullptr;
+      GDX_CUDA_CHECK(cudaMalloc(&barrier, 4));
+      int occ = 0;
+      GDX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, putLoopKernel, kThreads, 0));
+      // The grid and chunk of a transfer, as peerCopy chooses them (PeerCopyOptions).
+      auto shape = [&](uint64_t bytes, const PeerCopyOptions& o, uint64_t* grid, uint64_t* chunk) {
+        const uint64_t maxBlocks = uint64_t(sms) * o.blocksPerSm;
+        *chunk = std::min<uint64_t>(std::max<uint64_t>(bytes / maxBlocks, 8192), o.maxChunkBytes) & ~uint64_t{15};
+        *grid = std::min<uint64_t>((bytes + *chunk - 1) / *chunk, maxBlocks);
+      };
+      auto putGBps = [&](uint64_t bytes, const PeerCopyOptions& o) {
+        uint64_t grid, chunk;
+        shape(bytes, o, &grid, &chunk);
+        return timeGBps(bytes, [&] { putKernel<<<unsigned(grid), kThreads>>>(ch, d.id(), s.id(), bytes, chunk, status); });
+      };
+      auto putLoopGBps = [&](uint64_t bytes, const PeerCopyOptions& o) {
+        uint64_t grid, chunk;
+        shape(bytes, o, &grid, &chunk);
+        grid = std::min<uint64_t>(grid, uint64_t(sms) * occ);
+        const int iters = itersFor(bytes);
+        GDX_CUDA_CHECK(cudaMemset(barrier, 0, 4));
+        putLoopKernel<<<unsigned(grid), kThreads>>>(ch, d.id(), s.id(), bytes, chunk, 3, barrier, status);
+        GDX_CUDA_CHECK(cudaMemset(barrier, 0, 4));
+        cudaEvent_t a, b;
+        GDX_CUDA_CHECK(cudaEventCreate(&a));
+        GDX_CUDA_CHECK(cudaEventCreate(&b));
+        GDX_CUDA_CHECK(cudaEventRecord(a));
+        putLoopKernel<<<unsigned(grid), kThreads>>>(ch, d.id(), s.id(), bytes, chunk, iters, barrier, status);
+        GDX_CUDA_CHECK(cudaEventRecord(b));
+        GDX_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        GDX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+        return double(bytes) * iters / (ms * 1e-3) / 1e9;
+      };
+      const PeerCopyOptions defaults;
+      for (uint64_t bytes : sizesUpTo(maxBytes)) {
+        double put = direct ? putGBps(bytes, defaults) : -1.0;  // through the proxy this would measure TCP
+        double loop = direct ? putLoopGBps(bytes, defaults) : -1.0;
+        PeerCopyDesc desc{src, peerDst, bytes};
+        double pc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr)); });
+        double mc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(cudaMemcpyPeerAsync(peerDst, 1, src, ctx.gpu().device, bytes, nullptr)); });
+        double pull = pullGBps(bytes, defaults);
+        PeerCopyOptions bulkOpt;
+        bulkOpt.bulk = true;
+        double bulk = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, bulkOpt)); });
+        out << "pull " << bytes << " " << pull << "\nbulk " << bytes << " " << bulk << "\n";
+        out << "put " << bytes << " " << put << "\nputloop " << bytes << " " << loop << "\npeercopy " << bytes << " " << pc
+            << "\nmemcpy " << bytes << " " << mc << "\n";
+        std::fprintf(stderr, "  %10llu B: put %.1f  put in-kernel loop %.1f  peerCopy %.1f (pull %.1f, bulk %.1f)  cudaMemcpyPeerAsync %.1f GB/s\n",
+                     (unsigned long long)bytes, put, loop, pc, pull, bulk, mc);
+      }
+      // Sweep of the spreading parameters at 1 MiB, 64 MiB and 1 GiB (the defaults are one of the rows).
+      for (uint64_t bytes : {uint64_t{1} << 20, uint64_t{64} << 20, uint64_t{1} << 30}) {
+        if (bytes > maxBytes) continue;
+        for (unsigned bps : {1u, 2u, 4u})
+          for (uint64_t chunkMax : {uint64_t{64} << 10, uint64_t{256} << 10, uint64_t{1} << 20})
+            for (unsigned unroll : {4u, 8u, 0u}) {  // 0: bulk (TMA) mode
+              PeerCopyOptions o;
+              o.blocksPerSm = bps;
+              o.maxChunkBytes = chunkMax;
+              o.unroll = unroll ? unroll : 4;
+              o.bulk = unroll == 0;
+              PeerCopyDesc desc{src, peerDst, bytes};
+              double pc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, o)); });
+              double put = (direct && unroll == 4) ? putGBps(bytes, o) : -1.0;
+              double pull = pullGBps(bytes, o);
+              out << "sweep " << bytes << " " << bps << " " << chunkMax << " " << unroll << " " << pc << " " << put << " " << pull << "\n";
+              std::fprintf(stderr, "  sweep %10llu B: %u blocks/SM, chunk %llu, unroll %u: peerCopy %.1f  put %.1f  pull %.1f GB/s\n",
+                           (unsigned long long)bytes, bps, (unsigned long long)chunkMax, unroll, pc, put, pull);
+            }
+      }
+      cudaFree(barrier);
+      if (*status) throw Error(ErrorCode::kInvalidArgument, std::string("put failed: ") + statusName(static_cast<Status>(*status)));
+      GDX_CUDA_CHECK(cudaSetDevice(1));
+      cudaFree(peerDst);
+      GDX_CUDA_CHECK(cudaSetDevice(ctx.gpu().device));
+    }
+    ctx.barrier();
+    // Latency: signal only, 8 B and 4 KiB payloads; separate signal ids per case (no re-arming needed).
+    const uint64_t latBytes[] = {0, 8, 4096, 4096 + 1};  // the last: 4 KiB with the warp form (tagged by +1)
+    for (int c = 0; c < 4; ++c) {
+      const int iters = 10000;
+      ctx.barrier();
+      const uint64_t b = latBytes[c] & ~uint64_t{1};
+      pingPong<<<1, (latBytes[c] & 1) ? 32 : 1>>>(ch, d.id(), s.id(), b, iters, rank == 0, 10 + 2 * c, 11 + 2 * c, elapsed, status);
+      GDX_CUDA_CHECK(cudaDeviceSynchronize());
+      if (*status) throw Error(ErrorCode::kInvalidArgument, std::string("ping-pong failed: ") + statusName(static_cast<Status>(*status)));
+      if (rank == 0) {
+        double oneWayUs = double(*elapsed) / iters / 2 / 1000;
+        out << "latency " << latBytes[c] << " " << oneWayUs << "\n";
+        std::fprintf(stderr, "  put-with-signal %llu B%s: one way %.2f us\n", (unsigned long long)b,
+                     (latBytes[c] & 1) ? " (warp form)" : "", oneWayUs);
+      }
+    }
+    ctx.barrier();
+  }
+  cudaFree(src);
+  cudaFree(dst);
+  if (rank == 0) {
+    std::ofstream f(resultsPath);
+    f << out.str();
+  }
+  return 0;
+}
+
+const char* kNcclScript = R"PY(
+import os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+def run(rank, sizes, port):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    buf = torch.empty(max(sizes), dtype=torch.uint8, device="cuda")
+    for n in sizes:
+        iters = max(10, min(2000, (8 << 30) // n))
+        t = buf[:n]
+        for i in range(3):
+            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
+        torch.cuda.synchronize(); dist.barrier(); torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(iters):
+            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        if rank == 1:
+            print(f"nccl {n} {n * iters / dt / 1e9}", flush=True)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    sizes = [int(x) for x in sys.argv[2:]]
+    mp.spawn(run, args=(sizes, int(sys.argv[1])), nprocs=2)
+)PY";
+
+int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
+  std::string results = "/tmp/gdx_nvlink_" + std::to_string(getpid()) + ".txt";
+  setenv("GDX_NVLINK_RESULTS", results.c_str(), 1);
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  int rc = runSelfAsJob(2, argv);
+  if (rc != 0) {
+    std::fprintf(stderr, "benchmark_nvlink: a rank failed (%d)\n", rc);
+    return rc;
+  }
+  std::map<std::string, std::map<uint64_t, double>> r;
+  std::string gpu = "?";
+  bool direct = false;
+  std::vector<std::string> sweep;
+  auto readLines = [&](std::istream& in) {
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string kind;
+      ls >> kind;
+      if (kind == "gpu") {
+        std::getline(ls, gpu);
+        if (!gpu.empty() && gpu[0] == ' ') gpu.erase(0, 1);
+      } else if (kind == "direct") {
+        int d = 0;
+        ls >> d;
+        direct = d;
+      } else if (kind == "sweep") {
+        std::string rest;
+        std::getline(ls, rest);
+        sweep.push_back(rest);
+      } else if (kind == "put" || kind == "putloop" || kind == "pull" || kind == "bulk" || kind == "peercopy" || kind == "memcpy" || kind == "latency" || kind == "nccl") {
+        uint64_t b;
+        double v;
+        if (ls >> b >> v) r[kind][b] = v;
+      }
+    }
+  };
+  {
+    std::ifstream f(results);
+    readLines(f);
+  }
+  std::remove(results.c_str());
+  if (nccl) {
+    std::string script = "/tmp/gdx_nccl_" + std::to_string(getpid()) + ".py";
+    std::ofstream(script) << kNcclScript;
+    std::string cmd = "NCCL_NVLS_ENABLE=0 python3 " + script + " " + std::to_string(freeLoopbackPort());
+    for (uint64_t s : sizesUpTo(maxBytes)) cmd += " " + std::to_string(s);
+    std::fprintf(stderr, "NCCL through PyTorch: %s\n", cmd.c_str());
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p) {
+      std::string all;
+      char buf[512];
+      while (fgets(buf, sizeof buf, p)) all += buf;
+      int prc = pclose(p);
+      std::istringstream in(all);
+      readLines(in);
+      if (prc != 0) std::fprintf(stderr, "NCCL script exited with %d (results so far kept)\n", prc);
+    }
+    std::remove(script.c_str());
+  }
+  char date[64];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::printf("benchmark_nvlink: 2 x %s, %s, path to the peer: %s\n", gpu.c_str(), date, direct ? "direct (CUDA IPC, no proxy)" : "PROXY");
+  std::printf("GB/s; gdx put: one launch per put; in-kernel: many puts from one launch (grid barrier per put)\n");
+  std::printf("%12s %10s %10s %10s %10s %10s %10s %11s %11s\n", "bytes", "gdx put", "in-kernel", "peerCopy", "pc bulk",
+              "memcpyPeer", "NCCL", "put/memcpy", "best/memcpy");
+  std::ostringstream js;
+  js << "{\n  \"benchmark\": \"nvlink\",\n  \"gpu\": \"" << gpu << "\",\n  \"date\": \"" << date << "\",\n  \"direct\": "
+     << (direct ? "true" : "false") << ",\n  \"bandwidth_GBps\": [";
+  bool first = true;
+  for (uint64_t s : sizesUpTo(maxBytes)) {
+    auto get = [&](const char* k) { auto it = r[k].find(s); return it == r[k].end() ? -1.0 : it->second; };
+    double put = get("put"), loop = get("putloop"), pc = get("peercopy"), mc = get("memcpy"), nc = get("nccl"),
+           pull = get("pull"), bulk = get("bulk");
+    const double best = std::max({put, loop, pc, bulk});
+    std::printf("%12llu %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.2fx %10.2fx\n", (unsigned long long)s, put, loop, pc,
+                bulk, mc, nc, mc > 0 ? put / mc : 0, mc > 0 ? best / mc : 0);
+    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << s << ", \"gdx_put\": " << put << ", \"gdx_put_in_kernel\": " << loop
+       << ", \"peer_copy\": " << pc << ", \"peer_copy_pull\": " << pull << ", \"peer_copy_bulk\": " << bulk
+       << ", \"cuda_memcpy_peer_async\": " << mc << ", \"nccl_send_recv\": " << nc << "}";
+    first = false;
+  }
+  js << "\n  ],\n  \"put_with_signal_latency_us_one_way\": [";
+  first = true;
+  for (auto& [b, us] : r["latency"]) {
+    std::printf("put-with-signal latency, %llu B payload%s: %.2f us one way (half the round trip)\n",
+                (unsigned long long)(b & ~uint64_t{1}), (b & 1) ? " (warp form)" : "", us);
+    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"us\": " << us << "}";
+    first = false;
+  }
+  js << "\n  ],\n  \"sweep\": [";
+  first = true;
+  for (auto& line : sweep) {
+    std::istringstream ls(line);
+    uint64_t b, ch;
+    unsigned bps, unroll;
+    double pc, put, pull;
+    if (!(ls >> b >> bps >> ch >> unroll >> pc >> put >> pull)) continue;
+    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"blocks_per_sm\": " << bps << ", \"max_chunk\": " << ch
+       << ", \"unroll\": " << (unroll ? unroll : 4) << ", \"bulk\": " << (unroll == 0 ? "true" : "false") << ", \"peer_copy\": " << pc << ", \"gdx_put\": " << put << ", \"peer_copy_pull\": " << pull << "}";
+    first = false;
+  }
+  js << "\n  ],\n  \"units\": \"GB/s = 1e9 bytes per second; -1: not measured\"\n}\n";
+  if (!json.empty()) std::ofstream(json) << js.str();
+  return 0;
+}
+
+}  // namespace
+}  // namespace gdx::bench
+
+int main(int argc, char** argv) {
+  std::string json;
+  uint64_t maxBytes = uint64_t{1} << 30;
+  bool nccl = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) json = argv[++i];
+    else if (a == "--max-bytes" && i + 1 < argc) maxBytes = std::stoull(argv[++i]);
+    else if (a == "--no-nccl") nccl = false;
+  }
+  try {
+    if (gdx::bench::launchedByHand()) return gdx::bench::byHand(argv, maxBytes, json, nccl);
+    const char* results = std::getenv("GDX_NVLINK_RESULTS");
+    return gdx::bench::rankMain(maxBytes, results ? results : "/dev/stdout");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "benchmark_nvlink: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,316 @@
+#include "core/direct_path.hpp"
+
+#include <cstring>
+
+#include "gdx/config.hpp"
+#include "gdx/error.hpp"
+#include "gdx/log.hpp"
+
+#if defined(GDX_HAVE_CUDA)
+#include <cuda.h>  // types only: the driver is reached through cudaGetDriverEntryPointByVersion, never linked
+#include <cuda_runtime_api.h>
+
+#include "gdx/cuda_check.hpp"
+#endif
+
+namespace gdx {
+
+#if defined(GDX_HAVE_CUDA)
+namespace {
+
+struct SetupRecord {
+  uint8_t hasGpu;
+  char busId[32];
+  uint32_t numSignals;
+  cudaIpcMemHandle_t signals;
+};
+
+struct WindowBlob {
+  cudaIpcMemHandle_t handle;
+  uint64_t allocBase;  // the allocation's base in the owner's address space: identifies the allocation
+  uint64_t offset;     // of the window inside the allocation
+};
+
+using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+GetAddressRange addressRangeFn() {
+  static GetAddressRange fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<GetAddressRange>(nullptr);
+    }
+    return reinterpret_cast<GetAddressRange>(p);
+  }();
+  return fn;
+}
+
+// Keeps the calling thread's current device across a call that needs `device`.
+struct DeviceGuard {
+  int previous = -1;
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous) == cudaSuccess && previous != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (previous >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous) cudaSetDevice(previous);
+  }
+};
+
+}  // namespace
+#endif
+
+DirectPaths::DirectPaths(Bootstrap& bootstrap, const GpuInfo& gpu, uint32_t numSignals)
+    : rank_(bootstrap.rank()), device_(gpu.device), numSignals_(numSignals) {
+#if defined(GDX_HAVE_CUDA)
+  SetupRecord mine{};
+  if (gpu.present()) {
+    DeviceGuard guard(device_);
+    GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&deviceSignals_), size_t{numSignals} * 8));
+    GDX_CUDA_CHECK(cudaMemset(deviceSignals_, 0, size_t{numSignals} * 8));
+    cudaStream_t s = nullptr;
+    GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    stream_ = s;
+    GDX_CUDA_CHECK(cudaDeviceSynchronize());
+    mine.hasGpu = 1;
+    std::strncpy(mine.busId, gpu.pciBusId.c_str(), sizeof mine.busId - 1);
+    mine.numSignals = numSignals;
+    if (cudaIpcGetMemHandle(&mine.signals, deviceSignals_) != cudaSuccess) {
+      cudaGetLastError();
+      mine.hasGpu = 0;  // no IPC (e.g. a GPU that does not support it): nobody reaches this rank directly
+    }
+  }
+  std::vector<std::string> all =
+      bootstrap.allGather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
+  if (!gpu.present()) return;
+  const bool enabled = envInt("GDX_DIRECT", 1) != 0;
+  DeviceGuard guard(device_);
+  for (int p : bootstrap.hostRanks()) {
+    if (p == rank_) continue;
+    SetupRecord r{};
+    if (all[p].size() != sizeof r)
+      throw Error(ErrorCode::kProtocol, "direct-path record from rank " + std::to_string(p) + " is truncated");
+    std::memcpy(&r, all[p].data(), sizeof r);
+    if (!r.hasGpu) {
+      GDX_INFO("peer " << p << ": proxy path (no GPU reachable through CUDA IPC there)");
+      continue;
+    }
+    mayReceive_ = true;
+    if (!enabled) {
+      GDX_INFO("peer " << p << ": proxy path (GDX_DIRECT=0)");
+      continue;
+    }
+    int peerDev = -1, can = 0;
+    if (cudaDeviceGetByPCIBusId(&peerDev, r.busId) != cudaSuccess) {
+      cudaGetLastError();
+      GDX_INFO("peer " << p << ": proxy path (its GPU " << r.busId << " is not visible here)");
+      continue;
+    }
+    if (peerDev != device_ && (cudaDeviceCanAccessPeer(&can, device_, peerDev) != cudaSuccess || !can)) {
+      cudaGetLastError();
+      GDX_INFO("peer " << p << ": proxy path (GPU " << device_ << " cannot access GPU " << peerDev << ")");
+      continue;
+    }
+    void* mapped = nullptr;
+    cudaError_t rc = cudaIpcOpenMemHandle(&mapped, r.signals, cudaIpcMemLazyEnablePeerAccess);
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      GDX_WARN("peer " << p << ": proxy path (cudaIpcOpenMemHandle of its signals: " << cudaGetErrorString(rc) << ")");
+      continue;
+    }
+    Peer& peer = peers_[p];
+    peer.signalMapping = mapped;
+    peer.host.peerSignals = static_cast<uint64_t*>(mapped);
+    peer.host.peerNumSignals = r.numSignals;
+    peer.windowKey.assign(kMaxWindows, 0);
+    GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&peer.device), sizeof(DirectPeer)));
+    upload(peer);
+    GDX_INFO("peer " << p << ": direct path over " << (peerDev == device_ ? "the same GPU" : "peer access (NVLink/PCIe)")
+                     << ", GPU " << device_ << " -> GPU " << peerDev << " (" << r.busId << ")");
+  }
+#else
+  (void)gpu;
+  (void)numSignals;
+  bootstrap.allGather(std::string());
+#endif
+}
+
+DirectPaths::~DirectPaths() {
+#if defined(GDX_HAVE_CUDA)
+  if (device_ < 0) return;
+  DeviceGuard guard(device_);
+  for (auto& m : mappings_) cudaIpcCloseMemHandle(m.second.first);
+  for (auto& p : peers_) {
+    if (p.second.signalMapping) cudaIpcCloseMemHandle(p.second.signalMapping);
+    cudaFree(p.second.device);
+  }
+  if (deviceSignals_) cudaFree(deviceSignals_);
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  cudaGetLastError();
+#endif
+}
+
+std::string DirectPaths::windowBlob(void* base, size_t bytes, MemoryKind kind) const {
+#if defined(GDX_HAVE_CUDA)
+  if (device_ < 0 || kind != MemoryKind::kCuda) return {};
+  GetAddressRange range = addressRangeFn();
+  if (!range) return {};
+  DeviceGuard guard(device_);
+  CUdeviceptr allocBase = 0;
+  size_t allocBytes = 0;
+  if (range(&allocBase, &allocBytes, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) return {};
+  WindowBlob b{};
+  if (cudaIpcGetMemHandle(&b.handle, reinterpret_cast<void*>(allocBase)) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  b.allocBase = allocBase;
+  b.offset = reinterpret_cast<uintptr_t>(base) - allocBase;
+  if (b.offset + bytes > allocBytes) return {};
+  return std::string(reinterpret_cast<const char*>(&b), sizeof b);
+#else
+  (void)base, (void)bytes, (void)kind;
+  return {};
+#endif
+}
+
+void DirectPaths::addLocal(uint32_t id, void* base, size_t bytes, MemoryKind kind) {
+#if defined(GDX_HAVE_CUDA)
+  if (peers_.empty() || id >= kMaxWindows) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A source must be addressable by kernels: device memory, or host memory CUDA mapped.
+  char* dev = nullptr;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, base) == cudaSuccess) {
+    if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)
+      dev = static_cast<char*>(base);
+    else if (a.type == cudaMemoryTypeHost && a.devicePointer)
+      dev = static_cast<char*>(a.devicePointer);
+  }
+  cudaGetLastError();
+  (void)kind;
+  for (auto& p : peers_) {
+    p.second.host.localBase[id] = dev;
+    p.second.host.localBytes[id] = dev ? bytes : 0;
+    upload(p.second);
+  }
+#else
+  (void)id, (void)base, (void)bytes, (void)kind;
+#endif
+}
+
+void DirectPaths::removeLocal(uint32_t id) {
+  if (id >= kMaxWindows || peers_.empty()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& p : peers_) {
+    p.second.host.localBase[id] = nullptr;
+    p.second.host.localBytes[id] = 0;
+    upload(p.second);
+  }
+}
+
+void DirectPaths::releaseMapping(int peer, uint64_t key) {
+#if defined(GDX_HAVE_CUDA)
+  auto it = mappings_.find({peer, key});
+  if (it == mappings_.end()) return;
+  if (--it->second.second == 0) {
+    cudaIpcCloseMemHandle(it->second.first);
+    cudaGetLastError();
+    mappings_.erase(it);
+  }
+#else
+  (void)peer, (void)key;
+#endif
+}
+
+void DirectPaths::addRemote(int peer, uint32_t id, uint64_t bytes, const std::string& blob) {
+#if defined(GDX_HAVE_CUDA)
+  auto pit = peers_.find(peer);
+  if (pit == peers_.end() || id >= kMaxWindows) return;
+  Peer& p = pit->second;
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceGuard guard(device_);
+  if (p.windowKey[id]) releaseMapping(peer, p.windowKey[id]);
+  p.windowKey[id] = 0;
+  p.host.peerBase[id] = nullptr;
+  p.host.peerBytes[id] = 0;
+  WindowBlob b{};
+  if (blob.size() == sizeof b) {
+    std::memcpy(&b, blob.data(), sizeof b);
+    auto key = std::make_pair(peer, b.allocBase);
+    auto it = mappings_.find(key);
+    void* mapped = nullptr;
+    if (it != mappings_.end()) {
+      mapped = it->second.first;
+      ++it->second.second;
+    } else {
+      cudaError_t rc = cudaIpcOpenMemHandle(&mapped, b.handle, cudaIpcMemLazyEnablePeerAccess);
+      if (rc != cudaSuccess) {
+        cudaGetLastError();
+        GDX_WARN("window " << id << " of peer " << peer << " goes through the proxy: cudaIpcOpenMemHandle: "
+                           << cudaGetErrorString(rc));
+        mapped = nullptr;
+      } else {
+        mappings_[key] = {mapped, 1};
+      }
+    }
+    if (mapped) {
+      p.windowKey[id] = b.allocBase;
+      p.host.peerBase[id] = static_cast<char*>(mapped) + b.offset;
+      p.host.peerBytes[id] = bytes;
+    }
+  }
+  upload(p);
+#else
+  (void)peer, (void)id, (void)bytes, (void)blob;
+#endif
+}
+
+void DirectPaths::upload(Peer& p) {
+#if defined(GDX_HAVE_CUDA)
+  DeviceGuard guard(device_);
+  auto s = static_cast<cudaStream_t>(stream_);
+  GDX_CUDA_CHECK(cudaMemcpyAsync(p.device, &p.host, sizeof(DirectPeer), cudaMemcpyHostToDevice, s));
+  GDX_CUDA_CHECK(cudaStreamSynchronize(s));
+#else
+  (void)p;
+#endif
+}
+
+bool DirectPaths::isDirect(int peer) const { return peers_.count(peer) != 0; }
+
+const DirectPeer* DirectPaths::deviceTable(int peer) const {
+  auto it = peers_.find(peer);
+  return it == peers_.end() ? nullptr : it->second.device;
+}
+
+uint64_t DirectPaths::readSignal(uint32_t id) const {
+#if defined(GDX_HAVE_CUDA)
+  if (!deviceSignals_ || id >= numSignals_) return 0;
+  DeviceGuard guard(device_);
+  uint64_t v = 0;
+  auto s = static_cast<cudaStream_t>(stream_);
+  GDX_CUDA_CHECK(cudaMemcpyAsync(&v, deviceSignals_ + id, 8, cudaMemcpyDeviceToHost, s));
+  GDX_CUDA_CHECK(cudaStreamSynchronize(s));
+  return v;
+#else
+  (void)id;
+  return 0;
+#endif
+}
+
+void DirectPaths::writeSignal(uint32_t id, uint64_t value) {
+#if defined(GDX_HAVE_CUDA)
+  if (!deviceSignals_ || id >= numSignals_) return;
+  DeviceGuard guard(device_);
+  auto s = static_cast<cudaStream_t>(stream_);
+  GDX_CUDA_CHECK(cudaMemcpyAsync(deviceSignals_ + id, &value, 8, cudaMemcpyHostToDevice, s));
+  GDX_CUDA_CHECK(cudaStreamSynchronize(s));
+#else
+  (void)id, (void)value;
+#endif
+}
+
+}  // namespace gdx

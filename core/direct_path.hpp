@@ -1,0 +1,70 @@
+// DirectPaths (internal to the Context): the direct path to peer GPUs of the same host. At setup every rank
+// publishes its GPU's PCI bus id and a CUDA IPC handle of its device signal array; a peer on the same host
+// whose GPU this one can address (the same GPU, or cudaDeviceCanAccessPeer) is reached directly, every other
+// peer through the proxy (GDX_DIRECT=0 sends everything through the proxy). GPU windows travel as IPC handles
+// of their allocation (found with cuMemGetAddressRange) plus the offset of the window inside it. Builds and
+// does nothing without CUDA or without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gdx/bootstrap.hpp"
+#include "gdx/direct_device.hpp"
+#include "gdx/gpu.hpp"
+#include "gdx/transport.hpp"
+
+namespace gdx {
+
+class DirectPaths {
+ public:
+  /// Collective (one allGather over the whole job).
+  DirectPaths(Bootstrap& bootstrap, const GpuInfo& gpu, uint32_t numSignals);
+  ~DirectPaths();
+  DirectPaths(const DirectPaths&) = delete;
+  DirectPaths& operator=(const DirectPaths&) = delete;
+
+  /// What a window's registration record carries for the direct path (empty: not a GPU window).
+  std::string windowBlob(void* base, size_t bytes, MemoryKind kind) const;
+  void addLocal(uint32_t id, void* base, size_t bytes, MemoryKind kind);
+  void addRemote(int peer, uint32_t id, uint64_t bytes, const std::string& blob);
+  void removeLocal(uint32_t id);
+
+  bool isDirect(int peer) const;
+  /// The device table for `peer`; null: the proxy path.
+  const DirectPeer* deviceTable(int peer) const;
+  /// This rank's device signal array (null without a GPU).
+  uint64_t* deviceSignals() const { return deviceSignals_; }
+  /// True when some peer may update the device signal array (a GPU rank on this host besides this one).
+  bool mayReceive() const { return mayReceive_; }
+  /// Reads / writes one device signal from the host (through a private non-blocking stream).
+  uint64_t readSignal(uint32_t id) const;
+  void writeSignal(uint32_t id, uint64_t value);
+
+ private:
+  struct Peer {
+    DirectPeer host{};             // mirror of the device table
+    DirectPeer* device = nullptr;  // the table kernels read
+    void* signalMapping = nullptr;
+    std::vector<uint64_t> windowKey;  // per window id: key into mappings_ (peer allocation base), 0: none
+  };
+  void upload(Peer& p);
+  void releaseMapping(int peer, uint64_t key);
+
+  std::mutex mutex_;  // window registration and deregistration may come from different threads
+  int rank_ = 0;
+  int device_ = -1;
+  uint32_t numSignals_ = 0;
+  uint64_t* deviceSignals_ = nullptr;
+  bool mayReceive_ = false;
+  void* stream_ = nullptr;  // cudaStream_t
+  std::map<int, Peer> peers_;  // direct peers only
+  std::map<std::pair<int, uint64_t>, std::pair<void*, int>> mappings_;  // (peer, allocation base) -> (mapping, refs)
+};
+
+}  // namespace gdx

@@ -1,0 +1,83 @@
+// Cooperative memory copy for kernels: `nthreads` threads (a warp, a block, a grid) copy `bytes` from `src` to
+// `dst`, each calling copyCooperative with its own index `tid` in [0, nthreads). Either side may be another
+// GPU's memory (peer-mapped or IPC-mapped) or mapped host memory. Where dst and src agree modulo 16 the body
+// moves 16-byte vectors, kUnroll loads in flight per thread before the stores (software pipelining); the
+// unaligned head goes byte by byte, the tail in the widest words its alignment allows. Otherwise the widest
+// common alignment (8, 4, 2 or 1 bytes) is used.
+// No ordering is implied: the caller fences/barriers before publishing the data.
+#pragma once
+
+#include <cstdint>
+
+#include "gdx/device.hpp"
+
+namespace gdx {
+
+#if defined(__CUDACC__)
+namespace copy_detail {
+template <typename T, int kUnroll>
+GDX_DEVICE_INLINE void copyWords(T* __restrict__ dst, const T* __restrict__ src, uint64_t n, uint64_t tid,
+                                 uint64_t nthreads) {
+  const uint64_t stride = nthreads * kUnroll;
+  uint64_t i = tid;
+  for (; i + (kUnroll - 1) * nthreads < n; i += stride) {
+    T v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = src[i + u * nthreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) dst[i + u * nthreads] = v[u];
+  }
+  for (; i < n; i += nthreads) dst[i] = src[i];
+}
+}  // namespace copy_detail
+
+/// kUnroll: 16-byte vectors each thread loads before storing them (bytes in flight per thread = 16 * kUnroll).
+template <int kUnroll = 4>
+GDX_DEVICE_INLINE void copyCooperative(void* dstv, const void* srcv, uint64_t bytes, uint64_t tid, uint64_t nthreads) {
+  char* dst = static_cast<char*>(dstv);
+  const char* src = static_cast<const char*>(srcv);
+  const uintptr_t mis = (reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src));
+  const unsigned align = (mis & 15) == 0 ? 16 : (mis & 7) == 0 ? 8 : (mis & 3) == 0 ? 4 : (mis & 1) == 0 ? 2 : 1;
+  uint64_t head = (align - (reinterpret_cast<uintptr_t>(dst) & (align - 1))) & (align - 1);
+  if (head > bytes) head = bytes;
+  for (uint64_t i = tid; i < head; i += nthreads) dst[i] = src[i];
+  const uint64_t words = (bytes - head) / align;
+  char* d = dst + head;
+  const char* s = src + head;
+  switch (align) {
+    case 16:
+      copy_detail::copyWords<uint4, kUnroll>(reinterpret_cast<uint4*>(d), reinterpret_cast<const uint4*>(s), words, tid, nthreads);
+      break;
+    case 8:
+      copy_detail::copyWords<uint64_t, 4>(reinterpret_cast<uint64_t*>(d), reinterpret_cast<const uint64_t*>(s), words, tid, nthreads);
+      break;
+    case 4:
+      copy_detail::copyWords<uint32_t, 4>(reinterpret_cast<uint32_t*>(d), reinterpret_cast<const uint32_t*>(s), words, tid, nthreads);
+      break;
+    case 2:
+      copy_detail::copyWords<uint16_t, 4>(reinterpret_cast<uint16_t*>(d), reinterpret_cast<const uint16_t*>(s), words, tid, nthreads);
+      break;
+    default:
+      copy_detail::copyWords<uint8_t, 4>(reinterpret_cast<uint8_t*>(d), reinterpret_cast<const uint8_t*>(s), words, tid, nthreads);
+  }
+  // The tail (fewer than `align` bytes) starts aligned: one thread moves it in the widest words it allows.
+  uint64_t p = head + words * align;
+  if (tid == 0 && p < bytes) {
+    if (align >= 8 && bytes - p >= 8) {
+      *reinterpret_cast<uint64_t*>(dst + p) = *reinterpret_cast<const uint64_t*>(src + p);
+      p += 8;
+    }
+    if (align >= 4 && bytes - p >= 4) {
+      *reinterpret_cast<uint32_t*>(dst + p) = *reinterpret_cast<const uint32_t*>(src + p);
+      p += 4;
+    }
+    if (align >= 2 && bytes - p >= 2) {
+      *reinterpret_cast<uint16_t*>(dst + p) = *reinterpret_cast<const uint16_t*>(src + p);
+      p += 2;
+    }
+    if (p < bytes) dst[p] = src[p];
+  }
+}
+#endif
+
+}  // namespace gdx

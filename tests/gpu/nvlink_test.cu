@@ -1,0 +1,396 @@
+// Same-host GPUs over NVLink: the batched peer-copy kernel (one process driving both GPUs) and the direct path
+// of the device API between two processes on two GPUs (the test re-executes itself, one process a GPU:
+// CUDA does not survive fork). Skipped where fewer than two GPUs that can address each other are present.
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gdx/channel_device.hpp"
+#include "gdx/context.hpp"
+#include "gdx/peer_copy.hpp"
+#include "gpu_test_support.hpp"
+
+extern char** environ;
+
+namespace gdx {
+namespace {
+
+#define GDX_SKIP_WITHOUT_TWO_PEER_GPUS()                                                 \
+  do {                                                                                   \
+    GDX_SKIP_WITHOUT_GPU();                                                              \
+    int n_ = 0, can_ = 0;                                                                \
+    cudaGetDeviceCount(&n_);                                                             \
+    if (n_ < 2) GTEST_SKIP() << "needs two GPUs, " << n_ << " here";                     \
+    cudaDeviceCanAccessPeer(&can_, 0, 1);                                                \
+    if (!can_) GTEST_SKIP() << "GPUs 0 and 1 cannot address each other";                 \
+  } while (0)
+
+// Deterministic random bytes from (seed, index): both processes can compute what the other put.
+__host__ __device__ inline unsigned char byteAt(uint64_t seed, uint64_t i) {
+  uint64_t x = (i >> 3) * 0x9E3779B97F4A7C15ull ^ seed * 0xD1B54A32D192ED03ull;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<unsigned char>(x >> (8 * (i & 7)));
+}
+
+__global__ void fillKernel(unsigned char* p, uint64_t n, uint64_t seed) {
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
+    p[i] = byteAt(seed, i);
+}
+
+// Counts bytes of got[0..n) that differ from byteAt(seed, srcOffset + i) (a copy of the filled source).
+__global__ void checkKernel(const unsigned char* got, uint64_t n, uint64_t seed, uint64_t srcOffset,
+                            unsigned long long* bad) {
+  unsigned long long mine = 0;
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
+    mine += got[i] != byteAt(seed, srcOffset + i);
+  if (mine) atomicAdd(bad, mine);
+}
+
+__global__ void checkValueKernel(const unsigned char* got, uint64_t n, unsigned char v, unsigned long long* bad) {
+  unsigned long long mine = 0;
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
+    mine += got[i] != v;
+  if (mine) atomicAdd(bad, mine);
+}
+
+unsigned long long countBad(const unsigned char* got, uint64_t n, uint64_t seed, uint64_t srcOffset) {
+  unsigned long long* bad = nullptr;
+  cudaHostAlloc(&bad, 8, cudaHostAllocMapped);
+  *bad = 0;
+  checkKernel<<<264, 512>>>(got, n, seed, srcOffset, bad);
+  cudaDeviceSynchronize();
+  unsigned long long b = *bad;
+  cudaFreeHost(bad);
+  return b;
+}
+unsigned long long countNot(const unsigned char* got, uint64_t n, unsigned char v) {
+  unsigned long long* bad = nullptr;
+  cudaHostAlloc(&bad, 8, cudaHostAllocMapped);
+  *bad = 0;
+  if (n) checkValueKernel<<<264, 512>>>(got, n, v, bad);
+  cudaDeviceSynchronize();
+  unsigned long long b = *bad;
+  cudaFreeHost(bad);
+  return b;
+}
+
+// ---- peer copy --------------------------------------------------------------------------------------------
+
+// Many descriptors at once, random sizes from 1 B to 4 MiB, random (unaligned) offsets on both sides, into
+// disjoint slots of a poisoned destination on the other GPU; every destination byte checked, poison included.
+TEST(PeerCopy, ManyRandomUnalignedDescriptorsArriveIntact) {
+  GDX_SKIP_WITHOUT_TWO_PEER_GPUS();
+  constexpr size_t kSlot = 4u << 20, kDescs = 200;
+  const size_t srcBytes = 64u << 20, dstBytes = kSlot * kDescs;
+  unsigned char *src = nullptr, *dst = nullptr;
+  GDX_TEST_CUDA(cudaSetDevice(1));
+  GDX_TEST_CUDA(cudaMalloc(&dst, dstBytes));
+  GDX_TEST_CUDA(cudaMemset(dst, 0xEE, dstBytes));
+  GDX_TEST_CUDA(cudaDeviceSynchronize());
+  GDX_TEST_CUDA(cudaSetDevice(0));
+  ASSERT_TRUE(enablePeerAccess(1));
+  GDX_TEST_CUDA(cudaMalloc(&src, srcBytes));
+  fillKernel<<<264, 512>>>(src, srcBytes, 11);
+  std::vector<unsigned char> hostSrc(srcBytes), expect(dstBytes, 0xEE), got(dstBytes);
+  GDX_TEST_CUDA(cudaMemcpy(hostSrc.data(), src, srcBytes, cudaMemcpyDeviceToHost));
+  std::mt19937_64 rng(3);
+  std::vector<PeerCopyDesc> descs;
+  for (size_t i = 0; i < kDescs; ++i) {
+    // Sizes spread over every scale: 1 B, tens, thousands, up to 4 MiB.
+    uint64_t bytes = i % 4 == 0 ? 1 + rng() % 64 : i % 4 == 1 ? 1 + rng() % 8192 : 1 + rng() % (kSlot - 64);
+    if (i == 0) bytes = 1;
+    if (i == 1) bytes = kSlot;
+    uint64_t dOff = i * kSlot + rng() % (kSlot - bytes + 1), sOff = rng() % (srcBytes - bytes);
+    descs.push_back({src + sOff, dst + dOff, bytes});
+    std::memcpy(&expect[dOff], &hostSrc[sOff], bytes);
+  }
+  for (bool bulk : {false, true}) {
+    GDX_TEST_CUDA(cudaMemset(dst, 0xEE, dstBytes));
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    PeerCopyOptions o;
+    o.bulk = bulk;
+    GDX_TEST_CUDA(peerCopy(descs.data(), descs.size(), nullptr, o));
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, dstBytes, cudaMemcpyDeviceToHost));
+    long long bad = test::firstMismatch(got.data(), expect.data(), dstBytes);
+    EXPECT_EQ(bad, -1) << "first differing byte in slot " << (bad / static_cast<long long>(kSlot)) << ", bulk " << bulk;
+  }
+  cudaFree(src);
+  cudaFree(dst);
+}
+
+// One descriptor at each size 1 B .. 1 GiB (powers of 4 plus odd sizes), with source and destination at
+// offsets that agree modulo 16 (vector body) and that do not (narrower words); checked on the GPU, guards too.
+TEST(PeerCopy, SizesFromOneByteToOneGibibyte) {
+  GDX_SKIP_WITHOUT_TWO_PEER_GPUS();
+  const size_t kMax = size_t{1} << 30, kPad = 4096;
+  unsigned char *src = nullptr, *dst = nullptr;
+  GDX_TEST_CUDA(cudaSetDevice(1));
+  GDX_TEST_CUDA(cudaMalloc(&dst, kMax + 2 * kPad));
+  GDX_TEST_CUDA(cudaSetDevice(0));
+  ASSERT_TRUE(enablePeerAccess(1));
+  GDX_TEST_CUDA(cudaMalloc(&src, kMax + 2 * kPad));
+  fillKernel<<<1024, 512>>>(src, kMax + 2 * kPad, 5);
+  GDX_TEST_CUDA(cudaDeviceSynchronize());
+  std::vector<uint64_t> sizes;
+  for (uint64_t s = 1; s <= kMax; s *= 4) {
+    sizes.push_back(s);
+    if (s > 16 && s < kMax) sizes.push_back(s * 3 + 7);
+  }
+  const std::pair<uint64_t, uint64_t> offsets[] = {{0, 0}, {5, 21}, {3, 7}};  // aligned, same mod 16, different
+  for (bool bulk : {false, true})
+  for (uint64_t bytes : sizes)
+    for (auto [so, dOff] : offsets) {
+      const uint64_t d = kPad + dOff;
+      GDX_TEST_CUDA(cudaMemset(dst, 0xA5, kMax + 2 * kPad));
+      GDX_TEST_CUDA(cudaDeviceSynchronize());
+      PeerCopyDesc desc{src + kPad + so, dst + d, bytes};
+      PeerCopyOptions o;
+      o.bulk = bulk;
+      GDX_TEST_CUDA(peerCopy(&desc, 1, nullptr, o));
+      GDX_TEST_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(countBad(dst + d, bytes, 5, kPad + so), 0u) << bytes << " bytes, src +" << so << ", dst +" << dOff
+                                                            << ", bulk " << bulk;
+      EXPECT_EQ(countNot(dst, d, 0xA5), 0u) << "guard before, " << bytes << " bytes";
+      EXPECT_EQ(countNot(dst + d + bytes, kMax + 2 * kPad - d - bytes, 0xA5), 0u) << "guard after, " << bytes;
+    }
+  cudaFree(src);
+  cudaFree(dst);
+}
+
+// ---- direct path between two processes -----------------------------------------------------------------------
+
+struct PutDesc {
+  uint64_t srcOffset, dstOffset, bytes;
+};
+
+// Block b takes descriptors [b * perBlock, (b + 1) * perBlock). Blocks use the block form, the warp form or the
+// single-thread form by b % 3. Every put adds 1 to signal 0.
+__global__ void directPuts(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, const PutDesc* descs,
+                           int perBlock, uint32_t* status) {
+  const PutDesc* mine = descs + size_t(blockIdx.x) * perBlock;
+  Status s = Status::kOk;
+  if (blockIdx.x % 3 == 0) {
+    for (int i = 0; i < perBlock; ++i) {
+      Status r = ch.putWithSignalBlock(dstWin, mine[i].dstOffset, srcWin, mine[i].srcOffset, mine[i].bytes, 0, 1);
+      if (r != Status::kOk) s = r;
+    }
+  } else if (blockIdx.x % 3 == 1) {
+    const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    for (int i = warp; i < perBlock; i += warps) {
+      Status r = ch.putWithSignalWarp(dstWin, mine[i].dstOffset, srcWin, mine[i].srcOffset, mine[i].bytes, 0, 1);
+      if (r != Status::kOk) s = r;
+    }
+  } else {
+    for (int i = threadIdx.x; i < perBlock; i += blockDim.x) {
+      Status r = ch.putWithSignal(dstWin, mine[i].dstOffset, srcWin, mine[i].srcOffset, mine[i].bytes, 0, 1);
+      if (r != Status::kOk) s = r;
+    }
+  }
+  if (s == Status::kOk) s = ch.flush();
+  if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+}
+
+// Ping-pong that checks ordering: the sender writes round r's pattern into its source, puts it with a signal
+// set to r; the receiver's block waits for r, checks every byte of the round right away, acknowledges with
+// signal 2 = r. A signal seen before its data shows up as a bad byte.
+__global__ void orderSender(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, unsigned char* src,
+                            uint64_t bytes, int rounds, uint32_t* status) {
+  for (int r = 1; r <= rounds; ++r) {
+    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) src[i] = static_cast<unsigned char>(r * 131 + i * 7);
+    __syncthreads();
+    Status s = ch.putWithSignalBlock(dstWin, 0, srcWin, 0, bytes, 1, r, SignalOp::kSet);
+    if (threadIdx.x == 0) {
+      if (s == Status::kOk) s = ch.wait(2, r);
+      if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+    }
+    __syncthreads();
+    if (*(volatile uint32_t*)status) return;
+  }
+}
+
+__global__ void orderReceiver(ChannelDeviceHandle ch, const unsigned char* dst, uint64_t bytes, int rounds,
+                              unsigned long long* bad, uint32_t* status) {
+  __shared__ int stop;
+  for (int r = 1; r <= rounds; ++r) {
+    if (threadIdx.x == 0) {
+      Status s = ch.wait(1, r);
+      stop = s != Status::kOk;
+      if (stop) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+    }
+    __syncthreads();
+    if (stop) return;
+    unsigned long long mine = 0;
+    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x)
+      mine += reinterpret_cast<const volatile unsigned char*>(dst)[i] != static_cast<unsigned char>(r * 131 + i * 7);
+    if (mine) atomicAdd(bad, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      Status s = ch.signal(2, r, SignalOp::kSet);
+      if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+    }
+  }
+}
+
+__global__ void directAtomics(ChannelDeviceHandle ch, uint32_t win, int perThread, uint32_t* status) {
+  Status s = Status::kOk;
+  for (int i = 0; i < perThread && s == Status::kOk; ++i) s = ch.atomicAdd(win, 8 * (threadIdx.x % 4), 1);
+  if (s == Status::kOk) s = ch.signal(3, 1);
+  if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+}
+
+// One rank of the two-process test (GDX_NVLINK_CHILD set): puts random descriptors to the other rank while the
+// other does the same, checks every byte it received, then the ordering ping-pong and the atomics.
+void childMain(bool expectDirect) {
+  Context ctx;
+  const int rank = ctx.rank(), peer = 1 - rank;
+  ASSERT_EQ(ctx.worldSize(), 2);
+  ASSERT_EQ(ctx.isDirect(peer), expectDirect);
+  constexpr int kBlocks = 24, kThreads = 256, kPerBlock = 12;
+  constexpr uint64_t kSlot = 1u << 20;
+  const int puts = kBlocks * kPerBlock;
+  const size_t srcBytes = 16u << 20, dstBytes = size_t(puts) * kSlot;
+  unsigned char *src = nullptr, *dstAlloc = nullptr;
+  GDX_TEST_CUDA(cudaMalloc(&src, srcBytes));
+  // The destination window starts 4 KiB + 48 B into its allocation: the IPC mapping must add the offset.
+  const size_t kInside = 4096 + 48;
+  GDX_TEST_CUDA(cudaMalloc(&dstAlloc, dstBytes + kInside));
+  unsigned char* dst = dstAlloc + kInside;
+  fillKernel<<<264, 512>>>(src, srcBytes, 100 + rank);
+  GDX_TEST_CUDA(cudaMemset(dstAlloc, 0xEE, dstBytes + kInside));
+  GDX_TEST_CUDA(cudaDeviceSynchronize());
+  // The same descriptors on both ranks (seeded alike); each rank's source differs by its seed.
+  std::vector<PutDesc> descs(puts);
+  std::mt19937_64 rng(9);
+  for (int i = 0; i < puts; ++i) {
+    uint64_t bytes = i % 5 == 0 ? 1 + rng() % 32 : i % 5 == 1 ? 0 : 1 + rng() % (kSlot - 64);
+    if (i == 2) bytes = kSlot;
+    uint64_t d = uint64_t(i) * kSlot + rng() % (kSlot - bytes + 1), s = rng() % (srcBytes - bytes + 1);
+    descs[i] = {s, d, bytes};
+  }
+  uint32_t* status = nullptr;
+  unsigned long long* bad = nullptr;
+  GDX_TEST_CUDA(cudaHostAlloc(&status, 16, cudaHostAllocMapped));
+  GDX_TEST_CUDA(cudaHostAlloc(&bad, 8, cudaHostAllocMapped));
+  status[0] = status[1] = 0;
+  *bad = 0;
+  {
+    Window s = ctx.registerWindow(src, srcBytes, MemoryKind::kCuda);
+    Window d = ctx.registerWindow(dst, dstBytes, MemoryKind::kCuda);
+    uint64_t* words = nullptr;
+    GDX_TEST_CUDA(cudaMalloc(&words, 64));
+    GDX_TEST_CUDA(cudaMemset(words, 0, 64));
+    Window w = ctx.registerWindow(words, 64, MemoryKind::kCuda);
+    ChannelDeviceHandle ch = ctx.deviceChannel(peer);
+    EXPECT_EQ(ch.direct != nullptr, expectDirect);
+    PutDesc* devDescs = nullptr;
+    GDX_TEST_CUDA(cudaMalloc(&devDescs, puts * sizeof(PutDesc)));
+    GDX_TEST_CUDA(cudaMemcpy(devDescs, descs.data(), puts * sizeof(PutDesc), cudaMemcpyHostToDevice));
+    ctx.barrier();
+    directPuts<<<kBlocks, kThreads>>>(ch, d.id(), s.id(), devDescs, kPerBlock, status);
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(status[0], 0u) << statusName(static_cast<Status>(status[0]));
+    ctx.wait(0, puts);  // the host sees direct-path signals too
+    EXPECT_EQ(ctx.signalValue(0), uint64_t(puts));
+    std::vector<unsigned char> got(dstBytes), peerSrc(srcBytes), expect(dstBytes, 0xEE);
+    for (size_t i = 0; i < srcBytes; ++i) peerSrc[i] = byteAt(100 + peer, i);
+    for (const PutDesc& p : descs) std::memcpy(&expect[p.dstOffset], &peerSrc[p.srcOffset], p.bytes);
+    GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, dstBytes, cudaMemcpyDeviceToHost));
+    long long first = test::firstMismatch(got.data(), expect.data(), dstBytes);
+    EXPECT_EQ(first, -1) << "first differing byte in slot " << (first / static_cast<long long>(kSlot));
+    EXPECT_EQ(countNot(dstAlloc, kInside, 0xEE), 0u) << "bytes before the window were written";
+    ctx.barrier();
+
+    // Ordering: rank 0 sends, rank 1 checks, many rounds of 256 KiB.
+    const int rounds = expectDirect ? 3000 : 300;
+    const uint64_t bytes = 256 << 10;
+    if (rank == 0)
+      orderSender<<<1, 1024>>>(ch, d.id(), s.id(), src, bytes, rounds, status + 1);
+    else
+      orderReceiver<<<1, 1024>>>(ch, dst, bytes, rounds, bad, status + 1);
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(status[1], 0u) << statusName(static_cast<Status>(status[1]));
+    EXPECT_EQ(*bad, 0u) << "bytes seen stale after their signal";
+    ctx.barrier();
+
+    // Atomics (direct path only: the proxy's atomics are covered by the host-window tests): every thread of
+    // 8 x 128 adds to the peer's words, then signals.
+    if (expectDirect) {
+    directAtomics<<<8, 128>>>(ch, w.id(), 20, status + 2);
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(status[2], 0u);
+    ctx.wait(3, 8 * 128);
+    uint64_t got4[4];
+    GDX_TEST_CUDA(cudaMemcpy(got4, words, 32, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got4[i], 8u * 128 * 20 / 4) << "word " << i;
+    }
+    ctx.barrier();
+    cudaFree(devDescs);
+    cudaFree(words);
+  }
+  cudaFree(src);
+  cudaFree(dstAlloc);
+  cudaFreeHost(status);
+  cudaFreeHost(bad);
+}
+
+TEST(DirectPathChild, Run) {
+  const char* child = std::getenv("GDX_NVLINK_CHILD");
+  if (!child) GTEST_SKIP() << "runs only as a child of DirectPath.* (GDX_NVLINK_CHILD)";
+  childMain(std::string(child) == "direct");
+}
+
+// Starts two copies of this binary, one a GPU, filtered to DirectPathChild.Run; both must pass.
+void runPair(bool direct) {
+  const std::string port = std::to_string(test::freePort());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    env.push_back("GDX_RANK=" + std::to_string(r));
+    env.push_back("GDX_WORLD_SIZE=2");
+    env.push_back("GDX_LOCAL_RANK=" + std::to_string(r));
+    env.push_back("GDX_MASTER_ADDR=127.0.0.1");
+    env.push_back("GDX_MASTER_PORT=" + port);
+    env.push_back("GDX_JOB_SECRET=nvlink-test");
+    env.push_back("GDX_CUDA_DEVICE=" + std::to_string(r));
+    env.push_back("GDX_TIMEOUT_MS=60000");
+    env.push_back("GDX_LOG_LEVEL=INFO");
+    env.push_back(std::string("GDX_DIRECT=") + (direct ? "1" : "0"));
+    env.push_back(std::string("GDX_NVLINK_CHILD=") + (direct ? "direct" : "proxy"));
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string self = "/proc/self/exe", filter = "--gtest_filter=DirectPathChild.Run";
+    char* argv[] = {self.data(), filter.data(), nullptr};
+    pid_t pid;
+    ASSERT_EQ(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()), 0);
+    pids.push_back(pid);
+  }
+  for (int r = 0; r < 2; ++r) {
+    int st = 0;
+    waitpid(pids[r], &st, 0);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << " failed (status " << st << ")";
+  }
+}
+
+TEST(DirectPath, TwoProcessesOnTwoGpusPutSignalAndAtomicDirectly) {
+  GDX_SKIP_WITHOUT_TWO_PEER_GPUS();
+  runPair(true);
+}
+
+TEST(DirectPath, SameProgramThroughTheProxyWithDirectDisabled) {
+  GDX_SKIP_WITHOUT_TWO_PEER_GPUS();
+  runPair(false);
+}
+
+}  // namespace
+}  // namespace gdx

@@ -219,6 +219,9 @@ int runGpuMode(const GpuModeOptions& opt) {
     setenv("GDX_JOB_SECRET", "benchmark_local", 0);
     setenv("GDX_TRANSPORT", "loopback", 0);
   }
+  // This mode measures the proxy path; a rank's own GPU would otherwise be reached directly (benchmark_nvlink
+  // measures that path).
+  setenv("GDX_DIRECT", "0", 0);
   const double rawUs = rawRoundTripUs();
   const double rawDeviceSignalUs = rawRoundTripDeviceSignalUs();
   std::vector<SizeRow> sizes;

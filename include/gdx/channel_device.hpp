@@ -195,15 +195,13 @@ struct ChannelDeviceHandle {
     if (signalId >= numSignals) return Status::kInvalidArgument;
     uint64_t start = 0;
     for (uint64_t spins = 0;; ++spins) {
-      // Both words are read relaxed (so the two loads are in flight together), then an acquire fence. A handle
-      // to a direct-path peer reads host memory (a PCIe round trip) on every 8th try only.
+      // Acquire loads, not relaxed loads and a fence: a system-scope fence costs more than the whole poll of the
+      // local device word (measured: 4.4 µs instead of 3.6 µs for a proxied putWithSignal). A handle to a
+      // direct-path peer reads host memory (a PCIe round trip) on every 8th try only.
       const bool pollHost = !direct || !deviceSignals || (spins & 7) == 0;
-      const uint64_t h = pollHost ? atomicLoad(&signals[signalId], kRelaxed) : 0;
-      const uint64_t d = deviceSignals ? atomicLoad(&deviceSignals[signalId], kRelaxed) : 0;
-      if (h >= value || d >= value) {
-        acquireFenceSystem();
-        return Status::kOk;
-      }
+      const uint64_t h = pollHost ? atomicLoad(&signals[signalId], kAcquire) : 0;
+      const uint64_t d = deviceSignals ? atomicLoad(&deviceSignals[signalId], kAcquire) : 0;
+      if (h >= value || d >= value) return Status::kOk;
       // Each poll of host memory is a PCIe round trip, so the error words are read on every 16th try only, and
       // not on the first: the signal itself is what the latency depends on.
       if ((spins & 15) == 15) {

@@ -41,8 +41,6 @@ template <typename T>
 GDX_HOST_DEVICE_INLINE T atomicFetchMax(T* p, T v, MemoryOrder order) {
   return cuda::atomic_ref<T, cuda::thread_scope_system>(*p).fetch_max(v, order);
 }
-/// Acquire fence at system scope: after relaxed loads that saw a release, later accesses see what it published.
-GDX_HOST_DEVICE_INLINE void acquireFenceSystem() { cuda::atomic_thread_fence(kAcquire, cuda::thread_scope_system); }
 #else
 enum MemoryOrder : int {
   kRelaxed = __ATOMIC_RELAXED,
@@ -62,7 +60,6 @@ template <typename T>
 inline T atomicFetchAdd(T* p, T v, MemoryOrder order) {
   return __atomic_fetch_add(p, v, order);
 }
-inline void acquireFenceSystem() { __atomic_thread_fence(__ATOMIC_ACQUIRE); }
 template <typename T>
 inline T atomicFetchMax(T* p, T v, MemoryOrder order) {
   T cur = __atomic_load_n(p, __ATOMIC_RELAXED);

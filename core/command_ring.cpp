@@ -71,15 +71,12 @@ RingDeviceHandle CommandRing::hostHandle() const {
 RingDeviceHandle CommandRing::deviceHandle() const {
   if (!deviceCounters_) throw Error(ErrorCode::kInvalidArgument, "this ring takes commands from host threads only");
   // The GPU reaches the host-mapped block through its own address for it.
-  char* dev = static_cast<char*>(memory_.devicePtr());
-  char* host = static_cast<char*>(memory_.data());
-  auto onGpu = [&](void* p) { return dev + (static_cast<char*>(p) - host); };
-  return RingDeviceHandle{reinterpret_cast<Command*>(onGpu(slots_)),
+  return RingDeviceHandle{memory_.deviceAddressOf(slots_),
                           deviceCounters_,
                           deviceCounters_ + kLine / sizeof(uint64_t),
-                          reinterpret_cast<uint64_t*>(onGpu(tail_)),
-                          reinterpret_cast<uint64_t*>(onGpu(completed_)),
-                          reinterpret_cast<uint32_t*>(onGpu(error_)),
+                          memory_.deviceAddressOf(tail_),
+                          memory_.deviceAddressOf(completed_),
+                          memory_.deviceAddressOf(error_),
                           capacity_,
                           timeoutNs_};
 }

@@ -256,8 +256,7 @@ ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) {
     throw Error(ErrorCode::kInvalidArgument, "device ring " + std::to_string(ringIndex) + " does not exist (" +
                                                  std::to_string(proxy_->numDeviceRings()) + " device rings)");
   auto* devSignals = static_cast<uint64_t*>(signals_->devicePtr());
-  auto* devFailure = reinterpret_cast<uint32_t*>(static_cast<char*>(signals_->devicePtr()) +
-                                                 (reinterpret_cast<char*>(failed_) - static_cast<char*>(signals_->data())));
+  auto* devFailure = signals_->deviceAddressOf(failed_);
   return ChannelDeviceHandle{proxy_->deviceRing(ringIndex).deviceHandle(),
                              devSignals,
                              devFailure,

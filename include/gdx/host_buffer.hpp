@@ -23,6 +23,12 @@ class HostBuffer {
   /// The address kernels use, or nullptr when the buffer is not mapped for the GPU.
   void* devicePtr() const { return devicePtr_; }
   bool gpuMapped() const { return devicePtr_ != nullptr; }
+  /// The address kernels use for `hostAddress`, a pointer into this buffer (the buffer must be gpuMapped()).
+  template <typename T>
+  T* deviceAddressOf(T* hostAddress) const {
+    return reinterpret_cast<T*>(static_cast<char*>(devicePtr_) +
+                                (reinterpret_cast<char*>(hostAddress) - static_cast<char*>(data_)));
+  }
   /// The node the memory was placed on (-1 where NUMA is not available).
   int numaNode() const { return node_; }
 

@@ -24,11 +24,14 @@
 #include "gdx/context.hpp"
 #include "gdx/cuda_check.hpp"
 #include "gdx/peer_copy.hpp"
+#include "gdx/peer_copy_queue.hpp"
 
 namespace gdx::bench {
 namespace {
 
 constexpr int kThreads = 512;
+// peerCopy's hybrid mode is measured with descriptors from this size on given to the copy engines.
+constexpr uint64_t kCopyEngineFrom = uint64_t{16} << 20;
 
 // One put of `bytes`, cut into chunks that the blocks take grid-stride, each with the block form of put.
 __global__ void __launch_bounds__(kThreads, 2) putKernel(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin,
@@ -168,6 +171,20 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
         GDX_CUDA_CHECK(cudaSetDevice(ctx.gpu().device));
         return r;
       };
+      // PeerCopyQueue: `iters` transfers submitted back to back, timed on the host until the last completed.
+      auto queueGBps = [&](uint64_t bytes, unsigned blocks) {
+        PeerCopyQueue::Options qo = PeerCopyQueue::Options::fromEnv();
+        qo.blocks = blocks;
+        PeerCopyQueue q(ctx.gpu().device, qo);
+        const int iters = itersFor(bytes);
+        for (int i = 0; i < 3; ++i) q.submit(src, peerDst, bytes);
+        q.waitCompleted(3);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) q.submit(src, peerDst, bytes);
+        q.waitCompleted(3 + iters);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return double(bytes) * iters / s / 1e9;
+      };
       unsigned* barrier = nullptr;
       GDX_CUDA_CHECK(cudaMalloc(&barrier, 4));
       int occ = 0;
@@ -215,31 +232,31 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
         PeerCopyOptions bulkOpt;
         bulkOpt.bulk = true;
         double bulk = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, bulkOpt)); });
+        PeerCopyOptions hybridOpt;
+        hybridOpt.copyEngineFrom = kCopyEngineFrom;
+        double hybrid = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, hybridOpt)); });
+        double queue = queueGBps(bytes, PeerCopyQueue::Options::fromEnv().blocks);
+        out << "hybrid " << bytes << " " << hybrid << "\nqueue " << bytes << " " << queue << "\n";
         out << "pull " << bytes << " " << pull << "\nbulk " << bytes << " " << bulk << "\n";
         out << "put " << bytes << " " << put << "\nputloop " << bytes << " " << loop << "\npeercopy " << bytes << " " << pc
             << "\nmemcpy " << bytes << " " << mc << "\n";
-        std::fprintf(stderr, "  %10llu B: put %.1f  put in-kernel loop %.1f  peerCopy %.1f (pull %.1f, bulk %.1f)  cudaMemcpyPeerAsync %.1f GB/s\n",
-                     (unsigned long long)bytes, put, loop, pc, pull, bulk, mc);
+        std::fprintf(stderr, "  %10llu B: put %.1f  put in-kernel loop %.1f  peerCopy %.1f (pull %.1f, bulk %.1f, copy engines from %llu MiB %.1f)  PeerCopyQueue %.1f  cudaMemcpyPeerAsync %.1f GB/s\n",
+                     (unsigned long long)bytes, put, loop, pc, pull, bulk, (unsigned long long)(kCopyEngineFrom >> 20), hybrid, queue, mc);
       }
-      // Sweep of the spreading parameters at 1 MiB, 64 MiB and 1 GiB (the defaults are one of the rows).
-      for (uint64_t bytes : {uint64_t{1} << 20, uint64_t{64} << 20, uint64_t{1} << 30}) {
+      // How many SMs the copy needs: peerCopy with its grid capped, and the persistent PeerCopyQueue with that
+      // many copy blocks (transfers submitted back to back from the host, timed until the last one completed).
+      for (uint64_t bytes : {uint64_t{64} << 20, uint64_t{1} << 30}) {
         if (bytes > maxBytes) continue;
-        for (unsigned bps : {1u, 2u, 4u})
-          for (uint64_t chunkMax : {uint64_t{64} << 10, uint64_t{256} << 10, uint64_t{1} << 20})
-            for (unsigned unroll : {4u, 8u, 0u}) {  // 0: bulk (TMA) mode
-              PeerCopyOptions o;
-              o.blocksPerSm = bps;
-              o.maxChunkBytes = chunkMax;
-              o.unroll = unroll ? unroll : 4;
-              o.bulk = unroll == 0;
-              PeerCopyDesc desc{src, peerDst, bytes};
-              double pc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, o)); });
-              double put = (direct && unroll == 4) ? putGBps(bytes, o) : -1.0;
-              double pull = pullGBps(bytes, o);
-              out << "sweep " << bytes << " " << bps << " " << chunkMax << " " << unroll << " " << pc << " " << put << " " << pull << "\n";
-              std::fprintf(stderr, "  sweep %10llu B: %u blocks/SM, chunk %llu, unroll %u: peerCopy %.1f  put %.1f  pull %.1f GB/s\n",
-                           (unsigned long long)bytes, bps, (unsigned long long)chunkMax, unroll, pc, put, pull);
-            }
+        for (unsigned blocks : {16u, 32u, 64u, 132u, 264u}) {
+          PeerCopyOptions o;
+          o.maxBlocks = blocks;
+          PeerCopyDesc desc{src, peerDst, bytes};
+          double pc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, o)); });
+          double q = queueGBps(bytes, blocks);
+          out << "grid " << bytes << " " << blocks << " " << pc << " " << q << "\n";
+          std::fprintf(stderr, "  grid %10llu B: %u blocks: peerCopy %.1f  PeerCopyQueue %.1f GB/s\n",
+                       (unsigned long long)bytes, blocks, pc, q);
+        }
       }
       cudaFree(barrier);
       if (*status) throw Error(ErrorCode::kInvalidArgument, std::string("put failed: ") + statusName(static_cast<Status>(*status)));
@@ -312,7 +329,7 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
   std::map<std::string, std::map<uint64_t, double>> r;
   std::string gpu = "?";
   bool direct = false;
-  std::vector<std::string> sweep;
+  std::vector<std::string> sweep, grid;
   auto readLines = [&](std::istream& in) {
     std::string line;
     while (std::getline(in, line)) {
@@ -326,11 +343,17 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
         int d = 0;
         ls >> d;
         direct = d;
-      } else if (kind == "sweep") {
+      } else if (kind == "sweep" || kind == "grid") {
+        if (kind == "grid") {
+          std::string rest;
+          std::getline(ls, rest);
+          grid.push_back(rest);
+          continue;
+        }
         std::string rest;
         std::getline(ls, rest);
         sweep.push_back(rest);
-      } else if (kind == "put" || kind == "putloop" || kind == "pull" || kind == "bulk" || kind == "peercopy" || kind == "memcpy" || kind == "latency" || kind == "nccl") {
+      } else if (kind == "put" || kind == "putloop" || kind == "pull" || kind == "bulk" || kind == "peercopy" || kind == "hybrid" || kind == "queue" || kind == "memcpy" || kind == "latency" || kind == "nccl") {
         uint64_t b;
         double v;
         if (ls >> b >> v) r[kind][b] = v;
@@ -365,8 +388,8 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   std::printf("benchmark_nvlink: 2 x %s, %s, path to the peer: %s\n", gpu.c_str(), date, direct ? "direct (CUDA IPC, no proxy)" : "PROXY");
   std::printf("GB/s; gdx put: one launch per put; in-kernel: many puts from one launch (grid barrier per put)\n");
-  std::printf("%12s %10s %10s %10s %10s %10s %10s %11s %11s\n", "bytes", "gdx put", "in-kernel", "peerCopy", "pc bulk",
-              "memcpyPeer", "NCCL", "put/memcpy", "best/memcpy");
+  std::printf("%12s %10s %10s %10s %10s %10s %10s %10s %10s %11s %11s\n", "bytes", "gdx put", "in-kernel", "peerCopy", "pc bulk",
+              "pc hybrid", "queue", "memcpyPeer", "NCCL", "put/memcpy", "best/memcpy");
   std::ostringstream js;
   js << "{\n  \"benchmark\": \"nvlink\",\n  \"gpu\": \"" << gpu << "\",\n  \"date\": \"" << date << "\",\n  \"direct\": "
      << (direct ? "true" : "false") << ",\n  \"bandwidth_GBps\": [";
@@ -374,12 +397,13 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
   for (uint64_t s : sizesUpTo(maxBytes)) {
     auto get = [&](const char* k) { auto it = r[k].find(s); return it == r[k].end() ? -1.0 : it->second; };
     double put = get("put"), loop = get("putloop"), pc = get("peercopy"), mc = get("memcpy"), nc = get("nccl"),
-           pull = get("pull"), bulk = get("bulk");
-    const double best = std::max({put, loop, pc, bulk});
-    std::printf("%12llu %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.2fx %10.2fx\n", (unsigned long long)s, put, loop, pc,
-                bulk, mc, nc, mc > 0 ? put / mc : 0, mc > 0 ? best / mc : 0);
+           pull = get("pull"), bulk = get("bulk"), hybrid = get("hybrid"), queue = get("queue");
+    const double best = std::max({put, loop, pc, bulk, queue});
+    std::printf("%12llu %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.2fx %10.2fx\n", (unsigned long long)s, put,
+                loop, pc, bulk, hybrid, queue, mc, nc, mc > 0 ? put / mc : 0, mc > 0 ? best / mc : 0);
     js << (first ? "\n" : ",\n") << "    {\"bytes\": " << s << ", \"gdx_put\": " << put << ", \"gdx_put_in_kernel\": " << loop
        << ", \"peer_copy\": " << pc << ", \"peer_copy_pull\": " << pull << ", \"peer_copy_bulk\": " << bulk
+       << ", \"peer_copy_copy_engines_from_16MiB\": " << hybrid << ", \"peer_copy_queue\": " << queue
        << ", \"cuda_memcpy_peer_async\": " << mc << ", \"nccl_send_recv\": " << nc << "}";
     first = false;
   }
@@ -401,6 +425,32 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
     if (!(ls >> b >> bps >> ch >> unroll >> pc >> put >> pull)) continue;
     js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"blocks_per_sm\": " << bps << ", \"max_chunk\": " << ch
        << ", \"unroll\": " << (unroll ? unroll : 4) << ", \"bulk\": " << (unroll == 0 ? "true" : "false") << ", \"peer_copy\": " << pc << ", \"gdx_put\": " << put << ", \"peer_copy_pull\": " << pull << "}";
+    first = false;
+  }
+  js << "\n  ],\n  \"grid\": [";
+  first = true;
+  for (auto& line : grid) {
+    std::istringstream ls(line);
+    uint64_t b;
+    unsigned blocks;
+    double pc, q;
+    if (!(ls >> b >> blocks >> pc >> q)) continue;
+    std::printf("%llu B with %u blocks: peerCopy %.1f GB/s, PeerCopyQueue %.1f GB/s\n", (unsigned long long)b, blocks, pc, q);
+    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"blocks\": " << blocks << ", \"peer_copy\": " << pc
+       << ", \"peer_copy_queue\": " << q << "}";
+    first = false;
+  }
+  js << "\n  ],\n  \"grid\": [";
+  first = true;
+  for (auto& line : grid) {
+    std::istringstream ls(line);
+    uint64_t b;
+    unsigned blocks;
+    double pc, q;
+    if (!(ls >> b >> blocks >> pc >> q)) continue;
+    std::printf("%llu B with %u blocks: peerCopy %.1f GB/s, PeerCopyQueue %.1f GB/s\n", (unsigned long long)b, blocks, pc, q);
+    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"blocks\": " << blocks << ", \"peer_copy\": " << pc
+       << ", \"peer_copy_queue\": " << q << "}";
     first = false;
   }
   js << "\n  ],\n  \"units\": \"GB/s = 1e9 bytes per second; -1: not measured\"\n}\n";

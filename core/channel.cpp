@@ -20,10 +20,11 @@ ErrorCode errorCodeFor(Status s) {
 }
 }  // namespace
 
-Channel::Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring)
+Channel::Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring, int forwardTo)
     : context_(context),
       peer_(peer),
       ringIndex_(ringIndex),
+      forwardTo_(forwardTo),
       ring_(ring),
       lastPosition_(std::make_shared<std::atomic<int64_t>>(-1)) {}
 
@@ -70,6 +71,7 @@ void Channel::checkPut(const Window& dst, uint64_t dstOffset, const Window& src,
   if (!src.valid() || !dst.valid()) throw Error(ErrorCode::kInvalidArgument, where + "window is not registered");
   std::string why = context_->registry_->checkLocal(src.id(), srcOffset, bytes);
   if (why.empty()) why = context_->registry_->checkRemote(peer_, dst.id(), dstOffset, bytes);
+  if (why.empty() && forwardTo_ >= 0) why = context_->registry_->checkRemote(forwardTo_, dst.id(), dstOffset, bytes);
   if (why.empty() && (srcOffset + bytes - 1 > kMaxWindowOffset || dstOffset + bytes - 1 > kMaxWindowOffset))
     why = "offsets beyond " + std::to_string(kMaxWindowOffset) + " cannot be addressed";
   if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, where + why);
@@ -82,14 +84,24 @@ void Channel::checkSignal(uint32_t signalId) const {
                                                  std::to_string(context_->numSignals()) + " signals");
 }
 
+// Puts of at most kMaxCommandBytes each. On a relayed channel every one is a pair whose signal slot carries the
+// destination and adds 0 to signal 0 (no signal): the relay forwards each piece as it arrives.
+void Channel::pushPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) {
+  for (uint64_t done = 0; done < bytes;) {
+    uint64_t n = std::min<uint64_t>(bytes - done, kMaxCommandBytes);
+    Command put = Command::put(peer_, src.id(), srcOffset + done, dst.id(), dstOffset + done, n, forwardTo_ >= 0);
+    if (forwardTo_ >= 0)
+      pushPair(put, Command::signal(peer_, 0, 0, true, forwardTo_));
+    else
+      push(put);
+    done += n;
+  }
+}
+
 void Channel::put(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) {
   if (bytes == 0) return;  // as in NVSHMEM: nothing to move
   checkPut(dst, dstOffset, src, srcOffset, bytes);
-  for (uint64_t done = 0; done < bytes;) {
-    uint64_t n = std::min<uint64_t>(bytes - done, kMaxCommandBytes);
-    push(Command::put(peer_, src.id(), srcOffset + done, dst.id(), dstOffset + done, n));
-    done += n;
-  }
+  pushPut(dst, dstOffset, src, srcOffset, bytes);
 }
 
 void Channel::putWithSignal(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
@@ -98,24 +110,22 @@ void Channel::putWithSignal(const Window& dst, uint64_t dstOffset, const Window&
   checkPut(dst, dstOffset, src, srcOffset, bytes);
   checkSignal(signalId);
   // Chunks before the last go as plain puts; the signal rides on the last one, and the ordering of the
-  // channel's ring and lane makes it visible only after all of them.
-  uint64_t done = 0;
-  while (bytes - done > kMaxCommandBytes) {
-    push(Command::put(peer_, src.id(), srcOffset + done, dst.id(), dstOffset + done, kMaxCommandBytes));
-    done += kMaxCommandBytes;
-  }
-  pushPair(Command::put(peer_, src.id(), srcOffset + done, dst.id(), dstOffset + done, bytes - done, true),
-           Command::signal(peer_, signalId, value, op == SignalOp::kAdd));
+  // channel's ring and lane (and of the relay's copy queue) makes it visible only after all of them.
+  const uint64_t last = bytes <= kMaxCommandBytes ? 0 : (bytes - 1) / kMaxCommandBytes * kMaxCommandBytes;
+  pushPut(dst, dstOffset, src, srcOffset, last);
+  pushPair(Command::put(peer_, src.id(), srcOffset + last, dst.id(), dstOffset + last, bytes - last, true),
+           Command::signal(peer_, signalId, value, op == SignalOp::kAdd, forwardTo_));
 }
 
 void Channel::signal(uint32_t signalId, uint64_t value, SignalOp op) {
   checkSignal(signalId);
-  push(Command::signal(peer_, signalId, value, op == SignalOp::kAdd));
+  push(Command::signal(peer_, signalId, value, op == SignalOp::kAdd, forwardTo_));
 }
 
 void Channel::atomicAdd(const Window& dst, uint64_t dstOffset, uint64_t value) {
   std::string where = "rank " + std::to_string(context_->rank()) + ": atomicAdd to peer " + std::to_string(peer_) + ": ";
   if (!dst.valid()) throw Error(ErrorCode::kInvalidArgument, where + "window is not registered");
+  if (forwardTo_ >= 0) throw Error(ErrorCode::kInvalidArgument, where + "atomics are not relayed");
   if (dstOffset % 8 != 0 || dstOffset > kMaxWindowOffset - 7)
     throw Error(ErrorCode::kInvalidArgument,
                 where + "offset " + std::to_string(dstOffset) + " is not 8-byte aligned or cannot be addressed");

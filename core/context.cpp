@@ -1,8 +1,10 @@
 #include "gdx/context.hpp"
 
 #include "core/direct_path.hpp"
+#include "core/forward_request.hpp"
 
 #include <chrono>
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -126,6 +128,7 @@ void Context::init() {
                 "GDX_TRANSPORT='" + options_.transport + "' is not available (tcp, verbs where built with rdma-core, or loopback for one rank)");
   }
   transport_->setImmHandler([this](const RemoteWrite& w) { onImm(w); });
+  transport_->setMessageHandler([this](const RemoteMessage& m) { onMessage(m); });
   transport_->setPeerFailureHandler([this](int peer, const std::string& why) { onPeerFailure(peer, why); });
   std::vector<std::string> addresses = bootstrap_->allGather(transport_->localAddress());
   transport_->connect(addresses, options_.proxy.threads);
@@ -265,8 +268,43 @@ ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) {
                              options_.timeoutNs,
                              ~uint64_t{0},
                              peer == rank() ? nullptr : direct_->deviceTable(peer),
-                             direct_->deviceSignals()};
+                             direct_->deviceSignals(),
+                             -1};
 }
+
+void Context::checkRelay(int destination, int relay) const {
+  const std::string where = "rank " + std::to_string(rank()) + ": relay channel to rank " + std::to_string(destination) +
+                            " through rank " + std::to_string(relay) + ": ";
+  if (destination < 0 || destination >= worldSize() || relay < 0 || relay >= worldSize())
+    throw Error(ErrorCode::kInvalidArgument, where + "no such rank (world size " + std::to_string(worldSize()) + ")");
+  if (destination == relay || relay == rank())
+    throw Error(ErrorCode::kInvalidArgument, where + "the relay must be a third rank");
+  if (destination >= static_cast<int>(kMaxPeers) - 1)
+    throw Error(ErrorCode::kInvalidArgument, where + "ranks from " + std::to_string(kMaxPeers - 1) + " up cannot be forwarded to");
+  if (bootstrap_->hostname(destination) != bootstrap_->hostname(relay))
+    throw Error(ErrorCode::kInvalidArgument, where + "they are on different hosts (" + bootstrap_->hostname(destination) +
+                                                 ", " + bootstrap_->hostname(relay) + ")");
+}
+
+Channel Context::relayChannel(int destination, int relay, int ringIndex) {
+  checkRelay(destination, relay);
+  Channel c = channel(relay, ringIndex < 0 ? destination % std::max(1, proxy_->numRings()) : ringIndex);
+  return Channel(this, relay, c.ringIndex(), proxy_->ring(c.ringIndex()).hostHandle(), destination);
+}
+
+ChannelDeviceHandle Context::deviceRelayChannel(int destination, int relay, int ringIndex) {
+  checkRelay(destination, relay);
+  ChannelDeviceHandle h = deviceChannel(relay, ringIndex < 0 ? destination % std::max(1, proxy_->numDeviceRings()) : ringIndex);
+  h.direct = nullptr;  // everything goes through the proxy to the relay
+  h.forwardTo = destination;
+  return h;
+}
+
+PeerCopyQueue* Context::forwarder() {
+  std::lock_guard<std::mutex> lock(forwarderMutex_);
+  return forwarder_.get();
+}
+
 
 bool Context::isDirect(int peer) const { return direct_ && direct_->isDirect(peer); }
 
@@ -341,6 +379,32 @@ void Context::onImm(const RemoteWrite& w) {
     atomicFetchAdd(word, u.value, kRelease);
   else
     atomicStore(word, u.value, kRelease);
+}
+
+// A forward request (core/forward_request.hpp) from a rank that sent data through this one: hand the range to the
+// copy queue, which moves it into the destination's window over NVLink and then updates the destination's signal.
+// The sender checked everything it could; what only this rank can know (a destination it reaches directly, its
+// windows) is checked here, and a request that fails is reported in the log and dropped: the destination's wait
+// then times out naming the signal.
+void Context::onMessage(const RemoteMessage& m) {
+  ForwardRequest f;
+  std::string why = decodeForward(m, &f);
+  ForwardTarget t;
+  if (why.empty()) why = direct_->resolveForward(f.destination, f.window, f.offset, f.bytes, f.signalId, &t);
+  if (why.empty()) {
+    try {
+      std::lock_guard<std::mutex> lock(forwarderMutex_);
+      if (!forwarder_) forwarder_ = std::make_unique<PeerCopyQueue>(gpu_.device, PeerCopyQueue::Options::fromEnv());
+      forwarder_->submit(t.src, t.dst, f.bytes, f.signalOp == ForwardRequest::kSignalNone ? nullptr : t.signal, f.value,
+                         f.signalOp == ForwardRequest::kSignalSet ? SignalOp::kSet : SignalOp::kAdd);
+      return;
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  GDX_ERROR("rank " << rank() << ": cannot forward for rank " << m.peer << " to rank " << f.destination << " (window "
+                    << f.window << " offset " << f.offset << ", " << f.bytes << " bytes, signal " << f.signalId
+                    << "): " << why);
 }
 
 void Context::onPeerFailure(int peer, const std::string& why) {

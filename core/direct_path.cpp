@@ -1,5 +1,6 @@
 #include "core/direct_path.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "gdx/config.hpp"
@@ -10,6 +11,7 @@
 #include <cuda.h>  // types only: the driver is reached through cudaGetDriverEntryPointByVersion, never linked
 #include <cuda_runtime_api.h>
 
+#include "core/device_guard.hpp"
 #include "gdx/cuda_check.hpp"
 #endif
 
@@ -46,18 +48,6 @@ GetAddressRange addressRangeFn() {
   }();
   return fn;
 }
-
-// Keeps the calling thread's current device across a call that needs `device`.
-struct DeviceGuard {
-  int previous = -1;
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != device) cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (previous >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous) cudaSetDevice(previous);
-  }
-};
 
 }  // namespace
 #endif
@@ -277,6 +267,24 @@ void DirectPaths::upload(Peer& p) {
 #else
   (void)p;
 #endif
+}
+
+std::string DirectPaths::resolveForward(int peer, uint32_t window, uint64_t offset, uint64_t bytes, uint32_t signalId,
+                                        ForwardTarget* out) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return "rank " + std::to_string(peer) + " is not reached directly from this GPU";
+  const DirectPeer& d = it->second.host;
+  if (window >= kMaxWindows || !d.localBase[window] || !d.peerBase[window])
+    return "window " + std::to_string(window) + " is not a GPU window on both ranks";
+  const uint64_t limit = std::min(d.localBytes[window], d.peerBytes[window]);
+  if (offset > limit || bytes > limit - offset)
+    return "range past the end of the window (" + std::to_string(limit) + " bytes)";
+  if (signalId >= d.peerNumSignals) return "signal id out of range";
+  out->src = d.localBase[window] + offset;
+  out->dst = d.peerBase[window] + offset;
+  out->signal = d.peerSignals + signalId;
+  return {};
 }
 
 bool DirectPaths::isDirect(int peer) const { return peers_.count(peer) != 0; }

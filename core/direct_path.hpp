@@ -21,6 +21,14 @@
 
 namespace gdx {
 
+/// Where a relayed range goes: this rank's window as the GPU addresses it, the destination's mapped window, and
+/// the destination's device signal word.
+struct ForwardTarget {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  uint64_t* signal = nullptr;
+};
+
 class DirectPaths {
  public:
   /// Collective (one allGather over the whole job).
@@ -38,6 +46,9 @@ class DirectPaths {
   bool isDirect(int peer) const;
   /// The device table for `peer`; null: the proxy path.
   const DirectPeer* deviceTable(int peer) const;
+  /// Resolves a forward request to `peer`; empty when valid (then *out is set), else why not.
+  std::string resolveForward(int peer, uint32_t window, uint64_t offset, uint64_t bytes, uint32_t signalId,
+                             ForwardTarget* out) const;
   /// This rank's device signal array (null without a GPU).
   uint64_t* deviceSignals() const { return deviceSignals_; }
   /// True when some peer may update the device signal array (a GPU rank on this host besides this one).
@@ -56,7 +67,7 @@ class DirectPaths {
   void upload(Peer& p);
   void releaseMapping(int peer, uint64_t key);
 
-  std::mutex mutex_;  // window registration and deregistration may come from different threads
+  mutable std::mutex mutex_;  // window registration and deregistration may come from different threads
   int rank_ = 0;
   int device_ = -1;
   uint32_t numSignals_ = 0;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "gdx/copy_device.hpp"
 #include "gdx/peer_copy.hpp"
@@ -96,6 +97,21 @@ int smCount() {
 }  // namespace
 
 cudaError_t peerCopy(const PeerCopyDesc* descs, size_t n, cudaStream_t stream, const PeerCopyOptions& options) {
+  if (options.copyEngineFrom > 0) {
+    // Large descriptors to the copy engines, the rest (in order) to the kernel.
+    std::vector<PeerCopyDesc> small;
+    for (size_t i = 0; i < n; ++i) {
+      if (descs[i].bytes >= options.copyEngineFrom) {
+        cudaError_t rc = cudaMemcpyAsync(descs[i].dst, descs[i].src, descs[i].bytes, cudaMemcpyDefault, stream);
+        if (rc != cudaSuccess) return rc;
+      } else {
+        small.push_back(descs[i]);
+      }
+    }
+    PeerCopyOptions kernelOnly = options;
+    kernelOnly.copyEngineFrom = 0;
+    return small.empty() ? cudaSuccess : peerCopy(small.data(), small.size(), stream, kernelOnly);
+  }
   const int sms = smCount();
   for (size_t first = 0; first < n; first += kBatch) {
     Batch b{};
@@ -106,7 +122,8 @@ cudaError_t peerCopy(const PeerCopyDesc* descs, size_t n, cudaStream_t stream, c
     // (balance), a multiple of 16 so every chunk keeps the descriptor's alignment.
     // Bulk mode keeps kStages x kStage bytes of shared memory per block: at most 3 blocks per SM.
     const unsigned perSm = options.bulk ? std::min(3u, std::max(1u, options.blocksPerSm)) : std::max(1u, options.blocksPerSm);
-    const uint64_t maxBlocks = uint64_t(sms) * perSm;
+    uint64_t maxBlocks = uint64_t(sms) * perSm;
+    if (options.maxBlocks > 0) maxBlocks = std::min<uint64_t>(maxBlocks, options.maxBlocks);
     uint64_t chunk = bytes / maxBlocks;
     chunk = std::min<uint64_t>(std::max<uint64_t>(chunk, 8192), std::max<uint64_t>(options.maxChunkBytes, 8192)) & ~uint64_t{15};
     b.chunkBytes = chunk;

@@ -9,6 +9,7 @@
 #include "gdx/error.hpp"
 #include "gdx/log.hpp"
 #include "gdx/signal_imm.hpp"
+#include "core/forward_request.hpp"
 #include "proxy/completion_tracker.hpp"
 
 namespace gdx {
@@ -144,10 +145,28 @@ ProxyCounters Proxy::totalCounters() const {
 
 namespace {
 
+// The signal slot of a command: the command itself for a signal, its second slot for a putWithSignal.
+const Command* signalSlot(const Command& c, const Command* pairSignal) {
+  if (c.opcode() == Opcode::kSignalSet || c.opcode() == Opcode::kSignalAdd) return &c;
+  return pairSignal;
+}
+
+// A forwarded operation: the relay (the command's peer) gets the data, the destination the data and the signal.
+std::string checkForward(const WindowRegistry& reg, const Command& c, const Command& signal, int destination) {
+  const int relay = static_cast<int>(c.peer());
+  if (destination == relay) return "forwarding to the relay itself";
+  std::string why = reg.checkRemote(destination, kSignalWindowId, uint64_t{signal.signalId()} * 8, 8);
+  if (why.empty() && c.opcode() == Opcode::kPutWithSignal)
+    why = reg.checkRemote(destination, c.dstWindow(), c.dstOffset(), c.size());
+  return why.empty() ? why : "forwarding to rank " + std::to_string(destination) + ": " + why;
+}
+
 // Checks one command (and the signal slot of a putWithSignal) against the registry; empty when valid.
 std::string checkCommand(const WindowRegistry& reg, const Command& c, const Command* signal) {
   int peer = static_cast<int>(c.peer());
   std::string why;
+  const Command* slot = signalSlot(c, signal);
+  const int forward = slot ? slot->forwardTo() : -1;
   switch (c.opcode()) {
     case Opcode::kPut:
     case Opcode::kPutWithSignal:
@@ -158,11 +177,13 @@ std::string checkCommand(const WindowRegistry& reg, const Command& c, const Comm
         if ((signal->opcode() != Opcode::kSignalSet && signal->opcode() != Opcode::kSignalAdd) ||
             signal->peer() != c.peer())
           return "putWithSignal not followed by its signal slot";
-        why = reg.checkRemote(peer, kSignalWindowId, uint64_t{signal->signalId()} * 8, 8);
+        why = forward >= 0 ? checkForward(reg, c, *signal, forward)
+                           : reg.checkRemote(peer, kSignalWindowId, uint64_t{signal->signalId()} * 8, 8);
       }
       return why;
     case Opcode::kSignalSet:
     case Opcode::kSignalAdd:
+      if (forward >= 0) return checkForward(reg, c, c, forward);
       return reg.checkRemote(peer, kSignalWindowId, uint64_t{c.signalId()} * 8, 8);
     case Opcode::kAtomicAdd:
       if (c.dstOffset() % 8 != 0) return "atomicAdd offset " + std::to_string(c.dstOffset()) + " is not 8-byte aligned";
@@ -249,8 +270,38 @@ void Proxy::loop(Thread& t) {
             uint64_t cookieBase = static_cast<uint64_t>(r) << kCookieRingShift;
             uint64_t seq = 0;
             uint32_t unposted = 0;  // operations of the open entry that were not handed to the lane
+            const Command* slot = signalSlot(c, signal);
             try {
-              if (c.opcode() == Opcode::kPut || pair) {
+              if (slot && slot->forwardTo() >= 0) {
+                // Relay: the data goes to the relay (no immediate), then the forward request on the same lane,
+                // which the relay handles only once that data is in place.
+                ForwardRequest f;
+                f.destination = slot->forwardTo();
+                f.signalId = slot->signalId();
+                f.value = slot->value();
+                const bool add = slot->opcode() == Opcode::kSignalAdd;
+                f.signalOp = add && f.value == 0 ? ForwardRequest::kSignalNone  // a forwarded plain put
+                             : add               ? ForwardRequest::kSignalAdd
+                                                 : ForwardRequest::kSignalSet;
+                const uint32_t ops = pair ? 2 : 1;
+                seq = tracker.open(endPos, ops);
+                unposted = ops;
+                if (pair) {
+                  WriteOp w;
+                  w.peer = peer;
+                  w.localWindow = c.srcWindow();
+                  w.localOffset = c.srcOffset();
+                  w.remoteWindow = f.window = c.dstWindow();
+                  w.remoteOffset = f.offset = c.dstOffset();
+                  w.bytes = f.bytes = c.size();
+                  w.cookie = cookieBase | seq;
+                  t.lane->post(w);
+                  --unposted;
+                  t.bytes.fetch_add(c.size(), std::memory_order_relaxed);
+                }
+                t.lane->postMessage(encodeForward(peer, f, cookieBase | seq));
+                --unposted;
+              } else if (c.opcode() == Opcode::kPut || pair) {
                 WriteOp w;
                 w.peer = peer;
                 w.localWindow = c.srcWindow();

@@ -1,6 +1,6 @@
 // Loopback transport (a world of one, host memory): every byte of writes from 1 B to 16 MiB, immediates
-// announced after their data and from the posting thread, atomics, argument checking that changes nothing, and
-// exactly one completion per op.
+// announced after their data and from the posting thread, atomics, control messages delivered after the writes
+// before them, argument checking that changes nothing, and exactly one completion per op.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -227,14 +227,77 @@ TEST(LoopbackTransport, AtomicsAddAndSetTheirWordOnlyAndFollowEarlierWrites) {
   EXPECT_EQ(atomicLoad(&words[3], kAcquire), 60000u);
 }
 
+MessageOp messageOp(uint32_t bytes, uint64_t seed, uint64_t cookie) {
+  MessageOp op;
+  op.peer = 0;
+  op.bytes = bytes;
+  test::fillRandom(op.data, bytes, seed);
+  op.cookie = cookie;
+  return op;
+}
+
+// Each message is delivered from the posting thread, with its payload, once the writes posted before it (on this
+// lane and the other) are in place; it gets one completion in post order like every op.
+TEST(LoopbackTransport, MessagesFollowTheirWritesWithTheirPayloadAndOneCompletionEach) {
+  constexpr size_t kWrites = 64, kSize = 1000;
+  std::vector<unsigned char> src(kWrites * kSize), dst(kWrites * kSize, 0);
+  test::fillRandom(src.data(), src.size(), 21);
+  auto t = connected(2);
+  std::vector<RemoteMessage> got;
+  size_t inPlace = 0;  // bytes the latest message found in place
+  t->setMessageHandler([&](const RemoteMessage& m) {
+    got.push_back(m);
+    inPlace = 0;
+    while (inPlace < dst.size() && dst[inPlace] == src[inPlace]) ++inPlace;
+  });
+  addWindow(*t, kSrcWindow, src.data(), src.size());
+  addWindow(*t, kDstWindow, dst.data(), dst.size());
+  uint64_t cookie = 0;
+  for (size_t i = 0; i < kWrites; ++i) {
+    TransportLane& lane = t->lane(static_cast<int>(i % 2));
+    lane.post(writeOp(i * kSize, i * kSize, kSize, false, 0, cookie++));
+    const uint32_t bytes = static_cast<uint32_t>(1 + i % kMaxMessageBytes);  // 1..64
+    const MessageOp m = messageOp(bytes, i, cookie++);
+    lane.postMessage(m);
+    ASSERT_EQ(got.size(), i + 1) << "message " << i << " was not delivered from post's thread";
+    EXPECT_EQ(got[i].peer, 0);
+    ASSERT_EQ(got[i].bytes, bytes);
+    EXPECT_EQ(std::memcmp(got[i].data, m.data, bytes), 0) << "message " << i;
+    EXPECT_GE(inPlace, (i + 1) * kSize) << "message " << i << " was delivered before its writes were in place";
+  }
+  for (int l = 0; l < 2; ++l) {
+    TransportLane& lane = t->lane(l);
+    EXPECT_EQ(lane.inFlight(), kWrites);
+    auto done = drain(lane);
+    ASSERT_EQ(done.size(), kWrites);
+    for (size_t k = 0; k < done.size(); ++k) {
+      // Lane l posted ops 4j + 2l (write) and 4j + 2l + 1 (message).
+      EXPECT_EQ(done[k].cookie, 4 * (k / 2) + 2 * l + k % 2);
+      EXPECT_EQ(done[k].status, Status::kOk);
+    }
+    EXPECT_EQ(lane.inFlight(), 0u);
+  }
+  EXPECT_EQ(got.size(), kWrites);
+  EXPECT_EQ(test::firstMismatch(src.data(), dst.data(), src.size()), -1);
+
+  // No handler: the message is dropped (with a warning), not failed.
+  t->setMessageHandler(nullptr);
+  t->lane(0).postMessage(messageOp(3, 1, 99));
+  auto done = drain(t->lane(0));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, Status::kOk);
+  EXPECT_EQ(t->peerStatus(0), Status::kOk);
+}
+
 TEST(LoopbackTransport, EveryInvalidOpThrowsAndChangesNothing) {
   constexpr size_t kBytes = 4096;
   std::vector<unsigned char> src(kBytes), dst(kBytes, 0xCD);
   std::vector<uint64_t> words(4, kPoison);
   test::fillRandom(src.data(), kBytes, 9);
   auto t = makeLoopbackTransport();
-  int announced = 0;
+  int announced = 0, delivered = 0;
   t->setImmHandler([&](const RemoteWrite&) { announced++; });
+  t->setMessageHandler([&](const RemoteMessage&) { delivered++; });
   addWindow(*t, kSrcWindow, src.data(), kBytes);
   addWindow(*t, kDstWindow, dst.data(), kBytes);
   addWindow(*t, kWordWindow, words.data(), words.size() * 8);
@@ -277,10 +340,19 @@ TEST(LoopbackTransport, EveryInvalidOpThrowsAndChangesNothing) {
   };
   expectInvalidArguments<AtomicOp>(goodAtomic, atomics, [&](const AtomicOp& op) { lane.postAtomic(op); });
 
-  // Nothing happened: no data, no word, no announcement, no completion.
+  std::vector<BadArgument<MessageOp>> messages = {
+      {"unknown peer", [](MessageOp& o) { o.peer = 1; }, "unknown peer"},
+      {"negative peer", [](MessageOp& o) { o.peer = -1; }, "unknown peer"},
+      {"empty", [](MessageOp& o) { o.bytes = 0; }, "0 bytes"},
+      {"too long", [](MessageOp& o) { o.bytes = 65; }, "65 bytes"},
+  };
+  expectInvalidArguments<MessageOp>(messageOp(8, 1, 79), messages, [&](const MessageOp& op) { lane.postMessage(op); });
+
+  // Nothing happened: no data, no word, no announcement, no message, no completion.
   for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(dst[i], 0xCD) << "byte " << i;
   for (uint64_t w : words) EXPECT_EQ(w, kPoison);
   EXPECT_EQ(announced, 0);
+  EXPECT_EQ(delivered, 0);
   EXPECT_EQ(lane.inFlight(), 0u);
   EXPECT_TRUE(drain(lane).empty());
 
@@ -374,6 +446,7 @@ TEST(LoopbackTransport, PeerIsHealthyUntilShutdownThenOpsCompleteWithShutdown) {
   lane.post(writeOp(16, 16, 16, true, 1, 2));
   lane.postAtomic(atomicOp(0, AtomicKind::kAdd, 1, 3));
   EXPECT_THROW(lane.post(writeOp(0, 0, 0, false, 0, 4)), Error);  // still validated first
+  EXPECT_THROW(lane.postMessage(messageOp(0, 0, 5)), Error);
   done = drain(lane);
   ASSERT_EQ(done.size(), 2u);
   EXPECT_EQ(done[0].cookie, 2u);

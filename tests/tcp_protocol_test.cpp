@@ -1,6 +1,7 @@
 // The TCP transport facing a peer that breaks the wire protocol. The test plays rank 1 of a world of two over
 // raw sockets: it answers rank 0's connection, connects to rank 0 with a correct Hello, sends one valid write
-// and then a malformed header followed by bytes that would land outside the window if they were placed.
+// and then a malformed header followed by bytes that would land outside the window if they were placed (or, for a
+// control message, be delivered).
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -108,6 +109,17 @@ MessageHeader write(uint64_t offset, uint64_t bytes, uint64_t seq, bool imm) {
   return h;
 }
 
+/// A well-formed control message of `bytes` bytes; its payload is the 0x77 filler FakePeer::send() adds.
+MessageHeader control(uint32_t bytes, uint64_t seq) {
+  MessageHeader h;
+  h.type = static_cast<uint8_t>(tcp::MessageType::kControl);
+  h.lane = 0;
+  h.seq = seq;
+  h.bytes = bytes;
+  h.chunkBytes = bytes;
+  return h;
+}
+
 /// A well-formed atomic on the word at `offset`; its 8-byte operand is the 0x77 filler FakePeer::send() adds.
 MessageHeader atomic(uint64_t offset, uint64_t seq, AtomicKind kind) {
   MessageHeader h;
@@ -141,6 +153,11 @@ TEST_P(TcpProtocol, MalformedHeaderFailsThePeerAndWritesNothing) {
   std::mutex mu;
   std::vector<std::pair<int, std::string>> failures;
   std::vector<RemoteWrite> announced;
+  std::vector<RemoteMessage> messages;
+  t->setMessageHandler([&](const RemoteMessage& m) {
+    std::lock_guard<std::mutex> lock(mu);
+    messages.push_back(m);
+  });
   t->setPeerFailureHandler([&](int peer, const std::string& why) {
     std::lock_guard<std::mutex> lock(mu);
     failures.emplace_back(peer, why);
@@ -194,6 +211,7 @@ TEST_P(TcpProtocol, MalformedHeaderFailsThePeerAndWritesNothing) {
     EXPECT_NE(failures[0].second.find("peer 1"), std::string::npos) << failures[0].second;
     EXPECT_NE(failures[0].second.find(bad.reason), std::string::npos) << failures[0].second;
     EXPECT_EQ(announced.size(), 1u);
+    EXPECT_TRUE(messages.empty()) << "a message was delivered";
   }
   EXPECT_EQ(t->peerStatus(1), Status::kPeerFailed);
   EXPECT_EQ(t->peerStatus(0), Status::kOk);
@@ -289,6 +307,31 @@ INSTANTIATE_TEST_SUITE_P(
                   },
                   8, "flags"},
         BadHeader{"AtomicAlreadyComplete", [] { return atomic(0, 0, AtomicKind::kSet); }, 8, "already complete"},
+        BadHeader{"MessageEmpty", [] { return control(0, 1); }, 0, "control message of 0 bytes"},
+        BadHeader{"MessageTooLong", [] { return control(kMaxMessageBytes + 1, 1); }, kMaxMessageBytes + 1,
+                  "control message of 65 bytes"},
+        BadHeader{"MessageChunkShorterThanItsLength",
+                  [] {
+                    MessageHeader h = control(40, 1);
+                    h.chunkBytes = 20;
+                    return h;
+                  },
+                  20, "in one chunk"},
+        BadHeader{"MessageNamingAWindow",
+                  [] {
+                    MessageHeader h = control(16, 1);
+                    h.window = kWindow;
+                    return h;
+                  },
+                  16, "control message with window"},
+        BadHeader{"MessageWithImmediateFlag",
+                  [] {
+                    MessageHeader h = control(16, 1);
+                    h.flags = tcp::kFlagImm;
+                    return h;
+                  },
+                  16, "control message with window, offset, flags"},
+        BadHeader{"MessageAlreadyComplete", [] { return control(16, 0); }, 16, "already complete"},
         BadHeader{"Garbage",
                   [] {
                     MessageHeader h;

@@ -41,6 +41,8 @@ class Bootstrap {
   int localRank() const;
   /// Ranks that share this host (same hostname), in rank order; this rank included.
   const std::vector<int>& hostRanks() const;
+  /// The hostname `rank` joined from (ranks with the same name share a host).
+  const std::string& hostname(int rank) const;
   /// The job secret, for transports that authenticate their own connections.
   const std::string& secret() const;
   /// The address MASTER_ADDR is reached from (the local interface the rendezvous connection uses).

@@ -3,6 +3,11 @@
 // proxy thread turns into transport operations. Channels are cheap to copy and safe to use from several
 // threads at once. Arguments are checked before anything is enqueued: a bad peer, window, range or signal id
 // throws gdx::Error(kInvalidArgument) and nothing is sent.
+//
+// A relayed channel (Context::relayChannel(destination, relay)) reaches `destination` through `relay`, a rank on
+// the destination's host: every put lands first in the relay's copy of the destination window (same id, same
+// offset; symmetric windows), the relay's PeerCopyQueue forwards it over NVLink into the destination's window and
+// then updates the destination's signal, in the order the channel issued them. atomicAdd is not relayed.
 #pragma once
 
 #include <atomic>
@@ -18,7 +23,12 @@ class Context;
 
 class Channel {
  public:
+  /// The rank the commands are sent to: the destination, or the relay of a relayed channel.
   int peer() const { return peer_; }
+  /// The rank the data and signals are for.
+  int destination() const { return forwardTo_ >= 0 ? forwardTo_ : peer_; }
+  /// The relay of a relayed channel, -1 otherwise.
+  int relay() const { return forwardTo_ >= 0 ? peer_ : -1; }
   int ringIndex() const { return ringIndex_; }
 
   /// Copies `bytes` from local window `src` at `srcOffset` into the peer's copy of window `dst` at
@@ -38,7 +48,8 @@ class Channel {
 
  private:
   friend class Context;
-  Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring);
+  Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring, int forwardTo = -1);
+  void pushPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes);
   void push(const Command& c);
   void pushPair(const Command& first, const Command& second);
   void notePosition(uint64_t pos);
@@ -49,6 +60,7 @@ class Channel {
   Context* context_;
   int peer_;
   int ringIndex_;
+  int forwardTo_;  // a relayed channel's destination (the relay is peer_); -1: not relayed
   RingDeviceHandle ring_;
   std::shared_ptr<std::atomic<int64_t>> lastPosition_;  // highest ring position this channel used; -1: none
 };

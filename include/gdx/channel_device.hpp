@@ -12,6 +12,9 @@
 //    forms copy with one thread: use the warp (…Warp) or block (…Block) forms for anything large.
 //    Ordering between direct-path operations and proxied operations to the same peer is not guaranteed:
 //    announce data with a signal of the path that carried it.
+// Relayed handles (Context::deviceRelayChannel): `peer` is a relay on the destination's host and `forwardTo` the
+// destination; every put travels as a pair whose signal slot names the destination, the relay forwards data and
+// signals there in order (channel.hpp). atomicAdd returns kInvalidArgument on them.
 // wait(id, v) returns when either this rank's host-mapped signal (updated by proxied peers) or its device
 // signal (updated by direct-path peers) reaches v: let each signal id be updated by peers of one kind.
 //
@@ -61,6 +64,7 @@ struct ChannelDeviceHandle {
   uint64_t lastPosition;   ///< highest ring position this copy of the handle used; ~0: none
   const DirectPeer* direct;  ///< device table of the direct path to `peer`; null: every operation is proxied
   uint64_t* deviceSignals;   ///< this rank's device signal array (direct-path updates land here); may be null
+  int32_t forwardTo;         ///< relayed handle: the destination rank (`peer` is the relay); -1: not relayed
 
 #if defined(__CUDACC__)
   /// Direct-path addresses of a put: 1 with *d/*s set, 0 when the put must go through the proxy, -1 when the
@@ -121,9 +125,24 @@ struct ChannelDeviceHandle {
       }
     }
 #endif
+    return enqueuePuts(dstWindow, dstOffset, srcWindow, srcOffset, bytes);
+  }
+
+  /// Proxy-path puts of at most kMaxCommandBytes each; on a relayed handle each is a pair whose signal slot names
+  /// the destination and adds 0 to signal 0 (no signal).
+  GDX_HOST_DEVICE_INLINE Status enqueuePuts(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
+                                            uint64_t srcOffset, uint64_t bytes) {
     for (uint64_t done = 0; done < bytes;) {
       uint64_t n = bytes - done < kMaxCommandBytes ? bytes - done : kMaxCommandBytes;
-      Status s = enqueue(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, n));
+      Command put = Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, n, forwardTo >= 0);
+      Status s;
+      if (forwardTo >= 0) {
+        uint64_t pos;
+        s = ring.pushPair(put, Command::signal(peer, 0, 0, true, forwardTo), &pos);
+        if (s == Status::kOk) lastPosition = pos;
+      } else {
+        s = enqueue(put);
+      }
       if (s != Status::kOk) return s;
       done += n;
     }
@@ -152,15 +171,12 @@ struct ChannelDeviceHandle {
       }
     }
 #endif
-    uint64_t done = 0;
-    while (bytes - done > kMaxCommandBytes) {
-      Status s = enqueue(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, kMaxCommandBytes));
-      if (s != Status::kOk) return s;
-      done += kMaxCommandBytes;
-    }
+    const uint64_t done = bytes <= kMaxCommandBytes ? 0 : (bytes - 1) / kMaxCommandBytes * kMaxCommandBytes;
+    Status s = enqueuePuts(dstWindow, dstOffset, srcWindow, srcOffset, done);
+    if (s != Status::kOk) return s;
     uint64_t pos;
-    Status s = ring.pushPair(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, bytes - done, true),
-                             Command::signal(peer, signalId, value, op == SignalOp::kAdd), &pos);
+    s = ring.pushPair(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, bytes - done, true),
+                      Command::signal(peer, signalId, value, op == SignalOp::kAdd, forwardTo), &pos);
     if (s == Status::kOk) lastPosition = pos;
     return s;
   }
@@ -174,12 +190,13 @@ struct ChannelDeviceHandle {
       return Status::kOk;
     }
 #endif
-    return enqueue(Command::signal(peer, signalId, value, op == SignalOp::kAdd));
+    return enqueue(Command::signal(peer, signalId, value, op == SignalOp::kAdd, forwardTo));
   }
 
   /// Atomically adds `value` to the 64-bit word at `dstOffset` (8-byte aligned) of the peer's `dstWindow`.
   GDX_HOST_DEVICE_INLINE Status atomicAdd(uint32_t dstWindow, uint64_t dstOffset, uint64_t value) {
-    if (dstWindow >= kMaxWindows || dstOffset % 8 != 0 || !addressable(dstOffset, 8)) return Status::kInvalidArgument;
+    if (dstWindow >= kMaxWindows || dstOffset % 8 != 0 || !addressable(dstOffset, 8) || forwardTo >= 0)
+      return Status::kInvalidArgument;
 #if GDX_DEVICE_COMPILE
     if (direct && direct->peerBase[dstWindow]) {
       if (dstOffset + 8 > direct->peerBytes[dstWindow]) return Status::kInvalidArgument;

@@ -14,6 +14,7 @@
 //                52..88  source offset           89..125 destination offset (< 128 GiB each)
 //   signal set / add (also the second slot of a putWithSignal):
 //                16..31  signal id               32..95  64-bit value
+//                96..107 forward: 0, or 1 + the rank the peer forwards the data and the signal to (relay)
 //   atomic add:  16..21  destination window id   22..58  destination offset   59..122  64-bit addend
 //
 // A putWithSignal occupies two consecutive ring slots: a kPutWithSignal command and then a kSignalSet or
@@ -63,12 +64,13 @@ constexpr int kSrcOffsetPos = kSizePos + kSizeBits;
 constexpr int kDstOffsetPos = kSrcOffsetPos + kOffsetBits;
 constexpr int kSignalIdPos = kPeerPos + kPeerBits;  // 16
 constexpr int kSignalValuePos = kSignalIdPos + kSignalIdBits;
+constexpr int kForwardPos = kSignalValuePos + kValueBits;  // 96
 constexpr int kAtomicWindowPos = kPeerPos + kPeerBits;  // 16
 constexpr int kAtomicOffsetPos = kAtomicWindowPos + kWindowIdBits;
 constexpr int kAtomicValuePos = kAtomicOffsetPos + kOffsetBits;
 constexpr int kPayloadBits = 126;
 static_assert(kDstOffsetPos + kOffsetBits == kPayloadBits, "put fields fill the payload exactly");
-static_assert(kSignalValuePos + kValueBits <= kPayloadBits, "signal fields fit");
+static_assert(kForwardPos + kPeerBits <= kPayloadBits, "signal fields fit");
 static_assert(kAtomicValuePos + kValueBits <= kPayloadBits, "atomic fields fit");
 
 constexpr uint64_t kLapBit = uint64_t{1} << 63;
@@ -121,6 +123,8 @@ struct alignas(16) Command {
   GDX_HOST_DEVICE_INLINE uint64_t value() const {
     return field(opcode() == Opcode::kAtomicAdd ? kAtomicValuePos : kSignalValuePos, kValueBits);
   }
+  /// Signal slots: the rank the receiving peer forwards to (a relay), or -1 when the peer is the destination.
+  GDX_HOST_DEVICE_INLINE int forwardTo() const { return static_cast<int>(field(kForwardPos, kPeerBits)) - 1; }
   /// The lap bit this command was published with (both words agree unless the read was torn).
   GDX_HOST_DEVICE_INLINE bool lapsAgree(uint64_t lap) const {
     uint64_t want = lap ? kLapBit : 0;
@@ -151,13 +155,16 @@ struct alignas(16) Command {
     c.setField(kDstOffsetPos, kOffsetBits, dstOffset);
     return c;
   }
-  /// A signal update: `add` selects kSignalAdd, otherwise kSignalSet.
-  GDX_HOST_DEVICE_INLINE static Command signal(uint32_t peer, uint32_t signalId, uint64_t value, bool add) {
+  /// A signal update: `add` selects kSignalAdd, otherwise kSignalSet. forwardTo >= 0: `peer` is a relay that
+  /// forwards the update (and, in the second slot of a putWithSignal, the put's data) to rank forwardTo.
+  GDX_HOST_DEVICE_INLINE static Command signal(uint32_t peer, uint32_t signalId, uint64_t value, bool add,
+                                               int forwardTo = -1) {
     Command c{{0, 0}};
     c.setField(kOpcodePos, kOpcodeBits, static_cast<uint64_t>(add ? Opcode::kSignalAdd : Opcode::kSignalSet));
     c.setField(kPeerPos, kPeerBits, peer);
     c.setField(kSignalIdPos, kSignalIdBits, signalId);
     c.setField(kSignalValuePos, kValueBits, value);
+    if (forwardTo >= 0) c.setField(kForwardPos, kPeerBits, static_cast<uint64_t>(forwardTo) + 1);
     return c;
   }
   GDX_HOST_DEVICE_INLINE static Command atomicAdd(uint32_t peer, uint32_t dstWindow, uint64_t dstOffset,

@@ -19,6 +19,7 @@
 #include "gdx/channel_device.hpp"
 #include "gdx/gpu.hpp"
 #include "gdx/host_buffer.hpp"
+#include "gdx/peer_copy_queue.hpp"
 #include "gdx/proxy.hpp"
 #include "gdx/transport.hpp"
 #include "gdx/window.hpp"
@@ -61,6 +62,15 @@ class Context {
   Channel channel(int peer, int ringIndex = -1);
   /// The device handle of a channel to `peer` on device ring `ringIndex` (-1: by peer), for kernels. Needs a GPU.
   ChannelDeviceHandle deviceChannel(int peer, int ringIndex = -1);
+  /// A channel to `destination` through `relay`, a rank on the destination's host whose GPU reaches the
+  /// destination's GPU directly (NVLink): data goes over the network into the relay's copy of the destination
+  /// window and the relay's PeerCopyQueue forwards it (channel.hpp). Throws kInvalidArgument when the two ranks are
+  /// not on one host, are the same rank, or the relay is this rank.
+  Channel relayChannel(int destination, int relay, int ringIndex = -1);
+  /// The device handle of such a channel (proxy path through the relay), for kernels. Needs a GPU.
+  ChannelDeviceHandle deviceRelayChannel(int destination, int relay, int ringIndex = -1);
+  /// This rank's forwarding queue (created by the first forward request it relays); null until then.
+  PeerCopyQueue* forwarder();
   /// The GPU this context drives (present() is false without one).
   const GpuInfo& gpu() const { return gpu_; }
 
@@ -88,6 +98,8 @@ class Context {
   void shutdownThreads() noexcept;
   void deregister(uint32_t id) noexcept;
   void onImm(const RemoteWrite& w);
+  void onMessage(const RemoteMessage& m);
+  void checkRelay(int destination, int relay) const;
   void onPeerFailure(int peer, const std::string& why);
 
   ContextOptions options_;
@@ -97,6 +109,10 @@ class Context {
   std::unique_ptr<HostBuffer> signals_;
   std::unique_ptr<Proxy> proxy_;
   std::unique_ptr<DirectPaths> direct_;  // same-host GPU peers reached without the proxy (core/direct_path.hpp)
+  // Forwards relayed data to the other GPUs of this host; after direct_, so it is destroyed (drained) before the
+  // IPC mappings it writes through are released.
+  std::mutex forwarderMutex_;
+  std::unique_ptr<PeerCopyQueue> forwarder_;
   // What the transport's failure handler may touch, published by init() under failureMutex_.
   Proxy* liveProxy_ = nullptr;
   uint32_t* failureWord_ = nullptr;

@@ -27,6 +27,11 @@ struct PeerCopyOptions {
   uint64_t maxChunkBytes = 64 * 1024;     ///< a block copies chunks of at most this size, grid-stride
   unsigned unroll = 4;                    ///< 16-byte vectors in flight per thread: 4 or 8
   bool bulk = false;                      ///< TMA bulk copies through shared memory (sm_90) instead of SM loads/stores
+  unsigned maxBlocks = 0;                 ///< cap on the grid (0: blocksPerSm x SMs)
+  /// Descriptors of at least this many bytes go to the copy engines (cudaMemcpyAsync on `stream`) instead of the
+  /// kernel, which leaves the SMs free (0: never). The copy engines move large transfers a few percent faster
+  /// over NVLink than SM stores do (docs/PERFORMANCE.md); the kernel wins below a few MiB.
+  uint64_t copyEngineFrom = 0;
 };
 
 #if defined(GDX_HAVE_CUDA)

@@ -14,6 +14,10 @@
 //  * Atomics (postAtomic): a remote 64-bit add or set takes its place in that same per-(lane, peer) order: it is
 //    performed only after every earlier write and atomic of the lane to the peer is in place, an immediate posted
 //    after it is announced only after it was performed, and it is never announced itself.
+//  * Control messages (postMessage): up to kMaxMessageBytes bytes handed to the receiver's MessageHandler. A message
+//    takes its place in the same per-(lane, peer) order: it is delivered only after every earlier write and atomic
+//    of the lane to the peer is in place and after earlier immediates of the lane to the peer were announced (so it
+//    behaves like a write-with-immediate that carries its own payload instead of naming a window).
 //  * GPU windows (MemoryKind::kCuda) work in both backends when gdx is built with CUDA; remote atomics on them are
 //    refused with kInvalidArgument (a CPU-driven transport cannot update GPU memory atomically).
 //  * Failure: a peer that dies, closes without saying goodbye, or sends anything malformed is marked failed;
@@ -58,7 +62,25 @@ struct AtomicOp {
   uint64_t cookie = 0;  ///< returned unchanged in the Completion
 };
 
-/// Sender-side completion of one WriteOp or AtomicOp.
+/// Largest payload of a control message (TransportLane::postMessage).
+constexpr size_t kMaxMessageBytes = 64;
+
+/// A small control message (the relay's forward requests use it): delivered to the receiver's MessageHandler.
+struct MessageOp {
+  int peer = -1;
+  uint32_t bytes = 0;  ///< 1..kMaxMessageBytes
+  uint8_t data[kMaxMessageBytes] = {};
+  uint64_t cookie = 0;  ///< returned unchanged in the Completion
+};
+
+/// What a receiver gets for each message.
+struct RemoteMessage {
+  int peer = -1;
+  uint32_t bytes = 0;
+  uint8_t data[kMaxMessageBytes] = {};
+};
+
+/// Sender-side completion of one WriteOp, AtomicOp or MessageOp.
 struct Completion {
   uint64_t cookie = 0;
   Status status = Status::kOk;
@@ -88,15 +110,23 @@ class TransportLane {
   /// Validation and failure behave as for post(): kInvalidArgument (unknown peer/window, offset past the end or
   /// not 8-byte aligned) is thrown before anything is sent; one Completion per op.
   virtual void postAtomic(const AtomicOp& op) = 0;
-  /// Moves up to `max` finished writes and atomics into `out`; returns how many.
+  /// Posts a control message to `peer`. It takes its place in the same per-(lane, peer) order as writes and
+  /// atomics: it is delivered to the receiver's MessageHandler only after every earlier write and atomic of this
+  /// lane to that peer is in place (and, like a write-with-immediate, after earlier immediates of this lane to that
+  /// peer were announced). One Completion per message, once the message can no longer be lost by the sender (or
+  /// with kPeerFailed). An unknown peer or `bytes` outside 1..kMaxMessageBytes throws gdx::Error(kInvalidArgument)
+  /// before anything is sent. A message to this rank itself works like a write to itself.
+  virtual void postMessage(const MessageOp& op) = 0;
+  /// Moves up to `max` finished writes, atomics and messages into `out`; returns how many.
   virtual size_t poll(Completion* out, size_t max) = 0;
-  /// Writes and atomics posted and not yet returned by poll().
+  /// Writes, atomics and messages posted and not yet returned by poll().
   virtual size_t inFlight() const = 0;
 };
 
 class Transport {
  public:
   using ImmHandler = std::function<void(const RemoteWrite&)>;
+  using MessageHandler = std::function<void(const RemoteMessage&)>;
   using PeerFailureHandler = std::function<void(int peer, const std::string& why)>;
 
   virtual ~Transport() = default;
@@ -118,6 +148,9 @@ class Transport {
 
   /// Called from transport threads for every announced write-with-immediate; must be thread-safe and short.
   virtual void setImmHandler(ImmHandler handler) = 0;
+  /// Called from transport threads for every delivered control message; must be thread-safe and short, and be set
+  /// before connect(). A message that arrives while no handler is set is dropped (with a WARN naming the peer).
+  virtual void setMessageHandler(MessageHandler handler) = 0;
   virtual void setPeerFailureHandler(PeerFailureHandler handler) = 0;
   /// kOk while the connection to `peer` is healthy, else why it is not.
   virtual Status peerStatus(int peer) const = 0;

@@ -271,6 +271,11 @@ int Bootstrap::localRank() const {
 const std::vector<int>& Bootstrap::hostRanks() const {
   return impl_->hostRanks;
 }
+const std::string& Bootstrap::hostname(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(impl_->hostnames.size()))
+    throw Error(ErrorCode::kInvalidArgument, "no rank " + std::to_string(rank) + " in this job");
+  return impl_->hostnames[rank];
+}
 const std::string& Bootstrap::secret() const {
   return impl_->cfg.secret;
 }

@@ -7,7 +7,8 @@
 // stream plus a bounded wait when either window is GPU memory. Then, for a write-with-immediate, it calls the
 // ImmHandler from that same thread, and finally queues the Completion that poll() hands back. postAtomic()
 // performs the atomic right there with the system-scope helpers of gdx/atomic.hpp (release), and refuses GPU
-// windows.
+// windows. postMessage() hands the message to the MessageHandler from that same thread and queues its Completion,
+// as it does for an immediate.
 //
 // Ordering: a lane is used by one thread, and each of its operations is complete (data in place, atomic
 // performed) before post()/postAtomic() returns, in posting order. So every earlier write and atomic of the lane
@@ -67,6 +68,7 @@ class LoopbackLane : public TransportLane {
       : t_(transport), index_(index), copier_(timeoutNs) {}
   void post(const WriteOp& op) override;
   void postAtomic(const AtomicOp& op) override;
+  void postMessage(const MessageOp& op) override;
   size_t poll(Completion* out, size_t max) override;
   size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
 
@@ -152,6 +154,7 @@ class LoopbackTransport : public Transport {
   }
 
   void setImmHandler(ImmHandler handler) override { immHandler_ = std::move(handler); }
+  void setMessageHandler(MessageHandler handler) override { messageHandler_ = std::move(handler); }
   void setPeerFailureHandler(PeerFailureHandler handler) override {
     std::lock_guard<std::mutex> lock(failureMutex_);
     failureHandler_ = std::move(handler);
@@ -203,6 +206,7 @@ class LoopbackTransport : public Transport {
   std::vector<std::unique_ptr<LoopbackLane>> lanes_;
 
   ImmHandler immHandler_;
+  MessageHandler messageHandler_;
   std::mutex failureMutex_;
   PeerFailureHandler failureHandler_;
 
@@ -318,6 +322,23 @@ void LoopbackLane::postAtomic(const AtomicOp& op) {
       atomicFetchAdd(word, op.value, kRelease);
     else
       atomicStore(word, op.value, kRelease);
+  }
+  complete(op.cookie, status);
+}
+
+void LoopbackLane::postMessage(const MessageOp& op) {
+  std::string bad = t_.connected_ ? tcp::checkMessageOp(op.peer, op.bytes, 1) : "the transport is not connected";
+  if (!bad.empty())
+    throw Error(ErrorCode::kInvalidArgument, LoopbackTransport::who() + " lane " + std::to_string(index_) +
+                                                 ": message to peer " + std::to_string(op.peer) + ": " + bad);
+  Status status = t_.refusal();
+  if (status == Status::kOk) {
+    // Every earlier op of this lane is complete already (see the ordering note above).
+    RemoteMessage m;
+    m.peer = kRank;
+    m.bytes = op.bytes;
+    std::memcpy(m.data, op.data, op.bytes);
+    tcp::deliverMessage(t_.messageHandler_, m, LoopbackTransport::who() + " lane " + std::to_string(index_));
   }
   complete(op.cookie, status);
 }

@@ -1,10 +1,11 @@
 #include "rdma/tcp/rx_order.hpp"
 
+#include <cstring>
 #include <sstream>
 
 namespace gdx::tcp {
 
-std::string RxOrder::admit(const MessageHeader& h, uint64_t* atomicWord, uint64_t atomicOperand) {
+std::string RxOrder::admit(const MessageHeader& h, uint64_t* atomicWord, const void* payload) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::ostringstream os;
   if (h.seq < next_) {
@@ -17,6 +18,7 @@ std::string RxOrder::admit(const MessageHeader& h, uint64_t* atomicWord, uint64_
   }
   bool withImm = (h.flags & kFlagImm) != 0;
   bool atomic = h.type == static_cast<uint8_t>(MessageType::kAtomic);
+  bool control = h.type == static_cast<uint8_t>(MessageType::kControl);
   auto [it, inserted] = pending_.try_emplace(h.seq);
   Message& m = it->second;
   if (inserted) {
@@ -26,10 +28,11 @@ std::string RxOrder::admit(const MessageHeader& h, uint64_t* atomicWord, uint64_
     m.imm = h.imm;
     m.withImm = withImm;
     m.atomic = atomic;
+    m.control = control;
     m.word = atomicWord;
-    m.operand = atomicOperand;
+    if (payload && h.chunkBytes <= sizeof m.payload) std::memcpy(m.payload, payload, h.chunkBytes);
   } else if (m.window != h.window || m.offset != h.offset || m.bytes != h.bytes || m.imm != h.imm ||
-             m.withImm != withImm || m.atomic != atomic) {
+             m.withImm != withImm || m.atomic != atomic || m.control != control) {
     os << "chunk disagrees with earlier chunks of write #" << h.seq << " (window " << m.window << ", offset "
        << m.offset << ", bytes " << m.bytes << ")";
     return os.str();
@@ -51,7 +54,8 @@ void RxOrder::placed(const MessageHeader& h, const std::function<void(const Mess
   while (!pending_.empty()) {
     auto first = pending_.begin();
     if (first->first != next_ || first->second.placed != first->second.bytes) break;
-    if ((first->second.withImm || first->second.atomic) && deliver) deliver(first->second);
+    const Message& m = first->second;
+    if ((m.withImm || m.atomic || m.control) && deliver) deliver(m);
     pending_.erase(first);
     ++next_;
   }

@@ -2,10 +2,11 @@
 // (format, lane, chunk length, window, range, ordering state) before a single payload byte is received, and
 // the payload then goes straight into the window; anything malformed fails the peer instead. An atomic is
 // checked the same way and performed by whichever receiver thread of its direction completes the messages
-// before it (RxOrder). A chunk for a GPU window is received into the thread's pinned staging buffer and copied to
-// the GPU before it counts as placed.
+// before it (RxOrder); a control message names no window and is delivered the same way. A chunk for a GPU window is
+// received into the thread's pinned staging buffer and copied to the GPU before it counts as placed.
 #include <sys/socket.h>
 
+#include <cstring>
 #include <sstream>
 
 #include "gdx/atomic.hpp"
@@ -56,9 +57,12 @@ bool TcpTransport::receiveOne(RxSocket& s, CudaStaging& staging) {
   }
 
   const bool atomic = h.type == static_cast<uint8_t>(MessageType::kAtomic);
+  const bool control = h.type == static_cast<uint8_t>(MessageType::kControl);
+  // An atomic's operand and a control message wait in RxOrder until their turn instead of going to a window.
+  const bool deferred = atomic || control;
   char* dst = nullptr;
   int cudaDevice = -1;  // >= 0: dst is GPU memory of this device
-  {
+  if (!control) {
     std::shared_lock<std::shared_mutex> lock(windowsMutex_);
     auto it = windows_.find(h.window);
     if (it == windows_.end())
@@ -77,14 +81,14 @@ bool TcpTransport::receiveOne(RxSocket& s, CudaStaging& staging) {
   }
   RxOrder& order = *rxOrder_[static_cast<size_t>(s.lane) * world_ + s.peer];
 
-  // A write's payload goes straight into the window; an atomic's operand is kept until its turn comes, and the
-  // atomic is admitted only with it.
-  uint64_t operand = 0;
-  if (!atomic) {
+  // A write's payload goes straight into the window; a deferred payload is received here first and admitted with
+  // its message (checkHeader() bounded it by kMaxMessageBytes).
+  uint8_t payload[kMaxMessageBytes];
+  if (!deferred) {
     bad = order.admit(h);
     if (!bad.empty()) return fail(describe(h) + ": " + bad);
   }
-  void* into = atomic ? static_cast<void*>(&operand) : dst;
+  void* into = deferred ? static_cast<void*>(payload) : dst;
   if (cudaDevice >= 0) {
     std::string why;
     into = staging.buffer(&why);
@@ -102,18 +106,28 @@ bool TcpTransport::receiveOne(RxSocket& s, CudaStaging& staging) {
     std::string why = staging.toDevice(dst, h.chunkBytes, cudaDevice);
     if (!why.empty()) return fail("placing " + describe(h) + " in GPU window " + std::to_string(h.window) + ": " + why);
   }
-  if (atomic) {
-    bad = order.admit(h, reinterpret_cast<uint64_t*>(dst), operand);
+  if (deferred) {
+    bad = order.admit(h, reinterpret_cast<uint64_t*>(dst), payload);
     if (!bad.empty()) return fail(describe(h) + ": " + bad);
   }
   order.placed(h, [&](const RxOrder::Message& m) {
     if (m.atomic) {
+      uint64_t operand;
+      std::memcpy(&operand, m.payload, sizeof operand);
       // Every earlier message of the direction is in place (their receivers released it through the order's
       // lock, which this thread holds), so a release here publishes all of it to whoever acquires the word.
       if (m.imm == static_cast<uint32_t>(AtomicKind::kAdd))
-        atomicFetchAdd(m.word, m.operand, kRelease);
+        atomicFetchAdd(m.word, operand, kRelease);
       else
-        atomicStore(m.word, m.operand, kRelease);
+        atomicStore(m.word, operand, kRelease);
+      return;
+    }
+    if (m.control) {
+      RemoteMessage message;
+      message.peer = s.peer;
+      message.bytes = static_cast<uint32_t>(m.bytes);
+      std::memcpy(message.data, m.payload, message.bytes);
+      deliverMessage(messageHandler_, message, "TCP transport rank " + std::to_string(rank_));
       return;
     }
     if (!immHandler_) return;

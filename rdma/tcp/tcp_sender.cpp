@@ -1,9 +1,10 @@
 // Send side of the TCP transport: TcpLane::post() validates a write and splits it into chunks over the lane's
-// sockets to the peer, TcpLane::postAtomic() sends an atomic as one message on the next socket; one sender
-// thread per socket hands its chunks to the kernel in order (a chunk of a GPU window staged through the thread's
-// pinned buffer first).
+// sockets to the peer, TcpLane::postAtomic() and postMessage() send an atomic or a control message as one message
+// on the next socket; one sender thread per socket hands its chunks to the kernel in order (a chunk of a GPU window
+// staged through the thread's pinned buffer first).
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <sstream>
 #include <thread>
 
@@ -86,7 +87,7 @@ void TcpLane::post(const WriteOp& op) {
         }
         h.chunkOffset = i * chunk;
         h.chunkBytes = static_cast<uint32_t>(std::min(chunk, op.bytes - h.chunkOffset));
-        tx.queue.push_back(TxItem{h, src + h.chunkOffset, state, 0, cudaDevice});
+        tx.queue.push_back(TxItem{h, src + h.chunkOffset, state, cudaDevice});
       }
     }
     tx.cv.notify_one();
@@ -115,24 +116,42 @@ void TcpLane::postAtomic(const AtomicOp& op) {
   }
   if (!admitOp(op.cookie, op.peer)) return;
 
-  auto* state = new OpState;
-  state->remaining.store(1);
-  state->cookie = op.cookie;
-  state->peer = op.peer;
   MessageHeader h = nextMessage(MessageType::kAtomic, op.peer, op.remoteWindow, op.remoteOffset, kAtomicBytes);
   h.chunkBytes = kAtomicBytes;
   h.imm = static_cast<uint32_t>(op.kind);
+  queueInline(h, op.peer, op.cookie, &op.value);
+}
+
+void TcpLane::postMessage(const MessageOp& op) {
+  std::string bad = t_.connected_ ? checkMessageOp(op.peer, op.bytes, t_.world_) : "the transport is not connected";
+  if (!bad.empty())
+    throw Error(ErrorCode::kInvalidArgument, "TCP transport rank " + std::to_string(t_.rank_) + " lane " +
+                                                 std::to_string(index_) + ": message to peer " +
+                                                 std::to_string(op.peer) + ": " + bad);
+  if (!admitOp(op.cookie, op.peer)) return;
+  MessageHeader h = nextMessage(MessageType::kControl, op.peer, 0, 0, op.bytes);
+  h.chunkBytes = op.bytes;
+  queueInline(h, op.peer, op.cookie, op.data);
+}
+
+void TcpLane::queueInline(const MessageHeader& h, int peer, uint64_t cookie, const void* payload) {
+  auto* state = new OpState;
+  state->remaining.store(1);
+  state->cookie = cookie;
+  state->peer = peer;
+  TxItem item{h, nullptr, state};
+  std::memcpy(item.inlined, payload, h.chunkBytes);
   // Any socket keeps the order (the receiver sequences by seq); the next one in turn spreads the load.
-  const uint32_t s = nextSocket_[op.peer];
-  nextSocket_[op.peer] = (s + 1) % static_cast<uint32_t>(t_.sockets_);
-  TxSocket& tx = t_.txSocket(index_, op.peer, static_cast<int>(s));
+  const uint32_t s = nextSocket_[peer];
+  nextSocket_[peer] = (s + 1) % static_cast<uint32_t>(t_.sockets_);
+  TxSocket& tx = t_.txSocket(index_, peer, static_cast<int>(s));
   {
     std::lock_guard<std::mutex> lock(tx.mutex);
     if (tx.closed) {  // a post racing with shutdown(): the sender thread is gone
       finishChunk(state, Status::kShutdown);
       return;
     }
-    tx.queue.push_back(TxItem{h, nullptr, state, op.value});
+    tx.queue.push_back(item);
   }
   tx.cv.notify_one();
 }
@@ -244,8 +263,8 @@ Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, CudaStaging& sta
   iovec iov[2];
   iov[0].iov_base = const_cast<MessageHeader*>(&item.header);
   iov[0].iov_len = sizeof(MessageHeader);
-  iov[1].iov_base = payload ? static_cast<void*>(const_cast<char*>(payload))
-                            : static_cast<void*>(const_cast<uint64_t*>(&item.operand));
+  iov[1].iov_base =
+      payload ? static_cast<void*>(const_cast<char*>(payload)) : static_cast<void*>(const_cast<uint8_t*>(item.inlined));
   iov[1].iov_len = item.header.chunkBytes;
   net::IoLimits limits;
   limits.stallNs = options_.timeoutNs;

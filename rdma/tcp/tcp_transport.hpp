@@ -10,7 +10,8 @@
 // queue of chunks; writes larger than chunkBytes are split round-robin over the lane's sockets to the peer so
 // they move in parallel), one receiver per incoming socket (validates each header, then receives the payload
 // straight into the window and lets RxOrder decide what can be announced). An atomic is one more message of the
-// lane's sequence (wire.hpp): sent on the next socket in turn, performed by RxOrder's delivery in sequence order.
+// lane's sequence (wire.hpp): sent on the next socket in turn, performed by RxOrder's delivery in sequence order. A
+// control message (postMessage) travels the same way and is handed to the MessageHandler by that delivery.
 //
 // GPU windows (MemoryKind::kCuda, only in a build with CUDA) are staged through pinned host memory, one chunk at a
 // time (cuda_staging.hpp): each sender and receiver thread owns a chunk-sized pinned buffer and its own streams.
@@ -43,7 +44,7 @@ namespace gdx::tcp {
 
 class TcpTransport;
 
-/// A posted write or atomic; freed by the sender thread that finishes its last chunk.
+/// A posted write, atomic or control message; freed by the sender thread that finishes its last chunk.
 struct OpState {
   std::atomic<uint32_t> remaining{0};                                ///< chunks not yet handed to the kernel
   std::atomic<uint32_t> status{static_cast<uint32_t>(Status::kOk)};  ///< first failure of any chunk
@@ -54,10 +55,10 @@ struct OpState {
 /// One chunk waiting for its socket.
 struct TxItem {
   MessageHeader header;
-  const char* data = nullptr;  ///< the payload; null for an atomic, whose payload is `operand`
+  const char* data = nullptr;  ///< the payload; null for an atomic or a control message, carried in `inlined`
   OpState* op = nullptr;
-  uint64_t operand = 0;
   int cudaDevice = -1;  ///< >= 0: `data` lies in a GPU window on this device and is staged before it is sent
+  uint8_t inlined[kMaxMessageBytes] = {};  ///< an atomic's operand or a control message (header.chunkBytes bytes)
 };
 
 /// One connection of a (lane, peer) pair: socket `index` of the lane's sockets to or from `peer`.
@@ -89,6 +90,7 @@ class TcpLane : public TransportLane {
   TcpLane(TcpTransport& transport, int index, int worldSize);
   void post(const WriteOp& op) override;
   void postAtomic(const AtomicOp& op) override;
+  void postMessage(const MessageOp& op) override;
   size_t poll(Completion* out, size_t max) override;
   size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
 
@@ -104,6 +106,9 @@ class TcpLane : public TransportLane {
   std::string checkRemote(int peer, uint32_t window, uint64_t offset, uint64_t bytes, bool* cuda = nullptr) const;
   /// The header of the next message of this lane to `peer` (takes its sequence number).
   MessageHeader nextMessage(MessageType type, int peer, uint32_t window, uint64_t offset, uint64_t bytes);
+  /// Queues a one-chunk message (an atomic or a control message, `h.chunkBytes` bytes of `payload` carried inline)
+  /// on the next socket to `peer` in turn; any socket keeps the order, as the receiver sequences by seq.
+  void queueInline(const MessageHeader& h, int peer, uint64_t cookie, const void* payload);
 
   TcpTransport& t_;
   const int index_;
@@ -132,6 +137,7 @@ class TcpTransport : public Transport {
   void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) override;
 
   void setImmHandler(ImmHandler handler) override { immHandler_ = std::move(handler); }
+  void setMessageHandler(MessageHandler handler) override { messageHandler_ = std::move(handler); }
   void setPeerFailureHandler(PeerFailureHandler handler) override;
   Status peerStatus(int peer) const override;
 
@@ -185,6 +191,7 @@ class TcpTransport : public Transport {
   std::string advertised_;
 
   ImmHandler immHandler_;
+  MessageHandler messageHandler_;
   std::mutex failureHandlerMutex_;
   PeerFailureHandler failureHandler_;
 

@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "gdx/transport.hpp"
+#include "gdx/log.hpp"
 
 namespace gdx::tcp {
 
@@ -38,7 +38,8 @@ std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t 
     os << "unsupported wire version " << h.version;
   } else if (h.type != static_cast<uint8_t>(MessageType::kWrite) &&
              h.type != static_cast<uint8_t>(MessageType::kGoodbye) &&
-             h.type != static_cast<uint8_t>(MessageType::kAtomic)) {
+             h.type != static_cast<uint8_t>(MessageType::kAtomic) &&
+             h.type != static_cast<uint8_t>(MessageType::kControl)) {
     os << "unknown message type " << static_cast<int>(h.type);
   } else if ((h.flags & ~kFlagImm) != 0) {
     os << "unknown flags 0x" << std::hex << static_cast<int>(h.flags);
@@ -64,6 +65,13 @@ std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t 
     } else if (h.offset % kAtomicBytes != 0) {
       os << "atomic at offset " << h.offset << ", which is not 8-byte aligned";
     }
+  } else if (h.type == static_cast<uint8_t>(MessageType::kControl)) {
+    if (h.bytes == 0 || h.bytes > kMaxMessageBytes || h.chunkBytes != h.bytes) {
+      os << "control message of " << h.bytes << " bytes with a chunk of " << h.chunkBytes << " bytes; it must be 1.."
+         << kMaxMessageBytes << " bytes in one chunk";
+    } else if (h.flags != 0 || h.window != 0 || h.offset != 0 || h.chunkOffset != 0 || h.imm != 0) {
+      os << "control message with window, offset, flags or immediate set";
+    }
   } else if (h.chunkBytes != 0) {
     os << "goodbye with " << h.chunkBytes << " payload bytes";
   }
@@ -77,10 +85,35 @@ std::string describe(const MessageHeader& h) {
        << h.offset << "}";
     return os.str();
   }
+  if (h.type == static_cast<uint8_t>(MessageType::kControl)) {
+    os << "message {lane " << h.lane << ", seq " << h.seq << ", bytes " << h.bytes << "}";
+    return os.str();
+  }
   os << "write {type " << static_cast<int>(h.type) << ", lane " << h.lane << ", window " << h.window << ", seq "
      << h.seq << ", offset " << h.offset << ", bytes " << h.bytes << ", chunk [" << h.chunkOffset << ", +"
      << h.chunkBytes << ")}";
   return os.str();
+}
+
+std::string checkMessageOp(int peer, uint32_t bytes, int world) {
+  if (peer < 0 || peer >= world) return "unknown peer (world size " + std::to_string(world) + ")";
+  if (bytes == 0 || bytes > kMaxMessageBytes)
+    return "a message of " + std::to_string(bytes) + " bytes (it must have 1.." + std::to_string(kMaxMessageBytes) +
+           ")";
+  return "";
+}
+
+void deliverMessage(const Transport::MessageHandler& handler, const RemoteMessage& m, const std::string& who) {
+  if (!handler) {
+    GDX_WARN(who << ": no message handler is set; a message of " << m.bytes << " bytes from peer " << m.peer
+                 << " is dropped");
+    return;
+  }
+  try {
+    handler(m);
+  } catch (const std::exception& e) {
+    GDX_ERROR(who << ": the message handler threw for a message from peer " << m.peer << ": " << e.what());
+  }
 }
 
 }  // namespace gdx::tcp

@@ -1,6 +1,7 @@
 // Wire format of the TCP transport. Every connection carries one direction (the rank that connects is the one
 // that sends), starts with a Hello that the acceptor answers with a HelloAck, and then carries a stream of
-// MessageHeaders, each followed by `chunkBytes` bytes of payload (a chunk of a write, or an atomic's operand). The
+// MessageHeaders, each followed by `chunkBytes` bytes of payload (a chunk of a write, an atomic's operand or a control
+// message). The
 // structs are sent as they are laid out in memory: every field is naturally aligned (no padding, checked below) and gdx
 // only runs on little-endian hosts.
 #pragma once
@@ -9,6 +10,8 @@
 #include <string>
 #include <type_traits>
 
+#include "gdx/transport.hpp"
+
 namespace gdx::tcp {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP wire format is little-endian");
@@ -16,7 +19,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP wire format is
 constexpr uint32_t kHelloMagic = 0x48584447;    // "GDXH"
 constexpr uint32_t kAckMagic = 0x41584447;      // "GDXA"
 constexpr uint32_t kMessageMagic = 0x4D584447;  // "GDXM"
-constexpr uint16_t kWireVersion = 2;            ///< 2: kAtomic
+constexpr uint16_t kWireVersion = 3;            ///< 2: kAtomic; 3: kControl
 /// Longest job secret a Hello may carry; bounds what the acceptor reads from a stranger.
 constexpr uint32_t kMaxSecretBytes = 4096;
 /// Largest chunk the format can describe (MessageHeader::chunkBytes is 32 bits; 1 GiB keeps it far from that).
@@ -63,6 +66,7 @@ enum class MessageType : uint8_t {
   kWrite = 1,    ///< a chunk of a one-sided write; chunkBytes of payload follow
   kGoodbye = 2,  ///< the sender closes this connection on purpose; nothing follows
   kAtomic = 3,   ///< a remote atomic on the 64-bit word at `offset`; its 8-byte operand follows (see below)
+  kControl = 4,  ///< a control message (TransportLane::postMessage); its payload follows (see below)
 };
 constexpr uint8_t kFlagImm = 1;  ///< the write carries an immediate to announce once it is in place
 
@@ -70,6 +74,11 @@ constexpr uint8_t kFlagImm = 1;  ///< the write carries an immediate to announce
 /// `imm` holds the AtomicKind, `bytes` and `chunkBytes` are 8, `chunkOffset` and `flags` are 0, `offset` is
 /// 8-byte aligned, and the payload is the operand.
 constexpr uint32_t kAtomicBytes = 8;
+
+/// A control message is likewise one message of one chunk in the `seq` sequence: `bytes` and `chunkBytes` are its
+/// length (1..kMaxMessageBytes), every other field but `lane` and `seq` is 0, and the payload is the message. It is
+/// delivered in sequence order, like an immediate.
+static_assert(kMaxMessageBytes >= kAtomicBytes, "an atomic's operand and a message share the inline payload buffer");
 
 /// Precedes every chunk. One write of `bytes` bytes at `offset` of window `window` is sent as one or more chunks
 /// (possibly over several sockets of the lane), all carrying the same message fields and the message's `seq`,
@@ -92,13 +101,22 @@ static_assert(sizeof(MessageHeader) == 56 && std::is_trivially_copyable_v<Messag
 
 /// Checks everything about a header that does not depend on the receiver's windows: magic, version, type,
 /// flags, lane, chunk length (<= maxChunk) and that the chunk lies inside its message; for an atomic its kind,
-/// size and alignment. Returns "" when it is well formed, else what is wrong.
+/// size and alignment; for a control message its length. Returns "" when it is well formed, else what is wrong.
 std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk);
 
 /// "" when [offset, offset + bytes) lies within a window of `windowBytes` (without overflowing), else why not.
 std::string checkRange(uint64_t offset, uint64_t bytes, uint64_t windowBytes);
 
-/// A short human-readable rendering of a header for error messages ("write {...}", "atomic {...}").
+/// A short human-readable rendering of a header for error messages ("write {...}", "atomic {...}", "message {...}").
 std::string describe(const MessageHeader& h);
+
+// Control messages in every backend (tcp, loopback, verbs).
+
+/// "" when a MessageOp to `peer` of `bytes` bytes may be posted in a world of `world` ranks, else why not.
+std::string checkMessageOp(int peer, uint32_t bytes, int world);
+
+/// Hands `m` to `handler` on a transport thread: a throwing handler is logged (an exception would end the process),
+/// a missing one drops the message with a WARN naming the peer. `who` names the receiving transport.
+void deliverMessage(const Transport::MessageHandler& handler, const RemoteMessage& m, const std::string& who);
 
 }  // namespace gdx::tcp

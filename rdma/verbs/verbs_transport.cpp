@@ -30,10 +30,18 @@
 // registered send slots (freed when the work request that reads it retires). post() waits for slots and credits
 // (bounded by timeoutNs, making progress on the lane meanwhile).
 //
-// Receiving: every QP keeps `recvDepth` receives posted, each with a 32-byte slot of one registered buffer. One
+// Receiving: every QP keeps `recvDepth` receives posted, each with a kRecvSlotBytes slot of one registered buffer. One
 // thread per transport polls the shared receive CQ (busy for a while, then blocking on a completion channel with a
 // short timeout so shutdown stays bounded). An IBV_WC_RECV_RDMA_WITH_IMM becomes an ImmHandler call (RC delivers
-// in order, so the write's data and every earlier write of that QP are in place); the receive is reposted.
+// in order, so the write's data and every earlier write of that QP are in place); every consumed receive is
+// reposted. The QPs' rnr_retry is infinite (verbs_resources.cpp), so a SEND that finds no receive posted waits for
+// the repost instead of failing.
+//
+// Control messages (postMessage): an IBV_WR_SEND of a MessageRecord (8-byte header and the message's bytes, inline
+// when the QP allows it, else from the lane's registered control slots) on the lane's RC QP to the peer. It
+// arrives as IBV_WC_RECV in the QP's order, after every earlier write (and staged chunk, and software atomic) of the
+// QP, and the receiver thread hands it to the MessageHandler. Messages count as work requests like any other, so
+// the completion timeout and the heartbeats watch them too.
 //
 // Atomics: by default in software, ordered like everything else: an IBV_WR_SEND of a 24-byte control record
 // (window, kind, offset, value) arrives as IBV_WC_RECV (never as an immediate, so no imm bit pattern is taken from
@@ -53,6 +61,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -107,8 +116,9 @@ using tcp::checkRange;
 
 constexpr uint32_t kAddressMagic = 0x56584447;  // "GDXV"
 constexpr uint64_t kWordBytes = 8;
-constexpr size_t kRecvSlotBytes = 32;
-constexpr size_t kControlSlotBytes = 32;
+/// A receive's buffer and a lane's control send slot: room for a ControlRecord or a MessageRecord.
+constexpr size_t kRecvSlotBytes = 128;
+constexpr size_t kControlSlotBytes = 128;
 constexpr uint32_t kMaxChunk = 1u << 30;
 constexpr uint32_t kStageSlots = 4;
 constexpr uint64_t kStageSlotBytes = 1 << 20;
@@ -158,6 +168,18 @@ struct ControlRecord {
   uint32_t imm;    ///< kControlStagedImm: the immediate announced once the chunk is in place
 };
 static_assert(sizeof(ControlRecord) <= kRecvSlotBytes && sizeof(ControlRecord) <= kControlSlotBytes, "slot size");
+/// The control kind of a MessageRecord.
+constexpr uint32_t kControlMessage = 4;
+/// A control message as it travels in an IBV_WR_SEND: the header and then only `bytes` bytes of data. `kind` lies
+/// where a ControlRecord has it, so the receiver tells the two apart by it (their lengths may coincide).
+struct MessageRecord {
+  uint32_t bytes;  ///< 1..kMaxMessageBytes
+  uint32_t kind;   ///< kControlMessage
+  uint8_t data[kMaxMessageBytes];
+};
+constexpr uint32_t kMessageHeaderBytes = offsetof(MessageRecord, data);
+static_assert(offsetof(MessageRecord, kind) == offsetof(ControlRecord, kind), "the kind must be where both have it");
+static_assert(sizeof(MessageRecord) <= kRecvSlotBytes && sizeof(MessageRecord) <= kControlSlotBytes, "slot size");
 
 struct AlignedFree {
   void operator()(char* p) const { std::free(p); }
@@ -184,11 +206,18 @@ struct PendingWr {
   uint32_t rkey = 0;
   uint32_t imm = 0;
   uint64_t add = 0;
-  bool control = false;
-  int32_t sendSlot = -1;  ///< the lane's staging send slot this work request reads, freed when it retires
-  uint8_t what = 0;       ///< PostedWr::kOp, kCreditRead or kHeartbeat
-  ControlRecord record{};
+  int32_t sendSlot = -1;   ///< the lane's staging send slot this work request reads, freed when it retires
+  uint8_t what = 0;        ///< PostedWr::kOp, kCreditRead or kHeartbeat
+  uint32_t sendBytes = 0;  ///< > 0: an IBV_WR_SEND of the first sendBytes bytes of `send` (a control record)
+  alignas(8) uint8_t send[sizeof(MessageRecord)] = {};
 };
+
+/// Makes `w` an IBV_WR_SEND of the `bytes` bytes of `record` (a ControlRecord or a MessageRecord).
+void setSend(PendingWr& w, const void* record, uint32_t bytes) {
+  w.opcode = IBV_WR_SEND;
+  w.sendBytes = bytes;
+  std::memcpy(w.send, record, bytes);
+}
 
 /// A work request handed to the QP and not yet retired.
 struct PostedWr {
@@ -229,6 +258,7 @@ class VerbsLane : public TransportLane {
   VerbsLane(VerbsTransport& t, int index);
   void post(const WriteOp& op) override;
   void postAtomic(const AtomicOp& op) override;
+  void postMessage(const MessageOp& op) override;
   size_t poll(Completion* out, size_t max) override;
   size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
 
@@ -298,6 +328,7 @@ class VerbsTransport : public Transport {
   void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) override;
 
   void setImmHandler(ImmHandler handler) override { immHandler_ = std::move(handler); }
+  void setMessageHandler(MessageHandler handler) override { messageHandler_ = std::move(handler); }
   void setPeerFailureHandler(PeerFailureHandler handler) override {
     std::lock_guard<std::mutex> lock(failureMutex_);
     failureHandler_ = std::move(handler);
@@ -328,6 +359,9 @@ class VerbsTransport : public Transport {
   void failPeer(int peer, const std::string& why);
   void receiverLoop();
   void onReceive(const ibv_wc& wc);
+  /// Acts on a received SEND of `bytes` bytes at `data` (a control record or a message); "" or why it is malformed.
+  std::string applySend(int lane, int peer, const char* data, uint32_t bytes);
+  void deliver(int peer, const MessageRecord& r);
   void applyControl(int peer, const ControlRecord& r);
   void applyStaged(int lane, int peer, const ControlRecord& r);
   /// The receive staging area (allocated by the first staged window; windowsMutex_ held exclusively).
@@ -365,6 +399,7 @@ class VerbsTransport : public Transport {
   std::vector<std::unique_ptr<VerbsLane>> lanes_;
 
   ImmHandler immHandler_;
+  MessageHandler messageHandler_;
   std::mutex failureMutex_;
   PeerFailureHandler failureHandler_;
   std::unique_ptr<std::atomic<bool>[]> peerFailed_;
@@ -561,24 +596,50 @@ void VerbsTransport::onReceive(const ibv_wc& wc) {
         GDX_ERROR(who() << ": the immediate handler threw: " << e.what());
       }
     }
-  } else if (wc.opcode == IBV_WC_RECV && wc.byte_len == sizeof(ControlRecord)) {
-    ControlRecord r;
-    std::memcpy(&r, recvBuffer_.get() + (qpIndex * recvDepth_ + slot) * kRecvSlotBytes, sizeof r);
-    if (r.kind == kControlStaged || r.kind == kControlStagedImm)
-      applyStaged(lane, peer, r);
-    else
-      applyControl(peer, r);
   } else {
-    failPeer(peer, "lane " + std::to_string(lane) + ": rank " + std::to_string(peer) +
-                       " sent an unexpected message (opcode " + std::to_string(wc.opcode) + ", " +
-                       std::to_string(wc.byte_len) + " bytes)");
-    return;
+    const char* data = recvBuffer_.get() + (qpIndex * recvDepth_ + slot) * kRecvSlotBytes;
+    std::string bad = wc.opcode == IBV_WC_RECV ? applySend(lane, peer, data, wc.byte_len) : "an unexpected opcode";
+    if (!bad.empty()) {
+      failPeer(peer, "lane " + std::to_string(lane) + ": rank " + std::to_string(peer) +
+                         " sent an unexpected message (opcode " + std::to_string(wc.opcode) + ", " +
+                         std::to_string(wc.byte_len) + " bytes): " + bad);
+      return;
+    }
   }
   try {
     postReceive(lane, peer, slot);
   } catch (const Error& e) {
     if (!stopping_.load()) failPeer(peer, std::string("reposting a receive: ") + e.what());
   }
+}
+
+std::string VerbsTransport::applySend(int lane, int peer, const char* data, uint32_t bytes) {
+  uint32_t kind = kNoOp;
+  if (bytes >= kMessageHeaderBytes) std::memcpy(&kind, data + offsetof(ControlRecord, kind), sizeof kind);
+  if (kind == kControlMessage) {
+    MessageRecord r{};
+    std::memcpy(&r, data, std::min<size_t>(bytes, sizeof r));
+    if (r.bytes == 0 || r.bytes > kMaxMessageBytes || bytes != kMessageHeaderBytes + r.bytes)
+      return "a message record claiming " + std::to_string(r.bytes) + " bytes";
+    deliver(peer, r);
+    return "";
+  }
+  if (bytes != sizeof(ControlRecord)) return "neither a control record nor a message";
+  ControlRecord r;
+  std::memcpy(&r, data, sizeof r);
+  if (r.kind == kControlStaged || r.kind == kControlStagedImm)
+    applyStaged(lane, peer, r);
+  else
+    applyControl(peer, r);
+  return "";
+}
+
+void VerbsTransport::deliver(int peer, const MessageRecord& r) {
+  RemoteMessage m;
+  m.peer = peer;
+  m.bytes = r.bytes;
+  std::memcpy(m.data, r.data, r.bytes);
+  tcp::deliverMessage(messageHandler_, m, who());
 }
 
 void VerbsTransport::applyControl(int peer, const ControlRecord& r) {
@@ -848,11 +909,11 @@ VerbsLane::VerbsLane(VerbsTransport& t, int index) : t_(t), index_(index), copie
     a.cap.max_recv_wr = static_cast<uint32_t>(t.recvDepth_);
     a.cap.max_send_sge = 1;
     a.cap.max_recv_sge = 1;
-    a.cap.max_inline_data = 64;
-    qps_[p].qp.reset(ibv_create_qp(t.pd_.get(), &a));
-    if (!qps_[p].qp) {
-      a.cap.max_inline_data = 0;  // a device without inline sends
+    // Room for a control message of any length inline; else what the device allows (0: no inline sends).
+    for (uint32_t inlineBytes : {uint32_t{sizeof(MessageRecord)}, uint32_t{64}, uint32_t{0}}) {
+      a.cap.max_inline_data = inlineBytes;
       qps_[p].qp.reset(ibv_create_qp(t.pd_.get(), &a));
+      if (qps_[p].qp) break;
     }
     if (!qps_[p].qp) throw VerbsError("ibv_create_qp (RC)", errno, __FILE__, __LINE__);
     maxInline_ = a.cap.max_inline_data;
@@ -1082,14 +1143,13 @@ void VerbsLane::postStaged(const WriteOp& op, uint32_t id, const char* localBase
       q.backlog.push_back(w);
       PendingWr ctl;
       ctl.op = id;
-      ctl.opcode = IBV_WR_SEND;
-      ctl.control = true;
-      ctl.record = ControlRecord{op.remoteWindow,
+      const ControlRecord record{op.remoteWindow,
                                  last && op.withImm ? kControlStagedImm : kControlStaged,
                                  op.remoteOffset + off,
                                  len,
                                  static_cast<uint32_t>(ringSlot),
                                  op.imm};
+      setSend(ctl, &record, sizeof record);
       q.backlog.push_back(ctl);
     } else {
       w.opcode = last && op.withImm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
@@ -1137,10 +1197,26 @@ void VerbsLane::postAtomic(const AtomicOp& op) {
     w.length = kWordBytes;
     w.lkey = mr_->lkey;
   } else {
-    w.opcode = IBV_WR_SEND;
-    w.control = true;
-    w.record = ControlRecord{op.remoteWindow, static_cast<uint32_t>(op.kind), op.remoteOffset, op.value, 0, 0};
+    const ControlRecord record{op.remoteWindow, static_cast<uint32_t>(op.kind), op.remoteOffset, op.value, 0, 0};
+    setSend(w, &record, sizeof record);
   }
+  qps_[op.peer].backlog.push_back(w);
+  flush(op.peer);
+}
+
+void VerbsLane::postMessage(const MessageOp& op) {
+  std::string bad =
+      t_.connected_ ? tcp::checkMessageOp(op.peer, op.bytes, t_.world_) : "the transport is not connected";
+  if (!bad.empty())
+    throw Error(ErrorCode::kInvalidArgument, who() + ": message to peer " + std::to_string(op.peer) + ": " + bad);
+  if (t_.failed(op.peer) || t_.stopping_.load(std::memory_order_relaxed)) return failedNow(op.cookie, op.peer);
+  MessageRecord record{};
+  record.bytes = op.bytes;
+  record.kind = kControlMessage;
+  std::memcpy(record.data, op.data, op.bytes);
+  PendingWr w;
+  w.op = newOp(op.cookie, op.peer, 1);
+  setSend(w, &record, kMessageHeaderBytes + op.bytes);  // only the message's own bytes travel
   qps_[op.peer].backlog.push_back(w);
   flush(op.peer);
 }
@@ -1238,13 +1314,13 @@ void VerbsLane::flush(int peer) {
         q.sinceSignal = 0;
       }
       sges[i] = ibv_sge{p.local, p.length, p.lkey};
-      if (p.control) {
+      if (p.sendBytes > 0) {
         char* slot = buffer_.get() + creditEnd_ +
                      (static_cast<size_t>(peer) * t_.sendDepth_ + q.controlNext++ % t_.sendDepth_) * kControlSlotBytes;
-        std::memcpy(slot, &p.record, sizeof p.record);
-        sges[i] = ibv_sge{reinterpret_cast<uint64_t>(slot), sizeof p.record, mr_->lkey};
+        std::memcpy(slot, p.send, p.sendBytes);
+        sges[i] = ibv_sge{reinterpret_cast<uint64_t>(slot), p.sendBytes, mr_->lkey};
         wr.num_sge = 1;
-        if (sizeof p.record <= maxInline_) wr.send_flags |= IBV_SEND_INLINE;
+        if (p.sendBytes <= maxInline_) wr.send_flags |= IBV_SEND_INLINE;
       } else if (p.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
         wr.wr.atomic.remote_addr = p.remote;
         wr.wr.atomic.rkey = p.rkey;

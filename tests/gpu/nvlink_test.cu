@@ -2,8 +2,6 @@
 // of the device API between two processes on two GPUs (the test re-executes itself, one process a GPU:
 // CUDA does not survive fork). Skipped where fewer than two GPUs that can address each other are present.
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -14,73 +12,12 @@
 #include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
 #include "gdx/peer_copy.hpp"
+#include "byte_pattern.cuh"
 #include "gpu_test_support.hpp"
-
-extern char** environ;
+#include "spawn_ranks.hpp"
 
 namespace gdx {
 namespace {
-
-#define GDX_SKIP_WITHOUT_TWO_PEER_GPUS()                                                 \
-  do {                                                                                   \
-    GDX_SKIP_WITHOUT_GPU();                                                              \
-    int n_ = 0, can_ = 0;                                                                \
-    cudaGetDeviceCount(&n_);                                                             \
-    if (n_ < 2) GTEST_SKIP() << "needs two GPUs, " << n_ << " here";                     \
-    cudaDeviceCanAccessPeer(&can_, 0, 1);                                                \
-    if (!can_) GTEST_SKIP() << "GPUs 0 and 1 cannot address each other";                 \
-  } while (0)
-
-// Deterministic random bytes from (seed, index): both processes can compute what the other put.
-__host__ __device__ inline unsigned char byteAt(uint64_t seed, uint64_t i) {
-  uint64_t x = (i >> 3) * 0x9E3779B97F4A7C15ull ^ seed * 0xD1B54A32D192ED03ull;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return static_cast<unsigned char>(x >> (8 * (i & 7)));
-}
-
-__global__ void fillKernel(unsigned char* p, uint64_t n, uint64_t seed) {
-  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
-    p[i] = byteAt(seed, i);
-}
-
-// Counts bytes of got[0..n) that differ from byteAt(seed, srcOffset + i) (a copy of the filled source).
-__global__ void checkKernel(const unsigned char* got, uint64_t n, uint64_t seed, uint64_t srcOffset,
-                            unsigned long long* bad) {
-  unsigned long long mine = 0;
-  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
-    mine += got[i] != byteAt(seed, srcOffset + i);
-  if (mine) atomicAdd(bad, mine);
-}
-
-__global__ void checkValueKernel(const unsigned char* got, uint64_t n, unsigned char v, unsigned long long* bad) {
-  unsigned long long mine = 0;
-  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
-    mine += got[i] != v;
-  if (mine) atomicAdd(bad, mine);
-}
-
-unsigned long long countBad(const unsigned char* got, uint64_t n, uint64_t seed, uint64_t srcOffset) {
-  unsigned long long* bad = nullptr;
-  cudaHostAlloc(&bad, 8, cudaHostAllocMapped);
-  *bad = 0;
-  checkKernel<<<264, 512>>>(got, n, seed, srcOffset, bad);
-  cudaDeviceSynchronize();
-  unsigned long long b = *bad;
-  cudaFreeHost(bad);
-  return b;
-}
-unsigned long long countNot(const unsigned char* got, uint64_t n, unsigned char v) {
-  unsigned long long* bad = nullptr;
-  cudaHostAlloc(&bad, 8, cudaHostAllocMapped);
-  *bad = 0;
-  if (n) checkValueKernel<<<264, 512>>>(got, n, v, bad);
-  cudaDeviceSynchronize();
-  unsigned long long b = *bad;
-  cudaFreeHost(bad);
-  return b;
-}
 
 // ---- peer copy --------------------------------------------------------------------------------------------
 
@@ -350,36 +287,11 @@ TEST(DirectPathChild, Run) {
 
 // Starts two copies of this binary, one a GPU, filtered to DirectPathChild.Run; both must pass.
 void runPair(bool direct) {
-  const std::string port = std::to_string(test::freePort());
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) env.emplace_back(*e);
-    env.push_back("GDX_RANK=" + std::to_string(r));
-    env.push_back("GDX_WORLD_SIZE=2");
-    env.push_back("GDX_LOCAL_RANK=" + std::to_string(r));
-    env.push_back("GDX_MASTER_ADDR=127.0.0.1");
-    env.push_back("GDX_MASTER_PORT=" + port);
-    env.push_back("GDX_JOB_SECRET=nvlink-test");
-    env.push_back("GDX_CUDA_DEVICE=" + std::to_string(r));
-    env.push_back("GDX_TIMEOUT_MS=60000");
-    env.push_back("GDX_LOG_LEVEL=INFO");
-    env.push_back(std::string("GDX_DIRECT=") + (direct ? "1" : "0"));
-    env.push_back(std::string("GDX_NVLINK_CHILD=") + (direct ? "direct" : "proxy"));
-    std::vector<char*> envp;
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string self = "/proc/self/exe", filter = "--gtest_filter=DirectPathChild.Run";
-    char* argv[] = {self.data(), filter.data(), nullptr};
-    pid_t pid;
-    ASSERT_EQ(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()), 0);
-    pids.push_back(pid);
-  }
-  for (int r = 0; r < 2; ++r) {
-    int st = 0;
-    waitpid(pids[r], &st, 0);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << " failed (status " << st << ")";
-  }
+  test::spawnRanks(2, "DirectPathChild.Run", "nvlink-test", [direct](int r) {
+    return std::vector<std::string>{"GDX_CUDA_DEVICE=" + std::to_string(r),
+                                    std::string("GDX_DIRECT=") + (direct ? "1" : "0"),
+                                    std::string("GDX_NVLINK_CHILD=") + (direct ? "direct" : "proxy")};
+  });
 }
 
 TEST(DirectPath, TwoProcessesOnTwoGpusPutSignalAndAtomicDirectly) {

@@ -1,0 +1,262 @@
+// Host side of PeerCopyQueue (include/gdx/peer_copy_queue.hpp); the protocol it shares with the persistent
+// kernel is described in device/copy_queue_layout.hpp.
+#include "gdx/peer_copy_queue.hpp"
+
+#include <sstream>
+
+#include "device/copy_queue_layout.hpp"
+#include "gdx/atomic.hpp"
+#include "gdx/clock.hpp"
+#include "gdx/config.hpp"
+#include "gdx/error.hpp"
+#include "gdx/host_buffer.hpp"
+#include "gdx/log.hpp"
+
+#if defined(GDX_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "core/device_guard.hpp"
+#include "gdx/cuda_check.hpp"
+#endif
+
+namespace gdx {
+
+PeerCopyQueue::Options PeerCopyQueue::Options::fromEnv() {
+  Options o;
+  o.blocks = static_cast<unsigned>(envInt("GDX_COPY_QUEUE_BLOCKS", o.blocks));
+  o.capacity = static_cast<uint32_t>(envInt("GDX_COPY_QUEUE_DEPTH", o.capacity));
+  o.chunkBytes = static_cast<uint64_t>(envInt("GDX_COPY_QUEUE_CHUNK", static_cast<int64_t>(o.chunkBytes)));
+  o.idleNs = static_cast<uint64_t>(envInt("GDX_COPY_QUEUE_IDLE_US", static_cast<int64_t>(o.idleNs / 1000))) * 1000;
+  return o;
+}
+
+#if defined(GDX_HAVE_CUDA)
+namespace {
+
+copy_queue::Shared& sharedOf(const std::unique_ptr<HostBuffer>& b) { return *static_cast<copy_queue::Shared*>(b->data()); }
+
+}  // namespace
+
+PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(device), options_(options) {
+  if (options_.blocks == 0 || options_.blocks > 1024)
+    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: blocks must be in 1..1024");
+  if (options_.capacity < 2) throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: capacity must be at least 2");
+  if (options_.chunkBytes < 16 || options_.chunkBytes % 16 != 0 || options_.chunkBytes > (uint64_t{1} << 31))
+    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: chunkBytes must be a multiple of 16 in 16..2 GiB");
+  if (options_.timeoutNs == 0) options_.timeoutNs = defaultTimeoutNs();
+  DeviceGuard guard(device_);
+  slots_ = std::make_unique<HostBuffer>(sizeof(copy_queue::Slot) * options_.capacity, -1, true);
+  shared_ = std::make_unique<HostBuffer>(sizeof(copy_queue::Shared), -1, true);
+  if (!slots_->gpuMapped() || !shared_->gpuMapped())
+    throw Error(ErrorCode::kCuda, "PeerCopyQueue: host memory could not be mapped for device " + std::to_string(device_));
+  const size_t progressBytes = sizeof(copy_queue::Progress) * options_.capacity + sizeof(uint64_t);
+  GDX_CUDA_CHECK(cudaMalloc(&progress_, progressBytes));
+  GDX_CUDA_CHECK(cudaMemset(progress_, 0, progressBytes));
+  cudaStream_t stream = nullptr;
+  GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  stream_ = stream;
+  cudaEvent_t event = nullptr;
+  GDX_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  finished_ = event;
+  GDX_CUDA_CHECK(cudaDeviceSynchronize());  // the memset is done before the first launch reads the counters
+  idle_ = std::thread([this] { idleLoop(); });
+}
+
+PeerCopyQueue::~PeerCopyQueue() {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    closing_ = true;
+    if (running_) {
+      try {
+        lock.unlock();
+        waitCompleted(submitted_);
+        lock.lock();
+      } catch (const Error& e) {
+        lock.lock();
+        GDX_ERROR("PeerCopyQueue on device " << device_ << ": stopping with transfers pending: " << e.what());
+      }
+      try {
+        stopLocked();
+      } catch (const Error& e) {
+        GDX_ERROR("PeerCopyQueue on device " << device_ << ": " << e.what());
+      }
+    }
+  }
+  wake_.notify_all();
+  if (idle_.joinable()) idle_.join();
+  DeviceGuard guard(device_);
+  if (finished_) cudaEventDestroy(static_cast<cudaEvent_t>(finished_));
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (progress_) cudaFree(progress_);
+}
+
+uint64_t PeerCopyQueue::submit(const void* src, void* dst, uint64_t bytes, uint64_t* signal, uint64_t value,
+                               SignalOp op) {
+  if (bytes > 0 && (src == nullptr || dst == nullptr))
+    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue::submit: null source or destination for " +
+                                                 std::to_string(bytes) + " bytes");
+  if (reinterpret_cast<uintptr_t>(signal) % 8 != 0)
+    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue::submit: signal word not 8-byte aligned");
+  const uint64_t chunks = bytes == 0 ? 1 : (bytes + options_.chunkBytes - 1) / options_.chunkBytes;
+  if (chunks > UINT32_MAX) throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue::submit: transfer too large");
+
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (closing_) throw Error(ErrorCode::kShutdown, "PeerCopyQueue::submit: the queue is being destroyed");
+  if (!running_) launchLocked();
+  const uint64_t ticket = submitted_;
+  // Slot `ticket % capacity` is free once the transfer `capacity` tickets back completed.
+  const uint64_t start = nowNs();
+  for (uint64_t spins = 0; ticket >= completed() + options_.capacity; ++spins) {
+    if ((spins & 1023) == 1023) {
+      cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(finished_));
+      if (rc != cudaErrorNotReady && rc != cudaSuccess) failLocked("while waiting for a free slot");
+    }
+    if (nowNs() - start > options_.timeoutNs) {
+      std::ostringstream os;
+      os << "PeerCopyQueue::submit on device " << device_ << ": no free slot after " << options_.timeoutNs / 1000000
+         << " ms (ticket " << ticket << ", completed " << completed() << ", capacity " << options_.capacity << ")";
+      throw Error(ErrorCode::kTimeout, os.str());
+    }
+    spinPause(spins);
+  }
+  copy_queue::Slot& s = static_cast<copy_queue::Slot*>(slots_->data())[ticket % options_.capacity];
+  s.src = reinterpret_cast<uint64_t>(src);
+  s.dst = reinterpret_cast<uint64_t>(dst);
+  s.bytes = bytes;
+  s.signal = reinterpret_cast<uint64_t>(signal);
+  s.value = value;
+  s.firstChunk = nextChunk_;
+  s.chunks = static_cast<uint32_t>(chunks);
+  s.signalOp = signal == nullptr ? copy_queue::kSignalNone
+               : op == SignalOp::kAdd ? copy_queue::kSignalAdd
+                                      : copy_queue::kSignalSet;
+  atomicStore(&s.seq, ticket + 1, kRelease);
+  submitted_ = ticket + 1;
+  nextChunk_ += chunks;
+  lastSubmitNs_ = nowNs();
+  return ticket;
+}
+
+uint64_t PeerCopyQueue::submitted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return submitted_;
+}
+
+uint64_t PeerCopyQueue::completed() const { return atomicLoad(&sharedOf(shared_).completed, kAcquire); }
+
+bool PeerCopyQueue::running() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return running_;
+}
+
+void PeerCopyQueue::waitCompleted(uint64_t count, uint64_t timeoutNs) const {
+  if (timeoutNs == 0) timeoutNs = options_.timeoutNs;
+  const uint64_t start = nowNs();
+  for (uint64_t spins = 0; completed() < count; ++spins) {
+    if ((spins & 1023) == 1023) {
+      cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(finished_));
+      if (rc != cudaErrorNotReady && rc != cudaSuccess)
+        throw CudaError("PeerCopyQueue kernel on device " + std::to_string(device_), rc, cudaGetErrorString(rc),
+                        __FILE__, __LINE__);
+    }
+    if (nowNs() - start > timeoutNs) {
+      std::ostringstream os;
+      os << "PeerCopyQueue::waitCompleted on device " << device_ << ": waited " << timeoutNs / 1000000 << " ms for "
+         << count << " completed transfers, saw " << completed() << " (fault flag "
+         << atomicLoad(&sharedOf(shared_).fault, kRelaxed) << ")";
+      throw Error(ErrorCode::kTimeout, os.str());
+    }
+    spinPause(spins);
+  }
+}
+
+void PeerCopyQueue::launchLocked() {
+  DeviceGuard guard(device_);
+  copy_queue::Shared& shared = sharedOf(shared_);
+  atomicStore(&shared.stop, 0u, kRelease);
+  auto* progress = static_cast<copy_queue::Progress*>(progress_);
+  uint64_t* cursor = reinterpret_cast<uint64_t*>(progress + options_.capacity);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  // Chunks taken by blocks of the previous launch that found no transfer are forgotten: numbering restarts at
+  // the first chunk not yet published. (From pageable memory the copy reads nextChunk_ before it returns.)
+  GDX_CUDA_CHECK(cudaMemcpyAsync(cursor, &nextChunk_, sizeof(uint64_t), cudaMemcpyHostToDevice, stream));
+  copy_queue::KernelParams p{};
+  p.slots = static_cast<copy_queue::Slot*>(slots_->devicePtr());
+  p.shared = static_cast<copy_queue::Shared*>(shared_->devicePtr());
+  p.progress = progress;
+  p.chunkCursor = cursor;
+  p.chunkBytes = options_.chunkBytes;
+  p.capacity = options_.capacity;
+  p.firstTicket = submitted_;
+  GDX_CUDA_CHECK(copy_queue::launchKernel(p, options_.blocks, stream));
+  GDX_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(finished_), stream));
+  running_ = true;
+  wake_.notify_all();  // the idle watch starts counting
+  GDX_DEBUG("PeerCopyQueue on device " << device_ << ": kernel launched at ticket " << submitted_);
+}
+
+void PeerCopyQueue::stopLocked() {
+  atomicStore(&sharedOf(shared_).stop, 1u, kRelease);
+  const uint64_t start = nowNs();
+  for (uint64_t spins = 0;; ++spins) {
+    cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(finished_));
+    if (rc == cudaSuccess) break;
+    if (rc != cudaErrorNotReady) failLocked("while stopping");
+    if (nowNs() - start > options_.timeoutNs) {
+      std::ostringstream os;
+      os << "PeerCopyQueue on device " << device_ << ": the kernel did not leave within "
+         << options_.timeoutNs / 1000000 << " ms of being stopped (submitted " << submitted_ << ", completed "
+         << completed() << ")";
+      throw Error(ErrorCode::kTimeout, os.str());
+    }
+    spinPause(spins);
+  }
+  running_ = false;
+}
+
+void PeerCopyQueue::failLocked(const char* what) {
+  cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(finished_));
+  running_ = false;
+  throw CudaError(std::string("PeerCopyQueue kernel on device ") + std::to_string(device_) + " " + what, rc,
+                  cudaGetErrorString(rc), __FILE__, __LINE__);
+}
+
+void PeerCopyQueue::idleLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!closing_) {
+    if (!running_) {
+      wake_.wait(lock);
+      continue;
+    }
+    wake_.wait_for(lock, std::chrono::nanoseconds(options_.idleNs));
+    if (closing_ || !running_) continue;
+    if (completed() == submitted_ && nowNs() - lastSubmitNs_ >= options_.idleNs) {
+      try {
+        stopLocked();
+      } catch (const Error& e) {
+        GDX_ERROR(e.what());
+        running_ = false;
+      }
+    }
+  }
+}
+
+#else  // no CUDA
+
+PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(device), options_(options) {
+  throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: gdx was built without CUDA");
+}
+PeerCopyQueue::~PeerCopyQueue() = default;
+uint64_t PeerCopyQueue::submit(const void*, void*, uint64_t, uint64_t*, uint64_t, SignalOp) { return 0; }
+uint64_t PeerCopyQueue::submitted() const { return 0; }
+uint64_t PeerCopyQueue::completed() const { return 0; }
+void PeerCopyQueue::waitCompleted(uint64_t, uint64_t) const {}
+bool PeerCopyQueue::running() const { return false; }
+void PeerCopyQueue::launchLocked() {}
+void PeerCopyQueue::stopLocked() {}
+void PeerCopyQueue::idleLoop() {}
+void PeerCopyQueue::failLocked(const char*) { throw Error(ErrorCode::kInternal, "unreachable"); }
+
+#endif
+
+}  // namespace gdx

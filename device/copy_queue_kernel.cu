@@ -1,0 +1,115 @@
+// The persistent kernel of PeerCopyQueue: copy blocks take chunks of the published transfers and copy them with
+// copyCooperative; one signaller thread completes transfers in ticket order. device/copy_queue_layout.hpp
+// describes the protocol.
+#include <cuda/atomic>
+
+#include "device/copy_queue_layout.hpp"
+#include "gdx/atomic.hpp"
+#include "gdx/copy_device.hpp"
+
+namespace gdx::copy_queue {
+namespace {
+
+template <typename T>
+using DeviceRef = cuda::atomic_ref<T, cuda::thread_scope_device>;
+
+// Polls of host memory back off up to this long, so idle blocks read PCIe a few hundred thousand times a second
+// at most rather than flooding it.
+constexpr unsigned kMaxIdleSleepNs = 2000;
+
+// Thread 0 of a copy block: finds the transfer that owns `chunk`, starting at `ticket` (chunks are taken in
+// increasing order, so owners only move forward). False when the queue is stopping or a slot made no sense.
+__device__ bool findOwner(const KernelParams& p, uint64_t chunk, uint64_t& ticket, Slot& out) {
+  for (uint64_t spins = 0;; ++spins) {
+    Slot* s = &p.slots[ticket % p.capacity];
+    if (atomicLoad(&s->seq, kAcquire) == ticket + 1) {
+      out = *s;
+      if (out.chunks == 0 || chunk < out.firstChunk) {
+        atomicStore(&p.shared->fault, 1u, kRelaxed);
+        return false;
+      }
+      if (chunk < out.firstChunk + out.chunks) return true;
+      ++ticket;
+      spins = 0;
+      continue;
+    }
+    if (atomicLoad(&p.shared->stop, kAcquire)) return false;
+    if (spins > 8) __nanosleep(spins * 32 < kMaxIdleSleepNs ? static_cast<unsigned>(spins * 32) : kMaxIdleSleepNs);
+  }
+}
+
+__device__ void copyBlock(const KernelParams& p) {
+  __shared__ Slot slot;
+  __shared__ uint64_t chunk;
+  __shared__ uint64_t owner;
+  __shared__ int leave;
+  uint64_t ticket = p.firstTicket;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      chunk = DeviceRef<uint64_t>(*p.chunkCursor).fetch_add(1, cuda::std::memory_order_relaxed);
+      leave = !findOwner(p, chunk, ticket, slot);
+      owner = ticket;
+    }
+    __syncthreads();
+    if (leave) return;
+    const uint64_t off = (chunk - slot.firstChunk) * p.chunkBytes;
+    if (off < slot.bytes) {
+      const uint64_t left = slot.bytes - off;
+      copyCooperative<4>(reinterpret_cast<char*>(slot.dst) + off, reinterpret_cast<const char*>(slot.src) + off,
+                         left < p.chunkBytes ? left : p.chunkBytes, threadIdx.x, blockDim.x);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // The block's stores reach the peer GPU before the chunk counts as done; the acq_rel count carries them
+      // to the block that completes the transfer, whose release carries them to the signaller.
+      __threadfence_system();
+      Progress& pr = p.progress[owner % p.capacity];
+      if (DeviceRef<uint32_t>(pr.chunksDone).fetch_add(1, cuda::std::memory_order_acq_rel) + 1 == slot.chunks) {
+        pr.chunksDone = 0;
+        pr.signal = slot.signal;
+        pr.value = slot.value;
+        pr.signalOp = slot.signalOp;
+        DeviceRef<uint64_t>(pr.doneSeq).store(owner + 1, cuda::std::memory_order_release);
+      }
+    }
+    __syncthreads();  // `slot` is rewritten by the next iteration
+  }
+}
+
+__device__ void signaller(const KernelParams& p) {
+  uint64_t t = p.firstTicket;
+  for (uint64_t spins = 0;; ++spins) {
+    Progress& pr = p.progress[t % p.capacity];
+    if (DeviceRef<uint64_t>(pr.doneSeq).load(cuda::std::memory_order_acquire) == t + 1) {
+      uint64_t* word = reinterpret_cast<uint64_t*>(pr.signal);
+      if (pr.signalOp == kSignalAdd)
+        atomicFetchAdd(word, pr.value, kRelease);
+      else if (pr.signalOp == kSignalSet)
+        atomicStore(word, pr.value, kRelease);
+      atomicStore(&p.shared->completed, t + 1, kRelease);
+      ++t;
+      spins = 0;
+      continue;
+    }
+    // The host stops the queue only once every submitted transfer completed.
+    if (atomicLoad(&p.shared->stop, kAcquire)) return;
+    if (spins > 64) __nanosleep(64);
+  }
+}
+
+__global__ void __launch_bounds__(kCopyThreads) copyQueueKernel(const __grid_constant__ KernelParams p) {
+  if (blockIdx.x == gridDim.x - 1) {
+    if (threadIdx.x == 0) signaller(p);
+    return;
+  }
+  copyBlock(p);
+}
+
+}  // namespace
+
+cudaError_t launchKernel(const KernelParams& params, unsigned copyBlocks, cudaStream_t stream) {
+  copyQueueKernel<<<copyBlocks + 1, kCopyThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace gdx::copy_queue

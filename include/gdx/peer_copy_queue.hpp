@@ -1,0 +1,88 @@
+// PeerCopyQueue: the batched peer-copy kernel as a service. Host threads submit (src, dst, bytes, signal)
+// transfers into a host->device descriptor ring; a persistent kernel on the queue's GPU drains it, copies with
+// SM loads and 16-byte stores (typically into another GPU of the host over NVLink) spread over its blocks, and
+// raises each transfer's signal (a 64-bit word anywhere the GPU can address: a peer's device signal array, host
+// mapped memory) with a system-scope release once the transfer's data, and the data of every transfer submitted
+// before it, is in place. The relay path uses it to forward what arrived from the network to the other GPUs of
+// the host; host code can use it directly:
+//
+//   gdx::PeerCopyQueue q(/*device*/ 0);
+//   q.submit(srcOnGpu0, dstOnGpu1, bytes, signalWordOnGpu1, 1);   // returns at once
+//   q.waitCompleted(q.submitted());                                // bounded
+//
+// The kernel runs only while there is work: after GDX_COPY_QUEUE_IDLE_US (default 1000) without any, it leaves,
+// so a cudaDeviceSynchronize() (or a cudaFree/cudaFreeHost, which synchronize too) elsewhere in the process is
+// delayed by at most about twice that, never blocked. Its blocks spin while they wait for work: leave that many SMs
+// to it when kernels of the process wait for what it delivers. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "gdx/command.hpp"
+
+namespace gdx {
+
+class HostBuffer;
+
+class PeerCopyQueue {
+ public:
+  struct Options {
+    unsigned blocks = 16;               ///< copy blocks of 512 threads (GDX_COPY_QUEUE_BLOCKS); one more signals
+    uint32_t capacity = 1024;           ///< transfers in flight (GDX_COPY_QUEUE_DEPTH)
+    uint64_t chunkBytes = 64 * 1024;    ///< the unit a block copies (GDX_COPY_QUEUE_CHUNK), a multiple of 16
+    uint64_t idleNs = 1000 * 1000;      ///< how long the kernel waits for work before leaving
+    uint64_t timeoutNs = 0;             ///< bound of every wait (0: GDX_TIMEOUT_MS)
+    static Options fromEnv();
+  };
+
+  /// The kernel runs on CUDA device `device`; src and dst of every transfer must be addressable from it.
+  explicit PeerCopyQueue(int device, const Options& options = Options::fromEnv());
+  ~PeerCopyQueue();  // waits (bounded) for submitted transfers, then stops the kernel
+  PeerCopyQueue(const PeerCopyQueue&) = delete;
+  PeerCopyQueue& operator=(const PeerCopyQueue&) = delete;
+
+  /// Enqueues one transfer; returns its ticket (0, 1, 2, ... in submission order). `signal`: a 64-bit word to
+  /// update after the data (8-byte aligned; null: none). Blocks (bounded) while `capacity` transfers are in
+  /// flight. Throws gdx::Error(kInvalidArgument) for a null src/dst with bytes > 0 or a misaligned signal,
+  /// kTimeout when no slot frees up in time, kCuda when the kernel failed.
+  uint64_t submit(const void* src, void* dst, uint64_t bytes, uint64_t* signal = nullptr, uint64_t value = 0,
+                  SignalOp op = SignalOp::kAdd);
+  /// Transfers submitted so far / completed (copied and signalled) so far, in ticket order.
+  uint64_t submitted() const;
+  uint64_t completed() const;
+  /// Waits until `count` transfers completed (tickets < count). Bounded by timeoutNs (0: the queue's timeout);
+  /// throws gdx::Error(kTimeout) naming the device, the count and the completed count it saw.
+  void waitCompleted(uint64_t count, uint64_t timeoutNs = 0) const;
+  /// True while the persistent kernel is launched.
+  bool running() const;
+  int device() const { return device_; }
+  const Options& options() const { return options_; }
+
+ private:
+  void launchLocked();
+  void stopLocked();
+  void idleLoop();
+  [[noreturn]] void failLocked(const char* what);
+
+  int device_;
+  Options options_;
+  std::unique_ptr<HostBuffer> slots_;
+  std::unique_ptr<HostBuffer> shared_;
+  void* progress_ = nullptr;     // device memory: Progress[capacity] + the chunk cursor
+  void* stream_ = nullptr;       // cudaStream_t
+  void* finished_ = nullptr;     // cudaEvent_t recorded after each launch
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  uint64_t submitted_ = 0;
+  uint64_t nextChunk_ = 0;
+  uint64_t lastSubmitNs_ = 0;
+  bool running_ = false;
+  bool closing_ = false;
+  std::thread idle_;
+};
+
+}  // namespace gdx

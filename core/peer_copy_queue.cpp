@@ -2,6 +2,7 @@
 // kernel is described in device/copy_queue_layout.hpp.
 #include "gdx/peer_copy_queue.hpp"
 
+#include <atomic>
 #include <sstream>
 
 #include "device/copy_queue_layout.hpp"
@@ -45,6 +46,13 @@ PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(devic
     throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: chunkBytes must be a multiple of 16 in 16..2 GiB");
   if (options_.timeoutNs == 0) options_.timeoutNs = defaultTimeoutNs();
   DeviceGuard guard(device_);
+  // A persistent kernel whose blocks were not all resident would wait for itself.
+  const unsigned resident = copy_queue::maxCopyBlocks(device_);
+  if (options_.blocks > resident) {
+    GDX_WARN("PeerCopyQueue on device " << device_ << ": " << options_.blocks << " copy blocks cannot all be resident, using "
+                                        << resident);
+    options_.blocks = resident;
+  }
   slots_ = std::make_unique<HostBuffer>(sizeof(copy_queue::Slot) * options_.capacity, -1, true);
   shared_ = std::make_unique<HostBuffer>(sizeof(copy_queue::Shared), -1, true);
   if (!slots_->gpuMapped() || !shared_->gpuMapped())
@@ -120,6 +128,9 @@ uint64_t PeerCopyQueue::submit(const void* src, void* dst, uint64_t bytes, uint6
     spinPause(spins);
   }
   copy_queue::Slot& s = static_cast<copy_queue::Slot*>(slots_->data())[ticket % options_.capacity];
+  // Blocks that lag behind may still read this slot's previous transfer: they must see it change before the fields.
+  atomicStore(&s.seq, copy_queue::kWriting, kRelaxed);
+  std::atomic_thread_fence(std::memory_order_release);
   s.src = reinterpret_cast<uint64_t>(src);
   s.dst = reinterpret_cast<uint64_t>(dst);
   s.bytes = bytes;

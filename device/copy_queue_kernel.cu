@@ -19,16 +19,30 @@ constexpr unsigned kMaxIdleSleepNs = 2000;
 
 // Thread 0 of a copy block: finds the transfer that owns `chunk`, starting at `ticket` (chunks are taken in
 // increasing order, so owners only move forward). False when the queue is stopping or a slot made no sense.
+// The block's own chunk is not copied yet, so its owner is not complete: a slot already recycled for a later
+// ticket (or being rewritten, seq == kWriting) belonged to a complete transfer, and the search moves past it. A slot
+// is read seqlock-style: its fields count only if seq was ticket + 1 both before and after reading them.
 __device__ bool findOwner(const KernelParams& p, uint64_t chunk, uint64_t& ticket, Slot& out) {
   for (uint64_t spins = 0;; ++spins) {
     Slot* s = &p.slots[ticket % p.capacity];
-    if (atomicLoad(&s->seq, kAcquire) == ticket + 1) {
+    const uint64_t seq = atomicLoad(&s->seq, kAcquire);
+    if (seq == ticket + 1) {
       out = *s;
-      if (out.chunks == 0 || chunk < out.firstChunk) {
-        atomicStore(&p.shared->fault, 1u, kRelaxed);
-        return false;
+      // Orders the field loads before the second load of seq. A GPU-scope fence suffices to order this thread's
+      // own loads and, unlike a system-scope one, does not stall the SM.
+      __threadfence();
+      if (atomicLoad(&s->seq, kRelaxed) == ticket + 1) {
+        if (out.chunks == 0 || chunk < out.firstChunk) {
+          atomicStore(&p.shared->fault, 1u, kRelaxed);
+          return false;
+        }
+        if (chunk < out.firstChunk + out.chunks) return true;
       }
-      if (chunk < out.firstChunk + out.chunks) return true;
+      ++ticket;
+      spins = 0;
+      continue;
+    }
+    if (seq > ticket + 1) {  // recycled, or being rewritten (kWriting)
       ++ticket;
       spins = 0;
       continue;
@@ -44,10 +58,14 @@ __device__ void copyBlock(const KernelParams& p) {
   __shared__ uint64_t owner;
   __shared__ int leave;
   uint64_t ticket = p.firstTicket;
+  if (threadIdx.x == 0) owner = ~uint64_t{0};  // no transfer known yet
   for (;;) {
     if (threadIdx.x == 0) {
       chunk = DeviceRef<uint64_t>(*p.chunkCursor).fetch_add(1, cuda::std::memory_order_relaxed);
-      leave = !findOwner(p, chunk, ticket, slot);
+      // Most chunks belong to the transfer of the block's previous chunk: no need to read its slot again (it is not
+      // complete, since this chunk is not copied yet, so the slot still holds it).
+      const bool known = owner == ticket && chunk >= slot.firstChunk && chunk < slot.firstChunk + slot.chunks;
+      leave = known ? 0 : !findOwner(p, chunk, ticket, slot);
       owner = ticket;
     }
     __syncthreads();
@@ -60,9 +78,9 @@ __device__ void copyBlock(const KernelParams& p) {
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      // The block's stores reach the peer GPU before the chunk counts as done; the acq_rel count carries them
-      // to the block that completes the transfer, whose release carries them to the signaller.
-      __threadfence_system();
+      // The barrier above and this acq_rel count carry the block's stores to the block that completes the transfer,
+      // whose release carries them to the signaller, whose system-scope release publishes them with the signal
+      // (causality is transitive). No system fence per chunk: it stalls the SM for microseconds.
       Progress& pr = p.progress[owner % p.capacity];
       if (DeviceRef<uint32_t>(pr.chunksDone).fetch_add(1, cuda::std::memory_order_acq_rel) + 1 == slot.chunks) {
         pr.chunksDone = 0;
@@ -97,8 +115,9 @@ __device__ void signaller(const KernelParams& p) {
   }
 }
 
+// Block 0 signals (it is scheduled first); the copy blocks must all be resident with it (maxCopyBlocks()).
 __global__ void __launch_bounds__(kCopyThreads) copyQueueKernel(const __grid_constant__ KernelParams p) {
-  if (blockIdx.x == gridDim.x - 1) {
+  if (blockIdx.x == 0) {
     if (threadIdx.x == 0) signaller(p);
     return;
   }
@@ -106,6 +125,16 @@ __global__ void __launch_bounds__(kCopyThreads) copyQueueKernel(const __grid_con
 }
 
 }  // namespace
+
+unsigned maxCopyBlocks(int device) {
+  int perSm = 0, sms = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, copyQueueKernel, kCopyThreads, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  return static_cast<unsigned>(perSm * sms > 1 ? perSm * sms - 1 : 1);
+}
 
 cudaError_t launchKernel(const KernelParams& params, unsigned copyBlocks, cudaStream_t stream) {
   copyQueueKernel<<<copyBlocks + 1, kCopyThreads, 0, stream>>>(params);

@@ -2,9 +2,10 @@
 // (device/copy_queue_kernel.cu). Internal to the library; users see include/gdx/peer_copy_queue.hpp.
 //
 // Protocol (one host producer at a time, under the queue's mutex; the kernel is the consumer):
-//  * Transfers get consecutive tickets t = 0, 1, 2, ... and live in slot t % capacity of a ring of
-//    CopyQueueSlots in host-mapped memory. The host fills a slot's fields, then stores seq = t + 1 with release;
-//    the kernel reads the fields only after an acquire load of seq returned t + 1.
+//  * Transfers get consecutive tickets t = 0, 1, 2, ... and live in slot t % capacity of a ring of Slots in
+//    host-mapped memory. The host marks the slot kWriting, fills its fields, then stores seq = t + 1 with release;
+//    the kernel takes the fields only if seq read t + 1 both before and after it read them (a seqlock: a block
+//    that lags behind may look at a slot the host is recycling).
 //  * A transfer is cut into chunks of `chunkBytes` (a signal-only transfer is one empty chunk). The chunks of all
 //    transfers form one sequence: transfer t owns chunks [firstChunk, firstChunk + chunks). Copy blocks take
 //    chunk numbers from `chunkCursor` (device memory, one atomicAdd per chunk), wait for the transfer that owns
@@ -29,6 +30,7 @@
 
 namespace gdx::copy_queue {
 
+constexpr uint64_t kWriting = ~uint64_t{0};  ///< Slot::seq while the host rewrites the slot
 constexpr uint32_t kSignalNone = 0;
 constexpr uint32_t kSignalAdd = 1;
 constexpr uint32_t kSignalSet = 2;
@@ -80,6 +82,8 @@ constexpr unsigned kCopyThreads = 512;
 #if defined(GDX_HAVE_CUDA)
 /// Launches the persistent kernel: `copyBlocks` blocks of kCopyThreads copy, one more block signals.
 cudaError_t launchKernel(const KernelParams& params, unsigned copyBlocks, cudaStream_t stream);
+/// The most copy blocks that are resident together with the signalling block on `device` (the current device).
+unsigned maxCopyBlocks(int device);
 #endif
 
 }  // namespace gdx::copy_queue

@@ -226,10 +226,12 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
         double put = direct ? putGBps(bytes, defaults) : -1.0;  // through the proxy this would measure TCP
         double loop = direct ? putLoopGBps(bytes, defaults) : -1.0;
         PeerCopyDesc desc{src, peerDst, bytes};
-        double pc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr)); });
+        PeerCopyOptions kernelOnly;
+        kernelOnly.copyEngineFrom = 0;
+        double pc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, kernelOnly)); });
         double mc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(cudaMemcpyPeerAsync(peerDst, 1, src, ctx.gpu().device, bytes, nullptr)); });
-        double pull = pullGBps(bytes, defaults);
-        PeerCopyOptions bulkOpt;
+        double pull = pullGBps(bytes, kernelOnly);
+        PeerCopyOptions bulkOpt = kernelOnly;
         bulkOpt.bulk = true;
         double bulk = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, bulkOpt)); });
         PeerCopyOptions hybridOpt;
@@ -249,6 +251,7 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
         if (bytes > maxBytes) continue;
         for (unsigned blocks : {16u, 32u, 64u, 132u, 264u}) {
           PeerCopyOptions o;
+          o.copyEngineFrom = 0;
           o.maxBlocks = blocks;
           PeerCopyDesc desc{src, peerDst, bytes};
           double pc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, o)); });

@@ -31,7 +31,7 @@ class HostBuffer;
 class PeerCopyQueue {
  public:
   struct Options {
-    unsigned blocks = 16;               ///< copy blocks of 512 threads (GDX_COPY_QUEUE_BLOCKS); one more signals
+    unsigned blocks = 32;               ///< copy blocks of 512 threads (GDX_COPY_QUEUE_BLOCKS); one more signals
     uint32_t capacity = 1024;           ///< transfers in flight (GDX_COPY_QUEUE_DEPTH)
     uint64_t chunkBytes = 64 * 1024;    ///< the unit a block copies (GDX_COPY_QUEUE_CHUNK), a multiple of 16
     uint64_t idleNs = 1000 * 1000;      ///< how long the kernel waits for work before leaving

@@ -49,16 +49,19 @@ TEST(PeerCopy, ManyRandomUnalignedDescriptorsArriveIntact) {
     descs.push_back({src + sOff, dst + dOff, bytes});
     std::memcpy(&expect[dOff], &hostSrc[sOff], bytes);
   }
-  for (bool bulk : {false, true}) {
+  // Modes: 0 the SM kernel, 1 TMA bulk copies, 2 descriptors from 1 MiB on to the copy engines (mixed batch).
+  for (int mode : {0, 1, 2}) {
+    const bool bulk = mode == 1;
     GDX_TEST_CUDA(cudaMemset(dst, 0xEE, dstBytes));
     GDX_TEST_CUDA(cudaDeviceSynchronize());
     PeerCopyOptions o;
     o.bulk = bulk;
+    o.copyEngineFrom = mode == 2 ? (uint64_t{1} << 20) : 0;
     GDX_TEST_CUDA(peerCopy(descs.data(), descs.size(), nullptr, o));
     GDX_TEST_CUDA(cudaDeviceSynchronize());
     GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, dstBytes, cudaMemcpyDeviceToHost));
     long long bad = test::firstMismatch(got.data(), expect.data(), dstBytes);
-    EXPECT_EQ(bad, -1) << "first differing byte in slot " << (bad / static_cast<long long>(kSlot)) << ", bulk " << bulk;
+    EXPECT_EQ(bad, -1) << "first differing byte in slot " << (bad / static_cast<long long>(kSlot)) << ", mode " << mode;
   }
   cudaFree(src);
   cudaFree(dst);
@@ -83,7 +86,8 @@ TEST(PeerCopy, SizesFromOneByteToOneGibibyte) {
     if (s > 16 && s < kMax) sizes.push_back(s * 3 + 7);
   }
   const std::pair<uint64_t, uint64_t> offsets[] = {{0, 0}, {5, 21}, {3, 7}};  // aligned, same mod 16, different
-  for (bool bulk : {false, true})
+  // Modes: 0 the SM kernel, 1 TMA bulk copies, 2 the defaults (large descriptors to the copy engines).
+  for (int mode : {0, 1, 2})
   for (uint64_t bytes : sizes)
     for (auto [so, dOff] : offsets) {
       const uint64_t d = kPad + dOff;
@@ -91,11 +95,12 @@ TEST(PeerCopy, SizesFromOneByteToOneGibibyte) {
       GDX_TEST_CUDA(cudaDeviceSynchronize());
       PeerCopyDesc desc{src + kPad + so, dst + d, bytes};
       PeerCopyOptions o;
-      o.bulk = bulk;
+      o.bulk = mode == 1;
+      if (mode < 2) o.copyEngineFrom = 0;
       GDX_TEST_CUDA(peerCopy(&desc, 1, nullptr, o));
       GDX_TEST_CUDA(cudaDeviceSynchronize());
       EXPECT_EQ(countBad(dst + d, bytes, 5, kPad + so), 0u) << bytes << " bytes, src +" << so << ", dst +" << dOff
-                                                            << ", bulk " << bulk;
+                                                            << ", mode " << mode;
       EXPECT_EQ(countNot(dst, d, 0xA5), 0u) << "guard before, " << bytes << " bytes";
       EXPECT_EQ(countNot(dst + d + bytes, kMax + 2 * kPad - d - bytes, 0xA5), 0u) << "guard after, " << bytes;
     }

@@ -332,7 +332,7 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
   std::map<std::string, std::map<uint64_t, double>> r;
   std::string gpu = "?";
   bool direct = false;
-  std::vector<std::string> sweep, grid;
+  std::vector<std::string> grid;
   auto readLines = [&](std::istream& in) {
     std::string line;
     while (std::getline(in, line)) {
@@ -346,16 +346,10 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
         int d = 0;
         ls >> d;
         direct = d;
-      } else if (kind == "sweep" || kind == "grid") {
-        if (kind == "grid") {
-          std::string rest;
-          std::getline(ls, rest);
-          grid.push_back(rest);
-          continue;
-        }
+      } else if (kind == "grid") {
         std::string rest;
         std::getline(ls, rest);
-        sweep.push_back(rest);
+        grid.push_back(rest);
       } else if (kind == "put" || kind == "putloop" || kind == "pull" || kind == "bulk" || kind == "peercopy" || kind == "hybrid" || kind == "queue" || kind == "memcpy" || kind == "latency" || kind == "nccl") {
         uint64_t b;
         double v;
@@ -416,31 +410,6 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
     std::printf("put-with-signal latency, %llu B payload%s: %.2f us one way (half the round trip)\n",
                 (unsigned long long)(b & ~uint64_t{1}), (b & 1) ? " (warp form)" : "", us);
     js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"us\": " << us << "}";
-    first = false;
-  }
-  js << "\n  ],\n  \"sweep\": [";
-  first = true;
-  for (auto& line : sweep) {
-    std::istringstream ls(line);
-    uint64_t b, ch;
-    unsigned bps, unroll;
-    double pc, put, pull;
-    if (!(ls >> b >> bps >> ch >> unroll >> pc >> put >> pull)) continue;
-    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"blocks_per_sm\": " << bps << ", \"max_chunk\": " << ch
-       << ", \"unroll\": " << (unroll ? unroll : 4) << ", \"bulk\": " << (unroll == 0 ? "true" : "false") << ", \"peer_copy\": " << pc << ", \"gdx_put\": " << put << ", \"peer_copy_pull\": " << pull << "}";
-    first = false;
-  }
-  js << "\n  ],\n  \"grid\": [";
-  first = true;
-  for (auto& line : grid) {
-    std::istringstream ls(line);
-    uint64_t b;
-    unsigned blocks;
-    double pc, q;
-    if (!(ls >> b >> blocks >> pc >> q)) continue;
-    std::printf("%llu B with %u blocks: peerCopy %.1f GB/s, PeerCopyQueue %.1f GB/s\n", (unsigned long long)b, blocks, pc, q);
-    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"blocks\": " << blocks << ", \"peer_copy\": " << pc
-       << ", \"peer_copy_queue\": " << q << "}";
     first = false;
   }
   js << "\n  ],\n  \"grid\": [";

@@ -111,7 +111,7 @@ void Channel::putWithSignal(const Window& dst, uint64_t dstOffset, const Window&
   checkSignal(signalId);
   // Chunks before the last go as plain puts; the signal rides on the last one, and the ordering of the
   // channel's ring and lane (and of the relay's copy queue) makes it visible only after all of them.
-  const uint64_t last = bytes <= kMaxCommandBytes ? 0 : (bytes - 1) / kMaxCommandBytes * kMaxCommandBytes;
+  const uint64_t last = lastCommandOffset(bytes);
   pushPut(dst, dstOffset, src, srcOffset, last);
   pushPair(Command::put(peer_, src.id(), srcOffset + last, dst.id(), dstOffset + last, bytes - last, true),
            Command::signal(peer_, signalId, value, op == SignalOp::kAdd, forwardTo_));

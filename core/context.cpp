@@ -234,27 +234,32 @@ void Context::deregister(uint32_t id) noexcept {
   windowInUse_[id] = false;
 }
 
-Channel Context::channel(int peer, int ringIndex) {
+Channel Context::channel(int peer, int ringIndex) { return makeChannel(peer, ringIndex, -1); }
+
+ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) { return makeDeviceChannel(peer, ringIndex, -1); }
+
+// Channels are spread over the rings by the rank their data is for (the destination of a relayed channel).
+Channel Context::makeChannel(int peer, int ringIndex, int forwardTo) {
   if (peer < 0 || peer >= worldSize())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": peer " + std::to_string(peer) +
                                                  " does not exist (world size " + std::to_string(worldSize()) + ")");
   if (proxy_->numRings() == 0)
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) +
                                                  ": no rings for host producers (GDX_RINGS_PER_THREAD=0)");
-  if (ringIndex < 0) ringIndex = peer % proxy_->numRings();
+  if (ringIndex < 0) ringIndex = (forwardTo >= 0 ? forwardTo : peer) % proxy_->numRings();
   if (ringIndex >= proxy_->numRings())
     throw Error(ErrorCode::kInvalidArgument, "ring " + std::to_string(ringIndex) + " does not exist (" +
                                                  std::to_string(proxy_->numRings()) + " rings)");
-  return Channel(this, peer, ringIndex, proxy_->ring(ringIndex).hostHandle());
+  return Channel(this, peer, ringIndex, proxy_->ring(ringIndex).hostHandle(), forwardTo);
 }
 
-ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) {
+ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forwardTo) {
   if (peer < 0 || peer >= worldSize())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": peer " + std::to_string(peer) +
                                                  " does not exist (world size " + std::to_string(worldSize()) + ")");
   if (proxy_->numDeviceRings() == 0 || !signals_->gpuMapped())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": no GPU, so no device channels");
-  if (ringIndex < 0) ringIndex = peer % proxy_->numDeviceRings();
+  if (ringIndex < 0) ringIndex = (forwardTo >= 0 ? forwardTo : peer) % proxy_->numDeviceRings();
   if (ringIndex >= proxy_->numDeviceRings())
     throw Error(ErrorCode::kInvalidArgument, "device ring " + std::to_string(ringIndex) + " does not exist (" +
                                                  std::to_string(proxy_->numDeviceRings()) + " device rings)");
@@ -267,9 +272,10 @@ ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) {
                              static_cast<uint32_t>(peer),
                              options_.timeoutNs,
                              ~uint64_t{0},
-                             peer == rank() ? nullptr : direct_->deviceTable(peer),
+                             // A relayed handle sends everything through the proxy to the relay.
+                             peer == rank() || forwardTo >= 0 ? nullptr : direct_->deviceTable(peer),
                              direct_->deviceSignals(),
-                             -1};
+                             forwardTo};
 }
 
 void Context::checkRelay(int destination, int relay) const {
@@ -288,16 +294,12 @@ void Context::checkRelay(int destination, int relay) const {
 
 Channel Context::relayChannel(int destination, int relay, int ringIndex) {
   checkRelay(destination, relay);
-  Channel c = channel(relay, ringIndex < 0 ? destination % std::max(1, proxy_->numRings()) : ringIndex);
-  return Channel(this, relay, c.ringIndex(), proxy_->ring(c.ringIndex()).hostHandle(), destination);
+  return makeChannel(relay, ringIndex, destination);
 }
 
 ChannelDeviceHandle Context::deviceRelayChannel(int destination, int relay, int ringIndex) {
   checkRelay(destination, relay);
-  ChannelDeviceHandle h = deviceChannel(relay, ringIndex < 0 ? destination % std::max(1, proxy_->numDeviceRings()) : ringIndex);
-  h.direct = nullptr;  // everything goes through the proxy to the relay
-  h.forwardTo = destination;
-  return h;
+  return makeDeviceChannel(relay, ringIndex, destination);
 }
 
 PeerCopyQueue* Context::forwarder() {

@@ -115,10 +115,7 @@ uint64_t PeerCopyQueue::submit(const void* src, void* dst, uint64_t bytes, uint6
   // Slot `ticket % capacity` is free once the transfer `capacity` tickets back completed.
   const uint64_t start = nowNs();
   for (uint64_t spins = 0; ticket >= completed() + options_.capacity; ++spins) {
-    if ((spins & 1023) == 1023) {
-      cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(finished_));
-      if (rc != cudaErrorNotReady && rc != cudaSuccess) failLocked("while waiting for a free slot");
-    }
+    if ((spins & 1023) == 1023) kernelFinished("while waiting for a free slot");
     if (nowNs() - start > options_.timeoutNs) {
       std::ostringstream os;
       os << "PeerCopyQueue::submit on device " << device_ << ": no free slot after " << options_.timeoutNs / 1000000
@@ -164,12 +161,7 @@ void PeerCopyQueue::waitCompleted(uint64_t count, uint64_t timeoutNs) const {
   if (timeoutNs == 0) timeoutNs = options_.timeoutNs;
   const uint64_t start = nowNs();
   for (uint64_t spins = 0; completed() < count; ++spins) {
-    if ((spins & 1023) == 1023) {
-      cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(finished_));
-      if (rc != cudaErrorNotReady && rc != cudaSuccess)
-        throw CudaError("PeerCopyQueue kernel on device " + std::to_string(device_), rc, cudaGetErrorString(rc),
-                        __FILE__, __LINE__);
-    }
+    if ((spins & 1023) == 1023) kernelFinished("while waiting for completions");
     if (nowNs() - start > timeoutNs) {
       std::ostringstream os;
       os << "PeerCopyQueue::waitCompleted on device " << device_ << ": waited " << timeoutNs / 1000000 << " ms for "
@@ -210,9 +202,7 @@ void PeerCopyQueue::stopLocked() {
   atomicStore(&sharedOf(shared_).stop, 1u, kRelease);
   const uint64_t start = nowNs();
   for (uint64_t spins = 0;; ++spins) {
-    cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(finished_));
-    if (rc == cudaSuccess) break;
-    if (rc != cudaErrorNotReady) failLocked("while stopping");
+    if (kernelFinished("while stopping")) break;
     if (nowNs() - start > options_.timeoutNs) {
       std::ostringstream os;
       os << "PeerCopyQueue on device " << device_ << ": the kernel did not leave within "
@@ -225,9 +215,10 @@ void PeerCopyQueue::stopLocked() {
   running_ = false;
 }
 
-void PeerCopyQueue::failLocked(const char* what) {
-  cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(finished_));
-  running_ = false;
+bool PeerCopyQueue::kernelFinished(const char* what) const {
+  const cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(finished_));
+  if (rc == cudaSuccess) return true;
+  if (rc == cudaErrorNotReady) return false;
   throw CudaError(std::string("PeerCopyQueue kernel on device ") + std::to_string(device_) + " " + what, rc,
                   cudaGetErrorString(rc), __FILE__, __LINE__);
 }
@@ -266,7 +257,7 @@ bool PeerCopyQueue::running() const { return false; }
 void PeerCopyQueue::launchLocked() {}
 void PeerCopyQueue::stopLocked() {}
 void PeerCopyQueue::idleLoop() {}
-void PeerCopyQueue::failLocked(const char*) { throw Error(ErrorCode::kInternal, "unreachable"); }
+bool PeerCopyQueue::kernelFinished(const char*) const { return true; }
 
 #endif
 

@@ -193,6 +193,36 @@ std::string checkCommand(const WindowRegistry& reg, const Command& c, const Comm
   }
 }
 
+// The write of a put (or of the first slot of a putWithSignal); the caller adds immediate and cookie.
+WriteOp writeOf(const Command& c) {
+  WriteOp w;
+  w.peer = static_cast<int>(c.peer());
+  w.localWindow = c.srcWindow();
+  w.localOffset = c.srcOffset();
+  w.remoteWindow = c.dstWindow();
+  w.remoteOffset = c.dstOffset();
+  w.bytes = c.size();
+  return w;
+}
+
+// What the relay needs to forward a relayed putWithSignal (pair: the put's range too) or signal.
+ForwardRequest forwardOf(const Command& c, const Command& slot, bool pair) {
+  ForwardRequest f;
+  f.destination = slot.forwardTo();
+  f.signalId = slot.signalId();
+  f.value = slot.value();
+  const bool add = slot.opcode() == Opcode::kSignalAdd;
+  f.signalOp = add && f.value == 0 ? ForwardRequest::kSignalNone  // a forwarded plain put
+               : add               ? ForwardRequest::kSignalAdd
+                                   : ForwardRequest::kSignalSet;
+  if (pair) {
+    f.window = c.dstWindow();
+    f.offset = c.dstOffset();
+    f.bytes = c.size();
+  }
+  return f;
+}
+
 std::string describe(const Command& c) {
   std::ostringstream os;
   os << opcodeName(c.opcode()) << " to peer " << c.peer();
@@ -275,40 +305,20 @@ void Proxy::loop(Thread& t) {
               if (slot && slot->forwardTo() >= 0) {
                 // Relay: the data goes to the relay (no immediate), then the forward request on the same lane,
                 // which the relay handles only once that data is in place.
-                ForwardRequest f;
-                f.destination = slot->forwardTo();
-                f.signalId = slot->signalId();
-                f.value = slot->value();
-                const bool add = slot->opcode() == Opcode::kSignalAdd;
-                f.signalOp = add && f.value == 0 ? ForwardRequest::kSignalNone  // a forwarded plain put
-                             : add               ? ForwardRequest::kSignalAdd
-                                                 : ForwardRequest::kSignalSet;
                 const uint32_t ops = pair ? 2 : 1;
                 seq = tracker.open(endPos, ops);
                 unposted = ops;
                 if (pair) {
-                  WriteOp w;
-                  w.peer = peer;
-                  w.localWindow = c.srcWindow();
-                  w.localOffset = c.srcOffset();
-                  w.remoteWindow = f.window = c.dstWindow();
-                  w.remoteOffset = f.offset = c.dstOffset();
-                  w.bytes = f.bytes = c.size();
+                  WriteOp w = writeOf(c);
                   w.cookie = cookieBase | seq;
                   t.lane->post(w);
                   --unposted;
                   t.bytes.fetch_add(c.size(), std::memory_order_relaxed);
                 }
-                t.lane->postMessage(encodeForward(peer, f, cookieBase | seq));
+                t.lane->postMessage(encodeForward(peer, forwardOf(c, *slot, pair), cookieBase | seq));
                 --unposted;
               } else if (c.opcode() == Opcode::kPut || pair) {
-                WriteOp w;
-                w.peer = peer;
-                w.localWindow = c.srcWindow();
-                w.localOffset = c.srcOffset();
-                w.remoteWindow = c.dstWindow();
-                w.remoteOffset = c.dstOffset();
-                w.bytes = c.size();
+                WriteOp w = writeOf(c);
                 bool add = pair && signal->opcode() == Opcode::kSignalAdd;
                 bool viaImm = pair && encodeSignalImm(add, signal->signalId(), signal->value(), &w.imm);
                 w.withImm = viaImm;

@@ -171,7 +171,7 @@ struct ChannelDeviceHandle {
       }
     }
 #endif
-    const uint64_t done = bytes <= kMaxCommandBytes ? 0 : (bytes - 1) / kMaxCommandBytes * kMaxCommandBytes;
+    const uint64_t done = lastCommandOffset(bytes);
     Status s = enqueuePuts(dstWindow, dstOffset, srcWindow, srcOffset, done);
     if (s != Status::kOk) return s;
     uint64_t pos;

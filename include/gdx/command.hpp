@@ -186,6 +186,12 @@ static_assert(std::is_trivially_copyable<Command>::value, "commands are copied a
 /// What a signal update does to the 64-bit counter.
 enum class SignalOp : uint8_t { kAdd = 0, kSet = 1 };
 
+/// Where the last command of a put of `bytes` starts: puts larger than kMaxCommandBytes are split into full
+/// commands and a last one of 1..kMaxCommandBytes bytes, which carries the signal of a putWithSignal.
+GDX_HOST_DEVICE_INLINE uint64_t lastCommandOffset(uint64_t bytes) {
+  return bytes <= kMaxCommandBytes ? 0 : (bytes - 1) / kMaxCommandBytes * kMaxCommandBytes;
+}
+
 /// Number of ring slots a command of this opcode occupies.
 GDX_HOST_DEVICE_INLINE int slotsFor(Opcode op) { return op == Opcode::kPutWithSignal ? 2 : 1; }
 

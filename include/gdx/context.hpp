@@ -100,6 +100,9 @@ class Context {
   void onImm(const RemoteWrite& w);
   void onMessage(const RemoteMessage& m);
   void checkRelay(int destination, int relay) const;
+  /// A channel (device handle) to `peer`; forwardTo >= 0: a relayed one, `peer` being the relay.
+  Channel makeChannel(int peer, int ringIndex, int forwardTo);
+  ChannelDeviceHandle makeDeviceChannel(int peer, int ringIndex, int forwardTo);
   void onPeerFailure(int peer, const std::string& why);
 
   ContextOptions options_;

@@ -66,7 +66,9 @@ class PeerCopyQueue {
   void launchLocked();
   void stopLocked();
   void idleLoop();
-  [[noreturn]] void failLocked(const char* what);
+  /// True once the kernel of the last launch has left, false while it runs; throws gdx::CudaError naming `what`
+  /// when it failed.
+  bool kernelFinished(const char* what) const;
 
   int device_;
   Options options_;

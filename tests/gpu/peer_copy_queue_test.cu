@@ -233,22 +233,14 @@ TEST(PeerCopyQueue, RejectsBadInput) {
   auto* buf = deviceAlloc<uint64_t>(0, 4, 0);
   ASSERT_NE(buf, nullptr);
   PeerCopyQueue q(0);
-  auto code = [&](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    return ErrorCode::kOk;
-  };
-  EXPECT_EQ(code([&] { q.submit(nullptr, buf, 8); }), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(code([&] { q.submit(buf, nullptr, 8); }), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(code([&] { q.submit(buf, buf + 1, 8, reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(buf) + 4), 1); }),
+  EXPECT_EQ(test::errorCodeOf([&] { q.submit(nullptr, buf, 8); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::errorCodeOf([&] { q.submit(buf, nullptr, 8); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::errorCodeOf([&] { q.submit(buf, buf + 1, 8, reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(buf) + 4), 1); }),
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(q.submitted(), 0u) << "rejected transfers must not take a ticket";
   PeerCopyQueue::Options bad;
   bad.chunkBytes = 1000;
-  EXPECT_EQ(code([&] { PeerCopyQueue r(0, bad); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(test::errorCodeOf([&] { PeerCopyQueue r(0, bad); }), ErrorCode::kInvalidArgument);
   // A signal-only transfer (0 bytes) still raises its signal.
   q.submit(nullptr, nullptr, 0, buf + 2, 42, SignalOp::kSet);
   q.waitCompleted(1);

@@ -81,16 +81,6 @@ __global__ void relayedReceiver(ChannelDeviceHandle ch, const unsigned char* dst
   }
 }
 
-template <typename F>
-ErrorCode codeOf(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return ErrorCode::kOk;
-}
-
 void childMain() {
   Context ctx;
   const int rank = ctx.rank();
@@ -125,11 +115,11 @@ void childMain() {
       ch.put(d, pieces.back().dst, s, pieces.back().src, pieces.back().bytes);  // forwarded without a signal
       ch.signal(0, 1);                                                            // ordered after it
       ch.flush();
-      EXPECT_EQ(codeOf([&] { ch.atomicAdd(d, 0, 1); }), ErrorCode::kInvalidArgument);
-      EXPECT_EQ(codeOf([&] { ctx.relayChannel(kDestination, kDestination); }), ErrorCode::kInvalidArgument);
-      EXPECT_EQ(codeOf([&] { ctx.relayChannel(kDestination, kSender); }), ErrorCode::kInvalidArgument);
-      EXPECT_EQ(codeOf([&] { ctx.relayChannel(7, kRelay); }), ErrorCode::kInvalidArgument);
-      EXPECT_EQ(codeOf([&] { ch.putWithSignal(d, kDstBytes - 8, s, 0, 16, 0, 1); }), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(test::errorCodeOf([&] { ch.atomicAdd(d, 0, 1); }), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(test::errorCodeOf([&] { ctx.relayChannel(kDestination, kDestination); }), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(test::errorCodeOf([&] { ctx.relayChannel(kDestination, kSender); }), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(test::errorCodeOf([&] { ctx.relayChannel(7, kRelay); }), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(test::errorCodeOf([&] { ch.putWithSignal(d, kDstBytes - 8, s, 0, 16, 0, 1); }), ErrorCode::kInvalidArgument);
     }
     if (rank == kDestination) {
       ctx.wait(0, pieces.size());

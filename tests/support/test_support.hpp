@@ -9,7 +9,20 @@
 #include <string>
 #include <vector>
 
+#include "gdx/error.hpp"
+
 namespace gdx::test {
+
+/// The code of the gdx::Error that `f()` throws, or kOk when it returns.
+template <typename F>
+ErrorCode errorCodeOf(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode::kOk;
+}
 
 /// Fills `n` bytes with pseudo-random data from `seed` (xorshift; reproducible in every process).
 void fillRandom(void* p, size_t n, uint64_t seed);

@@ -5,7 +5,7 @@
 #include <atomic>
 #include <thread>
 
-#include "gdx/ring.hpp"
+#include "gdx/detail/ring.hpp"
 
 namespace {
 
@@ -55,7 +55,8 @@ BENCHMARK(BM_RingPush)->ThreadRange(1, 8)->UseRealTime()->MinTime(0.5);
 
 void BM_RingPushPair(benchmark::State& state) {
   gdx::RingDeviceHandle h = sharedRing().handle();
-  const gdx::Command a = gdx::Command::put(1, 2, 3, 4, 5, 6, true), b = gdx::Command::signal(1, 2, 3, true);
+  const gdx::Command a = gdx::Command::put(1, 2, 3, 4, 5, 6, gdx::Opcode::kPutWithSignal),
+                   b = gdx::Command::signal(1, 2, 3, gdx::SignalOp::kAdd);
   for (auto _ : state) {
     if (h.pushPair(a, b) != gdx::Status::kOk) state.SkipWithError("push failed");
   }

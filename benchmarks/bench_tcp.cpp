@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gdx/error.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 
 namespace {
 

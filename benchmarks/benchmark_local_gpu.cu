@@ -14,9 +14,9 @@
 #include "benchmarks/self_launch.hpp"
 #include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
-#include "gdx/cuda_check.hpp"
-#include "gdx/proxy.hpp"
-#include "gdx/signal_imm.hpp"
+#include "gdx/detail/cuda_check.hpp"
+#include "gdx/detail/proxy.hpp"
+#include "gdx/detail/signal_imm.hpp"
 
 namespace gdx::bench {
 namespace {

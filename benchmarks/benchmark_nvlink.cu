@@ -22,7 +22,7 @@
 #include "benchmarks/self_launch.hpp"
 #include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
-#include "gdx/cuda_check.hpp"
+#include "gdx/detail/cuda_check.hpp"
 #include "gdx/peer_copy.hpp"
 #include "gdx/peer_copy_queue.hpp"
 

@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "benchmarks/self_launch.hpp"
-#include "gdx/bootstrap.hpp"
-#include "gdx/clock.hpp"
+#include "gdx/detail/bootstrap.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>

@@ -4,8 +4,9 @@
 #include <cuda/atomic>
 
 #include "device/copy_queue_layout.hpp"
-#include "gdx/atomic.hpp"
-#include "gdx/copy_device.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/copy_device.hpp"
+#include "gdx/types.hpp"
 
 namespace gdx::copy_queue {
 namespace {
@@ -100,9 +101,9 @@ __device__ void signaller(const KernelParams& p) {
     Progress& pr = p.progress[t % p.capacity];
     if (DeviceRef<uint64_t>(pr.doneSeq).load(cuda::std::memory_order_acquire) == t + 1) {
       uint64_t* word = reinterpret_cast<uint64_t*>(pr.signal);
-      if (pr.signalOp == kSignalAdd)
+      if (word && pr.signalOp == static_cast<uint64_t>(SignalOp::kAdd))
         atomicFetchAdd(word, pr.value, kRelease);
-      else if (pr.signalOp == kSignalSet)
+      else if (word)
         atomicStore(word, pr.value, kRelease);
       atomicStore(&p.shared->completed, t + 1, kRelease);
       ++t;

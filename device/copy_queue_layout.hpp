@@ -31,9 +31,6 @@
 namespace gdx::copy_queue {
 
 constexpr uint64_t kWriting = ~uint64_t{0};  ///< Slot::seq while the host rewrites the slot
-constexpr uint32_t kSignalNone = 0;
-constexpr uint32_t kSignalAdd = 1;
-constexpr uint32_t kSignalSet = 2;
 
 /// One transfer, in host-mapped memory, written by the host (64 bytes: one PCIe burst for the kernel).
 struct alignas(64) Slot {
@@ -44,7 +41,7 @@ struct alignas(64) Slot {
   uint64_t value;
   uint64_t firstChunk;  ///< first chunk of this transfer in the queue's chunk sequence
   uint32_t chunks;      ///< >= 1
-  uint32_t signalOp;    ///< kSignalNone / kSignalAdd / kSignalSet
+  uint32_t signalOp;    ///< a SignalOp (used when `signal` is not 0)
   uint64_t seq;         ///< ticket + 1 once the fields above are valid (written last, release)
 };
 static_assert(sizeof(Slot) == 64, "one slot per 64-byte line");

@@ -7,9 +7,9 @@
 #include <atomic>
 #include <vector>
 
-#include "gdx/copy_device.hpp"
+#include "gdx/detail/copy_device.hpp"
 #include "gdx/peer_copy.hpp"
-#include "gdx/ptx.hpp"
+#include "gdx/detail/ptx.hpp"
 
 namespace gdx {
 namespace {

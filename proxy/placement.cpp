@@ -1,4 +1,4 @@
-#include "gdx/placement.hpp"
+#include "gdx/detail/placement.hpp"
 
 #include <hwloc.h>
 #include <pthread.h>
@@ -8,8 +8,8 @@
 
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/host_buffer.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/host_buffer.hpp"
+#include "gdx/detail/log.hpp"
 
 namespace gdx {
 namespace {

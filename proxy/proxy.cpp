@@ -1,15 +1,14 @@
-#include "gdx/proxy.hpp"
+#include "gdx/detail/proxy.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <sstream>
 
-#include "gdx/clock.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
-#include "gdx/signal_imm.hpp"
-#include "core/forward_request.hpp"
+#include "gdx/detail/log.hpp"
+#include "gdx/detail/signal_imm.hpp"
 #include "proxy/completion_tracker.hpp"
 
 namespace gdx {
@@ -41,6 +40,54 @@ struct Proxy::Thread {
   TransportLane* lane = nullptr;
   std::thread thread;
   std::atomic<uint64_t> commands{0}, bytes{0}, errors{0}, batches{0};
+  Command batch[kBatch];
+  Completion done[kBatch];
+};
+
+// The operations one command posts on the lane. Its completion-tracker entry is opened with their number before
+// the first is posted, and each operation the lane takes is counted off, so that when the lane throws, exactly the
+// operations it never took are cancelled and the entry (and flush()) does not wait for them.
+class Proxy::Posting {
+ public:
+  Posting(Thread& t, size_t ring, uint64_t endPos) : t_(t), ring_(ring), endPos_(endPos) {}
+  /// Opens the entry for `operations` operations (0: done at once).
+  void open(uint32_t operations) {
+    seq_ = t_.trackers[ring_].open(endPos_, operations);
+    unposted_ = operations;
+    opened_ = true;
+  }
+  void write(WriteOp w) {
+    w.cookie = cookie();
+    t_.lane->post(w);
+    --unposted_;
+    t_.bytes.fetch_add(w.bytes, std::memory_order_relaxed);
+  }
+  void atomic(AtomicOp a) {
+    a.cookie = cookie();
+    t_.lane->postAtomic(a);
+    --unposted_;
+  }
+  void message(MessageOp m) {
+    m.cookie = cookie();
+    t_.lane->postMessage(m);
+    --unposted_;
+  }
+  /// After a failure: what was not posted will never complete.
+  void abandon() {
+    if (!opened_)
+      open(0);
+    else if (unposted_ > 0)
+      t_.trackers[ring_].cancel(seq_, unposted_);
+  }
+
+ private:
+  uint64_t cookie() const { return (static_cast<uint64_t>(ring_) << kCookieRingShift) | seq_; }
+  Thread& t_;
+  size_t ring_;
+  uint64_t endPos_;
+  uint64_t seq_ = 0;
+  uint32_t unposted_ = 0;
+  bool opened_ = false;
 };
 
 Proxy::Options Proxy::Options::fromEnv() {
@@ -59,9 +106,9 @@ Proxy::Options Proxy::Options::fromEnv() {
   return o;
 }
 
-Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry& registry)
-    : options_(options), transport_(transport), registry_(registry) {
-  if (options_.timeoutNs == 0) options_.timeoutNs = defaultTimeoutNs();
+Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry& registry,
+             const RelayRequests* relay)
+    : options_(options), transport_(transport), registry_(registry), relay_(relay) {
   if (transport_ && transport_->numLanes() < options_.threads)
     throw Error(ErrorCode::kInvalidArgument, "the transport has " + std::to_string(transport_->numLanes()) +
                                                  " lanes for " + std::to_string(options_.threads) + " proxy threads");
@@ -145,55 +192,9 @@ ProxyCounters Proxy::totalCounters() const {
 
 namespace {
 
-// The signal slot of a command: the command itself for a signal, its second slot for a putWithSignal.
-const Command* signalSlot(const Command& c, const Command* pairSignal) {
-  if (c.opcode() == Opcode::kSignalSet || c.opcode() == Opcode::kSignalAdd) return &c;
-  return pairSignal;
-}
+bool isSignal(const Command& c) { return c.opcode() == Opcode::kSignalSet || c.opcode() == Opcode::kSignalAdd; }
 
-// A forwarded operation: the relay (the command's peer) gets the data, the destination the data and the signal.
-std::string checkForward(const WindowRegistry& reg, const Command& c, const Command& signal, int destination) {
-  const int relay = static_cast<int>(c.peer());
-  if (destination == relay) return "forwarding to the relay itself";
-  std::string why = reg.checkRemote(destination, kSignalWindowId, uint64_t{signal.signalId()} * 8, 8);
-  if (why.empty() && c.opcode() == Opcode::kPutWithSignal)
-    why = reg.checkRemote(destination, c.dstWindow(), c.dstOffset(), c.size());
-  return why.empty() ? why : "forwarding to rank " + std::to_string(destination) + ": " + why;
-}
-
-// Checks one command (and the signal slot of a putWithSignal) against the registry; empty when valid.
-std::string checkCommand(const WindowRegistry& reg, const Command& c, const Command* signal) {
-  int peer = static_cast<int>(c.peer());
-  std::string why;
-  const Command* slot = signalSlot(c, signal);
-  const int forward = slot ? slot->forwardTo() : -1;
-  switch (c.opcode()) {
-    case Opcode::kPut:
-    case Opcode::kPutWithSignal:
-      if (c.size() == 0) return "zero-byte put";
-      why = reg.checkLocal(c.srcWindow(), c.srcOffset(), c.size());
-      if (why.empty()) why = reg.checkRemote(peer, c.dstWindow(), c.dstOffset(), c.size());
-      if (why.empty() && signal) {
-        if ((signal->opcode() != Opcode::kSignalSet && signal->opcode() != Opcode::kSignalAdd) ||
-            signal->peer() != c.peer())
-          return "putWithSignal not followed by its signal slot";
-        why = forward >= 0 ? checkForward(reg, c, *signal, forward)
-                           : reg.checkRemote(peer, kSignalWindowId, uint64_t{signal->signalId()} * 8, 8);
-      }
-      return why;
-    case Opcode::kSignalSet:
-    case Opcode::kSignalAdd:
-      if (forward >= 0) return checkForward(reg, c, c, forward);
-      return reg.checkRemote(peer, kSignalWindowId, uint64_t{c.signalId()} * 8, 8);
-    case Opcode::kAtomicAdd:
-      if (c.dstOffset() % 8 != 0) return "atomicAdd offset " + std::to_string(c.dstOffset()) + " is not 8-byte aligned";
-      return reg.checkRemote(peer, c.dstWindow(), c.dstOffset(), 8);
-    default:
-      return "unknown opcode " + std::to_string(static_cast<int>(c.opcode()));
-  }
-}
-
-// The write of a put (or of the first slot of a putWithSignal); the caller adds immediate and cookie.
+// The write of a put (or of the first slot of a putWithSignal or relayPut); the caller adds the immediate.
 WriteOp writeOf(const Command& c) {
   WriteOp w;
   w.peer = static_cast<int>(c.peer());
@@ -205,22 +206,15 @@ WriteOp writeOf(const Command& c) {
   return w;
 }
 
-// What the relay needs to forward a relayed putWithSignal (pair: the put's range too) or signal.
-ForwardRequest forwardOf(const Command& c, const Command& slot, bool pair) {
-  ForwardRequest f;
-  f.destination = slot.forwardTo();
-  f.signalId = slot.signalId();
-  f.value = slot.value();
-  const bool add = slot.opcode() == Opcode::kSignalAdd;
-  f.signalOp = add && f.value == 0 ? ForwardRequest::kSignalNone  // a forwarded plain put
-               : add               ? ForwardRequest::kSignalAdd
-                                   : ForwardRequest::kSignalSet;
-  if (pair) {
-    f.window = c.dstWindow();
-    f.offset = c.dstOffset();
-    f.bytes = c.size();
-  }
-  return f;
+// The remote atomic on the peer's signal word that a signal command (or slot) stands for.
+AtomicOp signalAtomicOf(const Command& s) {
+  AtomicOp a;
+  a.peer = static_cast<int>(s.peer());
+  a.remoteWindow = kSignalWindowId;
+  a.remoteOffset = uint64_t{s.signalId()} * 8;
+  a.kind = s.signalOp();
+  a.value = s.value();
+  return a;
 }
 
 std::string describe(const Command& c) {
@@ -229,6 +223,7 @@ std::string describe(const Command& c) {
   switch (c.opcode()) {
     case Opcode::kPut:
     case Opcode::kPutWithSignal:
+    case Opcode::kRelayPut:
       os << " (src window " << c.srcWindow() << " offset " << c.srcOffset() << ", dst window " << c.dstWindow()
          << " offset " << c.dstOffset() << ", " << c.size() << " bytes)";
       break;
@@ -247,6 +242,80 @@ std::string describe(const Command& c) {
 
 }  // namespace
 
+// Checks one command (and its second slot) against the registry; empty when valid.
+std::string Proxy::checkCommand(const Command& c, const Command* second) const {
+  const int peer = static_cast<int>(c.peer());
+  auto relayed = [&](const Command& slot) -> std::string {
+    return relay_ ? relay_->check(c, slot) : "a relayed command, but this proxy serves no relay";
+  };
+  switch (c.opcode()) {
+    case Opcode::kPut:
+    case Opcode::kPutWithSignal:
+    case Opcode::kRelayPut: {
+      if (c.size() == 0) return "zero-byte put";
+      std::string why = registry_.checkLocal(c.srcWindow(), c.srcOffset(), c.size());
+      if (why.empty()) why = registry_.checkRemote(peer, c.dstWindow(), c.dstOffset(), c.size());
+      if (!why.empty() || !second) return why;
+      if (second->peer() != c.peer()) return describe(c) + " followed by a slot for peer " + std::to_string(second->peer());
+      if (c.opcode() == Opcode::kRelayPut) {
+        if (second->opcode() != Opcode::kRelayTo || second->forwardTo() < 0) return "relayPut not followed by its relayTo slot";
+        return relayed(*second);
+      }
+      if (!isSignal(*second)) return "putWithSignal not followed by its signal slot";
+      if (second->forwardTo() >= 0) return relayed(*second);
+      return registry_.checkRemote(peer, kSignalWindowId, uint64_t{second->signalId()} * 8, 8);
+    }
+    case Opcode::kSignalSet:
+    case Opcode::kSignalAdd:
+      if (c.forwardTo() >= 0) return relayed(c);
+      return registry_.checkRemote(peer, kSignalWindowId, uint64_t{c.signalId()} * 8, 8);
+    case Opcode::kAtomicAdd:
+      if (c.dstOffset() % 8 != 0) return "atomicAdd offset " + std::to_string(c.dstOffset()) + " is not 8-byte aligned";
+      return registry_.checkRemote(peer, c.dstWindow(), c.dstOffset(), 8);
+    case Opcode::kRelayTo:
+      return "relayTo slot without its relayPut";
+    default:
+      return "unknown opcode " + std::to_string(static_cast<int>(c.opcode()));
+  }
+}
+
+// A put: one write; a putWithSignal: one write-with-immediate, or the write and then the signal as a remote atomic
+// when the update does not fit the immediate.
+void Proxy::postPut(Posting& p, const Command& c, const Command* signal) {
+  WriteOp w = writeOf(c);
+  w.withImm = signal && encodeSignalImm(signal->signalOp(), signal->signalId(), signal->value(), &w.imm);
+  const bool separateSignal = signal && !w.withImm;
+  p.open(separateSignal ? 2 : 1);
+  p.write(w);
+  if (separateSignal) p.atomic(signalAtomicOf(*signal));
+}
+
+// Relayed: the data goes to the relay (no immediate), then the forward request on the same lane, which the relay
+// handles only once that data is in place.
+void Proxy::postRelayed(Posting& p, const Command& c, const Command& second) {
+  const bool withData = !isSignal(c);
+  const MessageOp request = relay_->request(c, second);
+  p.open(withData ? 2 : 1);
+  if (withData) p.write(writeOf(c));
+  p.message(request);
+}
+
+// A signal or an atomicAdd: one remote atomic.
+void Proxy::postAtomic(Posting& p, const Command& c) {
+  AtomicOp a;
+  if (c.opcode() == Opcode::kAtomicAdd) {
+    a.peer = static_cast<int>(c.peer());
+    a.remoteWindow = c.dstWindow();
+    a.remoteOffset = c.dstOffset();
+    a.kind = SignalOp::kAdd;
+    a.value = c.value();
+  } else {
+    a = signalAtomicOf(c);
+  }
+  p.open(1);
+  p.atomic(a);
+}
+
 void Proxy::run(Thread& t) {
   try {
     loop(t);
@@ -257,157 +326,100 @@ void Proxy::run(Thread& t) {
   }
 }
 
+size_t Proxy::drainRing(Thread& t, size_t r) {
+  CommandRing& ring = *rings_[t.ringIds[r]];
+  const size_t room = options_.maxInFlight - std::min(options_.maxInFlight, t.lane ? t.lane->inFlight() : 0);
+  if (room < 2) return 0;
+  const size_t n = ring.poll(t.batch, std::min(kBatch, room));
+  if (n == 0) return 0;
+  t.batches.fetch_add(1, std::memory_order_relaxed);
+  t.commands.fetch_add(n, std::memory_order_relaxed);
+  const int rank = registry_.rank();
+  uint64_t pos = ring.consumed() - n;
+  for (size_t i = 0; i < n;) {
+    const Command& c = t.batch[i];
+    const size_t slots = static_cast<size_t>(slotsFor(c.opcode()));  // the ring hands out whole pairs only
+    const Command* second = slots == 2 ? &t.batch[i + 1] : nullptr;
+    Posting posting(t, r, pos + slots);
+    const std::string why = checkCommand(c, second);
+    if (!why.empty()) {
+      t.errors.fetch_add(1, std::memory_order_relaxed);
+      recordError("rank " + std::to_string(rank) + " proxy thread " + std::to_string(t.index) + " ring " +
+                  std::to_string(t.ringIds[r]) + ": rejected " + describe(c) + ": " + why);
+      ring.setError(Status::kProxyError);
+      posting.open(0);
+    } else if (!t.lane) {
+      posting.open(0);  // null transport: valid commands complete at once
+    } else {
+      try {
+        const Command& signalSlot = second ? *second : c;
+        if (c.opcode() == Opcode::kRelayPut || ((second || isSignal(c)) && signalSlot.forwardTo() >= 0))
+          postRelayed(posting, c, signalSlot);
+        else if (c.opcode() == Opcode::kPut || c.opcode() == Opcode::kPutWithSignal)
+          postPut(posting, c, second);
+        else
+          postAtomic(posting, c);
+      } catch (const std::exception& e) {
+        // The transport refused what the registry allowed (a window deregistered meanwhile).
+        t.errors.fetch_add(1, std::memory_order_relaxed);
+        recordError("rank " + std::to_string(rank) + " proxy thread " + std::to_string(t.index) + ": posting " +
+                    describe(c) + " failed: " + e.what());
+        ring.setError(Status::kProxyError);
+        posting.abandon();
+      }
+    }
+    i += slots;
+    pos += slots;
+  }
+  ring.publishTail();
+  return n;
+}
+
+bool Proxy::reapCompletions(Thread& t, size_t* reaped) {
+  const size_t m = t.lane ? t.lane->poll(t.done, kBatch) : 0;
+  for (size_t i = 0; i < m; ++i) {
+    const size_t r = t.done[i].cookie >> kCookieRingShift;
+    if (r >= t.trackers.size()) continue;
+    if (t.done[i].status != Status::kOk) {
+      t.errors.fetch_add(1, std::memory_order_relaxed);
+      recordError("rank " + std::to_string(registry_.rank()) + ": an operation to peer " +
+                  std::to_string(t.done[i].peer) + " completed with status '" + statusName(t.done[i].status) + "'");
+      rings_[t.ringIds[r]]->setError(t.done[i].status);
+    }
+    t.trackers[r].complete(t.done[i].cookie & kCookieSeqMask);
+  }
+  bool allIdle = true;
+  for (size_t r = 0; r < t.trackers.size(); ++r) {
+    const uint64_t upTo = t.trackers[r].advance();
+    if (upTo != t.published[r]) {
+      t.published[r] = upTo;
+      rings_[t.ringIds[r]]->publishCompleted(upTo);
+    }
+    allIdle = allIdle && t.trackers[r].idle();
+  }
+  *reaped = m;
+  return allIdle;
+}
+
 void Proxy::loop(Thread& t) {
   pinCurrentThread(options_.placement);
-  const int rank = registry_.rank();
-  Command batch[kBatch];
-  Completion done[kBatch];
   uint64_t idleSince = 0;
-  const uint64_t drainDeadlineNs = options_.timeoutNs;
   uint64_t stopSeenAt = 0;
-
   for (;;) {
-    bool stopping = stopping_.load(std::memory_order_acquire);
+    const bool stopping = stopping_.load(std::memory_order_acquire);
     bool progress = false;
-    if (!stopping) {
-      for (size_t r = 0; r < t.ringIds.size(); ++r) {
-        CommandRing& ring = *rings_[t.ringIds[r]];
-        CompletionTracker& tracker = t.trackers[r];
-        size_t room = options_.maxInFlight - std::min(options_.maxInFlight, t.lane ? t.lane->inFlight() : 0);
-        if (room < 2) break;
-        size_t n = ring.poll(batch, std::min(kBatch, room));
-        if (n == 0) continue;
-        progress = true;
-        t.batches.fetch_add(1, std::memory_order_relaxed);
-        t.commands.fetch_add(n, std::memory_order_relaxed);
-        uint64_t pos = ring.consumed() - n;
-        for (size_t i = 0; i < n; ++i) {
-          const Command& c = batch[i];
-          bool pair = c.opcode() == Opcode::kPutWithSignal;
-          const Command* signal = pair ? &batch[i + 1] : nullptr;
-          uint64_t endPos = pos + (pair ? 2 : 1);
-          std::string why = checkCommand(registry_, c, signal);
-          if (!why.empty()) {
-            t.errors.fetch_add(1, std::memory_order_relaxed);
-            recordError("rank " + std::to_string(rank) + " proxy thread " + std::to_string(t.index) + " ring " +
-                        std::to_string(t.ringIds[r]) + ": rejected " + describe(c) + ": " + why);
-            ring.setError(Status::kProxyError);
-            tracker.open(endPos, 0);
-          } else if (!t.lane) {
-            tracker.open(endPos, 0);  // null transport: valid commands complete at once
-          } else {
-            const int peer = static_cast<int>(c.peer());
-            uint64_t cookieBase = static_cast<uint64_t>(r) << kCookieRingShift;
-            uint64_t seq = 0;
-            uint32_t unposted = 0;  // operations of the open entry that were not handed to the lane
-            const Command* slot = signalSlot(c, signal);
-            try {
-              if (slot && slot->forwardTo() >= 0) {
-                // Relay: the data goes to the relay (no immediate), then the forward request on the same lane,
-                // which the relay handles only once that data is in place.
-                const uint32_t ops = pair ? 2 : 1;
-                seq = tracker.open(endPos, ops);
-                unposted = ops;
-                if (pair) {
-                  WriteOp w = writeOf(c);
-                  w.cookie = cookieBase | seq;
-                  t.lane->post(w);
-                  --unposted;
-                  t.bytes.fetch_add(c.size(), std::memory_order_relaxed);
-                }
-                t.lane->postMessage(encodeForward(peer, forwardOf(c, *slot, pair), cookieBase | seq));
-                --unposted;
-              } else if (c.opcode() == Opcode::kPut || pair) {
-                WriteOp w = writeOf(c);
-                bool add = pair && signal->opcode() == Opcode::kSignalAdd;
-                bool viaImm = pair && encodeSignalImm(add, signal->signalId(), signal->value(), &w.imm);
-                w.withImm = viaImm;
-                uint32_t ops = (pair && !viaImm) ? 2 : 1;
-                seq = tracker.open(endPos, ops);
-                unposted = ops;
-                w.cookie = cookieBase | seq;
-                t.lane->post(w);
-                --unposted;
-                t.bytes.fetch_add(c.size(), std::memory_order_relaxed);
-                if (ops == 2) {
-                  AtomicOp a;
-                  a.peer = peer;
-                  a.remoteWindow = kSignalWindowId;
-                  a.remoteOffset = uint64_t{signal->signalId()} * 8;
-                  a.kind = add ? AtomicKind::kAdd : AtomicKind::kSet;
-                  a.value = signal->value();
-                  a.cookie = cookieBase | seq;
-                  t.lane->postAtomic(a);
-                  --unposted;
-                }
-              } else {
-                AtomicOp a;
-                a.peer = peer;
-                if (c.opcode() == Opcode::kAtomicAdd) {
-                  a.remoteWindow = c.dstWindow();
-                  a.remoteOffset = c.dstOffset();
-                  a.kind = AtomicKind::kAdd;
-                } else {
-                  a.remoteWindow = kSignalWindowId;
-                  a.remoteOffset = uint64_t{c.signalId()} * 8;
-                  a.kind = c.opcode() == Opcode::kSignalAdd ? AtomicKind::kAdd : AtomicKind::kSet;
-                }
-                a.value = c.value();
-                seq = tracker.open(endPos, 1);
-                unposted = 1;
-                a.cookie = cookieBase | seq;
-                t.lane->postAtomic(a);
-                --unposted;
-              }
-            } catch (const std::exception& e) {
-              // The transport refused what the registry allowed (a window deregistered meanwhile): what was
-              // not posted will never complete, so the entry must not wait for it.
-              t.errors.fetch_add(1, std::memory_order_relaxed);
-              recordError("rank " + std::to_string(rank) + " proxy thread " + std::to_string(t.index) +
-                          ": posting " + describe(c) + " failed: " + e.what());
-              ring.setError(Status::kProxyError);
-              if (unposted > 0)
-                tracker.cancel(seq, unposted);
-              else
-                tracker.open(endPos, 0);  // the entry itself was never opened
-            }
-          }
-          if (pair) ++i;
-          pos = endPos;
-        }
-        ring.publishTail();
-      }
-    }
-
-    size_t m = t.lane ? t.lane->poll(done, kBatch) : 0;
-    for (size_t i = 0; i < m; ++i) {
-      size_t r = done[i].cookie >> kCookieRingShift;
-      if (r >= t.trackers.size()) continue;
-      if (done[i].status != Status::kOk) {
-        t.errors.fetch_add(1, std::memory_order_relaxed);
-        recordError("rank " + std::to_string(rank) + ": an operation to peer " + std::to_string(done[i].peer) +
-                    " completed with status '" + statusName(done[i].status) + "'");
-        rings_[t.ringIds[r]]->setError(done[i].status);
-      }
-      t.trackers[r].complete(done[i].cookie & kCookieSeqMask);
-    }
-    bool allIdle = true;
-    for (size_t r = 0; r < t.trackers.size(); ++r) {
-      uint64_t upTo = t.trackers[r].advance();
-      if (upTo != t.published[r]) {
-        t.published[r] = upTo;
-        rings_[t.ringIds[r]]->publishCompleted(upTo);
-      }
-      allIdle = allIdle && t.trackers[r].idle();
-    }
-    if (m > 0) progress = true;
+    if (!stopping)
+      for (size_t r = 0; r < t.ringIds.size(); ++r) progress = drainRing(t, r) > 0 || progress;
+    size_t reaped = 0;
+    const bool allIdle = reapCompletions(t, &reaped);
+    progress = progress || reaped > 0;
 
     if (stopping) {
       // Let operations in flight finish (their source buffers must outlive the transport's reads), bounded.
-      uint64_t now = nowNs();
+      const uint64_t now = nowNs();
       if (stopSeenAt == 0) stopSeenAt = now;
       if (allIdle || (t.lane && t.lane->inFlight() == 0)) break;
-      if (now - stopSeenAt > drainDeadlineNs) {
+      if (now - stopSeenAt > options_.timeoutNs) {
         GDX_WARN("proxy thread " << t.index << " stopped with " << t.lane->inFlight() << " operations in flight");
         break;
       }
@@ -415,7 +427,7 @@ void Proxy::loop(Thread& t) {
     if (progress) {
       idleSince = 0;
     } else {
-      uint64_t now = nowNs();
+      const uint64_t now = nowNs();
       if (idleSince == 0) idleSince = now;
       if (now - idleSince > kIdleBeforeNapNs)
         std::this_thread::sleep_for(std::chrono::microseconds(20));

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <thread>
 
-#include "gdx/clock.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx::net {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gdx/error.hpp"
-#include "gdx/ring.hpp"
+#include "gdx/detail/ring.hpp"
 
 namespace gdx {
 namespace {
@@ -26,9 +26,9 @@ uint64_t mix(uint64_t x) {
 // misplaced command shows up as a mismatch.
 Command expectedCommand(uint32_t producer, uint64_t seq) {
   uint64_t h = mix(producer * 0x100000001ull + seq);
-  if (seq % 7 == 3) return Command::signal(producer, h % kMaxSignals, h, true);
+  if (seq % 7 == 3) return Command::signal(producer, h % kMaxSignals, h, SignalOp::kAdd);
   return Command::put(producer, h % kMaxWindows, seq & kMaxWindowOffset, (h >> 8) % kMaxWindows,
-                      (h >> 12) & kMaxWindowOffset, (h >> 40) & kMaxCommandBytes, false);
+                      (h >> 12) & kMaxWindowOffset, (h >> 40) & kMaxCommandBytes);
 }
 
 struct StressResult {
@@ -48,7 +48,7 @@ StressResult runStress(uint64_t capacity, int producers, uint64_t perProducer, b
         if (withPairs && capacity >= 2 && s % 5 == 0 && s + 1 < perProducer) {
           Command first = expectedCommand(p, s);
           first = Command::put(first.peer(), first.srcWindow(), first.srcOffset(), first.dstWindow(),
-                               first.dstOffset(), first.size(), true);
+                               first.dstOffset(), first.size(), Opcode::kPutWithSignal);
           st = h.pushPair(first, expectedCommand(p, s + 1));
           s += 2;
         } else {
@@ -83,7 +83,7 @@ StressResult runStress(uint64_t capacity, int producers, uint64_t perProducer, b
       bool pairHead = withPairs && s % 5 == 0 && s + 1 < perProducer;
       if (pairHead)
         want = Command::put(want.peer(), want.srcWindow(), want.srcOffset(), want.dstWindow(), want.dstOffset(),
-                            want.size(), true);
+                            want.size(), Opcode::kPutWithSignal);
       Command got = c.withLap(0);
       if (got.word[0] != want.word[0] || got.word[1] != want.word[1]) {
         ADD_FAILURE() << "producer " << p << " command " << s << " arrived as " << std::hex << got.word[0] << ":"

@@ -2,7 +2,7 @@
 
 #include <random>
 
-#include "gdx/command.hpp"
+#include "gdx/detail/command.hpp"
 
 namespace gdx {
 namespace {
@@ -14,7 +14,7 @@ TEST(Command, PutFieldsRoundTripAtTheirLimits) {
     uint64_t so = rng() & kMaxWindowOffset, dof = rng() & kMaxWindowOffset, sz = rng() & kMaxCommandBytes;
     if (i == 0) peer = kMaxPeers - 1, sw = dw = kMaxWindows - 1, so = dof = kMaxWindowOffset, sz = kMaxCommandBytes;
     bool sig = i & 1;
-    Command c = Command::put(peer, sw, so, dw, dof, sz, sig);
+    Command c = Command::put(peer, sw, so, dw, dof, sz, sig ? Opcode::kPutWithSignal : Opcode::kPut);
     for (uint64_t lap : {0, 1}) {
       Command l = c.withLap(lap);
       EXPECT_TRUE(l.lapsAgree(lap));
@@ -35,7 +35,7 @@ TEST(Command, SignalAndAtomicCarryFull64BitValues) {
   for (int i = 0; i < 10000; ++i) {
     uint64_t v = i == 0 ? ~uint64_t{0} : rng();
     uint32_t id = rng() % kMaxSignals, peer = rng() % kMaxPeers;
-    Command s = Command::signal(peer, id, v, i & 1).withLap(1);
+    Command s = Command::signal(peer, id, v, (i & 1) ? SignalOp::kAdd : SignalOp::kSet).withLap(1);
     EXPECT_EQ(s.opcode(), (i & 1) ? Opcode::kSignalAdd : Opcode::kSignalSet);
     EXPECT_EQ(s.peer(), peer);
     EXPECT_EQ(s.signalId(), id);

@@ -10,7 +10,7 @@
 
 #include "gdx/context.hpp"
 #include "gdx/error.hpp"
-#include "gdx/signal_imm.hpp"
+#include "gdx/detail/signal_imm.hpp"
 #include "support/data_exchange.hpp"
 #include "support/test_support.hpp"
 
@@ -167,7 +167,7 @@ TEST(Context, ProxyRejectsInvalidCommandsFromTheRing) {
     ring.push(Command::put(0, s.id(), 0, d.id(), 255, 2), &pos);           // destination range past the end
     ring.push(Command::put(5, s.id(), 0, d.id(), 0, 8), &pos);             // unknown peer
     ring.push(Command::put(0, s.id(), 0, d.id(), 0, 0), &pos);             // zero size
-    ring.push(Command::signal(0, ctx.numSignals() + 1, 1, true), &pos);    // signal beyond the array
+    ring.push(Command::signal(0, ctx.numSignals() + 1, 1, SignalOp::kAdd), &pos);    // signal beyond the array
     ring.push(Command::atomicAdd(0, d.id(), 3, 1), &pos);                  // unaligned atomic
     Status st = ring.waitCompleted(pos);  // returns as soon as the error word is set
     // Then let the proxy work through every command before looking at its counters.

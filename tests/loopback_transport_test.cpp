@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/atomic.hpp"
+#include "gdx/detail/atomic.hpp"
 #include "gdx/error.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 
@@ -62,7 +62,7 @@ WriteOp writeOp(uint64_t srcOffset, uint64_t dstOffset, uint64_t bytes, bool wit
   return op;
 }
 
-AtomicOp atomicOp(uint64_t offset, AtomicKind kind, uint64_t value, uint64_t cookie) {
+AtomicOp atomicOp(uint64_t offset, SignalOp kind, uint64_t value, uint64_t cookie) {
   AtomicOp op;
   op.peer = 0;
   op.remoteWindow = kWordWindow;
@@ -146,7 +146,7 @@ TEST(LoopbackTransport, CompletionsComeBackInPostOrderOnePerOp) {
   constexpr int kOps = 100;
   for (int i = 0; i < kOps; ++i) {
     if (i % 3 == 2)
-      lane.postAtomic(atomicOp(8, AtomicKind::kAdd, 1, 7000 + i));
+      lane.postAtomic(atomicOp(8, SignalOp::kAdd, 1, 7000 + i));
     else
       lane.post(writeOp(i, 4096 - 1 - i, 1, i % 2 == 0, i, 7000 + i));
     EXPECT_EQ(lane.inFlight(), static_cast<size_t>(i + 1));
@@ -187,22 +187,22 @@ TEST(LoopbackTransport, AtomicsAddAndSetTheirWordOnlyAndFollowEarlierWrites) {
   });
 
   TransportLane& lane = t->lane(0);
-  lane.postAtomic(atomicOp(8, AtomicKind::kSet, 0, 1));
+  lane.postAtomic(atomicOp(8, SignalOp::kSet, 0, 1));
   EXPECT_EQ(words[1], 0u);
   uint64_t sum = 0;
   for (uint64_t i = 0; i < 1000; ++i) {
     uint64_t v = (i << 33) + 3 * i + 1;
     sum += v;
-    lane.postAtomic(atomicOp(8, AtomicKind::kAdd, v, 2 + i));
+    lane.postAtomic(atomicOp(8, SignalOp::kAdd, v, 2 + i));
   }
   EXPECT_EQ(atomicLoad(&words[1], kAcquire), sum);
-  lane.postAtomic(atomicOp(8, AtomicKind::kAdd, ~0ull, 2000));  // wraps around like any 64-bit add
+  lane.postAtomic(atomicOp(8, SignalOp::kAdd, ~0ull, 2000));  // wraps around like any 64-bit add
   EXPECT_EQ(atomicLoad(&words[1], kAcquire), sum - 1);
 
   // write, then set: whoever sees the set sees the write; then a write-with-imm that checks the set.
   for (uint32_t round = 1; round <= 5; ++round) {
     lane.post(writeOp(round * 100, round * 100, 10000, false, 0, 3000 + round));
-    lane.postAtomic(atomicOp(16, AtomicKind::kSet, round, 4000 + round));
+    lane.postAtomic(atomicOp(16, SignalOp::kSet, round, 4000 + round));
     EXPECT_EQ(atomicLoad(&words[2], kAcquire), round);
     EXPECT_EQ(std::memcmp(src.data() + round * 100, dst.data() + round * 100, 10000), 0);
     lane.post(writeOp(0, 0, 64, true, round, 5000 + round));
@@ -220,7 +220,7 @@ TEST(LoopbackTransport, AtomicsAddAndSetTheirWordOnlyAndFollowEarlierWrites) {
   for (int l = 0; l < 2; ++l)
     threads.emplace_back([&, l] {
       TransportLane& mine = t->lane(l);
-      for (int i = 0; i < 20000; ++i) mine.postAtomic(atomicOp(24, AtomicKind::kAdd, 1 + l, i));
+      for (int i = 0; i < 20000; ++i) mine.postAtomic(atomicOp(24, SignalOp::kAdd, 1 + l, i));
       drain(mine);
     });
   for (auto& th : threads) th.join();
@@ -307,7 +307,7 @@ TEST(LoopbackTransport, EveryInvalidOpThrowsAndChangesNothing) {
   t->addRemoteWindow(0, kGpu, kBytes, "loopback:10:4096:cuda");
 
   const WriteOp good = writeOp(0, 100, 200, true, 1, 77);
-  const AtomicOp goodAtomic = atomicOp(8, AtomicKind::kAdd, 1, 78);
+  const AtomicOp goodAtomic = atomicOp(8, SignalOp::kAdd, 1, 78);
   // Before connect() nothing is accepted.
   EXPECT_THROW(t->lane(0), Error);
   t->connect({t->localAddress()}, 1);
@@ -330,7 +330,7 @@ TEST(LoopbackTransport, EveryInvalidOpThrowsAndChangesNothing) {
 
   std::vector<BadArgument<AtomicOp>> atomics = {
       {"unknown peer", [](AtomicOp& o) { o.peer = 1; }, "unknown peer"},
-      {"unknown kind", [](AtomicOp& o) { o.kind = static_cast<AtomicKind>(7); }, "unknown atomic kind"},
+      {"unknown kind", [](AtomicOp& o) { o.kind = static_cast<SignalOp>(7); }, "unknown atomic kind"},
       {"unaligned offset", [](AtomicOp& o) { o.remoteOffset = 4; }, "not 8-byte aligned"},
       {"unknown window", [](AtomicOp& o) { o.remoteWindow = 42; }, "is not known"},
       {"past the end", [](AtomicOp& o) { o.remoteOffset = 32; }, "exceeds the window"},
@@ -444,7 +444,7 @@ TEST(LoopbackTransport, PeerIsHealthyUntilShutdownThenOpsCompleteWithShutdown) {
   t->shutdown();  // idempotent
   EXPECT_EQ(t->peerStatus(0), Status::kShutdown);
   lane.post(writeOp(16, 16, 16, true, 1, 2));
-  lane.postAtomic(atomicOp(0, AtomicKind::kAdd, 1, 3));
+  lane.postAtomic(atomicOp(0, SignalOp::kAdd, 1, 3));
   EXPECT_THROW(lane.post(writeOp(0, 0, 0, false, 0, 4)), Error);  // still validated first
   EXPECT_THROW(lane.postMessage(messageOp(0, 0, 5)), Error);
   done = drain(lane);

@@ -9,10 +9,10 @@
 #include <random>
 #include <thread>
 
-#include "gdx/atomic.hpp"
-#include "gdx/clock.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 
@@ -28,7 +28,7 @@ constexpr uint32_t kDstWindow = 2;
 constexpr uint32_t kWordWindow = 3;
 constexpr uint64_t kPoison = 0xA5A5A5A5A5A5A5A5ull;
 
-AtomicOp atomicOp(int peer, uint64_t offset, AtomicKind kind, uint64_t value, uint64_t cookie) {
+AtomicOp atomicOp(int peer, uint64_t offset, SignalOp kind, uint64_t value, uint64_t cookie) {
   AtomicOp op;
   op.peer = peer;
   op.remoteWindow = kWordWindow;
@@ -61,7 +61,7 @@ TEST(TcpAtomic, AddsFromTwoLanesOnTheirOwnThreadsSumExactly) {
     threads.emplace_back([&, l] {
       TransportLane& lane = t[0]->lane(l);
       for (int i = 0; i < kPerLane; ++i)
-        lane.postAtomic(atomicOp(1, 8, AtomicKind::kAdd, (static_cast<uint64_t>(l + 1) << 40) + 7 * i + 1, i));
+        lane.postAtomic(atomicOp(1, 8, SignalOp::kAdd, (static_cast<uint64_t>(l + 1) << 40) + 7 * i + 1, i));
       auto done = test::pollCompletions(lane, kPerLane, 20000);
       int good = 0;
       for (auto& c : done) good += c.status == Status::kOk && c.peer == 1;
@@ -152,7 +152,7 @@ TEST(TcpAtomic, ASetIsPerformedOnlyAfterEveryEarlierWriteIsInPlace) {
       lane.post(WriteOp{1, kSrcWindow, off, kDstWindow, off, n, false, 0, posted++});
       off += n;
     }
-    lane.postAtomic(atomicOp(1, 8, AtomicKind::kSet, static_cast<uint64_t>(r) + 1, posted++));
+    lane.postAtomic(atomicOp(1, 8, SignalOp::kSet, static_cast<uint64_t>(r) + 1, posted++));
     lane.post(WriteOp{1, kSrcWindow, bytes, kDstWindow, bytes, kTail, true, static_cast<uint32_t>(r), posted++});
     auto done = test::pollCompletions(lane, posted, 20000);
     ASSERT_EQ(done.size(), posted);
@@ -185,7 +185,7 @@ TEST(TcpAtomic, InvalidAtomicsThrowBeforeAnythingIsSentAndChangeNothing) {
   connectAll(t, 1);
   TransportLane& lane = t[0]->lane(0);
 
-  const AtomicOp good = atomicOp(1, 8, AtomicKind::kAdd, 5, 70);
+  const AtomicOp good = atomicOp(1, 8, SignalOp::kAdd, 5, 70);
   const uint64_t kMax = UINT64_MAX;
   std::vector<test::BadArgument<AtomicOp>> cases = {
       {"negative peer", [](AtomicOp& o) { o.peer = -1; }, "peer -1"},
@@ -196,7 +196,7 @@ TEST(TcpAtomic, InvalidAtomicsThrowBeforeAnythingIsSentAndChangeNothing) {
       {"offset at the end", [](AtomicOp& o) { o.remoteOffset = kBytes; }, "exceeds the window"},
       {"offset far past the end", [](AtomicOp& o) { o.remoteOffset = 1 << 20; }, "exceeds the window"},
       {"offset overflowing", [&](AtomicOp& o) { o.remoteOffset = kMax - 7; }, "exceeds the window"},
-      {"unknown kind", [](AtomicOp& o) { o.kind = static_cast<AtomicKind>(2); }, "unknown atomic kind"},
+      {"unknown kind", [](AtomicOp& o) { o.kind = static_cast<SignalOp>(2); }, "unknown atomic kind"},
   };
   test::expectInvalidArguments<AtomicOp>(good, cases, [&](const AtomicOp& op) { lane.postAtomic(op); });
   EXPECT_EQ(lane.inFlight(), 0u);
@@ -206,7 +206,7 @@ TEST(TcpAtomic, InvalidAtomicsThrowBeforeAnythingIsSentAndChangeNothing) {
   // Valid ones afterwards: the last word of the window, then a write-with-immediate that is announced only after
   // them; the rejected ones left no trace.
   lane.postAtomic(good);
-  lane.postAtomic(atomicOp(1, kBytes - 8, AtomicKind::kSet, 77, 71));
+  lane.postAtomic(atomicOp(1, kBytes - 8, SignalOp::kSet, 77, 71));
   lane.post(WriteOp{1, kSrcWindow, 0, kDstWindow, 0, 16, true, 9, 72});
   ASSERT_TRUE(waitFor([&] { return announced.load() == 1; }, 10000));
   auto done = test::pollCompletions(lane, 3, 10000);
@@ -232,7 +232,7 @@ TEST(TcpAtomic, AtomicsToAPeerThatLeftCompleteWithoutBeingSent) {
   t[1]->shutdown();
   ASSERT_TRUE(waitFor([&] { return t[0]->peerStatus(1) == Status::kShutdown; }, 5000));
   TransportLane& lane = t[0]->lane(0);
-  lane.postAtomic(atomicOp(1, 0, AtomicKind::kAdd, 1, 5));
+  lane.postAtomic(atomicOp(1, 0, SignalOp::kAdd, 1, 5));
   auto done = test::pollCompletions(lane, 1, 5000);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].cookie, 5u);

@@ -11,8 +11,8 @@
 #include <mutex>
 #include <thread>
 
-#include "gdx/clock.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/clock.hpp"
+#include "gdx/detail/transport.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 

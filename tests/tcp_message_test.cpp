@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "gdx/bootstrap.hpp"
+#include "gdx/detail/bootstrap.hpp"
 #include "gdx/error.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 

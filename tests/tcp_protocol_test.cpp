@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "gdx/error.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 #include "rdma/tcp/wire.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
@@ -121,7 +121,7 @@ MessageHeader control(uint32_t bytes, uint64_t seq) {
 }
 
 /// A well-formed atomic on the word at `offset`; its 8-byte operand is the 0x77 filler FakePeer::send() adds.
-MessageHeader atomic(uint64_t offset, uint64_t seq, AtomicKind kind) {
+MessageHeader atomic(uint64_t offset, uint64_t seq, SignalOp kind) {
   MessageHeader h;
   h.type = static_cast<uint8_t>(tcp::MessageType::kAtomic);
   h.lane = 0;
@@ -279,34 +279,34 @@ INSTANTIATE_TEST_SUITE_P(
                   },
                   10, "lane 3"},
         BadHeader{"AlreadyCompleteWrite", [] { return write(0, 10, 0, false); }, 10, "already complete"},
-        BadHeader{"AtomicUnaligned", [] { return atomic(100, 1, AtomicKind::kAdd); }, 8, "not 8-byte aligned"},
-        BadHeader{"AtomicPastTheWindow", [] { return atomic(kWindowBytes, 1, AtomicKind::kSet); }, 8,
+        BadHeader{"AtomicUnaligned", [] { return atomic(100, 1, SignalOp::kAdd); }, 8, "not 8-byte aligned"},
+        BadHeader{"AtomicPastTheWindow", [] { return atomic(kWindowBytes, 1, SignalOp::kSet); }, 8,
                   "exceeds the window"},
-        BadHeader{"AtomicOverflowing", [] { return atomic(kMax - 7, 1, AtomicKind::kAdd); }, 8, "exceeds the window"},
+        BadHeader{"AtomicOverflowing", [] { return atomic(kMax - 7, 1, SignalOp::kAdd); }, 8, "exceeds the window"},
         BadHeader{"AtomicUnregisteredWindow",
                   [] {
-                    MessageHeader h = atomic(0, 1, AtomicKind::kAdd);
+                    MessageHeader h = atomic(0, 1, SignalOp::kAdd);
                     h.window = 8;
                     return h;
                   },
                   8, "not registered"},
-        BadHeader{"AtomicUnknownKind", [] { return atomic(0, 1, static_cast<AtomicKind>(2)); }, 8,
+        BadHeader{"AtomicUnknownKind", [] { return atomic(0, 1, static_cast<SignalOp>(2)); }, 8,
                   "unknown atomic kind"},
         BadHeader{"AtomicOfTwoWords",
                   [] {
-                    MessageHeader h = atomic(0, 1, AtomicKind::kAdd);
+                    MessageHeader h = atomic(0, 1, SignalOp::kAdd);
                     h.bytes = h.chunkBytes = 16;
                     return h;
                   },
                   16, "one 8-byte word"},
         BadHeader{"AtomicWithImmediate",
                   [] {
-                    MessageHeader h = atomic(0, 1, AtomicKind::kAdd);
+                    MessageHeader h = atomic(0, 1, SignalOp::kAdd);
                     h.flags = tcp::kFlagImm;
                     return h;
                   },
                   8, "flags"},
-        BadHeader{"AtomicAlreadyComplete", [] { return atomic(0, 0, AtomicKind::kSet); }, 8, "already complete"},
+        BadHeader{"AtomicAlreadyComplete", [] { return atomic(0, 0, SignalOp::kSet); }, 8, "already complete"},
         BadHeader{"MessageEmpty", [] { return control(0, 1); }, 0, "control message of 0 bytes"},
         BadHeader{"MessageTooLong", [] { return control(kMaxMessageBytes + 1, 1); }, kMaxMessageBytes + 1,
                   "control message of 65 bytes"},

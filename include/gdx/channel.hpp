@@ -14,12 +14,13 @@
 #include <cstdint>
 #include <memory>
 
-#include "gdx/ring_device.hpp"
+#include "gdx/detail/ring_device.hpp"
 #include "gdx/window.hpp"
 
 namespace gdx {
 
 class Context;
+struct SignalUpdateArgs;
 
 class Channel {
  public:
@@ -49,9 +50,9 @@ class Channel {
  private:
   friend class Context;
   Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring, int forwardTo = -1);
-  void pushPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes);
+  void pushPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes,
+               const SignalUpdateArgs* signal);
   void push(const Command& c);
-  void pushPair(const Command& first, const Command& second);
   void notePosition(uint64_t pos);
   void checkPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) const;
   void checkSignal(uint32_t signalId) const;

@@ -19,7 +19,7 @@
 // signal (updated by direct-path peers) reaches v: let each signal id be updated by peers of one kind.
 //
 // Status, not hangs: every call returns a Status. Enqueueing waits only when the ring is full; wait() and
-// flush() wait for the peer or the proxy. All of them are bounded by `timeoutNs` (GDX_TIMEOUT_MS) and end
+// flush() wait for the peer or the proxy. All of them are bounded by `ring.timeoutNs` (GDX_TIMEOUT_MS) and end
 // early with the proxy's status once the ring's error word or the context's failure word is set (a rejected
 // command: kProxyError; a failed peer: kPeerFailed). Nothing traps.
 //
@@ -43,13 +43,14 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "gdx/atomic.hpp"
-#include "gdx/clock.hpp"
-#include "gdx/command.hpp"
-#include "gdx/copy_device.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/clock.hpp"
+#include "gdx/detail/command.hpp"
+#include "gdx/detail/copy_device.hpp"
 #include "gdx/device.hpp"
-#include "gdx/direct_device.hpp"
-#include "gdx/ring_device.hpp"
+#include "gdx/detail/direct_device.hpp"
+#include "gdx/detail/put_commands.hpp"
+#include "gdx/detail/ring_device.hpp"
 #include "gdx/status.hpp"
 
 namespace gdx {
@@ -60,7 +61,6 @@ struct ChannelDeviceHandle {
   uint32_t* failure;       ///< the context's failure word (a Status), kOk while every peer is healthy
   uint32_t numSignals;
   uint32_t peer;
-  uint64_t timeoutNs;
   uint64_t lastPosition;   ///< highest ring position this copy of the handle used; ~0: none
   const DirectPeer* direct;  ///< device table of the direct path to `peer`; null: every operation is proxied
   uint64_t* deviceSignals;   ///< this rank's device signal array (direct-path updates land here); may be null
@@ -125,28 +125,14 @@ struct ChannelDeviceHandle {
       }
     }
 #endif
-    return enqueuePuts(dstWindow, dstOffset, srcWindow, srcOffset, bytes);
+    return enqueuePut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, nullptr);
   }
 
-  /// Proxy-path puts of at most kMaxCommandBytes each; on a relayed handle each is a pair whose signal slot names
-  /// the destination and adds 0 to signal 0 (no signal).
-  GDX_HOST_DEVICE_INLINE Status enqueuePuts(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
-                                            uint64_t srcOffset, uint64_t bytes) {
-    for (uint64_t done = 0; done < bytes;) {
-      uint64_t n = bytes - done < kMaxCommandBytes ? bytes - done : kMaxCommandBytes;
-      Command put = Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, n, forwardTo >= 0);
-      Status s;
-      if (forwardTo >= 0) {
-        uint64_t pos;
-        s = ring.pushPair(put, Command::signal(peer, 0, 0, true, forwardTo), &pos);
-        if (s == Status::kOk) lastPosition = pos;
-      } else {
-        s = enqueue(put);
-      }
-      if (s != Status::kOk) return s;
-      done += n;
-    }
-    return Status::kOk;
+  /// Proxy-path commands of a put (put_commands.hpp), with `signal` on the last piece when given.
+  GDX_HOST_DEVICE_INLINE Status enqueuePut(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
+                                           uint64_t srcOffset, uint64_t bytes, const SignalUpdateArgs* signal) {
+    const PutTarget target{peer, forwardTo, dstWindow, dstOffset, srcWindow, srcOffset};
+    return pushPutCommands(ring, target, bytes, signal, &lastPosition);
   }
 
   /// put(), then `op` on the peer's signal `signalId` once the data is in place there. Zero bytes: only the
@@ -171,14 +157,8 @@ struct ChannelDeviceHandle {
       }
     }
 #endif
-    const uint64_t done = lastCommandOffset(bytes);
-    Status s = enqueuePuts(dstWindow, dstOffset, srcWindow, srcOffset, done);
-    if (s != Status::kOk) return s;
-    uint64_t pos;
-    s = ring.pushPair(Command::put(peer, srcWindow, srcOffset + done, dstWindow, dstOffset + done, bytes - done, true),
-                      Command::signal(peer, signalId, value, op == SignalOp::kAdd, forwardTo), &pos);
-    if (s == Status::kOk) lastPosition = pos;
-    return s;
+    const SignalUpdateArgs update{signalId, value, op};
+    return enqueuePut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &update);
   }
 
   /// Sets or adds to the peer's signal `signalId`, after every earlier operation of this ring to the peer.
@@ -190,7 +170,7 @@ struct ChannelDeviceHandle {
       return Status::kOk;
     }
 #endif
-    return enqueue(Command::signal(peer, signalId, value, op == SignalOp::kAdd, forwardTo));
+    return enqueue(Command::signal(peer, signalId, value, op, forwardTo));
   }
 
   /// Atomically adds `value` to the 64-bit word at `dstOffset` (8-byte aligned) of the peer's `dstWindow`.
@@ -229,7 +209,7 @@ struct ChannelDeviceHandle {
         if (f != 0) return static_cast<Status>(f);
         uint64_t now = nowNs();
         if (start == 0) start = now;
-        if (now - start > timeoutNs) return Status::kTimeout;
+        if (now - start > ring.timeoutNs) return Status::kTimeout;
       }
       spinPause(spins);
     }

@@ -16,7 +16,11 @@ std::string envString(const char* name, const std::string& fallback);
 /// The first of several variables that is set (e.g. GDX_RANK, then RANK); `fallback` when none is.
 std::string envFirst(std::initializer_list<const char*> names, const std::string& fallback);
 
-/// Bound for every wait gdx makes (GDX_TIMEOUT_MS, default 30000 ms).
+/// GDX_TIMEOUT_MS's default: the bound of every wait gdx makes, in nanoseconds (30 s).
+constexpr uint64_t kDefaultTimeoutNs = uint64_t{30000} * 1000000;
+
+/// Bound for every wait gdx makes: GDX_TIMEOUT_MS, or kDefaultTimeoutNs when unset. The option structs' fromEnv()
+/// read it here; a Context reads it once (ContextOptions::fromEnv) and passes its value to everything it builds.
 uint64_t defaultTimeoutNs();
 
 }  // namespace gdx

@@ -14,27 +14,28 @@
 #include <mutex>
 #include <string>
 
-#include "gdx/bootstrap.hpp"
+#include "gdx/detail/bootstrap.hpp"
 #include "gdx/channel.hpp"
 #include "gdx/channel_device.hpp"
-#include "gdx/gpu.hpp"
-#include "gdx/host_buffer.hpp"
+#include "gdx/detail/gpu.hpp"
+#include "gdx/detail/host_buffer.hpp"
 #include "gdx/peer_copy_queue.hpp"
-#include "gdx/proxy.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/proxy.hpp"
+#include "gdx/detail/transport.hpp"
 #include "gdx/window.hpp"
-#include "gdx/window_registry.hpp"
+#include "gdx/detail/window_registry.hpp"
 
 namespace gdx {
 
 class DirectPaths;
+class Relay;
 
 struct ContextOptions {
   Proxy::Options proxy;           ///< threads, rings, ring size, in-flight cap, placement
   uint32_t numSignals = 1024;     ///< GDX_NUM_SIGNALS (at most kMaxSignals)
   std::string transport = "tcp";  ///< GDX_TRANSPORT: tcp
   int tcpSockets = 4;             ///< GDX_TCP_SOCKETS
-  uint64_t timeoutNs = 0;         ///< every wait's bound (GDX_TIMEOUT_MS); 0: defaultTimeoutNs()
+  uint64_t timeoutNs = kDefaultTimeoutNs;  ///< every wait's bound (GDX_TIMEOUT_MS), passed to all the context builds
   /// Reads the variables above; placement from GDX_NUMA_NODE or the calling thread's node.
   static ContextOptions fromEnv();
 };
@@ -99,7 +100,6 @@ class Context {
   void deregister(uint32_t id) noexcept;
   void onImm(const RemoteWrite& w);
   void onMessage(const RemoteMessage& m);
-  void checkRelay(int destination, int relay) const;
   /// A channel (device handle) to `peer`; forwardTo >= 0: a relayed one, `peer` being the relay.
   Channel makeChannel(int peer, int ringIndex, int forwardTo);
   ChannelDeviceHandle makeDeviceChannel(int peer, int ringIndex, int forwardTo);
@@ -111,11 +111,10 @@ class Context {
   std::unique_ptr<WindowRegistry> registry_;
   std::unique_ptr<HostBuffer> signals_;
   std::unique_ptr<Proxy> proxy_;
-  std::unique_ptr<DirectPaths> direct_;  // same-host GPU peers reached without the proxy (core/direct_path.hpp)
-  // Forwards relayed data to the other GPUs of this host; after direct_, so it is destroyed (drained) before the
+  std::unique_ptr<DirectPaths> direct_;  // same-host GPU peers reached without the proxy (runtime/direct_path.hpp)
+  // Relayed channels (runtime/relay.hpp); after direct_, so its forwarding queue is destroyed (drained) before the
   // IPC mappings it writes through are released.
-  std::mutex forwarderMutex_;
-  std::unique_ptr<PeerCopyQueue> forwarder_;
+  std::unique_ptr<Relay> relay_;
   // What the transport's failure handler may touch, published by init() under failureMutex_.
   Proxy* liveProxy_ = nullptr;
   uint32_t* failureWord_ = nullptr;

@@ -1,11 +1,12 @@
-// Umbrella header: the whole host API.
+// The whole host API in one include. Kernels include gdx/channel_device.hpp (the device handle) as well.
 #pragma once
 
-#include "gdx/bootstrap.hpp"
-#include "gdx/command.hpp"
+#include "gdx/channel.hpp"
 #include "gdx/config.hpp"
+#include "gdx/context.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
-#include "gdx/ring_device.hpp"
+#include "gdx/peer_copy.hpp"
+#include "gdx/peer_copy_queue.hpp"
 #include "gdx/status.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/types.hpp"
+#include "gdx/window.hpp"

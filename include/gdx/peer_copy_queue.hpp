@@ -22,7 +22,8 @@
 #include <mutex>
 #include <thread>
 
-#include "gdx/command.hpp"
+#include "gdx/config.hpp"
+#include "gdx/types.hpp"
 
 namespace gdx {
 
@@ -35,7 +36,7 @@ class PeerCopyQueue {
     uint32_t capacity = 1024;           ///< transfers in flight (GDX_COPY_QUEUE_DEPTH)
     uint64_t chunkBytes = 64 * 1024;    ///< the unit a block copies (GDX_COPY_QUEUE_CHUNK), a multiple of 16
     uint64_t idleNs = 1000 * 1000;      ///< how long the kernel waits for work before leaving
-    uint64_t timeoutNs = 0;             ///< bound of every wait (0: GDX_TIMEOUT_MS)
+    uint64_t timeoutNs = kDefaultTimeoutNs;  ///< bound of every wait (GDX_TIMEOUT_MS)
     static Options fromEnv();
   };
 

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gdx/transport.hpp"
+#include "gdx/types.hpp"
 
 namespace gdx {
 

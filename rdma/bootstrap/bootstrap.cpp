@@ -1,6 +1,6 @@
 // Bootstrap: every rank's client of the rendezvous (rank 0 also runs the server, see server.hpp; the wire
 // protocol is in protocol.hpp).
-#include "gdx/bootstrap.hpp"
+#include "gdx/detail/bootstrap.hpp"
 
 #include <unistd.h>
 
@@ -8,9 +8,9 @@
 #include <optional>
 #include <thread>
 
-#include "gdx/clock.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 #include "rdma/bootstrap/frame_io.hpp"
 #include "rdma/bootstrap/protocol.hpp"
 #include "rdma/bootstrap/server.hpp"

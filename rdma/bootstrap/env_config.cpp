@@ -4,7 +4,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "gdx/bootstrap.hpp"
+#include "gdx/detail/bootstrap.hpp"
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
 

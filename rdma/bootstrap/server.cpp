@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/clock.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 #include "rdma/bootstrap/protocol.hpp"
 #include "rdma/socket.hpp"
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "gdx/bootstrap.hpp"
+#include "gdx/detail/bootstrap.hpp"
 
 namespace gdx::bootstrap {
 

@@ -31,11 +31,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "gdx/atomic.hpp"
+#include "gdx/detail/atomic.hpp"
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/log.hpp"
+#include "gdx/detail/transport.hpp"
 #include "rdma/tcp/cuda_staging.hpp"
 #include "rdma/tcp/wire.hpp"
 
@@ -290,7 +290,7 @@ void LoopbackLane::postAtomic(const AtomicOp& op) {
   };
   if (!t_.connected_) invalid("the transport is not connected");
   if (op.peer != kRank) invalid("unknown peer (world size 1)");
-  if (op.kind != AtomicKind::kAdd && op.kind != AtomicKind::kSet) invalid("unknown atomic kind");
+  if (op.kind != SignalOp::kAdd && op.kind != SignalOp::kSet) invalid("unknown atomic kind");
   if (op.remoteOffset % kAtomicWordBytes != 0) invalid("the offset is not 8-byte aligned");
   uint64_t* word = nullptr;
   {
@@ -318,7 +318,7 @@ void LoopbackLane::postAtomic(const AtomicOp& op) {
   if (status == Status::kOk) {
     // Release: whoever acquires the word sees every write this lane performed before (and, as everything here
     // happens in the posting thread, everything that thread did before).
-    if (op.kind == AtomicKind::kAdd)
+    if (op.kind == SignalOp::kAdd)
       atomicFetchAdd(word, op.value, kRelease);
     else
       atomicStore(word, op.value, kRelease);

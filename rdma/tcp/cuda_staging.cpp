@@ -4,13 +4,13 @@
 #include <sstream>
 
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "gdx/clock.hpp"
-#include "gdx/cuda_check.hpp"
+#include "gdx/detail/clock.hpp"
+#include "gdx/detail/cuda_check.hpp"
 #endif
 
 namespace gdx::tcp {

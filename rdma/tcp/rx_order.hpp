@@ -21,7 +21,7 @@ class RxOrder {
     uint32_t window = 0;
     uint64_t offset = 0;
     uint64_t bytes = 0;
-    uint32_t imm = 0;  ///< an atomic's AtomicKind
+    uint32_t imm = 0;  ///< an atomic's SignalOp
     bool withImm = false;
     bool atomic = false;
     bool control = false;

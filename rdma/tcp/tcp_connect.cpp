@@ -9,9 +9,9 @@
 #include <set>
 #include <sstream>
 
-#include "gdx/clock.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 #include "rdma/tcp/tcp_transport.hpp"
 
 namespace gdx::tcp {

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "gdx/atomic.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/log.hpp"
 #include "rdma/tcp/tcp_transport.hpp"
 
 namespace gdx::tcp {
@@ -116,7 +116,7 @@ bool TcpTransport::receiveOne(RxSocket& s, CudaStaging& staging) {
       std::memcpy(&operand, m.payload, sizeof operand);
       // Every earlier message of the direction is in place (their receivers released it through the order's
       // lock, which this thread holds), so a release here publishes all of it to whoever acquires the word.
-      if (m.imm == static_cast<uint32_t>(AtomicKind::kAdd))
+      if (m.imm == static_cast<uint32_t>(SignalOp::kAdd))
         atomicFetchAdd(m.word, operand, kRelease);
       else
         atomicStore(m.word, operand, kRelease);

@@ -8,9 +8,9 @@
 #include <sstream>
 #include <thread>
 
-#include "gdx/clock.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 #include "rdma/tcp/tcp_transport.hpp"
 
 namespace gdx::tcp {
@@ -104,7 +104,7 @@ void TcpLane::postAtomic(const AtomicOp& op) {
   };
   if (!t_.connected_) invalid("the transport is not connected");
   if (op.peer < 0 || op.peer >= t_.world_) invalid("unknown peer (world size " + std::to_string(t_.world_) + ")");
-  if (op.kind != AtomicKind::kAdd && op.kind != AtomicKind::kSet) invalid("unknown atomic kind");
+  if (op.kind != SignalOp::kAdd && op.kind != SignalOp::kSet) invalid("unknown atomic kind");
   if (op.remoteOffset % kAtomicBytes != 0) invalid("the offset is not 8-byte aligned");
   {
     std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);

@@ -6,10 +6,10 @@
 
 #include <sstream>
 
-#include "gdx/clock.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 
 namespace gdx {
 

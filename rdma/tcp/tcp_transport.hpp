@@ -34,7 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 #include "rdma/socket.hpp"
 #include "rdma/tcp/cuda_staging.hpp"
 #include "rdma/tcp/rx_order.hpp"

@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 
 namespace gdx::tcp {
 
@@ -57,7 +57,7 @@ std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t 
   } else if (h.type == static_cast<uint8_t>(MessageType::kAtomic)) {
     if (h.flags != 0) {
       os << "atomic with flags 0x" << std::hex << static_cast<int>(h.flags) << " (an atomic is never announced)";
-    } else if (h.imm != static_cast<uint32_t>(AtomicKind::kAdd) && h.imm != static_cast<uint32_t>(AtomicKind::kSet)) {
+    } else if (h.imm != static_cast<uint32_t>(SignalOp::kAdd) && h.imm != static_cast<uint32_t>(SignalOp::kSet)) {
       os << "unknown atomic kind " << h.imm;
     } else if (h.bytes != kAtomicBytes || h.chunkBytes != kAtomicBytes || h.chunkOffset != 0) {
       os << "atomic of " << h.bytes << " bytes with chunk [" << h.chunkOffset << ", +" << h.chunkBytes

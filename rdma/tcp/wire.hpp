@@ -10,7 +10,7 @@
 #include <string>
 #include <type_traits>
 
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 
 namespace gdx::tcp {
 
@@ -71,7 +71,7 @@ enum class MessageType : uint8_t {
 constexpr uint8_t kFlagImm = 1;  ///< the write carries an immediate to announce once it is in place
 
 /// An atomic is one message of one chunk, numbered in the same `seq` sequence as the writes of its direction:
-/// `imm` holds the AtomicKind, `bytes` and `chunkBytes` are 8, `chunkOffset` and `flags` are 0, `offset` is
+/// `imm` holds the SignalOp, `bytes` and `chunkBytes` are 8, `chunkOffset` and `flags` are 0, `offset` is
 /// 8-byte aligned, and the payload is the operand.
 constexpr uint32_t kAtomicBytes = 8;
 

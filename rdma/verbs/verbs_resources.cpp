@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 
 namespace gdx::verbs {
 

@@ -72,12 +72,12 @@
 #include <thread>
 #include <unordered_map>
 
-#include "gdx/atomic.hpp"
-#include "gdx/clock.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/log.hpp"
+#include "gdx/detail/transport.hpp"
 #include "rdma/tcp/cuda_staging.hpp"
 #include "rdma/tcp/wire.hpp"
 #include "rdma/verbs/verbs_resources.hpp"
@@ -155,7 +155,7 @@ struct WindowKey {
   uint32_t staged;
   uint32_t reserved;
 };
-/// Control kinds: AtomicKind values, then staged chunks.
+/// Control kinds: SignalOp values, then staged chunks.
 constexpr uint32_t kControlStaged = 2;
 constexpr uint32_t kControlStagedImm = 3;
 /// A software atomic or a staged chunk as it travels in an IBV_WR_SEND.
@@ -648,7 +648,7 @@ void VerbsTransport::applyControl(int peer, const ControlRecord& r) {
   {
     std::shared_lock<std::shared_mutex> lock(windowsMutex_);
     auto it = windows_.find(r.window);
-    if (r.kind > static_cast<uint32_t>(AtomicKind::kSet)) {
+    if (r.kind > static_cast<uint32_t>(SignalOp::kSet)) {
       bad = "unknown atomic kind " + std::to_string(r.kind);
     } else if (it == windows_.end()) {
       bad = "window " + std::to_string(r.window) + " is not registered here";
@@ -662,7 +662,7 @@ void VerbsTransport::applyControl(int peer, const ControlRecord& r) {
     }
     if (word) {
       // Performed under the shared lock so the window cannot be deregistered meanwhile.
-      if (r.kind == static_cast<uint32_t>(AtomicKind::kAdd))
+      if (r.kind == static_cast<uint32_t>(SignalOp::kAdd))
         atomicFetchAdd(word, r.value, kRelease);
       else
         atomicStore(word, r.value, kRelease);
@@ -1171,7 +1171,7 @@ void VerbsLane::postAtomic(const AtomicOp& op) {
   };
   if (!t_.connected_) invalid("the transport is not connected");
   if (op.peer < 0 || op.peer >= t_.world_) invalid("unknown peer (world size " + std::to_string(t_.world_) + ")");
-  if (op.kind != AtomicKind::kAdd && op.kind != AtomicKind::kSet) invalid("unknown atomic kind");
+  if (op.kind != SignalOp::kAdd && op.kind != SignalOp::kSet) invalid("unknown atomic kind");
   if (op.remoteOffset % kWordBytes != 0) invalid("the offset is not 8-byte aligned");
   PendingWr w;
   {
@@ -1185,12 +1185,12 @@ void VerbsLane::postAtomic(const AtomicOp& op) {
     if (r->second.key.cuda) invalid("atomics on GPU windows are not supported by the verbs transport");
     w.remote = r->second.key.addr + op.remoteOffset;
     w.rkey = r->second.key.rkey;
-    if (t_.nativeAtomics_ && op.kind == AtomicKind::kAdd && w.remote % kWordBytes != 0)
+    if (t_.nativeAtomics_ && op.kind == SignalOp::kAdd && w.remote % kWordBytes != 0)
       invalid("the word is not 8-byte aligned in memory (the window starts at an unaligned address)");
   }
   if (t_.failed(op.peer) || t_.stopping_.load(std::memory_order_relaxed)) return failedNow(op.cookie, op.peer);
   w.op = newOp(op.cookie, op.peer, 1);
-  if (t_.nativeAtomics_ && op.kind == AtomicKind::kAdd) {
+  if (t_.nativeAtomics_ && op.kind == SignalOp::kAdd) {
     w.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
     w.add = op.value;
     w.local = reinterpret_cast<uint64_t>(buffer_.get());  // the scratch word takes the old value

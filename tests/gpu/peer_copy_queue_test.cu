@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "byte_pattern.cuh"
-#include "gdx/atomic.hpp"
-#include "gdx/clock.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
 #include "gdx/peer_copy.hpp"
 #include "gdx/peer_copy_queue.hpp"

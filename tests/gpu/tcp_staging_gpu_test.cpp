@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "gdx/cuda_check.hpp"
+#include "gdx/detail/cuda_check.hpp"
 #include "gdx/error.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 
@@ -234,7 +234,7 @@ TEST(TcpStagingGpu, AtomicsOnGpuWindowsAreRefusedBySenderAndReceiver) {
   op.peer = 1;
   op.remoteWindow = kWordWindow;
   op.remoteOffset = 8;
-  op.kind = AtomicKind::kAdd;
+  op.kind = SignalOp::kAdd;
   op.value = 1;
   try {
     t[0]->lane(0).postAtomic(op);

@@ -17,7 +17,7 @@
 
 #include "gdx/context.hpp"
 #include "gdx/error.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 
@@ -184,7 +184,7 @@ TEST(VerbsTransport, SelectiveSignallingGivesEveryOpOneCompletion) {
   Completion c[64];
   for (int i = 0; i < kOps; ++i) {
     if (i % 10 == 9)
-      lane.postAtomic(AtomicOp{1, 2, 0, AtomicKind::kAdd, 1, static_cast<uint64_t>(i)});
+      lane.postAtomic(AtomicOp{1, 2, 0, SignalOp::kAdd, 1, static_cast<uint64_t>(i)});
     else
       lane.post(WriteOp{1, 1, i * kBytes, 1, i * kBytes, kBytes, i % 3 == 0, 1, static_cast<uint64_t>(i)});
     maxInFlight = std::max(maxInFlight, lane.inFlight());
@@ -263,15 +263,15 @@ void atomicsAreOrdered(bool native, uint32_t stagedRanks = 0) {
   connectAll(w, 1);
   TransportLane& lane = w[0]->lane(0);
   lane.post(WriteOp{1, 1, 0, 1, 0, src.bytes, false, 0, 1});
-  lane.postAtomic(AtomicOp{1, 2, 8, AtomicKind::kSet, 77, 2});
-  lane.postAtomic(AtomicOp{1, 2, 0, AtomicKind::kSet, 100, 3});
+  lane.postAtomic(AtomicOp{1, 2, 8, SignalOp::kSet, 77, 2});
+  lane.postAtomic(AtomicOp{1, 2, 0, SignalOp::kSet, 100, 3});
   // A native fetch-and-add is performed by the NIC, so it must not race with the receiver thread's set of the
   // same word: wait for the set to be visible first (transport.hpp's order holds either way in software mode).
   if (native) {
     drain(lane, 3);
     ASSERT_TRUE(waitFor([&] { return __atomic_load_n(&word[0], __ATOMIC_ACQUIRE) == 100; }, kTimeoutMs));
   }
-  for (int i = 0; i < 10; ++i) lane.postAtomic(AtomicOp{1, 2, 0, AtomicKind::kAdd, 5, 10u + i});
+  for (int i = 0; i < 10; ++i) lane.postAtomic(AtomicOp{1, 2, 0, SignalOp::kAdd, 5, 10u + i});
   lane.post(WriteOp{1, 1, 0, 1, 0, 8, true, 1, 99});
   auto c = drain(lane, native ? 11 : 14);
   for (auto& x : c) EXPECT_EQ(x.status, Status::kOk);
@@ -425,7 +425,7 @@ TEST(VerbsTransport, BadInputIsRefusedBeforeAnythingIsPosted) {
                                       {"overflow", [](WriteOp& o) { o.remoteOffset = ~0ull; }, "remote window"},
                                   },
                                   [&](const WriteOp& o) { lane.post(o); });
-  AtomicOp goodAtomic{1, 1, 8, AtomicKind::kAdd, 1, 2};
+  AtomicOp goodAtomic{1, 1, 8, SignalOp::kAdd, 1, 2};
   expectInvalidArguments<AtomicOp>(
       goodAtomic,
       {
@@ -433,7 +433,7 @@ TEST(VerbsTransport, BadInputIsRefusedBeforeAnythingIsPosted) {
           {"misaligned", [](AtomicOp& o) { o.remoteOffset = 4; }, "aligned"},
           {"past end", [](AtomicOp& o) { o.remoteOffset = 8192; }, "remote window"},
           {"unknown window", [](AtomicOp& o) { o.remoteWindow = 3; }, "remote window 3"},
-          {"unknown kind", [](AtomicOp& o) { o.kind = static_cast<AtomicKind>(7); }, "kind"},
+          {"unknown kind", [](AtomicOp& o) { o.kind = static_cast<SignalOp>(7); }, "kind"},
       },
       [&](const AtomicOp& o) { lane.postAtomic(o); });
   MessageOp goodMessage;

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "gdx/error.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/transport.hpp"
 
 namespace gdx::test {
 

@@ -32,7 +32,7 @@ std::string envFirst(std::initializer_list<const char*> names, const std::string
 }
 
 uint64_t defaultTimeoutNs() {
-  int64_t ms = envInt("GDX_TIMEOUT_MS", 30000);
+  int64_t ms = envInt("GDX_TIMEOUT_MS", static_cast<int64_t>(kDefaultTimeoutNs / 1000000));
   if (ms <= 0) throw Error(ErrorCode::kInvalidArgument, "GDX_TIMEOUT_MS must be positive");
   return static_cast<uint64_t>(ms) * 1000000ull;
 }

@@ -32,11 +32,10 @@
 #include <vector>
 
 #include "gdx/status.hpp"
+#include "gdx/types.hpp"
+#include "gdx/config.hpp"
 
 namespace gdx {
-
-/// Where a window's memory lives.
-enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
 
 /// One write, as posted by a proxy thread.
 struct WriteOp {
@@ -51,13 +50,12 @@ struct WriteOp {
   uint64_t cookie = 0;  ///< returned unchanged in the Completion
 };
 
-/// Remote 64-bit atomic operations a lane can post (signals and atomicAdd of the device API use them).
-enum class AtomicKind : uint8_t { kAdd = 0, kSet = 1 };
+/// A remote 64-bit atomic a lane can post (signals and atomicAdd of the device API use them).
 struct AtomicOp {
   int peer = -1;
   uint32_t remoteWindow = 0;
   uint64_t remoteOffset = 0;  ///< 8-byte aligned, inside the window
-  AtomicKind kind = AtomicKind::kAdd;
+  SignalOp kind = SignalOp::kAdd;
   uint64_t value = 0;
   uint64_t cookie = 0;  ///< returned unchanged in the Completion
 };
@@ -167,7 +165,7 @@ struct TcpTransportOptions {
   size_t chunkBytes = 1 << 20;   ///< writes larger than this are split over the sockets (GDX_TCP_CHUNK)
   std::string bindAddress = "";  ///< interface address to listen on; empty: the one MASTER_ADDR routes from
   std::string secret;            ///< the job secret; a connection that does not present it is refused
-  uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;
+  uint64_t timeoutNs = kDefaultTimeoutNs;
   /// Fills the fields above from GDX_TCP_SOCKETS / GDX_TCP_CHUNK / GDX_TCP_BIND_ADDR and GDX_TIMEOUT_MS.
   static TcpTransportOptions fromEnv(int rank, int worldSize, const std::string& secret);
 };
@@ -194,7 +192,7 @@ struct VerbsTransportOptions {
   /// GDX_IB_FORCE_STAGING (testing): host windows are staged like GPU windows that cannot be registered, so the
   /// staging protocol runs without a GPU.
   bool stageAllWindows = false;
-  uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;
+  uint64_t timeoutNs = kDefaultTimeoutNs;
   /// Fills the fields above from the GDX_IB_* variables and GDX_TIMEOUT_MS (lanes from GDX_PROXY_THREADS).
   static VerbsTransportOptions fromEnv(int rank, int worldSize);
 };
@@ -214,7 +212,7 @@ constexpr uint32_t kUnknownRemoteWindow = 0xffffffffu;
 
 /// Options of the loopback backend.
 struct LoopbackTransportOptions {
-  uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;  ///< bound of waiting for one GPU copy (GDX_TIMEOUT_MS)
+  uint64_t timeoutNs = kDefaultTimeoutNs;  ///< bound of waiting for one GPU copy (GDX_TIMEOUT_MS)
   /// Fills the fields above from GDX_TIMEOUT_MS.
   static LoopbackTransportOptions fromEnv();
 };

@@ -1,19 +1,19 @@
 #include "gdx/context.hpp"
 
-#include "core/direct_path.hpp"
-#include "core/forward_request.hpp"
+#include "runtime/direct_path.hpp"
+#include "runtime/relay.hpp"
 
 #include <chrono>
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
-#include "gdx/atomic.hpp"
-#include "gdx/clock.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
-#include "gdx/signal_imm.hpp"
+#include "gdx/detail/log.hpp"
+#include "gdx/detail/signal_imm.hpp"
 
 namespace gdx {
 namespace {
@@ -57,8 +57,8 @@ ContextOptions ContextOptions::fromEnv() {
 Context::Context(const ContextOptions& options) : Context(BootstrapConfig::fromEnv(), options) {}
 
 Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options) : options_(options) {
-  if (options_.timeoutNs == 0) options_.timeoutNs = defaultTimeoutNs();
-  if (options_.proxy.timeoutNs == 0) options_.proxy.timeoutNs = options_.timeoutNs;
+  if (options_.timeoutNs == 0) throw Error(ErrorCode::kInvalidArgument, "ContextOptions::timeoutNs must be positive");
+  options_.proxy.timeoutNs = options_.timeoutNs;
   gpu_ = selectGpu();
   // The GPU decides where proxy threads and rings live unless GDX_NUMA_NODE says otherwise.
   if (gpu_.present() && envInt("GDX_NUMA_NODE", -1) < 0) {
@@ -155,7 +155,8 @@ void Context::init() {
     }
   }
   direct_ = std::make_unique<DirectPaths>(*bootstrap_, gpu_, options_.numSignals);
-  proxy_ = std::make_unique<Proxy>(options_.proxy, transport_.get(), *registry_);
+  relay_ = std::make_unique<Relay>(*bootstrap_, *registry_, *direct_, gpu_, options_.timeoutNs);
+  proxy_ = std::make_unique<Proxy>(options_.proxy, transport_.get(), *registry_, relay_.get());
   proxy_->start();
   {
     // Under the same lock as onPeerFailure: a failure that came while connecting is applied now, one that
@@ -270,7 +271,6 @@ ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forw
                              devFailure,
                              options_.numSignals,
                              static_cast<uint32_t>(peer),
-                             options_.timeoutNs,
                              ~uint64_t{0},
                              // A relayed handle sends everything through the proxy to the relay.
                              peer == rank() || forwardTo >= 0 ? nullptr : direct_->deviceTable(peer),
@@ -278,35 +278,17 @@ ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forw
                              forwardTo};
 }
 
-void Context::checkRelay(int destination, int relay) const {
-  const std::string where = "rank " + std::to_string(rank()) + ": relay channel to rank " + std::to_string(destination) +
-                            " through rank " + std::to_string(relay) + ": ";
-  if (destination < 0 || destination >= worldSize() || relay < 0 || relay >= worldSize())
-    throw Error(ErrorCode::kInvalidArgument, where + "no such rank (world size " + std::to_string(worldSize()) + ")");
-  if (destination == relay || relay == rank())
-    throw Error(ErrorCode::kInvalidArgument, where + "the relay must be a third rank");
-  if (destination >= static_cast<int>(kMaxPeers) - 1)
-    throw Error(ErrorCode::kInvalidArgument, where + "ranks from " + std::to_string(kMaxPeers - 1) + " up cannot be forwarded to");
-  if (bootstrap_->hostname(destination) != bootstrap_->hostname(relay))
-    throw Error(ErrorCode::kInvalidArgument, where + "they are on different hosts (" + bootstrap_->hostname(destination) +
-                                                 ", " + bootstrap_->hostname(relay) + ")");
-}
-
 Channel Context::relayChannel(int destination, int relay, int ringIndex) {
-  checkRelay(destination, relay);
+  relay_->checkRoute(destination, relay);
   return makeChannel(relay, ringIndex, destination);
 }
 
 ChannelDeviceHandle Context::deviceRelayChannel(int destination, int relay, int ringIndex) {
-  checkRelay(destination, relay);
+  relay_->checkRoute(destination, relay);
   return makeDeviceChannel(relay, ringIndex, destination);
 }
 
-PeerCopyQueue* Context::forwarder() {
-  std::lock_guard<std::mutex> lock(forwarderMutex_);
-  return forwarder_.get();
-}
-
+PeerCopyQueue* Context::forwarder() { return relay_->forwarder(); }
 
 bool Context::isDirect(int peer) const { return direct_ && direct_->isDirect(peer); }
 
@@ -377,36 +359,16 @@ void Context::onImm(const RemoteWrite& w) {
     return;
   }
   uint64_t* word = static_cast<uint64_t*>(signals_->data()) + u.id;
-  if (u.add)
+  if (u.op == SignalOp::kAdd)
     atomicFetchAdd(word, u.value, kRelease);
   else
     atomicStore(word, u.value, kRelease);
 }
 
-// A forward request (core/forward_request.hpp) from a rank that sent data through this one: hand the range to the
-// copy queue, which moves it into the destination's window over NVLink and then updates the destination's signal.
-// The sender checked everything it could; what only this rank can know (a destination it reaches directly, its
-// windows) is checked here, and a request that fails is reported in the log and dropped: the destination's wait
-// then times out naming the signal.
+// Control messages are the relay's forward requests (runtime/relay.hpp); they come only from peers that saw this
+// context ready, so relay_ is in place.
 void Context::onMessage(const RemoteMessage& m) {
-  ForwardRequest f;
-  std::string why = decodeForward(m, &f);
-  ForwardTarget t;
-  if (why.empty()) why = direct_->resolveForward(f.destination, f.window, f.offset, f.bytes, f.signalId, &t);
-  if (why.empty()) {
-    try {
-      std::lock_guard<std::mutex> lock(forwarderMutex_);
-      if (!forwarder_) forwarder_ = std::make_unique<PeerCopyQueue>(gpu_.device, PeerCopyQueue::Options::fromEnv());
-      forwarder_->submit(t.src, t.dst, f.bytes, f.signalOp == ForwardRequest::kSignalNone ? nullptr : t.signal, f.value,
-                         f.signalOp == ForwardRequest::kSignalSet ? SignalOp::kSet : SignalOp::kAdd);
-      return;
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
-  }
-  GDX_ERROR("rank " << rank() << ": cannot forward for rank " << m.peer << " to rank " << f.destination << " (window "
-                    << f.window << " offset " << f.offset << ", " << f.bytes << " bytes, signal " << f.signalId
-                    << "): " << why);
+  if (relay_) relay_->onMessage(m);
 }
 
 void Context::onPeerFailure(int peer, const std::string& why) {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "gdx/transport.hpp"
+#include "gdx/types.hpp"
 
 namespace gdx {
 

@@ -1,12 +1,12 @@
-#include "gdx/ring.hpp"
+#include "gdx/detail/ring.hpp"
 
-#include "gdx/atomic.hpp"
+#include "gdx/detail/atomic.hpp"
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 
 #if defined(GDX_HAVE_CUDA)
-#include "gdx/cuda_check.hpp"
+#include "gdx/detail/cuda_check.hpp"
 #endif
 
 namespace gdx {
@@ -30,7 +30,7 @@ uint64_t checkedCapacity(uint64_t c) {
 
 CommandRing::CommandRing(const Options& o)
     : capacity_(checkedCapacity(o.capacity)),
-      timeoutNs_(o.timeoutNs ? o.timeoutNs : defaultTimeoutNs()),
+      timeoutNs_(o.timeoutNs),
       memory_(capacity_ * sizeof(Command) + kControlBytes, o.numaNode, /*mapForGpu=*/true) {
   auto* base = static_cast<char*>(memory_.data());
   slots_ = reinterpret_cast<Command*>(base);
@@ -98,7 +98,7 @@ size_t CommandRing::poll(Command* out, size_t max) {
   while (n < max) {
     Command c;
     if (!readSlot(localTail_, &c)) break;
-    if (c.opcode() == Opcode::kPutWithSignal) {
+    if (slotsFor(c.opcode()) == 2) {
       Command s;
       if (n + 2 > max || !readSlot(localTail_ + 1, &s)) break;
       out[n++] = c;

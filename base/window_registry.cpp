@@ -1,4 +1,4 @@
-#include "gdx/window_registry.hpp"
+#include "gdx/detail/window_registry.hpp"
 
 #include <sstream>
 

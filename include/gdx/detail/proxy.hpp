@@ -3,7 +3,8 @@
 // Each proxy thread owns `ringsPerThread` rings and one transport lane. Its loop: take a batch of commands
 // from each ring, check every command against the WindowRegistry, post it on the lane (one put -> one write;
 // putWithSignal -> one write-with-immediate, or a write then a remote atomic when the signal does not fit
-// the immediate; signal/atomicAdd -> one remote atomic), publish the ring's tail, then reap lane completions
+// the immediate; signal/atomicAdd -> one remote atomic; a relayed command -> the write to the relay, then the
+// relay's control message (RelayRequests)), publish the ring's tail, then reap lane completions
 // and advance each ring's in-order completion counter (what flush() waits on). A command that fails the check
 // is not posted: it is counted as an error, its message kept, and the ring's error word set, so producers'
 // waits return Status::kProxyError. Threads are pinned to the CPUs of one NUMA node and the rings' memory is
@@ -18,12 +19,26 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/placement.hpp"
-#include "gdx/ring.hpp"
-#include "gdx/transport.hpp"
-#include "gdx/window_registry.hpp"
+#include "gdx/detail/placement.hpp"
+#include "gdx/detail/ring.hpp"
+#include "gdx/detail/transport.hpp"
+#include "gdx/detail/window_registry.hpp"
+#include "gdx/config.hpp"
 
 namespace gdx {
+
+/// What the proxy does with relayed commands (a relayPut pair, or a putWithSignal or signal whose signal slot names a
+/// destination; command.hpp): the runtime's relay checks them and builds the control message the relay rank acts
+/// on. The proxy posts the command's data to the relay, then that message on the same lane.
+class RelayRequests {
+ public:
+  virtual ~RelayRequests() = default;
+  /// Empty when the relayed command can be forwarded, else why not. `second` is its second slot (the command
+  /// itself for a relayed signal).
+  virtual std::string check(const Command& first, const Command& second) const = 0;
+  /// The control message for the relay (first.peer()); the proxy sets its cookie.
+  virtual MessageOp request(const Command& first, const Command& second) const = 0;
+};
 
 /// Per-thread counters, updated by the proxy thread and readable at any time.
 struct ProxyCounters {
@@ -42,14 +57,15 @@ class Proxy {
                                    ///< the Context makes 1 when a GPU is present)
     uint64_t ringCapacity = 4096;  ///< GDX_RING_SIZE
     size_t maxInFlight = 1024;     ///< operations posted and not completed, per thread (GDX_PROXY_MAX_INFLIGHT)
-    uint64_t timeoutNs = 0;        ///< producers' bound; 0: defaultTimeoutNs()
+    uint64_t timeoutNs = kDefaultTimeoutNs;  ///< producers' and the drain's bound (GDX_TIMEOUT_MS)
     Placement placement;
     static Options fromEnv();
   };
 
   /// `transport` may be null: the proxy then completes every valid command without moving data (the null
-  /// transport of the command-rate benchmark).
-  Proxy(const Options& options, Transport* transport, const WindowRegistry& registry);
+  /// transport of the command-rate benchmark). `relay` may be null: relayed commands are then rejected.
+  Proxy(const Options& options, Transport* transport, const WindowRegistry& registry,
+        const RelayRequests* relay = nullptr);
   ~Proxy();
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -75,13 +91,23 @@ class Proxy {
 
  private:
   struct Thread;
+  class Posting;
   void run(Thread& t);
   void loop(Thread& t);
+  /// Takes a batch from ring `r` of thread `t` and posts it; returns the number of slots taken.
+  size_t drainRing(Thread& t, size_t r);
+  /// Reaps the lane's completions and publishes each ring's completed prefix; returns whether all rings are idle.
+  bool reapCompletions(Thread& t, size_t* reaped);
+  std::string checkCommand(const Command& c, const Command* second) const;
+  void postPut(Posting& p, const Command& c, const Command* signal);
+  void postRelayed(Posting& p, const Command& c, const Command& second);
+  void postAtomic(Posting& p, const Command& c);
   void recordError(const std::string& message);
 
   Options options_;
   Transport* transport_;
   const WindowRegistry& registry_;
+  const RelayRequests* relay_;
   std::vector<std::unique_ptr<CommandRing>> rings_;
   std::vector<int> hostRings_, deviceRings_;  // indexes into rings_
   std::vector<std::unique_ptr<Thread>> threads_;

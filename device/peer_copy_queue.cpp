@@ -6,18 +6,18 @@
 #include <sstream>
 
 #include "device/copy_queue_layout.hpp"
-#include "gdx/atomic.hpp"
-#include "gdx/clock.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/host_buffer.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/host_buffer.hpp"
+#include "gdx/detail/log.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "core/device_guard.hpp"
-#include "gdx/cuda_check.hpp"
+#include "base/device_guard.hpp"
+#include "gdx/detail/cuda_check.hpp"
 #endif
 
 namespace gdx {
@@ -28,6 +28,7 @@ PeerCopyQueue::Options PeerCopyQueue::Options::fromEnv() {
   o.capacity = static_cast<uint32_t>(envInt("GDX_COPY_QUEUE_DEPTH", o.capacity));
   o.chunkBytes = static_cast<uint64_t>(envInt("GDX_COPY_QUEUE_CHUNK", static_cast<int64_t>(o.chunkBytes)));
   o.idleNs = static_cast<uint64_t>(envInt("GDX_COPY_QUEUE_IDLE_US", static_cast<int64_t>(o.idleNs / 1000))) * 1000;
+  o.timeoutNs = defaultTimeoutNs();
   return o;
 }
 
@@ -44,7 +45,7 @@ PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(devic
   if (options_.capacity < 2) throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: capacity must be at least 2");
   if (options_.chunkBytes < 16 || options_.chunkBytes % 16 != 0 || options_.chunkBytes > (uint64_t{1} << 31))
     throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: chunkBytes must be a multiple of 16 in 16..2 GiB");
-  if (options_.timeoutNs == 0) options_.timeoutNs = defaultTimeoutNs();
+  if (options_.timeoutNs == 0) throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: timeoutNs must be positive");
   DeviceGuard guard(device_);
   // A persistent kernel whose blocks were not all resident would wait for itself.
   const unsigned resident = copy_queue::maxCopyBlocks(device_);
@@ -135,9 +136,7 @@ uint64_t PeerCopyQueue::submit(const void* src, void* dst, uint64_t bytes, uint6
   s.value = value;
   s.firstChunk = nextChunk_;
   s.chunks = static_cast<uint32_t>(chunks);
-  s.signalOp = signal == nullptr ? copy_queue::kSignalNone
-               : op == SignalOp::kAdd ? copy_queue::kSignalAdd
-                                      : copy_queue::kSignalSet;
+  s.signalOp = static_cast<uint32_t>(op);
   atomicStore(&s.seq, ticket + 1, kRelease);
   submitted_ = ticket + 1;
   nextChunk_ += chunks;

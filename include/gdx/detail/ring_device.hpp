@@ -25,11 +25,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "gdx/atomic.hpp"
-#include "gdx/clock.hpp"
-#include "gdx/command.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/clock.hpp"
+#include "gdx/detail/command.hpp"
 #include "gdx/device.hpp"
-#include "gdx/ptx.hpp"
+#include "gdx/detail/ptx.hpp"
 #include "gdx/status.hpp"
 
 namespace gdx {

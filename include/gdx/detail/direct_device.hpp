@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "gdx/command.hpp"
+#include "gdx/detail/command.hpp"
 
 namespace gdx {
 

@@ -1,4 +1,4 @@
-#include "gdx/host_buffer.hpp"
+#include "gdx/detail/host_buffer.hpp"
 
 #include <numa.h>
 #include <sched.h>
@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>

@@ -1,4 +1,4 @@
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 
 #include <unistd.h>
 

@@ -1,13 +1,13 @@
-#include "gdx/gpu.hpp"
+#include "gdx/detail/gpu.hpp"
 
 #include <cctype>
 
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 
 #if defined(GDX_HAVE_CUDA)
-#include "gdx/cuda_check.hpp"
+#include "gdx/detail/cuda_check.hpp"
 #endif
 
 namespace gdx {

@@ -4,7 +4,7 @@
 
 #include "gdx/context.hpp"
 #include "gdx/error.hpp"
-#include "gdx/signal_imm.hpp"
+#include "gdx/detail/put_commands.hpp"
 
 namespace gdx {
 namespace {
@@ -57,11 +57,13 @@ void Channel::push(const Command& c) {
   notePosition(pos);
 }
 
-void Channel::pushPair(const Command& first, const Command& second) {
-  uint64_t pos = 0;
-  Status s = ring_.pushPair(first, second, &pos);
-  if (s != Status::kOk) fail(s, "putWithSignal");
-  notePosition(pos);
+void Channel::pushPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes,
+                      const SignalUpdateArgs* signal) {
+  const PutTarget target{static_cast<uint32_t>(peer_), forwardTo_, dst.id(), dstOffset, src.id(), srcOffset};
+  uint64_t pos = ~uint64_t{0};
+  Status s = pushPutCommands(ring_, target, bytes, signal, &pos);
+  if (pos != ~uint64_t{0}) notePosition(pos);
+  if (s != Status::kOk) fail(s, signal ? "putWithSignal" : "put");
 }
 
 void Channel::checkPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
@@ -84,24 +86,10 @@ void Channel::checkSignal(uint32_t signalId) const {
                                                  std::to_string(context_->numSignals()) + " signals");
 }
 
-// Puts of at most kMaxCommandBytes each. On a relayed channel every one is a pair whose signal slot carries the
-// destination and adds 0 to signal 0 (no signal): the relay forwards each piece as it arrives.
-void Channel::pushPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) {
-  for (uint64_t done = 0; done < bytes;) {
-    uint64_t n = std::min<uint64_t>(bytes - done, kMaxCommandBytes);
-    Command put = Command::put(peer_, src.id(), srcOffset + done, dst.id(), dstOffset + done, n, forwardTo_ >= 0);
-    if (forwardTo_ >= 0)
-      pushPair(put, Command::signal(peer_, 0, 0, true, forwardTo_));
-    else
-      push(put);
-    done += n;
-  }
-}
-
 void Channel::put(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) {
   if (bytes == 0) return;  // as in NVSHMEM: nothing to move
   checkPut(dst, dstOffset, src, srcOffset, bytes);
-  pushPut(dst, dstOffset, src, srcOffset, bytes);
+  pushPut(dst, dstOffset, src, srcOffset, bytes, nullptr);
 }
 
 void Channel::putWithSignal(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
@@ -109,17 +97,13 @@ void Channel::putWithSignal(const Window& dst, uint64_t dstOffset, const Window&
   if (bytes == 0) return signal(signalId, value, op);  // the signal still matters ("no data for you")
   checkPut(dst, dstOffset, src, srcOffset, bytes);
   checkSignal(signalId);
-  // Chunks before the last go as plain puts; the signal rides on the last one, and the ordering of the
-  // channel's ring and lane (and of the relay's copy queue) makes it visible only after all of them.
-  const uint64_t last = lastCommandOffset(bytes);
-  pushPut(dst, dstOffset, src, srcOffset, last);
-  pushPair(Command::put(peer_, src.id(), srcOffset + last, dst.id(), dstOffset + last, bytes - last, true),
-           Command::signal(peer_, signalId, value, op == SignalOp::kAdd, forwardTo_));
+  const SignalUpdateArgs update{signalId, value, op};
+  pushPut(dst, dstOffset, src, srcOffset, bytes, &update);
 }
 
 void Channel::signal(uint32_t signalId, uint64_t value, SignalOp op) {
   checkSignal(signalId);
-  push(Command::signal(peer_, signalId, value, op == SignalOp::kAdd, forwardTo_));
+  push(Command::signal(peer_, signalId, value, op, forwardTo_));
 }
 
 void Channel::atomicAdd(const Window& dst, uint64_t dstOffset, uint64_t value) {

@@ -1,18 +1,18 @@
-#include "core/direct_path.hpp"
+#include "runtime/direct_path.hpp"
 
 #include <algorithm>
 #include <cstring>
 
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "gdx/log.hpp"
+#include "gdx/detail/log.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda.h>  // types only: the driver is reached through cudaGetDriverEntryPointByVersion, never linked
 #include <cuda_runtime_api.h>
 
-#include "core/device_guard.hpp"
-#include "gdx/cuda_check.hpp"
+#include "base/device_guard.hpp"
+#include "gdx/detail/cuda_check.hpp"
 #endif
 
 namespace gdx {
@@ -267,24 +267,6 @@ void DirectPaths::upload(Peer& p) {
 #else
   (void)p;
 #endif
-}
-
-std::string DirectPaths::resolveForward(int peer, uint32_t window, uint64_t offset, uint64_t bytes, uint32_t signalId,
-                                        ForwardTarget* out) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = peers_.find(peer);
-  if (it == peers_.end()) return "rank " + std::to_string(peer) + " is not reached directly from this GPU";
-  const DirectPeer& d = it->second.host;
-  if (window >= kMaxWindows || !d.localBase[window] || !d.peerBase[window])
-    return "window " + std::to_string(window) + " is not a GPU window on both ranks";
-  const uint64_t limit = std::min(d.localBytes[window], d.peerBytes[window]);
-  if (offset > limit || bytes > limit - offset)
-    return "range past the end of the window (" + std::to_string(limit) + " bytes)";
-  if (signalId >= d.peerNumSignals) return "signal id out of range";
-  out->src = d.localBase[window] + offset;
-  out->dst = d.peerBase[window] + offset;
-  out->signal = d.peerSignals + signalId;
-  return {};
 }
 
 bool DirectPaths::isDirect(int peer) const { return peers_.count(peer) != 0; }

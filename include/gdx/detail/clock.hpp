@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "gdx/device.hpp"
-#include "gdx/ptx.hpp"
+#include "gdx/detail/ptx.hpp"
 
 #if !GDX_DEVICE_COMPILE
 #include <chrono>

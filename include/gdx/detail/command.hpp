@@ -7,24 +7,28 @@
 // the lap bit, a consumer that reads the two halves at different times can tell a torn read from a valid one.
 //
 //   payload bit  0.. 3  opcode
-//   payload bit  4..15  peer (destination rank)
-//   put / putWithSignal:
+//   payload bit  4..15  peer (destination rank, or the relay of a relayed command)
+//   put / putWithSignal / relayPut:
 //                16..21  source window id       22..27  destination window id
 //                28..51  size in bytes (< 16 MiB; larger puts are split by the API)
 //                52..88  source offset           89..125 destination offset (< 128 GiB each)
 //   signal set / add (also the second slot of a putWithSignal):
 //                16..31  signal id               32..95  64-bit value
 //                96..107 forward: 0, or 1 + the rank the peer forwards the data and the signal to (relay)
+//   relayTo (the second slot of a relayPut):
+//                96..107 1 + the rank the relay forwards the put's data to
 //   atomic add:  16..21  destination window id   22..58  destination offset   59..122  64-bit addend
 //
-// A putWithSignal occupies two consecutive ring slots: a kPutWithSignal command and then a kSignalSet or
-// kSignalAdd command for the same peer. The proxy turns the pair into one write-with-immediate.
+// Two commands occupy two consecutive ring slots (slotsFor): a putWithSignal, followed by a kSignalSet or kSignalAdd
+// command for the same peer (the proxy turns the pair into one write-with-immediate), and a relayPut, followed by a
+// relayTo command that names the rank the relay forwards the data to (a relayed put without a signal).
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
 #include "gdx/device.hpp"
+#include "gdx/types.hpp"
 
 namespace gdx {
 
@@ -35,8 +39,10 @@ enum class Opcode : uint8_t {
   kSignalSet = 3,
   kSignalAdd = 4,
   kAtomicAdd = 5,
+  kRelayPut = 6,
+  kRelayTo = 7,
 };
-constexpr int kNumOpcodes = 6;
+constexpr int kNumOpcodes = 8;
 
 /// Field widths, in bits.
 constexpr int kOpcodeBits = 4;
@@ -123,7 +129,8 @@ struct alignas(16) Command {
   GDX_HOST_DEVICE_INLINE uint64_t value() const {
     return field(opcode() == Opcode::kAtomicAdd ? kAtomicValuePos : kSignalValuePos, kValueBits);
   }
-  /// Signal slots: the rank the receiving peer forwards to (a relay), or -1 when the peer is the destination.
+  /// Signal and relayTo slots: the rank the receiving peer forwards to (a relay), or -1 when the peer is the
+  /// destination.
   GDX_HOST_DEVICE_INLINE int forwardTo() const { return static_cast<int>(field(kForwardPos, kPeerBits)) - 1; }
   /// The lap bit this command was published with (both words agree unless the read was torn).
   GDX_HOST_DEVICE_INLINE bool lapsAgree(uint64_t lap) const {
@@ -142,11 +149,11 @@ struct alignas(16) Command {
     return c;
   }
 
-  /// A put (or the first slot of a putWithSignal when `withSignal`).
+  /// A put; `op` kPutWithSignal or kRelayPut makes it the first slot of such a pair.
   GDX_HOST_DEVICE_INLINE static Command put(uint32_t peer, uint32_t srcWindow, uint64_t srcOffset, uint32_t dstWindow,
-                                            uint64_t dstOffset, uint64_t bytes, bool withSignal = false) {
+                                            uint64_t dstOffset, uint64_t bytes, Opcode op = Opcode::kPut) {
     Command c{{0, 0}};
-    c.setField(kOpcodePos, kOpcodeBits, static_cast<uint64_t>(withSignal ? Opcode::kPutWithSignal : Opcode::kPut));
+    c.setField(kOpcodePos, kOpcodeBits, static_cast<uint64_t>(op));
     c.setField(kPeerPos, kPeerBits, peer);
     c.setField(kSrcWindowPos, kWindowIdBits, srcWindow);
     c.setField(kDstWindowPos, kWindowIdBits, dstWindow);
@@ -155,17 +162,30 @@ struct alignas(16) Command {
     c.setField(kDstOffsetPos, kOffsetBits, dstOffset);
     return c;
   }
-  /// A signal update: `add` selects kSignalAdd, otherwise kSignalSet. forwardTo >= 0: `peer` is a relay that
-  /// forwards the update (and, in the second slot of a putWithSignal, the put's data) to rank forwardTo.
-  GDX_HOST_DEVICE_INLINE static Command signal(uint32_t peer, uint32_t signalId, uint64_t value, bool add,
+  /// A signal update (kSignalAdd or kSignalSet). forwardTo >= 0: `peer` is a relay that forwards the update (and,
+  /// in the second slot of a putWithSignal, the put's data) to rank forwardTo.
+  GDX_HOST_DEVICE_INLINE static Command signal(uint32_t peer, uint32_t signalId, uint64_t value, SignalOp op,
                                                int forwardTo = -1) {
     Command c{{0, 0}};
-    c.setField(kOpcodePos, kOpcodeBits, static_cast<uint64_t>(add ? Opcode::kSignalAdd : Opcode::kSignalSet));
+    c.setField(kOpcodePos, kOpcodeBits,
+               static_cast<uint64_t>(op == SignalOp::kAdd ? Opcode::kSignalAdd : Opcode::kSignalSet));
     c.setField(kPeerPos, kPeerBits, peer);
     c.setField(kSignalIdPos, kSignalIdBits, signalId);
     c.setField(kSignalValuePos, kValueBits, value);
     if (forwardTo >= 0) c.setField(kForwardPos, kPeerBits, static_cast<uint64_t>(forwardTo) + 1);
     return c;
+  }
+  /// The second slot of a relayPut: the relay `peer` forwards the put's data to rank `forwardTo`.
+  GDX_HOST_DEVICE_INLINE static Command relayTo(uint32_t peer, int forwardTo) {
+    Command c{{0, 0}};
+    c.setField(kOpcodePos, kOpcodeBits, static_cast<uint64_t>(Opcode::kRelayTo));
+    c.setField(kPeerPos, kPeerBits, peer);
+    c.setField(kForwardPos, kPeerBits, static_cast<uint64_t>(forwardTo) + 1);
+    return c;
+  }
+  /// The signal update a kSignalSet / kSignalAdd slot carries.
+  GDX_HOST_DEVICE_INLINE SignalOp signalOp() const {
+    return opcode() == Opcode::kSignalSet ? SignalOp::kSet : SignalOp::kAdd;
   }
   GDX_HOST_DEVICE_INLINE static Command atomicAdd(uint32_t peer, uint32_t dstWindow, uint64_t dstOffset,
                                                   uint64_t addend) {
@@ -183,9 +203,6 @@ static_assert(sizeof(Command) == 16, "a command is exactly 16 bytes");
 static_assert(alignof(Command) == 16, "a command is published with one 16-byte store");
 static_assert(std::is_trivially_copyable<Command>::value, "commands are copied as raw bytes");
 
-/// What a signal update does to the 64-bit counter.
-enum class SignalOp : uint8_t { kAdd = 0, kSet = 1 };
-
 /// Where the last command of a put of `bytes` starts: puts larger than kMaxCommandBytes are split into full
 /// commands and a last one of 1..kMaxCommandBytes bytes, which carries the signal of a putWithSignal.
 GDX_HOST_DEVICE_INLINE uint64_t lastCommandOffset(uint64_t bytes) {
@@ -193,7 +210,9 @@ GDX_HOST_DEVICE_INLINE uint64_t lastCommandOffset(uint64_t bytes) {
 }
 
 /// Number of ring slots a command of this opcode occupies.
-GDX_HOST_DEVICE_INLINE int slotsFor(Opcode op) { return op == Opcode::kPutWithSignal ? 2 : 1; }
+GDX_HOST_DEVICE_INLINE int slotsFor(Opcode op) {
+  return op == Opcode::kPutWithSignal || op == Opcode::kRelayPut ? 2 : 1;
+}
 
 /// Printable opcode name for error messages.
 inline const char* opcodeName(Opcode op) {
@@ -204,6 +223,8 @@ inline const char* opcodeName(Opcode op) {
     case Opcode::kSignalSet: return "signalSet";
     case Opcode::kSignalAdd: return "signalAdd";
     case Opcode::kAtomicAdd: return "atomicAdd";
+    case Opcode::kRelayPut: return "relayPut";
+    case Opcode::kRelayTo: return "relayTo";
   }
   return "unknown";
 }

@@ -2,14 +2,14 @@
 // putWithSignal (a small add or set) costs one transport operation. Updates that do not fit travel as a
 // separate remote atomic on the signal window, ordered after the write.
 //
-//   imm bits 31..30  operation: 1 add, 2 set (0 never appears on the wire)
+//   imm bits 31..30  operation: 1 + SignalOp (1 add, 2 set; 0 never appears on the wire)
 //   imm bits 29..16  signal id (< 16384)
 //   imm bits 15..0   value (< 65536)
 #pragma once
 
 #include <cstdint>
 
-#include "gdx/command.hpp"
+#include "gdx/detail/command.hpp"
 #include "gdx/device.hpp"
 
 namespace gdx {
@@ -23,27 +23,25 @@ constexpr int kImmOpShift = 30;
 constexpr int kImmIdShift = 16;
 constexpr uint32_t kImmIdLimit = 1u << 14;
 constexpr uint64_t kImmValueLimit = 1u << 16;
-constexpr uint32_t kImmOpAdd = 1;
-constexpr uint32_t kImmOpSet = 2;
 
 /// Encodes the update into *imm when it fits; returns false when it must travel as an atomic instead.
-GDX_HOST_DEVICE_INLINE bool encodeSignalImm(bool add, uint32_t id, uint64_t value, uint32_t* imm) {
+GDX_HOST_DEVICE_INLINE bool encodeSignalImm(SignalOp op, uint32_t id, uint64_t value, uint32_t* imm) {
   if (id >= kImmIdLimit || value >= kImmValueLimit) return false;
-  *imm = ((add ? kImmOpAdd : kImmOpSet) << kImmOpShift) | (id << kImmIdShift) | static_cast<uint32_t>(value);
+  *imm = ((1u + static_cast<uint32_t>(op)) << kImmOpShift) | (id << kImmIdShift) | static_cast<uint32_t>(value);
   return true;
 }
 
 struct SignalUpdate {
   bool valid;
-  bool add;
+  SignalOp op;
   uint32_t id;
   uint64_t value;
 };
 
 GDX_HOST_DEVICE_INLINE SignalUpdate decodeSignalImm(uint32_t imm) {
-  uint32_t op = imm >> kImmOpShift;
-  return SignalUpdate{op == kImmOpAdd || op == kImmOpSet, op == kImmOpAdd, (imm >> kImmIdShift) & (kImmIdLimit - 1),
-                      imm & (kImmValueLimit - 1)};
+  const uint32_t wire = imm >> kImmOpShift;
+  return SignalUpdate{wire == 1 || wire == 2, wire == 2 ? SignalOp::kSet : SignalOp::kAdd,
+                      (imm >> kImmIdShift) & (kImmIdLimit - 1), imm & (kImmValueLimit - 1)};
 }
 
 }  // namespace gdx

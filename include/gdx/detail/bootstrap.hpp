@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "gdx/config.hpp"
 
 namespace gdx {
 
@@ -17,7 +18,7 @@ struct BootstrapConfig {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
   std::string secret;                   ///< per-job secret; all ranks of a job must agree
-  uint64_t timeoutNs = 30ull * 1000 * 1000 * 1000;
+  uint64_t timeoutNs = kDefaultTimeoutNs;
 
   /// Reads GDX_RANK / RANK, GDX_WORLD_SIZE / WORLD_SIZE, GDX_LOCAL_RANK / LOCAL_RANK, GDX_MASTER_ADDR /
   /// MASTER_ADDR, GDX_MASTER_PORT / MASTER_PORT (GDX_ variables win), GDX_JOB_SECRET (else a secret derived

@@ -14,20 +14,12 @@
 #include <utility>
 #include <vector>
 
-#include "gdx/bootstrap.hpp"
-#include "gdx/direct_device.hpp"
-#include "gdx/gpu.hpp"
-#include "gdx/transport.hpp"
+#include "gdx/detail/bootstrap.hpp"
+#include "gdx/detail/direct_device.hpp"
+#include "gdx/detail/gpu.hpp"
+#include "gdx/detail/transport.hpp"
 
 namespace gdx {
-
-/// Where a relayed range goes: this rank's window as the GPU addresses it, the destination's mapped window, and
-/// the destination's device signal word.
-struct ForwardTarget {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  uint64_t* signal = nullptr;
-};
 
 class DirectPaths {
  public:
@@ -46,9 +38,14 @@ class DirectPaths {
   bool isDirect(int peer) const;
   /// The device table for `peer`; null: the proxy path.
   const DirectPeer* deviceTable(int peer) const;
-  /// Resolves a forward request to `peer`; empty when valid (then *out is set), else why not.
-  std::string resolveForward(int peer, uint32_t window, uint64_t offset, uint64_t bytes, uint32_t signalId,
-                             ForwardTarget* out) const;
+  /// Calls f(table) with the host-side mirror of `peer`'s device table (null when `peer` is not direct), under
+  /// the lock that window registration takes, and returns what f returns (the relay resolves requests with it).
+  template <typename F>
+  auto withPeerTable(int peer, F&& f) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = peers_.find(peer);
+    return f(it == peers_.end() ? static_cast<const DirectPeer*>(nullptr) : &it->second.host);
+  }
   /// This rank's device signal array (null without a GPU).
   uint64_t* deviceSignals() const { return deviceSignals_; }
   /// True when some peer may update the device signal array (a GPU rank on this host besides this one).

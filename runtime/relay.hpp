@@ -1,0 +1,88 @@
+// The relay (internal to the Context): how a rank reaches a GPU of another host through a rank on that host, in one
+// unit — the sender's checks, the forward request it sends, and the relay rank's receive side.
+//
+//  sender:  Context::relayChannel(destination, relay) checks the route (checkRoute). Each relayed command (a relayPut
+//           pair, a putWithSignal or a signal whose signal slot names the destination; command.hpp) is checked by the
+//           proxy through check() and becomes: the data written into the relay's copy of the destination window (same
+//           id, same offset; no immediate), then the forward request of request() as a transport control message on
+//           the same lane, which the relay therefore handles only once that data is in place.
+//  relay:   onMessage() decodes the request, resolves it against the direct path (this GPU must reach the destination's
+//           GPU directly, the window must be a GPU window on both) and submits it to the forwarder, a PeerCopyQueue
+//           that copies over NVLink and then raises the destination's device signal, in submission order.
+// A request the relay cannot serve is logged and dropped; the destination's wait then times out naming the signal.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "gdx/detail/bootstrap.hpp"
+#include "gdx/detail/gpu.hpp"
+#include "gdx/detail/proxy.hpp"
+#include "gdx/detail/transport.hpp"
+#include "gdx/detail/window_registry.hpp"
+#include "gdx/peer_copy_queue.hpp"
+
+namespace gdx {
+
+class DirectPaths;
+
+/// The control message a relay receives for every forwarded operation.
+struct ForwardRequest {
+  static constexpr uint32_t kMagic = 0x46574431;  // "FWD1"
+  uint32_t magic = kMagic;
+  uint32_t window = 0;       ///< window id, at the relay and at the destination
+  uint64_t offset = 0;
+  uint64_t bytes = 0;        ///< 0: only the signal
+  uint64_t value = 0;
+  int32_t destination = -1;  ///< the rank the relay forwards to
+  uint32_t signalId = 0;
+  uint8_t hasSignal = 0;     ///< 1: raise signalId at the destination after the data
+  uint8_t signalOp = 0;      ///< a SignalOp
+  uint8_t pad[6] = {};
+};
+static_assert(sizeof(ForwardRequest) <= kMaxMessageBytes, "a forward request fits in one control message");
+
+/// Empty when `m` is a well-formed forward request (then *out holds it), else why not.
+std::string decodeForward(const RemoteMessage& m, ForwardRequest* out);
+
+class Relay final : public RelayRequests {
+ public:
+  Relay(const Bootstrap& bootstrap, const WindowRegistry& registry, const DirectPaths& direct, const GpuInfo& gpu,
+        uint64_t timeoutNs);
+  ~Relay() override;
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  /// Sender side: throws gdx::Error(kInvalidArgument) unless `relay` can forward this rank's data to `destination`
+  /// (both exist, three distinct ranks, one host).
+  void checkRoute(int destination, int relay) const;
+  std::string check(const Command& first, const Command& second) const override;
+  MessageOp request(const Command& first, const Command& second) const override;
+
+  /// Relay side: one forward request from `m.peer` (called from transport threads).
+  void onMessage(const RemoteMessage& m);
+  /// The forwarding queue, created by the first request this rank relays; null until then.
+  PeerCopyQueue* forwarder();
+
+ private:
+  /// Where a forwarded range goes: this rank's window as the GPU addresses it, the destination's mapped window, and
+  /// the destination's device signal word. Empty when the direct path serves it, else why not.
+  struct Target {
+    const void* src = nullptr;
+    void* dst = nullptr;
+    uint64_t* signal = nullptr;
+  };
+  std::string resolve(const ForwardRequest& f, Target* out) const;
+
+  const Bootstrap& bootstrap_;
+  const WindowRegistry& registry_;
+  const DirectPaths& direct_;
+  int device_;
+  uint64_t timeoutNs_;
+  std::mutex mutex_;
+  std::unique_ptr<PeerCopyQueue> queue_;
+};
+
+}  // namespace gdx

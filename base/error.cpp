@@ -44,4 +44,16 @@ VerbsError::VerbsError(const std::string& call, int err, const char* file, int l
                                      file, line)),
       err_(err) {}
 
+ErrorCode errorCodeFor(Status status) {
+  switch (status) {
+    case Status::kOk: return ErrorCode::kOk;
+    case Status::kTimeout: return ErrorCode::kTimeout;
+    case Status::kPeerFailed: return ErrorCode::kPeerFailed;
+    case Status::kInvalidArgument:
+    case Status::kProxyError: return ErrorCode::kInvalidArgument;
+    case Status::kShutdown: return ErrorCode::kShutdown;
+  }
+  return ErrorCode::kInternal;
+}
+
 }  // namespace gdx

@@ -7,19 +7,6 @@
 #include "gdx/detail/put_commands.hpp"
 
 namespace gdx {
-namespace {
-ErrorCode errorCodeFor(Status s) {
-  switch (s) {
-    case Status::kTimeout: return ErrorCode::kTimeout;
-    case Status::kPeerFailed: return ErrorCode::kPeerFailed;
-    case Status::kInvalidArgument:
-    case Status::kProxyError: return ErrorCode::kInvalidArgument;
-    case Status::kShutdown: return ErrorCode::kShutdown;
-    default: return ErrorCode::kInternal;
-  }
-}
-}  // namespace
-
 Channel::Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring, int forwardTo)
     : context_(context),
       peer_(peer),

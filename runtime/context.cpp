@@ -340,10 +340,7 @@ void Context::wait(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
                     std::to_string(id < options_.numSignals ? signalValue(id) : 0);
   std::string why = failure();
   if (!why.empty()) msg += "; " + why;
-  throw Error(s == Status::kTimeout ? ErrorCode::kTimeout
-              : s == Status::kInvalidArgument ? ErrorCode::kInvalidArgument
-                                              : ErrorCode::kPeerFailed,
-              msg);
+  throw Error(errorCodeFor(s), msg);
 }
 
 std::string Context::failure() const {

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "gdx/status.hpp"
+
 namespace gdx {
 
 enum class ErrorCode : int {
@@ -23,6 +25,10 @@ enum class ErrorCode : int {
 };
 
 const char* errorCodeName(ErrorCode code);
+
+/// The ErrorCode a host call throws for a Status a wait or an enqueue returned: the one mapping gdx uses. A proxy
+/// error is a command the proxy refused (or could not post), so the caller gets kInvalidArgument.
+ErrorCode errorCodeFor(Status status);
 
 class Error : public std::runtime_error {
  public:

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the build tree BUILD_DIR into a scratch prefix, then builds tests/install/consumer.cpp against it twice —
+# with CMake's find_package(gdx) and with pkg-config gdx — and runs both programs without LD_LIBRARY_PATH.
+# Usage: run.sh BUILD_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+unset LD_LIBRARY_PATH
+port=$((20000 + RANDOM % 20000))
+run() { GDX_RANK=0 GDX_WORLD_SIZE=1 GDX_MASTER_PORT=$port timeout 120 "$@"; }
+
+echo "== find_package(gdx)"
+cmake -S "$here" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$work/cmake-build" >/dev/null
+run "$work/cmake-build/consumer"
+
+echo "== pkg-config gdx"
+pcdir=$(dirname "$(find "$work/prefix" -name gdx.pc | head -n 1)")
+flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --define-variable=prefix="$work/prefix" --cflags --libs gdx)
+echo "pkg-config --cflags --libs gdx: $flags"
+# shellcheck disable=SC2086
+g++ -std=c++17 -O1 "$here/consumer.cpp" -o "$work/consumer-pc" $flags
+run "$work/consumer-pc"

@@ -1,4 +1,4 @@
-// The memory shared by a PeerCopyQueue (host side, core/peer_copy_queue.cpp) and its persistent kernel
+// The memory shared by a PeerCopyQueue (host side, device/peer_copy_queue.cpp) and its persistent kernel
 // (device/copy_queue_kernel.cu). Internal to the library; users see include/gdx/peer_copy_queue.hpp.
 //
 // Protocol (one host producer at a time, under the queue's mutex; the kernel is the consumer):

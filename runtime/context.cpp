@@ -170,9 +170,11 @@ void Context::init() {
     }
   }
   bootstrap_->barrier();
-  GDX_INFO("context ready: rank " << rank << " of " << world << ", transport " << transport_->name() << " ("
-                                  << options_.tcpSockets << " sockets per peer), " << options_.numSignals
-                                  << " signals");
+  GDX_INFO("context ready: rank " << rank << " of " << world << ", transport " << transport_->name()
+                                  << (options_.transport == "tcp"
+                                          ? " (" + std::to_string(options_.tcpSockets) + " sockets per peer)"
+                                          : std::string())
+                                  << ", " << options_.numSignals << " signals");
 }
 
 Context::~Context() { shutdownThreads(); }

@@ -33,7 +33,7 @@ class Relay;
 struct ContextOptions {
   Proxy::Options proxy;           ///< threads, rings, ring size, in-flight cap, placement
   uint32_t numSignals = 1024;     ///< GDX_NUM_SIGNALS (at most kMaxSignals)
-  std::string transport = "tcp";  ///< GDX_TRANSPORT: tcp
+  std::string transport = "tcp";  ///< GDX_TRANSPORT: tcp, verbs (built with rdma-core), loopback (one rank)
   int tcpSockets = 4;             ///< GDX_TCP_SOCKETS
   uint64_t timeoutNs = kDefaultTimeoutNs;  ///< every wait's bound (GDX_TIMEOUT_MS), passed to all the context builds
   /// Reads the variables above; placement from GDX_NUMA_NODE or the calling thread's node.

@@ -1,5 +1,5 @@
 // The transport interface: one-sided writes with an optional 32-bit immediate, the semantics of an RDMA
-// reliable-connected queue pair. Backends live in rdma/ (tcp today, verbs next); the proxy sees only this.
+// reliable-connected queue pair. Backends live in rdma/ (verbs/, tcp/, loopback/); the proxy sees only this.
 //
 // Semantics every backend provides:
 //  * Windows are registered locally under an id chosen by the caller (the Context); peers learn (id, size,

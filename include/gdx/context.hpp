@@ -17,6 +17,7 @@
 #include "gdx/detail/bootstrap.hpp"
 #include "gdx/channel.hpp"
 #include "gdx/channel_device.hpp"
+#include "gdx/error.hpp"
 #include "gdx/detail/gpu.hpp"
 #include "gdx/detail/host_buffer.hpp"
 #include "gdx/peer_copy_queue.hpp"

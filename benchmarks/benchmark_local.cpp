@@ -4,7 +4,7 @@
 // measures, per message size, the one-way latency (half a putWithSignal ping-pong), the bandwidth of a stream
 // of puts closed by a putWithSignal, and the message rate; rank 1 answers. Started by hand it runs both ranks.
 //
-//   benchmark_local [--mode auto|host|gpu] [--min-bytes N] [--max-bytes N] [--json FILE]
+//   benchmark_local [--mode auto|host|gpu] [--min-bytes N] [--max-bytes N] [--json FILE]   (--help says more)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/cli.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/context.hpp"
 #include "gdx/error.hpp"
@@ -45,16 +46,25 @@ double seconds(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   size_t minBytes = 8, maxBytes = 0;
   std::string json = "benchmark_local.json", mode = "auto";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--mode") mode = argv[i + 1];
-    else if (a == "--min-bytes") minBytes = std::stoull(argv[i + 1]);
-    else if (a == "--max-bytes") maxBytes = std::stoull(argv[i + 1]);
-    else if (a == "--json") json = argv[i + 1];
-    else {
-      std::fprintf(stderr, "usage: %s [--mode auto|host|gpu] [--min-bytes N] [--max-bytes N] [--json FILE]\n", argv[0]);
-      return 2;
-    }
+  const int parsed = gdx::bench::parseFlags(
+      argc, argv,
+      "Measures gdx on this machine: one-way latency (half a putWithSignal ping-pong), bandwidth and message rate\n"
+      "per size. GPU mode (a GPU and a CUDA build): kernels -> command ring -> proxy, the raw GPU->CPU->GPU round\n"
+      "trip and the command rate beside it. Host mode: host threads -> ring -> proxy -> TCP over loopback -> a\n"
+      "second process. Started by hand it runs its two ranks itself; prints a table and writes JSON.",
+      {{"--mode", "auto|host|gpu", "auto: gpu where a GPU is present, else host",
+        [&](const std::string& v) {
+          if (v != "auto" && v != "host" && v != "gpu") throw std::invalid_argument("not auto, host or gpu");
+          mode = v;
+        }},
+       {"--min-bytes", "N", "smallest message (default 8)", [&](const std::string& v) { minBytes = gdx::bench::parseCount(v); }},
+       {"--max-bytes", "N", "largest message (default 64M host, the GPU mode's own)",
+        [&](const std::string& v) { maxBytes = gdx::bench::parseCount(v); }},
+       {"--json", "FILE", "where the results go (default benchmark_local.json)", [&](const std::string& v) { json = v; }}});
+  if (parsed >= 0) return parsed;
+  if (minBytes == 0 || (maxBytes != 0 && maxBytes < minBytes)) {
+    std::fprintf(stderr, "benchmark_local: --min-bytes must be positive and at most --max-bytes\n");
+    return 2;
   }
 #if defined(GDX_HAVE_CUDA)
   if (mode == "gpu" || (mode == "auto" && !std::getenv("GDX_BENCH_MODE_HOST") && gdx::bench::gpuAvailable())) {
@@ -71,7 +81,13 @@ int main(int argc, char** argv) {
   }
 #endif
   if (mode == "gpu") {
-    std::fprintf(stderr, "benchmark_local: --mode gpu needs a CUDA build and a GPU\n");
+    std::fprintf(stderr, "benchmark_local: --mode gpu needs a GPU and a build with CUDA; this %s\n",
+#if defined(GDX_HAVE_CUDA)
+                 "machine has no usable GPU"
+#else
+                 "build has no CUDA"
+#endif
+    );
     return 2;
   }
   if (maxBytes == 0) maxBytes = size_t{64} << 20;
@@ -132,9 +148,10 @@ int main(int argc, char** argv) {
       gdx::ProxyCounters c = ctx.proxy().totalCounters();
       std::printf("benchmark_local (host mode): host threads -> ring -> proxy -> %s loopback -> second process\n",
                   ctx.transport().name().c_str());
-      std::printf("%12s %14s %14s %16s\n", "bytes", "latency_us", "GB/s", "messages/s");
+      std::printf("latency: one way (half a putWithSignal ping-pong); GB/s and messages/s: a stream of puts\n");
+      std::printf("%12s %18s %14s %16s\n", "bytes", "one-way_latency_us", "GB/s", "messages/s");
       for (const Row& r : rows)
-        std::printf("%12zu %14.2f %14.3f %16.0f\n", r.bytes, r.latencyUs, r.gbPerSec, r.messagesPerSec);
+        std::printf("%12zu %18.2f %14.3f %16.0f\n", r.bytes, r.latencyUs, r.gbPerSec, r.messagesPerSec);
       std::printf("proxy: %llu commands, %llu bytes, %llu errors\n", (unsigned long long)c.commands,
                   (unsigned long long)c.bytes, (unsigned long long)c.errors);
       std::ofstream out(json);
@@ -145,6 +162,9 @@ int main(int argc, char** argv) {
             << ",\"gb_per_s\":" << rows[i].gbPerSec << ",\"messages_per_s\":" << rows[i].messagesPerSec << "}";
       out << "]}\n";
       std::printf("wrote %s\n", json.c_str());
+    } else {
+      std::printf("rank 1: answered %llu ping-pongs and %llu streams; rank 0 prints the results\n",
+                  (unsigned long long)pings, (unsigned long long)datas);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -5,7 +5,7 @@
 //   * NCCL send/recv through PyTorch (torch.distributed, 2 processes, NCCL_NVLS_ENABLE=0),
 // for 4 KiB .. 1 GiB, and the put-with-signal latency between the two GPUs (ping-pong, half the round trip).
 // Table on stdout, JSON with --json PATH.
-//   benchmark_nvlink [--json PATH] [--max-bytes N] [--no-nccl]
+//   benchmark_nvlink [--json PATH] [--max-bytes N] [--no-nccl]   (--help says more)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/cli.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
@@ -437,11 +438,23 @@ int main(int argc, char** argv) {
   std::string json;
   uint64_t maxBytes = uint64_t{1} << 30;
   bool nccl = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) json = argv[++i];
-    else if (a == "--max-bytes" && i + 1 < argc) maxBytes = std::stoull(argv[++i]);
-    else if (a == "--no-nccl") nccl = false;
+  const int parsed = gdx::bench::parseFlags(
+      argc, argv,
+      "Two GPUs of one host, one process each (self-launched), in one run: gdx's direct-path device put over NVLink,\n"
+      "gdx::peerCopy, cudaMemcpyPeerAsync, NCCL send/recv through PyTorch, and put-with-signal latency (one way,\n"
+      "half a ping-pong), for 4 KiB .. --max-bytes. Table on stdout, JSON with --json.",
+      {{"--json", "FILE", "where the results go (default: none)", [&](const std::string& v) { json = v; }},
+       {"--max-bytes", "N", "largest transfer (default 1G)", [&](const std::string& v) { maxBytes = gdx::bench::parseCount(v); }},
+       {"--no-nccl", "", "skip the NCCL peer (PyTorch)", [&](const std::string&) { nccl = false; }}});
+  if (parsed >= 0) return parsed;
+  if (gdx::bench::launchedByHand()) {
+    int gpus = 0;
+    const cudaError_t e = cudaGetDeviceCount(&gpus);
+    if (e != cudaSuccess || gpus < 1) {
+      std::fprintf(stderr, "benchmark_nvlink: needs GPUs of one host (two for NVLink); this machine has none (%s)\n",
+                   e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+      return 2;
+    }
   }
   try {
     if (gdx::bench::launchedByHand()) return gdx::bench::byHand(argv, maxBytes, json, nccl);

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "benchmarks/cli.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/detail/bootstrap.hpp"
 #include "gdx/detail/clock.hpp"
@@ -58,23 +59,6 @@ struct Row {
   uint64_t writes;
   double seconds;
 };
-
-uint64_t parseBytes(const std::string& s) {
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  std::string unit = end ? end : "";
-  if (unit == "K" || unit == "k" || unit == "KiB") v *= 1024;
-  if (unit == "M" || unit == "MiB") v *= 1024 * 1024;
-  if (unit == "G" || unit == "GiB") v *= 1024.0 * 1024 * 1024;
-  return static_cast<uint64_t>(v);
-}
-
-void usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--rank 0|1 --peer HOST [--port N]] [--transport verbs|tcp] [--device cpu|gpu]\n"
-               "          [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE]\n",
-               argv0);
-}
 
 /// The buffer both windows live in: host memory, or GPU memory with --device gpu.
 struct Buffer {
@@ -177,7 +161,7 @@ int run(const Args& a) {
     drainTo(0, nowNs() + bound);
     std::printf("benchmark_remote: transport %s, device %s, depth %d, rank 0 -> rank 1\n", t->name().c_str(),
                 a.device.c_str(), a.depth);
-    std::printf("%12s %8s %14s %12s %12s\n", "bytes", "writes", "us/write", "GB/s", "Mwrites/s");
+    std::printf("%12s %8s %14s %12s %14s\n", "bytes", "writes", "us/write", "GB/s", "writes/s");
     std::ostringstream js;
     js << "{\"benchmark\":\"benchmark_remote\",\"transport\":\"" << t->name() << "\",\"device\":\"" << a.device
        << "\",\"depth\":" << a.depth << ",\"results\":[";
@@ -185,8 +169,8 @@ int run(const Args& a) {
       const Row& r = rows[i];
       double us = r.seconds * 1e6 / r.writes, gbps = r.bytes * r.writes / r.seconds / 1e9,
              mops = r.writes / r.seconds / 1e6;
-      std::printf("%12llu %8llu %14.2f %12.3f %12.4f\n", static_cast<unsigned long long>(r.bytes),
-                  static_cast<unsigned long long>(r.writes), us, gbps, mops);
+      std::printf("%12llu %8llu %14.2f %12.3f %14.0f\n", static_cast<unsigned long long>(r.bytes),
+                  static_cast<unsigned long long>(r.writes), us, gbps, mops * 1e6);
       js << (i ? "," : "") << "{\"bytes\":" << r.bytes << ",\"writes\":" << r.writes << ",\"seconds\":" << r.seconds
          << ",\"us_per_write\":" << us << ",\"gb_per_s\":" << gbps << ",\"mwrites_per_s\":" << mops << "}";
     }
@@ -200,6 +184,8 @@ int run(const Args& a) {
       if (nowNs() > deadline) throw Error(ErrorCode::kTimeout, "rank 0 never finished");
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    std::printf("rank 1: received rank 0's writes into its %s window over %s; rank 0 prints the results\n",
+                a.device.c_str(), t->name().c_str());
   }
   boot.barrier();
   t->shutdown();
@@ -210,39 +196,36 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "-h" || k == "--help") return usage(argv[0]), 0;
-    if (i + 1 >= argc) return usage(argv[0]), 2;
-    std::string v = argv[++i];
-    if (k == "--rank")
-      a.rank = std::atoi(v.c_str());
-    else if (k == "--peer")
-      a.peer = v;
-    else if (k == "--port")
-      a.port = std::atoi(v.c_str());
-    else if (k == "--transport")
-      a.transport = v;
-    else if (k == "--device")
-      a.device = v;
-    else if (k == "--min-bytes")
-      a.minBytes = parseBytes(v);
-    else if (k == "--max-bytes")
-      a.maxBytes = parseBytes(v);
-    else if (k == "--depth")
-      a.depth = std::atoi(v.c_str());
-    else if (k == "--target-bytes")
-      a.targetBytes = parseBytes(v);
-    else if (k == "--json")
-      a.json = v;
-    else
-      return usage(argv[0]), 2;
-  }
+  auto integer = [](const std::string& v) { return static_cast<int>(bench::parseCount(v)); };
+  const int parsed = bench::parseFlags(
+      argc, argv,
+      "One-sided write bandwidth and command rate between two ranks through one transport lane: rank 0 keeps --depth\n"
+      "writes in flight to rank 1 per size and times first post to last completion. Launch with --rank/--peer, under\n"
+      "torchrun / mpirun / GDX_* variables, or with nothing: it then runs itself as two processes on 127.0.0.1.",
+      {{"--rank", "0|1", "this process's rank (with --peer)", [&](const std::string& v) { a.rank = integer(v); }},
+       {"--peer", "HOST", "where rank 0 runs (rank 0 passes its own address)", [&](const std::string& v) { a.peer = v; }},
+       {"--port", "N", "rank 0's rendezvous port (default 29517)", [&](const std::string& v) { a.port = integer(v); }},
+       {"--transport", "verbs|tcp", "default: verbs when an RDMA device is present, else tcp",
+        [&](const std::string& v) { a.transport = v; }},
+       {"--device", "cpu|gpu", "where the windows live (default cpu)", [&](const std::string& v) { a.device = v; }},
+       {"--min-bytes", "N", "smallest write (default 8K)", [&](const std::string& v) { a.minBytes = bench::parseCount(v); }},
+       {"--max-bytes", "N", "largest write (default 256M)", [&](const std::string& v) { a.maxBytes = bench::parseCount(v); }},
+       {"--depth", "N", "writes in flight (default 16)", [&](const std::string& v) { a.depth = integer(v); }},
+       {"--target-bytes", "N", "bytes per size, at least 8 writes (default 1G)",
+        [&](const std::string& v) { a.targetBytes = bench::parseCount(v); }},
+       {"--json", "FILE", "where the results go (default benchmark_remote.json)", [&](const std::string& v) { a.json = v; }}});
+  if (parsed >= 0) return parsed;
   if ((a.transport != "auto" && a.transport != "verbs" && a.transport != "tcp") ||
-      (a.device != "cpu" && a.device != "gpu") || a.minBytes == 0 || a.maxBytes < a.minBytes || a.depth < 1)
-    return usage(argv[0]), 2;
+      (a.device != "cpu" && a.device != "gpu") || a.minBytes == 0 || a.maxBytes < a.minBytes || a.depth < 1) {
+    std::fprintf(stderr, "benchmark_remote: --transport must be verbs or tcp, --device cpu or gpu, --depth positive, "
+                         "0 < --min-bytes <= --max-bytes (--help)\n");
+    return 2;
+  }
   if (a.rank >= 0) {
-    if (a.rank > 1 || a.peer.empty()) return usage(argv[0]), 2;
+    if (a.rank > 1 || a.peer.empty()) {
+      std::fprintf(stderr, "benchmark_remote: --rank is 0 or 1 and needs --peer (--help)\n");
+      return 2;
+    }
     setenv("GDX_RANK", std::to_string(a.rank).c_str(), 1);
     setenv("GDX_WORLD_SIZE", "2", 1);
     setenv("GDX_MASTER_ADDR", a.peer.c_str(), 1);

@@ -1,0 +1,76 @@
+// Command-line flags of the benchmark programs, parsed one way: `--help` (or -h) prints the usage and exits 0, an
+// unknown flag, a flag without its value or a value that does not parse prints what is wrong and the usage and
+// exits 2 — before anything runs or any file is written.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gdx::bench {
+
+struct Flag {
+  std::string name;   ///< "--json"
+  std::string value;  ///< what the value is ("FILE"); empty: a switch without a value
+  std::string help;   ///< one line
+  std::function<void(const std::string&)> set;  ///< throws std::exception when the value does not parse
+};
+
+/// A non-negative integer with an optional K/M/G (or KiB/MiB/GiB) suffix, powers of 1024.
+inline uint64_t parseCount(const std::string& v) {
+  size_t used = 0;
+  const unsigned long long n = std::stoull(v, &used, 0);
+  const std::string suffix = v.substr(used);
+  if (suffix.empty()) return n;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") return n << 10;
+  if (suffix == "M" || suffix == "m" || suffix == "MiB") return n << 20;
+  if (suffix == "G" || suffix == "g" || suffix == "GiB") return n << 30;
+  throw std::invalid_argument("not a count (digits, then K, M or G)");
+}
+
+inline void printUsage(std::FILE* to, const char* program, const std::string& about, const std::vector<Flag>& flags) {
+  std::fprintf(to, "usage: %s [flags]\n%s\n\nflags:\n", program, about.c_str());
+  for (const Flag& f : flags) {
+    const std::string left = f.name + (f.value.empty() ? "" : " " + f.value);
+    std::fprintf(to, "  %-24s %s\n", left.c_str(), f.help.c_str());
+  }
+  std::fprintf(to, "  %-24s %s\n", "-h, --help", "this text");
+}
+
+/// Applies argv to `flags`. Returns -1 when the program should run, else the exit code (0 after --help, 2 on an error).
+inline int parseFlags(int argc, char** argv, const std::string& about, const std::vector<Flag>& flags) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      printUsage(stdout, argv[0], about, flags);
+      return 0;
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& f : flags)
+      if (f.name == a) flag = &f;
+    std::string error;
+    if (!flag) {
+      error = "unknown flag '" + a + "'";
+    } else if (!flag->value.empty() && i + 1 >= argc) {
+      error = a + " needs a value (" + flag->value + ")";
+    } else {
+      const std::string v = flag->value.empty() ? std::string() : argv[++i];
+      try {
+        flag->set(v);
+      } catch (const std::exception& e) {
+        error = a + " " + v + ": " + e.what();
+      }
+    }
+    if (!error.empty()) {
+      std::fprintf(stderr, "%s: %s\n", argv[0], error.c_str());
+      printUsage(stderr, argv[0], about, flags);
+      return 2;
+    }
+  }
+  return -1;
+}
+
+}  // namespace gdx::bench

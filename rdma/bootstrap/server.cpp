@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <sstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -92,6 +93,7 @@ struct RendezvousServer::Impl {
   std::vector<char> submitted;
   int roundCount = 0;
   Deadline roundDeadline = 0;
+  Deadline lastProgress = 0;  // when the last "waiting for ranks ..." line was logged
 
   explicit Impl(const BootstrapConfig& c) : cfg(c) {
     where = hostPort(cfg.masterAddr, cfg.masterPort);
@@ -452,8 +454,31 @@ struct RendezvousServer::Impl {
     }
   }
 
+  // While the job waits for ranks, say every few seconds which ones it waits for: at INFO at first and, while ranks
+  // join, at WARN once the wait is long enough that a rank was probably not started. (Ranks that reach a barrier at
+  // different times are normal, so a round's wait stays at INFO until its timeout names the missing ranks.)
+  void reportProgress(uint64_t now, Deadline deadline, const std::vector<int>& missing, const std::string& what,
+                      bool mayWarn) {
+    constexpr uint64_t kEveryNs = 3000000000ull, kWarnAfterNs = 6000000000ull;
+    const uint64_t waited = now + cfg.timeoutNs - deadline;
+    if (waited < kEveryNs || now - lastProgress < kEveryNs) return;
+    lastProgress = now;
+    std::ostringstream msg;
+    msg << "rendezvous server at " << where << ": waiting " << waited / 1000000000ull << " s of " << timeoutMs / 1000
+        << " s for " << rankList(missing) << " of " << cfg.worldSize << " to " << what;
+    if (mayWarn && waited >= kWarnAfterNs)
+      GDX_WARN(msg.str());
+    else
+      GDX_INFO(msg.str());
+  }
+
   void checkDeadlines() {
     uint64_t now = nowNs();
+    if (phase == Phase::kJoining && now < joinDeadline)
+      reportProgress(now, joinDeadline, ranksWhere(hasJoined, false), "join", true);
+    if (phase == Phase::kRunning && roundCount > 0 && now < roundDeadline)
+      reportProgress(now, roundDeadline, ranksWhere(submitted, false),
+                     "enter allGather/barrier #" + std::to_string(nextSeq), false);
     if (phase == Phase::kJoining && now >= joinDeadline) {
       std::vector<int> missing = ranksWhere(hasJoined, false);
       abortJob(ErrorCode::kTimeout, rankList(missing) + " of " + std::to_string(cfg.worldSize) +

@@ -390,6 +390,27 @@ TEST(Bootstrap, RankThatNeverArrivesTimesOutEveryoneNamingIt) {
   EXPECT_EQ(test::waitChild(r1, 30), 0);
 }
 
+// While ranks are missing, rank 0's rendezvous server names them every few seconds (WARN once the wait is long), so
+// a job that waits for a rank that was never started says so before its timeout.
+TEST(Bootstrap, ServerNamesTheMissingRanksWhileItWaits) {
+  int port = test::freePort();
+  const int kTimeoutMs = 7000;
+  char logPath[] = "/tmp/gdx_bootstrap_progress_XXXXXX";
+  int logFd = mkstemp(logPath);
+  ASSERT_GE(logFd, 0);
+  pid_t r0 = spawnRank(0, 3, port, "s", kTimeoutMs, [logFd] {
+    dup2(logFd, STDERR_FILENO);  // what the server logs, for the parent to read
+    return expectJoinFails(ErrorCode::kTimeout, "ranks 1, 2 of 3 did not join within 7000 ms");
+  });
+  EXPECT_EQ(test::waitChild(r0, 30), 0);
+  std::string log(static_cast<size_t>(lseek(logFd, 0, SEEK_END)), '\0');
+  EXPECT_EQ(pread(logFd, log.data(), log.size(), 0), static_cast<ssize_t>(log.size()));
+  close(logFd);
+  unlink(logPath);
+  EXPECT_NE(log.find("WARN"), std::string::npos) << log;
+  EXPECT_NE(log.find("waiting 6 s of 7 s for ranks 1, 2 of 3 to join"), std::string::npos) << log;
+}
+
 // No child processes needed: a rank other than 0 starts no thread.
 BootstrapConfig clientConfig(int port, int timeoutMs) {
   BootstrapConfig c;

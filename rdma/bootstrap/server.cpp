@@ -93,7 +93,8 @@ struct RendezvousServer::Impl {
   std::vector<char> submitted;
   int roundCount = 0;
   Deadline roundDeadline = 0;
-  Deadline lastProgress = 0;  // when the last "waiting for ranks ..." line was logged
+  Deadline progressFor = 0;   // the deadline of the wait the "waiting for ranks ..." lines are about
+  uint64_t progressStep = 0;  // how many of them were logged for it
 
   explicit Impl(const BootstrapConfig& c) : cfg(c) {
     where = hostPort(cfg.masterAddr, cfg.masterPort);
@@ -461,8 +462,9 @@ struct RendezvousServer::Impl {
                       bool mayWarn) {
     constexpr uint64_t kEveryNs = 3000000000ull, kWarnAfterNs = 6000000000ull;
     const uint64_t waited = now + cfg.timeoutNs - deadline;
-    if (waited < kEveryNs || now - lastProgress < kEveryNs) return;
-    lastProgress = now;
+    if (deadline != progressFor) progressFor = deadline, progressStep = 0;
+    if (waited / kEveryNs <= progressStep) return;
+    progressStep = waited / kEveryNs;
     std::ostringstream msg;
     msg << "rendezvous server at " << where << ": waiting " << waited / 1000000000ull << " s of " << timeoutMs / 1000
         << " s for " << rankList(missing) << " of " << cfg.worldSize << " to " << what;

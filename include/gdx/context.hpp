@@ -1,11 +1,24 @@
 // Context: one process's membership in a gdx job. It joins the bootstrap, connects the transport to every
 // rank, owns the signal array, the window registry and the proxy, and hands out Windows and Channels.
 //
-//   gdx::Context ctx;                                  // reads GDX_* / torchrun variables
-//   auto win = ctx.registerWindow(buf, bytes);         // collective
-//   auto ch = ctx.channel((ctx.rank() + 1) % ctx.worldSize());
-//   ch.putWithSignal(win, 0, win, 0, bytes, /*signal*/ 0, 1);
-//   ctx.wait(/*signal*/ 0, 1);                          // bounded; throws on timeout or a failed peer
+// A ring exchange between N ranks, quoted from examples/ring_exchange.cpp (built and run by the tests):
+//
+// ```cpp
+// gdx::Context ctx;  // joins the job: GDX_RANK / RANK, GDX_WORLD_SIZE / WORLD_SIZE, GDX_MASTER_ADDR, ...
+// const int next = (ctx.rank() + 1) % ctx.worldSize();
+// const int prev = (ctx.rank() + ctx.worldSize() - 1) % ctx.worldSize();
+// std::vector<unsigned char> sendBuf(bytes), recvBuf(bytes);
+// example::fillPattern(sendBuf.data(), bytes, ctx.rank(), seed);  // the data to send
+// // Two windows: prev's put lands in recv while our own put may still be reading send. One window as both
+// // would let the incoming data overwrite bytes that are still on their way out.
+// gdx::Window send = ctx.registerWindow(sendBuf.data(), bytes);  // collective: same order on every rank
+// gdx::Window recv = ctx.registerWindow(recvBuf.data(), bytes);
+// gdx::Channel ch = ctx.channel(next);
+// ch.putWithSignal(recv, 0, send, 0, bytes, /*signalId=*/0, /*value=*/1);  // next's recv <- our send, then +1
+// ctx.wait(/*signalId=*/0, 1);  // prev's data is in recvBuf; bounded: throws gdx::Error naming rank and values
+// ch.flush();                   // our put completed at the source: sendBuf may be reused
+// ctx.barrier();                // nobody closes its connections while a peer still receives
+// ```
 #pragma once
 
 #include <atomic>

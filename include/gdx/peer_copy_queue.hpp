@@ -4,11 +4,15 @@
 // raises each transfer's signal (a 64-bit word anywhere the GPU can address: a peer's device signal array, host
 // mapped memory) with a system-scope release once the transfer's data, and the data of every transfer submitted
 // before it, is in place. The relay path uses it to forward what arrived from the network to the other GPUs of
-// the host; host code can use it directly:
+// the host; host code can use it directly (quoted from examples/peer_copy_queue.cu, built and run by the tests):
 //
-//   gdx::PeerCopyQueue q(/*device*/ 0);
-//   q.submit(srcOnGpu0, dstOnGpu1, bytes, signalWordOnGpu1, 1);   // returns at once
-//   q.waitCompleted(q.submitted());                                // bounded
+// ```cpp
+// gdx::PeerCopyQueue q(/*device=*/srcGpu);  // its kernel runs on srcGpu and must reach src, dst and signal
+// // Each submit returns at once; the kernel adds 1 to *signal once that piece (and every earlier one) is in dst.
+// for (uint64_t off = 0; off < bytes; off += piece)
+//   q.submit(srcBuf.get() + off, dstBuf.get() + off, std::min<uint64_t>(piece, bytes - off), signal, /*value=*/1);
+// q.waitCompleted(q.submitted());  // bounded: throws gdx::Error(kTimeout) naming the device and the counts
+// ```
 //
 // The kernel runs only while there is work: after GDX_COPY_QUEUE_IDLE_US (default 1000) without any, it leaves,
 // so a cudaDeviceSynchronize() (or a cudaFree/cudaFreeHost, which synchronize too) elsewhere in the process is

@@ -67,7 +67,17 @@ struct Args {
   size_t bytes;
   uint64_t seed;
 };
-inline Args parseArgs(int argc, char** argv) {
+/// Reads [BYTES] [SEED]; --help prints `about` and the usage and exits 0, a flag it does not know exits 2.
+inline Args parseArgs(int argc, char** argv, const char* about) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool help = a == "-h" || a == "--help";
+    if (help || a.rfind("--", 0) == 0 || i > 2) {
+      std::fprintf(help ? stdout : stderr, "%s%s\nusage: %s [BYTES (default 4M; 64K, 1G, ...)] [SEED (default 1)]\n",
+                   help ? "" : ("unknown argument '" + a + "'\n").c_str(), about, argv[0]);
+      std::exit(help ? 0 : 2);
+    }
+  }
   return {parseBytes(argc > 1 ? argv[1] : nullptr, size_t{4} << 20),
           argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1};
 }

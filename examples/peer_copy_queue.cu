@@ -13,6 +13,10 @@
 
 namespace {
 
+constexpr const char* kAbout =
+    "PeerCopyQueue without a Context: a persistent kernel copies transfers from GPU 0 to GPU 1 over NVLink and\nraises a signal after each; every byte is checked. One process; needs a GPU.";
+
+
 int copyThroughQueue(size_t bytes, uint64_t seed) {
   const int srcGpu = 0;
   example::cudaCheck(cudaSetDevice(srcGpu), "cudaSetDevice");
@@ -49,6 +53,6 @@ int copyThroughQueue(size_t bytes, uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const example::Args args = example::parseArgs(argc, argv);
+  const example::Args args = example::parseArgs(argc, argv, kAbout);
   return example::runWithGpu("peer_copy_queue", [&] { return copyThroughQueue(args.bytes, args.seed); });
 }

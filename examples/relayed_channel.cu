@@ -18,6 +18,10 @@
 
 namespace {
 
+constexpr const char* kAbout =
+    "A relayed channel: rank 2 reaches rank 1's GPU through rank 0 (network, then NVLink); rank 1 checks every\nbyte. Three ranks (examples/run_ranks.sh 3 PROGRAM, rank 2 with GDX_DIRECT=0); needs a GPU.";
+
+
 constexpr int kRelay = 0, kDestination = 1, kSender = 2;
 
 // The second half, from a kernel, through the same relay (the device handle of a relayed channel).
@@ -68,6 +72,6 @@ int runRank(size_t bytes, uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const example::Args args = example::parseArgs(argc, argv);
+  const example::Args args = example::parseArgs(argc, argv, kAbout);
   return example::runWithGpu("relayed_channel", [&] { return runRank(args.bytes, args.seed); });
 }

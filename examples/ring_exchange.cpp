@@ -11,6 +11,10 @@
 
 namespace {
 
+constexpr const char* kAbout =
+    "Ring exchange with the host API: every rank puts BYTES into the next rank's receive window and checks\nevery byte from the previous one. Start N copies (examples/run_ranks.sh N PROGRAM, torchrun, mpirun).";
+
+
 int exchange(size_t bytes, uint64_t seed) {
   // [snippet:host-exchange]
   gdx::Context ctx;  // joins the job: GDX_RANK / RANK, GDX_WORLD_SIZE / WORLD_SIZE, GDX_MASTER_ADDR, ...
@@ -34,6 +38,6 @@ int exchange(size_t bytes, uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const example::Args args = example::parseArgs(argc, argv);
+  const example::Args args = example::parseArgs(argc, argv, kAbout);
   return example::run("ring_exchange", [&] { return exchange(args.bytes, args.seed); });
 }

@@ -9,7 +9,7 @@ for prog in "$@"; do
   scratch=$(mktemp -d)
   out=$(cd "$scratch" && timeout 60 "$prog" --help 2>&1); rc=$?
   written=$(ls -A "$scratch"); rm -rf "$scratch"
-  if [ $rc -ne 0 ] || ! grep -qE -- '--[a-z]' <<<"$out"; then
+  if [ $rc -ne 0 ] || ! grep -qiE -- 'usage|--[a-z]' <<<"$out"; then
     echo "FAIL $name --help: exit $rc, output: $(head -c 300 <<<"$out")"; failed=1; continue
   fi
   if [ -n "$written" ]; then echo "FAIL $name --help wrote files: $written"; failed=1; continue; fi

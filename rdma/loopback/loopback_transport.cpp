@@ -36,7 +36,7 @@
 #include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/detail/transport.hpp"
-#include "rdma/tcp/cuda_staging.hpp"
+#include "rdma/common/cuda_staging.hpp"
 #include "rdma/tcp/wire.hpp"
 
 namespace gdx {
@@ -84,7 +84,7 @@ class LoopbackLane : public TransportLane {
   const int index_;
   std::deque<Completion> done_;
   std::atomic<size_t> inFlight_{0};
-  tcp::CudaCopier copier_;  ///< the lane's streams (one per device, created on first use)
+  common::CudaCopier copier_;  ///< the lane's streams (one per device, created on first use)
 };
 
 class LoopbackTransport : public Transport {
@@ -130,7 +130,7 @@ class LoopbackTransport : public Transport {
     if (base == nullptr && bytes > 0) throw Error(ErrorCode::kInvalidArgument, w + ": null base");
     Window win{static_cast<char*>(base), bytes, kind, -1};
     // Throws when the memory is not on a GPU, or when gdx was built without CUDA.
-    if (kind == MemoryKind::kCuda) win.device = tcp::cudaWindowDevice(base, bytes, w);
+    if (kind == MemoryKind::kCuda) win.device = common::cudaWindowDevice(base, bytes, w);
     std::unique_lock<std::shared_mutex> lock(windowsMutex_);
     if (!windows_.emplace(id, win).second) throw Error(ErrorCode::kInvalidArgument, w + " is already registered");
     return windowKey(id, bytes, kind == MemoryKind::kCuda);

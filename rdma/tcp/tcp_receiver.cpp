@@ -19,12 +19,12 @@ using net::IoResult;
 using net::IoStatus;
 
 void TcpTransport::receiverLoop(RxSocket& s) {
-  CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
+  common::CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
   while (receiveOne(s, staging)) {
   }
 }
 
-bool TcpTransport::receiveOne(RxSocket& s, CudaStaging& staging) {
+bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
   auto where = [&] {
     std::ostringstream os;
     os << "peer " << s.peer << " (lane " << s.lane << ", socket " << s.index << ")";

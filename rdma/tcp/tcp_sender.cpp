@@ -214,7 +214,7 @@ void TcpLane::finishChunk(OpState* op, Status status) {
 
 void TcpTransport::senderLoop(TxSocket& s) {
   TcpLane& lane = *lanes_[s.lane];
-  CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
+  common::CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
   for (;;) {
     TxItem item;
     {
@@ -241,7 +241,7 @@ void TcpTransport::senderLoop(TxSocket& s) {
   sayGoodbye(s);
 }
 
-Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, CudaStaging& staging) {
+Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, common::CudaStaging& staging) {
   const char* payload = item.data;
   if (item.data != nullptr && item.cudaDevice >= 0) {
     // A chunk of a GPU window: device -> this thread's pinned buffer, finished before a byte of it is sent.

@@ -107,7 +107,7 @@ std::string TcpTransport::registerWindow(uint32_t id, void* base, size_t bytes, 
   if (base == nullptr && bytes > 0) throw Error(ErrorCode::kInvalidArgument, who + ": null base");
   LocalWindow w{static_cast<char*>(base), bytes, kind, -1};
   // Throws when the memory is not on a GPU, or when gdx was built without CUDA.
-  if (kind == MemoryKind::kCuda) w.device = cudaWindowDevice(base, bytes, who);
+  if (kind == MemoryKind::kCuda) w.device = common::cudaWindowDevice(base, bytes, who);
   std::unique_lock<std::shared_mutex> lock(windowsMutex_);
   if (!windows_.emplace(id, w).second) throw Error(ErrorCode::kInvalidArgument, who + " is already registered");
   return windowKey(id, bytes, kind == MemoryKind::kCuda);

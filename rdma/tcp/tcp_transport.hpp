@@ -14,8 +14,8 @@
 // control message (postMessage) travels the same way and is handed to the MessageHandler by that delivery.
 //
 // GPU windows (MemoryKind::kCuda, only in a build with CUDA) are staged through pinned host memory, one chunk at a
-// time (cuda_staging.hpp): each sender and receiver thread owns a chunk-sized pinned buffer and its own streams.
-// A sender copies a chunk of a GPU window device->host into its buffer and sends it from there; a receiver
+// time (rdma/common/cuda_staging.hpp): each sender and receiver thread owns a chunk-sized pinned buffer and its own
+// streams. A sender copies a chunk of a GPU window device->host into its buffer and sends it from there; a receiver
 // receives a chunk for a GPU window into its buffer and copies it host->device before it tells RxOrder the chunk
 // is placed, so an immediate is announced (and a later atomic performed) only after the GPU copy finished. A
 // CUDA failure on either side fails the peer (the direction's sequence cannot continue without the chunk), like
@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "gdx/detail/transport.hpp"
+#include "rdma/common/cuda_staging.hpp"
 #include "rdma/socket.hpp"
-#include "rdma/tcp/cuda_staging.hpp"
 #include "rdma/tcp/rx_order.hpp"
 #include "rdma/tcp/wire.hpp"
 
@@ -172,11 +172,11 @@ class TcpTransport : public Transport {
 
   // Data path (tcp_sender.cpp, tcp_receiver.cpp).
   void senderLoop(TxSocket& s);
-  Status sendChunk(TxSocket& s, const TxItem& item, CudaStaging& staging);
+  Status sendChunk(TxSocket& s, const TxItem& item, common::CudaStaging& staging);
   Status onSendFailure(TxSocket& s, const net::IoStatus& io, const std::string& why);
   void sayGoodbye(TxSocket& s);
   void receiverLoop(RxSocket& s);
-  bool receiveOne(RxSocket& s, CudaStaging& staging);
+  bool receiveOne(RxSocket& s, common::CudaStaging& staging);
   bool txAborted() const;
 
   // Failure handling.

@@ -78,7 +78,7 @@
 #include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/detail/transport.hpp"
-#include "rdma/tcp/cuda_staging.hpp"
+#include "rdma/common/cuda_staging.hpp"
 #include "rdma/tcp/wire.hpp"
 #include "rdma/verbs/verbs_resources.hpp"
 
@@ -297,7 +297,7 @@ class VerbsLane : public TransportLane {
   UniqueMr sendStagingMr_;
   bool sendSlotBusy_[kStageSlots] = {};
   uint32_t sendSlotNext_ = 0;
-  tcp::CudaCopier copier_;
+  common::CudaCopier copier_;
   UniqueCq sendCq_;
   std::vector<QpSlot> qps_;
   uint32_t maxInline_ = 0;
@@ -392,7 +392,7 @@ class VerbsTransport : public Transport {
   AlignedBuffer staging_;
   UniqueMr stagingMr_;
   size_t stagingHeader_ = 0;
-  tcp::CudaCopier rxCopier_;  ///< used by the receiver thread only
+  common::CudaCopier rxCopier_;  ///< used by the receiver thread only
   mutable std::shared_mutex windowsMutex_;
   std::unordered_map<uint32_t, LocalWindow> windows_;
   std::vector<std::unordered_map<uint32_t, RemoteWindow>> remoteWindows_;
@@ -824,10 +824,10 @@ std::string VerbsTransport::registerWindow(uint32_t id, void* base, size_t bytes
   int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   if (port_.device_attr.atomic_cap != IBV_ATOMIC_NONE) access |= IBV_ACCESS_REMOTE_ATOMIC;
   if (kind == MemoryKind::kCuda) {
-    if (!tcp::cudaStagingBuiltIn())
+    if (!common::cudaStagingBuiltIn())
       throw Error(ErrorCode::kInvalidArgument,
                   w + ": GPU memory (MemoryKind::kCuda) needs gdx built with CUDA; this build has no CUDA");
-    win.device = tcp::cudaWindowDevice(base, bytes, w);  // throws unless it is CUDA memory
+    win.device = common::cudaWindowDevice(base, bytes, w);  // throws unless it is CUDA memory
   }
   if (options_.stageAllWindows) {
     win.staged = true;

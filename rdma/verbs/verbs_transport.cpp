@@ -79,7 +79,8 @@
 #include "gdx/detail/log.hpp"
 #include "gdx/detail/transport.hpp"
 #include "rdma/common/cuda_staging.hpp"
-#include "rdma/tcp/wire.hpp"
+#include "rdma/common/delivery.hpp"
+#include "rdma/common/op_checks.hpp"
 #include "rdma/verbs/verbs_resources.hpp"
 
 #if defined(GDX_HAVE_CUDA)
@@ -112,7 +113,7 @@ VerbsTransportOptions VerbsTransportOptions::fromEnv(int rank, int worldSize) {
 namespace verbs {
 namespace {
 
-using tcp::checkRange;
+using common::checkRange;
 
 constexpr uint32_t kAddressMagic = 0x56584447;  // "GDXV"
 constexpr uint64_t kWordBytes = 8;
@@ -639,7 +640,7 @@ void VerbsTransport::deliver(int peer, const MessageRecord& r) {
   m.peer = peer;
   m.bytes = r.bytes;
   std::memcpy(m.data, r.data, r.bytes);
-  tcp::deliverMessage(messageHandler_, m, who());
+  common::deliverMessage(messageHandler_, m, who());
 }
 
 void VerbsTransport::applyControl(int peer, const ControlRecord& r) {
@@ -1205,10 +1206,8 @@ void VerbsLane::postAtomic(const AtomicOp& op) {
 }
 
 void VerbsLane::postMessage(const MessageOp& op) {
-  std::string bad =
-      t_.connected_ ? tcp::checkMessageOp(op.peer, op.bytes, t_.world_) : "the transport is not connected";
-  if (!bad.empty())
-    throw Error(ErrorCode::kInvalidArgument, who() + ": message to peer " + std::to_string(op.peer) + ": " + bad);
+  std::string bad = common::checkMessageOp(op, t_.connected_, t_.world_);
+  if (!bad.empty()) common::refuseMessage(who(), op, bad);
   if (t_.failed(op.peer) || t_.stopping_.load(std::memory_order_relaxed)) return failedNow(op.cookie, op.peer);
   MessageRecord record{};
   record.bytes = op.bytes;

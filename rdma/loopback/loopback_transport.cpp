@@ -1,14 +1,14 @@
 // The loopback backend of gdx::Transport, for a world of one: the thinnest transport there is, so that a benchmark
 // of kernel -> ring -> proxy -> transport -> same GPU measures the rest of the path.
 //
-// post() validates a write exactly as the TCP backend does (everything that can be wrong is refused with
-// kInvalidArgument before anything happens), then performs it at once in the calling thread: memmove between host
-// windows (a window may be written from itself, so the ranges may overlap), cudaMemcpyAsync on the lane's own
-// stream plus a bounded wait when either window is GPU memory. Then, for a write-with-immediate, it calls the
-// ImmHandler from that same thread, and finally queues the Completion that poll() hands back. postAtomic()
-// performs the atomic right there with the system-scope helpers of gdx/atomic.hpp (release), and refuses GPU
-// windows. postMessage() hands the message to the MessageHandler from that same thread and queues its Completion,
-// as it does for an immediate.
+// post() validates a write with the checks every backend shares (rdma/common/; everything that can be wrong is refused
+// with kInvalidArgument before anything happens) plus the receiver's, since the receiver is this transport too. Then it
+// performs the write at once in the calling thread: memmove between host windows (a window may be written from itself,
+// so the ranges may overlap), cudaMemcpyAsync on the lane's own stream plus a bounded wait when either window is GPU
+// memory. Then, for a write-with-immediate, it calls the ImmHandler from that same thread, and finally queues the
+// Completion that poll() hands back. postAtomic() performs the atomic right there with the system-scope helpers of
+// gdx/atomic.hpp (release), and refuses GPU windows. postMessage() hands the message to the MessageHandler from that
+// same thread and queues its Completion, as it does for an immediate.
 //
 // Ordering: a lane is used by one thread, and each of its operations is complete (data in place, atomic
 // performed) before post()/postAtomic() returns, in posting order. So every earlier write and atomic of the lane
@@ -20,15 +20,11 @@
 // kPeerFailed.
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <shared_mutex>
-#include <sstream>
-#include <unordered_map>
 #include <vector>
 
 #include "gdx/detail/atomic.hpp"
@@ -36,8 +32,10 @@
 #include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/detail/transport.hpp"
-#include "rdma/tcp/cuda_staging.hpp"
-#include "rdma/tcp/wire.hpp"
+#include "rdma/common/cuda_staging.hpp"
+#include "rdma/common/delivery.hpp"
+#include "rdma/common/op_checks.hpp"
+#include "rdma/common/window_table.hpp"
 
 namespace gdx {
 
@@ -50,15 +48,12 @@ LoopbackTransportOptions LoopbackTransportOptions::fromEnv() {
 namespace loopback {
 namespace {
 
-using tcp::checkRange;
-using tcp::kAtomicBytes;
+using common::checkRange;
+using common::kAtomicWordBytes;
 
 constexpr int kRank = 0;  ///< a world of one
-constexpr uint64_t kAtomicWordBytes = kAtomicBytes;
-
-std::string windowKey(uint32_t id, uint64_t bytes, bool cuda) {
-  return "loopback:" + std::to_string(id) + ":" + std::to_string(bytes) + (cuda ? ":cuda" : "");
-}
+/// Windows are addressed by id and offset only (common::windowKey()).
+constexpr char kKeyScheme[] = "loopback";
 
 class LoopbackTransport;
 
@@ -73,6 +68,11 @@ class LoopbackLane : public TransportLane {
   size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
 
  private:
+  /// "loopback transport rank 0 lane L", the start of the lane's errors.
+  std::string who() const;
+  /// The receiver's checks of [offset, offset + bytes) in window `window`, done by the sender since the receiver is
+  /// this very transport: the window as registered here; null with `*why` when it is not or the range exceeds it.
+  const common::LocalWindow* target(uint32_t window, uint64_t offset, uint64_t bytes, std::string* why) const;
   void complete(uint64_t cookie, Status status) {
     done_.push_back(Completion{cookie, status, kRank});
     // One thread posts and polls, so a plain store suffices (no locked read-modify-write); the atomic only lets
@@ -84,16 +84,17 @@ class LoopbackLane : public TransportLane {
   const int index_;
   std::deque<Completion> done_;
   std::atomic<size_t> inFlight_{0};
-  tcp::CudaCopier copier_;  ///< the lane's streams (one per device, created on first use)
+  common::CudaCopier copier_;  ///< the lane's streams (one per device, created on first use)
 };
 
-class LoopbackTransport : public Transport {
+class LoopbackTransport : public common::TransportBase {
  public:
   explicit LoopbackTransport(const LoopbackTransportOptions& options) : options_(options) {
     if (options.timeoutNs == 0)
       throw Error(ErrorCode::kInvalidArgument, "loopback transport: timeoutNs must be positive");
     static std::atomic<uint64_t> instances{0};
     address_ = "loopback:" + std::to_string(::getpid()) + ":" + std::to_string(instances.fetch_add(1));
+    windows_.setPeers(1);
   }
   ~LoopbackTransport() override { shutdown(); }
 
@@ -125,40 +126,24 @@ class LoopbackTransport : public Transport {
 
   std::string registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) override {
     std::string w = who() + ": window " + std::to_string(id);
-    if (kind != MemoryKind::kHost && kind != MemoryKind::kCuda)
-      throw Error(ErrorCode::kInvalidArgument, w + ": unknown memory kind");
-    if (base == nullptr && bytes > 0) throw Error(ErrorCode::kInvalidArgument, w + ": null base");
-    Window win{static_cast<char*>(base), bytes, kind, -1};
-    // Throws when the memory is not on a GPU, or when gdx was built without CUDA.
-    if (kind == MemoryKind::kCuda) win.device = tcp::cudaWindowDevice(base, bytes, w);
-    std::unique_lock<std::shared_mutex> lock(windowsMutex_);
-    if (!windows_.emplace(id, win).second) throw Error(ErrorCode::kInvalidArgument, w + " is already registered");
-    return windowKey(id, bytes, kind == MemoryKind::kCuda);
+    common::LocalWindow window = common::cpuWindow(w, base, bytes, kind);
+    std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+    windows_.addLocal(id, window, w);
+    return common::windowKey(kKeyScheme, id, bytes, kind == MemoryKind::kCuda);
   }
   void deregisterWindow(uint32_t id) override {
-    std::unique_lock<std::shared_mutex> lock(windowsMutex_);
-    if (windows_.erase(id) == 0)
-      throw Error(ErrorCode::kInvalidArgument, who() + ": window " + std::to_string(id) + " is not registered");
+    std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+    windows_.removeLocal(id, who());
   }
   void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) override {
     if (peer != kRank)
       throw Error(ErrorCode::kInvalidArgument, who() + ": remote window " + std::to_string(id) + " of unknown peer " +
                                                    std::to_string(peer) + " (world size 1)");
-    const bool cuda = key == windowKey(id, bytes, true);
-    if (!key.empty() && !cuda && key != windowKey(id, bytes, false))
-      throw Error(ErrorCode::kInvalidArgument, who() + ": key '" + key + "' of peer " + std::to_string(peer) +
-                                                   " does not describe window " + std::to_string(id) + " of " +
-                                                   std::to_string(bytes) + " bytes");
-    std::unique_lock<std::shared_mutex> lock(windowsMutex_);
-    remoteWindows_[id] = RemoteWindow{bytes, cuda};
+    common::RemoteWindow window = common::parseWindowKey(who(), kKeyScheme, peer, id, bytes, key);
+    std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+    windows_.setRemote(kRank, id, window);
   }
 
-  void setImmHandler(ImmHandler handler) override { immHandler_ = std::move(handler); }
-  void setMessageHandler(MessageHandler handler) override { messageHandler_ = std::move(handler); }
-  void setPeerFailureHandler(PeerFailureHandler handler) override {
-    std::lock_guard<std::mutex> lock(failureMutex_);
-    failureHandler_ = std::move(handler);
-  }
   Status peerStatus(int peer) const override {
     if (peer != kRank) return Status::kInvalidArgument;
     if (failed_.load()) return Status::kPeerFailed;
@@ -169,16 +154,6 @@ class LoopbackTransport : public Transport {
 
  private:
   friend class LoopbackLane;
-  struct Window {
-    char* base = nullptr;
-    uint64_t bytes = 0;
-    MemoryKind kind = MemoryKind::kHost;
-    int device = -1;
-  };
-  struct RemoteWindow {
-    uint64_t bytes = 0;
-    bool cuda = false;
-  };
 
   static std::string who() { return "loopback transport rank " + std::to_string(kRank); }
 
@@ -191,12 +166,7 @@ class LoopbackTransport : public Transport {
   void failPeer(const std::string& why) {
     if (failed_.exchange(true)) return;
     GDX_ERROR(who() << ": failed: " << why);
-    PeerFailureHandler handler;
-    {
-      std::lock_guard<std::mutex> lock(failureMutex_);
-      handler = failureHandler_;
-    }
-    if (handler) handler(kRank, why);
+    failureHandler_.notify(kRank, why);
   }
 
   const LoopbackTransportOptions options_;
@@ -205,57 +175,46 @@ class LoopbackTransport : public Transport {
   bool connected_ = false;
   std::vector<std::unique_ptr<LoopbackLane>> lanes_;
 
-  ImmHandler immHandler_;
-  MessageHandler messageHandler_;
-  std::mutex failureMutex_;
-  PeerFailureHandler failureHandler_;
-
-  mutable std::shared_mutex windowsMutex_;
-  std::unordered_map<uint32_t, Window> windows_;
-  std::unordered_map<uint32_t, RemoteWindow> remoteWindows_;
+  common::WindowTable<> windows_;  ///< remote windows: those of peer kRank, i.e. this transport's own again
 
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failed_{false};
 };
 
+std::string LoopbackLane::who() const {
+  return LoopbackTransport::who() + " lane " + std::to_string(index_);
+}
+
+const common::LocalWindow* LoopbackLane::target(uint32_t window, uint64_t offset, uint64_t bytes,
+                                                std::string* why) const {
+  const common::LocalWindow* w = t_.windows_.local(window);
+  if (w == nullptr) {
+    *why = "remote window " + std::to_string(window) + " is not registered here";
+    return nullptr;
+  }
+  std::string bad = checkRange(offset, bytes, w->bytes);
+  if (bad.empty()) return w;
+  *why = "remote window " + std::to_string(window) + " as registered: " + bad;
+  return nullptr;
+}
+
 void LoopbackLane::post(const WriteOp& op) {
-  auto invalid = [&](const std::string& what) {
-    std::ostringstream os;
-    os << LoopbackTransport::who() << " lane " << index_ << ": write to peer " << op.peer << " (local window "
-       << op.localWindow << " offset " << op.localOffset << ", remote window " << op.remoteWindow << " offset "
-       << op.remoteOffset << ", " << op.bytes << " bytes): " << what;
-    throw Error(ErrorCode::kInvalidArgument, os.str());
-  };
-  if (!t_.connected_) invalid("the transport is not connected");
-  if (op.peer != kRank) invalid("unknown peer (world size 1)");
-  if (op.bytes == 0) invalid("zero-byte write");
+  std::string bad = common::checkWriteOp(op, t_.connected_, 1);
+  if (!bad.empty()) common::refuseWrite(who(), op, bad);
   const char* src = nullptr;
   char* dst = nullptr;
   int device = -1;  // >= 0: a GPU window is involved; the copy runs on the lane's stream of this device
   {
-    std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
-    auto local = t_.windows_.find(op.localWindow);
-    if (local == t_.windows_.end()) invalid("local window " + std::to_string(op.localWindow) + " is not registered");
-    std::string bad = checkRange(op.localOffset, op.bytes, local->second.bytes);
-    if (!bad.empty()) invalid("local window " + std::to_string(op.localWindow) + ": " + bad);
-    auto remote = t_.remoteWindows_.find(op.remoteWindow);
-    if (remote == t_.remoteWindows_.end())
-      invalid("remote window " + std::to_string(op.remoteWindow) + " of peer " + std::to_string(kRank) +
-              " is not known");
-    bad = checkRange(op.remoteOffset, op.bytes, remote->second.bytes);
-    if (!bad.empty()) invalid("remote window " + std::to_string(op.remoteWindow) + ": " + bad);
-    // The receiver's checks, done here since the receiver is this very object.
-    auto target = t_.windows_.find(op.remoteWindow);
-    if (target == t_.windows_.end())
-      invalid("remote window " + std::to_string(op.remoteWindow) + " is not registered here");
-    bad = checkRange(op.remoteOffset, op.bytes, target->second.bytes);
-    if (!bad.empty()) invalid("remote window " + std::to_string(op.remoteWindow) + " as registered: " + bad);
-    src = local->second.base + op.localOffset;
-    dst = target->second.base + op.remoteOffset;
-    if (target->second.kind == MemoryKind::kCuda)
-      device = target->second.device;
-    else if (local->second.kind == MemoryKind::kCuda)
-      device = local->second.device;
+    std::shared_lock<std::shared_mutex> lock(t_.windows_.mutex());
+    const common::LocalWindow* local = t_.windows_.findWrite(op, &bad).local;
+    const common::LocalWindow* dstWindow = local ? target(op.remoteWindow, op.remoteOffset, op.bytes, &bad) : nullptr;
+    if (!dstWindow) common::refuseWrite(who(), op, bad);
+    src = local->base + op.localOffset;
+    dst = dstWindow->base + op.remoteOffset;
+    if (dstWindow->kind == MemoryKind::kCuda)
+      device = dstWindow->device;
+    else if (local->kind == MemoryKind::kCuda)
+      device = local->device;
   }
   Status status = t_.refusal();
   if (status == Status::kOk) {
@@ -269,49 +228,28 @@ void LoopbackLane::post(const WriteOp& op) {
       }
     }
   }
-  if (status == Status::kOk && op.withImm && t_.immHandler_) {
-    try {
-      t_.immHandler_(RemoteWrite{kRank, op.remoteWindow, op.remoteOffset, op.bytes, op.imm});
-    } catch (const std::exception& e) {
-      // As in the TCP backend, a throwing handler is reported and does not fail the write.
-      GDX_ERROR(LoopbackTransport::who() << " lane " << index_ << ": the immediate handler threw: " << e.what());
-    }
-  }
+  // As in the other backends, a throwing handler is reported and does not fail the write.
+  if (status == Status::kOk && op.withImm)
+    common::announce(t_.immHandler_, RemoteWrite{kRank, op.remoteWindow, op.remoteOffset, op.bytes, op.imm},
+                     [this] { return who(); });
   complete(op.cookie, status);
 }
 
 void LoopbackLane::postAtomic(const AtomicOp& op) {
-  auto invalid = [&](const std::string& what) {
-    std::ostringstream os;
-    os << LoopbackTransport::who() << " lane " << index_ << ": atomic on peer " << op.peer << " (remote window "
-       << op.remoteWindow << " offset " << op.remoteOffset << ", kind " << static_cast<int>(op.kind) << ", value "
-       << op.value << "): " << what;
-    throw Error(ErrorCode::kInvalidArgument, os.str());
-  };
-  if (!t_.connected_) invalid("the transport is not connected");
-  if (op.peer != kRank) invalid("unknown peer (world size 1)");
-  if (op.kind != SignalOp::kAdd && op.kind != SignalOp::kSet) invalid("unknown atomic kind");
-  if (op.remoteOffset % kAtomicWordBytes != 0) invalid("the offset is not 8-byte aligned");
+  std::string bad = common::checkAtomicOp(op, t_.connected_, 1);
+  if (!bad.empty()) common::refuseAtomic(who(), op, bad);
   uint64_t* word = nullptr;
   {
-    std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
-    auto remote = t_.remoteWindows_.find(op.remoteWindow);
-    if (remote == t_.remoteWindows_.end())
-      invalid("remote window " + std::to_string(op.remoteWindow) + " of peer " + std::to_string(kRank) +
-              " is not known");
-    std::string bad = checkRange(op.remoteOffset, kAtomicWordBytes, remote->second.bytes);
-    if (!bad.empty()) invalid("remote window " + std::to_string(op.remoteWindow) + ": " + bad);
-    if (remote->second.cuda) invalid("atomics on GPU windows are not supported by the loopback transport");
-    auto target = t_.windows_.find(op.remoteWindow);
-    if (target == t_.windows_.end())
-      invalid("remote window " + std::to_string(op.remoteWindow) + " is not registered here");
-    bad = checkRange(op.remoteOffset, kAtomicWordBytes, target->second.bytes);
-    if (!bad.empty()) invalid("remote window " + std::to_string(op.remoteWindow) + " as registered: " + bad);
-    if (target->second.kind == MemoryKind::kCuda)
-      invalid("atomics on GPU windows are not supported by the loopback transport");
-    char* p = target->second.base + op.remoteOffset;
+    std::shared_lock<std::shared_mutex> lock(t_.windows_.mutex());
+    const common::LocalWindow* w = nullptr;
+    if (t_.windows_.findAtomicTarget(op, "loopback", &bad))
+      w = target(op.remoteWindow, op.remoteOffset, kAtomicWordBytes, &bad);
+    if (!w) common::refuseAtomic(who(), op, bad);
+    if (w->kind == MemoryKind::kCuda) common::refuseAtomic(who(), op, common::gpuAtomicRefusal("loopback"));
+    char* p = w->base + op.remoteOffset;
     if (reinterpret_cast<uintptr_t>(p) % alignof(uint64_t) != 0)
-      invalid("the word is not 8-byte aligned in memory (the window starts at an unaligned address)");
+      common::refuseAtomic(who(), op,
+                           "the word is not 8-byte aligned in memory (the window starts at an unaligned address)");
     word = reinterpret_cast<uint64_t*>(p);
   }
   Status status = t_.refusal();
@@ -327,10 +265,8 @@ void LoopbackLane::postAtomic(const AtomicOp& op) {
 }
 
 void LoopbackLane::postMessage(const MessageOp& op) {
-  std::string bad = t_.connected_ ? tcp::checkMessageOp(op.peer, op.bytes, 1) : "the transport is not connected";
-  if (!bad.empty())
-    throw Error(ErrorCode::kInvalidArgument, LoopbackTransport::who() + " lane " + std::to_string(index_) +
-                                                 ": message to peer " + std::to_string(op.peer) + ": " + bad);
+  std::string bad = common::checkMessageOp(op, t_.connected_, 1);
+  if (!bad.empty()) common::refuseMessage(who(), op, bad);
   Status status = t_.refusal();
   if (status == Status::kOk) {
     // Every earlier op of this lane is complete already (see the ordering note above).
@@ -338,15 +274,13 @@ void LoopbackLane::postMessage(const MessageOp& op) {
     m.peer = kRank;
     m.bytes = op.bytes;
     std::memcpy(m.data, op.data, op.bytes);
-    tcp::deliverMessage(t_.messageHandler_, m, LoopbackTransport::who() + " lane " + std::to_string(index_));
+    common::deliverMessage(t_.messageHandler_, m, who());
   }
   complete(op.cookie, status);
 }
 
 size_t LoopbackLane::poll(Completion* out, size_t max) {
-  size_t n = std::min(max, done_.size());
-  std::copy_n(done_.begin(), n, out);
-  done_.erase(done_.begin(), done_.begin() + static_cast<std::ptrdiff_t>(n));
+  const size_t n = common::takeCompletions(done_, out, max);
   inFlight_.store(inFlight_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
   return n;
 }

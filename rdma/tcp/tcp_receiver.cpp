@@ -7,10 +7,14 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <shared_mutex>
 #include <sstream>
 
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/log.hpp"
+#include "rdma/common/delivery.hpp"
+#include "rdma/common/op_checks.hpp"
+#include "rdma/common/window_table.hpp"
 #include "rdma/tcp/tcp_transport.hpp"
 
 namespace gdx::tcp {
@@ -19,12 +23,12 @@ using net::IoResult;
 using net::IoStatus;
 
 void TcpTransport::receiverLoop(RxSocket& s) {
-  CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
+  common::CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
   while (receiveOne(s, staging)) {
   }
 }
 
-bool TcpTransport::receiveOne(RxSocket& s, CudaStaging& staging) {
+bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
   auto where = [&] {
     std::ostringstream os;
     os << "peer " << s.peer << " (lane " << s.lane << ", socket " << s.index << ")";
@@ -63,18 +67,17 @@ bool TcpTransport::receiveOne(RxSocket& s, CudaStaging& staging) {
   char* dst = nullptr;
   int cudaDevice = -1;  // >= 0: dst is GPU memory of this device
   if (!control) {
-    std::shared_lock<std::shared_mutex> lock(windowsMutex_);
-    auto it = windows_.find(h.window);
-    if (it == windows_.end())
+    std::shared_lock<std::shared_mutex> lock(windows_.mutex());
+    const common::LocalWindow* window = windows_.local(h.window);
+    if (!window)
       return fail(describe(h) + " names window " + std::to_string(h.window) + ", which is not registered here");
-    bad = checkRange(h.offset, h.bytes, it->second.bytes);
+    bad = common::checkRange(h.offset, h.bytes, window->bytes);
     if (!bad.empty()) return fail(describe(h) + " into window " + std::to_string(h.window) + ": " + bad);
     // checkHeader() put the chunk inside the message and checkRange() the message inside the window.
-    dst = it->second.base + h.offset + h.chunkOffset;
-    if (it->second.kind == MemoryKind::kCuda) cudaDevice = it->second.device;
+    dst = window->base + h.offset + h.chunkOffset;
+    if (window->kind == MemoryKind::kCuda) cudaDevice = window->device;
     if (atomic && cudaDevice >= 0)
-      return fail(describe(h) + " on window " + std::to_string(h.window) +
-                  ": atomics on GPU windows are not supported by the TCP transport");
+      return fail(describe(h) + " on window " + std::to_string(h.window) + ": " + common::gpuAtomicRefusal("TCP"));
     if (atomic && reinterpret_cast<uintptr_t>(dst) % alignof(uint64_t) != 0)
       return fail(describe(h) + ": the word is not 8-byte aligned in memory (window " + std::to_string(h.window) +
                   " starts at an unaligned address)");
@@ -127,7 +130,7 @@ bool TcpTransport::receiveOne(RxSocket& s, CudaStaging& staging) {
       message.peer = s.peer;
       message.bytes = static_cast<uint32_t>(m.bytes);
       std::memcpy(message.data, m.payload, message.bytes);
-      deliverMessage(messageHandler_, message, "TCP transport rank " + std::to_string(rank_));
+      common::deliverMessage(messageHandler_, message, "TCP transport rank " + std::to_string(rank_));
       return;
     }
     if (!immHandler_) return;

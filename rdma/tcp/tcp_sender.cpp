@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
 #include <sstream>
 #include <thread>
 
 #include "gdx/detail/clock.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
+#include "rdma/common/delivery.hpp"
+#include "rdma/common/op_checks.hpp"
+#include "rdma/common/window_table.hpp"
 #include "rdma/tcp/tcp_transport.hpp"
 
 namespace gdx::tcp {
@@ -28,29 +32,21 @@ constexpr uint64_t kGoodbyeGraceNs = 2000000000ull;
 TcpLane::TcpLane(TcpTransport& transport, int index, int worldSize)
     : t_(transport), index_(index), nextSeq_(worldSize, 0), nextSocket_(worldSize, 0) {}
 
+std::string TcpLane::who() const {
+  return "TCP transport rank " + std::to_string(t_.rank_) + " lane " + std::to_string(index_);
+}
+
 void TcpLane::post(const WriteOp& op) {
-  auto invalid = [&](const std::string& what) {
-    std::ostringstream os;
-    os << "TCP transport rank " << t_.rank_ << " lane " << index_ << ": write to peer " << op.peer << " (local window "
-       << op.localWindow << " offset " << op.localOffset << ", remote window " << op.remoteWindow << " offset "
-       << op.remoteOffset << ", " << op.bytes << " bytes): " << what;
-    throw Error(ErrorCode::kInvalidArgument, os.str());
-  };
-  if (!t_.connected_) invalid("the transport is not connected");
-  if (op.peer < 0 || op.peer >= t_.world_) invalid("unknown peer (world size " + std::to_string(t_.world_) + ")");
-  if (op.bytes == 0) invalid("zero-byte write");
+  std::string bad = common::checkWriteOp(op, t_.connected_, t_.world_);
+  if (!bad.empty()) common::refuseWrite(who(), op, bad);
   const char* src = nullptr;
   int cudaDevice = -1;
   {
-    std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
-    auto local = t_.windows_.find(op.localWindow);
-    if (local == t_.windows_.end()) invalid("local window " + std::to_string(op.localWindow) + " is not registered");
-    std::string bad = checkRange(op.localOffset, op.bytes, local->second.bytes);
-    if (!bad.empty()) invalid("local window " + std::to_string(op.localWindow) + ": " + bad);
-    bad = checkRemote(op.peer, op.remoteWindow, op.remoteOffset, op.bytes);
-    if (!bad.empty()) invalid(bad);
-    src = local->second.base + op.localOffset;
-    if (local->second.kind == MemoryKind::kCuda) cudaDevice = local->second.device;
+    std::shared_lock<std::shared_mutex> lock(t_.windows_.mutex());
+    const common::LocalWindow* local = t_.windows_.findWrite(op, &bad).local;
+    if (!local) common::refuseWrite(who(), op, bad);
+    src = local->base + op.localOffset;
+    if (local->kind == MemoryKind::kCuda) cudaDevice = local->device;
   }
   if (!admitOp(op.cookie, op.peer)) return;
 
@@ -63,7 +59,7 @@ void TcpLane::post(const WriteOp& op) {
   if (chunks > UINT32_MAX) {
     delete state;
     inFlight_.fetch_sub(1, std::memory_order_relaxed);
-    invalid("write needs more than 2^32 chunks; raise GDX_TCP_CHUNK");
+    common::refuseWrite(who(), op, "write needs more than 2^32 chunks; raise GDX_TCP_CHUNK");
   }
 
   MessageHeader h = nextMessage(MessageType::kWrite, op.peer, op.remoteWindow, op.remoteOffset, op.bytes);
@@ -94,25 +90,15 @@ void TcpLane::post(const WriteOp& op) {
   }
 }
 
+static_assert(kAtomicBytes == common::kAtomicWordBytes, "an atomic message carries the word the lane checked");
+
 void TcpLane::postAtomic(const AtomicOp& op) {
-  auto invalid = [&](const std::string& what) {
-    std::ostringstream os;
-    os << "TCP transport rank " << t_.rank_ << " lane " << index_ << ": atomic on peer " << op.peer
-       << " (remote window " << op.remoteWindow << " offset " << op.remoteOffset << ", kind "
-       << static_cast<int>(op.kind) << ", value " << op.value << "): " << what;
-    throw Error(ErrorCode::kInvalidArgument, os.str());
-  };
-  if (!t_.connected_) invalid("the transport is not connected");
-  if (op.peer < 0 || op.peer >= t_.world_) invalid("unknown peer (world size " + std::to_string(t_.world_) + ")");
-  if (op.kind != SignalOp::kAdd && op.kind != SignalOp::kSet) invalid("unknown atomic kind");
-  if (op.remoteOffset % kAtomicBytes != 0) invalid("the offset is not 8-byte aligned");
+  std::string bad = common::checkAtomicOp(op, t_.connected_, t_.world_);
+  if (!bad.empty()) common::refuseAtomic(who(), op, bad);
   {
-    std::shared_lock<std::shared_mutex> lock(t_.windowsMutex_);
-    bool cuda = false;
-    std::string bad = checkRemote(op.peer, op.remoteWindow, op.remoteOffset, kAtomicBytes, &cuda);
-    if (!bad.empty()) invalid(bad);
-    // The receiver would have to read-modify-write GPU memory with copies, which is not atomic.
-    if (cuda) invalid("atomics on GPU windows are not supported by the TCP transport");
+    std::shared_lock<std::shared_mutex> lock(t_.windows_.mutex());
+    // GPU windows are refused: the receiver would have to read-modify-write GPU memory with copies.
+    if (!t_.windows_.findAtomicTarget(op, "TCP", &bad)) common::refuseAtomic(who(), op, bad);
   }
   if (!admitOp(op.cookie, op.peer)) return;
 
@@ -123,11 +109,8 @@ void TcpLane::postAtomic(const AtomicOp& op) {
 }
 
 void TcpLane::postMessage(const MessageOp& op) {
-  std::string bad = t_.connected_ ? checkMessageOp(op.peer, op.bytes, t_.world_) : "the transport is not connected";
-  if (!bad.empty())
-    throw Error(ErrorCode::kInvalidArgument, "TCP transport rank " + std::to_string(t_.rank_) + " lane " +
-                                                 std::to_string(index_) + ": message to peer " +
-                                                 std::to_string(op.peer) + ": " + bad);
+  std::string bad = common::checkMessageOp(op, t_.connected_, t_.world_);
+  if (!bad.empty()) common::refuseMessage(who(), op, bad);
   if (!admitOp(op.cookie, op.peer)) return;
   MessageHeader h = nextMessage(MessageType::kControl, op.peer, 0, 0, op.bytes);
   h.chunkBytes = op.bytes;
@@ -167,16 +150,6 @@ MessageHeader TcpLane::nextMessage(MessageType type, int peer, uint32_t window, 
   return h;
 }
 
-std::string TcpLane::checkRemote(int peer, uint32_t window, uint64_t offset, uint64_t bytes, bool* cuda) const {
-  auto& remotes = t_.remoteWindows_[peer];
-  auto remote = remotes.find(window);
-  if (remote == remotes.end())
-    return "remote window " + std::to_string(window) + " of peer " + std::to_string(peer) + " is not known";
-  if (cuda) *cuda = remote->second.cuda;
-  std::string bad = checkRange(offset, bytes, remote->second.bytes);
-  return bad.empty() ? bad : "remote window " + std::to_string(window) + ": " + bad;
-}
-
 bool TcpLane::admitOp(uint64_t cookie, int peer) {
   inFlight_.fetch_add(1, std::memory_order_relaxed);
   Status early = t_.failedStatus(peer);
@@ -187,11 +160,7 @@ bool TcpLane::admitOp(uint64_t cookie, int peer) {
 
 size_t TcpLane::poll(Completion* out, size_t max) {
   std::lock_guard<std::mutex> lock(doneMutex_);
-  size_t n = std::min(max, done_.size());
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = done_.front();
-    done_.pop_front();
-  }
+  const size_t n = common::takeCompletions(done_, out, max);
   inFlight_.fetch_sub(n, std::memory_order_relaxed);
   return n;
 }
@@ -214,7 +183,7 @@ void TcpLane::finishChunk(OpState* op, Status status) {
 
 void TcpTransport::senderLoop(TxSocket& s) {
   TcpLane& lane = *lanes_[s.lane];
-  CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
+  common::CudaStaging staging(options_.chunkBytes, options_.timeoutNs);  // this thread's; pins memory only if needed
   for (;;) {
     TxItem item;
     {
@@ -241,7 +210,7 @@ void TcpTransport::senderLoop(TxSocket& s) {
   sayGoodbye(s);
 }
 
-Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, CudaStaging& staging) {
+Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, common::CudaStaging& staging) {
   const char* payload = item.data;
   if (item.data != nullptr && item.cudaDevice >= 0) {
     // A chunk of a GPU window: device -> this thread's pinned buffer, finished before a byte of it is sent.

@@ -4,6 +4,8 @@
 
 #include <sys/socket.h>
 
+#include <mutex>
+#include <shared_mutex>
 #include <sstream>
 
 #include "gdx/detail/clock.hpp"
@@ -66,7 +68,7 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options)
   }
   advertised_ = host + ":" + std::to_string(port);
 
-  remoteWindows_.resize(world_);
+  windows_.setPeers(world_);
   why_.resize(world_);
   peerState_ = std::make_unique<std::atomic<int>[]>(world_);
   for (int p = 0; p < world_; ++p) peerState_[p].store(kPeerOk);
@@ -93,50 +95,31 @@ TransportLane& TcpTransport::lane(int index) {
 }
 
 namespace {
-/// Peers address windows by id and offset only, so the key just restates the window for checking, plus whether
-/// it is GPU memory (which the sender needs to refuse atomics on it).
-std::string windowKey(uint32_t id, uint64_t bytes, bool cuda) {
-  return "tcp:" + std::to_string(id) + ":" + std::to_string(bytes) + (cuda ? ":cuda" : "");
-}
+/// Peers address windows by id and offset only (common::windowKey()).
+constexpr char kKeyScheme[] = "tcp";
 }  // namespace
 
 std::string TcpTransport::registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) {
-  std::string who = "TCP transport rank " + std::to_string(rank_) + ": window " + std::to_string(id);
-  if (kind != MemoryKind::kHost && kind != MemoryKind::kCuda)
-    throw Error(ErrorCode::kInvalidArgument, who + ": unknown memory kind");
-  if (base == nullptr && bytes > 0) throw Error(ErrorCode::kInvalidArgument, who + ": null base");
-  LocalWindow w{static_cast<char*>(base), bytes, kind, -1};
-  // Throws when the memory is not on a GPU, or when gdx was built without CUDA.
-  if (kind == MemoryKind::kCuda) w.device = cudaWindowDevice(base, bytes, who);
-  std::unique_lock<std::shared_mutex> lock(windowsMutex_);
-  if (!windows_.emplace(id, w).second) throw Error(ErrorCode::kInvalidArgument, who + " is already registered");
-  return windowKey(id, bytes, kind == MemoryKind::kCuda);
+  std::string w = "TCP transport rank " + std::to_string(rank_) + ": window " + std::to_string(id);
+  common::LocalWindow window = common::cpuWindow(w, base, bytes, kind);
+  std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+  windows_.addLocal(id, window, w);
+  return common::windowKey(kKeyScheme, id, bytes, kind == MemoryKind::kCuda);
 }
 
 void TcpTransport::deregisterWindow(uint32_t id) {
-  std::unique_lock<std::shared_mutex> lock(windowsMutex_);
-  if (windows_.erase(id) == 0)
-    throw Error(ErrorCode::kInvalidArgument, "TCP transport rank " + std::to_string(rank_) + ": window " +
-                                                 std::to_string(id) + " is not registered");
+  std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+  windows_.removeLocal(id, "TCP transport rank " + std::to_string(rank_));
 }
 
 void TcpTransport::addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) {
   if (peer < 0 || peer >= world_)
     throw Error(ErrorCode::kInvalidArgument, "TCP transport rank " + std::to_string(rank_) + ": remote window " +
                                                  std::to_string(id) + " of unknown peer " + std::to_string(peer));
-  // An empty key (tests, tools) describes a host window; the receiver checks every message itself anyway.
-  const bool cuda = key == windowKey(id, bytes, true);
-  if (!key.empty() && !cuda && key != windowKey(id, bytes, false))
-    throw Error(ErrorCode::kInvalidArgument, "TCP transport rank " + std::to_string(rank_) + ": key '" + key +
-                                                 "' of peer " + std::to_string(peer) + " does not describe window " +
-                                                 std::to_string(id) + " of " + std::to_string(bytes) + " bytes");
-  std::unique_lock<std::shared_mutex> lock(windowsMutex_);
-  remoteWindows_[peer][id] = RemoteWindow{bytes, cuda};
-}
-
-void TcpTransport::setPeerFailureHandler(PeerFailureHandler handler) {
-  std::lock_guard<std::mutex> lock(failureHandlerMutex_);
-  failureHandler_ = std::move(handler);
+  common::RemoteWindow window =
+      common::parseWindowKey("TCP transport rank " + std::to_string(rank_), kKeyScheme, peer, id, bytes, key);
+  std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+  windows_.setRemote(peer, id, window);
 }
 
 Status TcpTransport::peerStatus(int peer) const {
@@ -180,12 +163,7 @@ void TcpTransport::failPeer(int peer, const std::string& why) {
     return;
   }
   GDX_ERROR("TCP transport rank " << rank_ << ": peer " << peer << " failed: " << why);
-  PeerFailureHandler handler;
-  {
-    std::lock_guard<std::mutex> lock(failureHandlerMutex_);
-    handler = failureHandler_;
-  }
-  if (handler) handler(peer, why);
+  failureHandler_.notify(peer, why);
 }
 
 bool TcpTransport::txAborted() const {

@@ -14,8 +14,8 @@
 // control message (postMessage) travels the same way and is handed to the MessageHandler by that delivery.
 //
 // GPU windows (MemoryKind::kCuda, only in a build with CUDA) are staged through pinned host memory, one chunk at a
-// time (cuda_staging.hpp): each sender and receiver thread owns a chunk-sized pinned buffer and its own streams.
-// A sender copies a chunk of a GPU window device->host into its buffer and sends it from there; a receiver
+// time (rdma/common/cuda_staging.hpp): each sender and receiver thread owns a chunk-sized pinned buffer and its own
+// streams. A sender copies a chunk of a GPU window device->host into its buffer and sends it from there; a receiver
 // receives a chunk for a GPU window into its buffer and copies it host->device before it tells RxOrder the chunk
 // is placed, so an immediate is announced (and a later atomic performed) only after the GPU copy finished. A
 // CUDA failure on either side fails the peer (the direction's sequence cannot continue without the chunk), like
@@ -28,15 +28,15 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "gdx/detail/transport.hpp"
+#include "rdma/common/cuda_staging.hpp"
+#include "rdma/common/delivery.hpp"
+#include "rdma/common/window_table.hpp"
 #include "rdma/socket.hpp"
-#include "rdma/tcp/cuda_staging.hpp"
 #include "rdma/tcp/rx_order.hpp"
 #include "rdma/tcp/wire.hpp"
 
@@ -101,9 +101,8 @@ class TcpLane : public TransportLane {
   void complete(uint64_t cookie, int peer, Status status);
   /// Counts a validated op in flight; false (after completing it) when its peer has already failed or left.
   bool admitOp(uint64_t cookie, int peer);
-  /// Checks that [offset, offset + bytes) lies in remote window `window` of `peer`; "" or why not. Sets `*cuda`
-  /// (when given) to whether the peer registered it as GPU memory. Needs windowsMutex_ held.
-  std::string checkRemote(int peer, uint32_t window, uint64_t offset, uint64_t bytes, bool* cuda = nullptr) const;
+  /// "TCP transport rank R lane L", the start of the lane's errors.
+  std::string who() const;
   /// The header of the next message of this lane to `peer` (takes its sequence number).
   MessageHeader nextMessage(MessageType type, int peer, uint32_t window, uint64_t offset, uint64_t bytes);
   /// Queues a one-chunk message (an atomic or a control message, `h.chunkBytes` bytes of `payload` carried inline)
@@ -119,7 +118,7 @@ class TcpLane : public TransportLane {
   std::atomic<size_t> inFlight_{0};
 };
 
-class TcpTransport : public Transport {
+class TcpTransport : public common::TransportBase {
  public:
   explicit TcpTransport(const TcpTransportOptions& options);
   ~TcpTransport() override;
@@ -136,9 +135,6 @@ class TcpTransport : public Transport {
   void deregisterWindow(uint32_t id) override;
   void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) override;
 
-  void setImmHandler(ImmHandler handler) override { immHandler_ = std::move(handler); }
-  void setMessageHandler(MessageHandler handler) override { messageHandler_ = std::move(handler); }
-  void setPeerFailureHandler(PeerFailureHandler handler) override;
   Status peerStatus(int peer) const override;
 
   void shutdown() override;
@@ -146,16 +142,6 @@ class TcpTransport : public Transport {
  private:
   friend class TcpLane;
   enum PeerState : int { kPeerOk = 0, kPeerGoodbye = 1, kPeerFailed = 2 };
-  struct LocalWindow {
-    char* base = nullptr;
-    uint64_t bytes = 0;
-    MemoryKind kind = MemoryKind::kHost;
-    int device = -1;  ///< kCuda: the GPU it lies on (cudaPointerGetAttributes at registration)
-  };
-  struct RemoteWindow {
-    uint64_t bytes = 0;
-    bool cuda = false;  ///< the peer registered it as GPU memory (its key says so)
-  };
   struct PendingHello;
 
   size_t slot(int lane, int peer, int socket) const {
@@ -172,11 +158,11 @@ class TcpTransport : public Transport {
 
   // Data path (tcp_sender.cpp, tcp_receiver.cpp).
   void senderLoop(TxSocket& s);
-  Status sendChunk(TxSocket& s, const TxItem& item, CudaStaging& staging);
+  Status sendChunk(TxSocket& s, const TxItem& item, common::CudaStaging& staging);
   Status onSendFailure(TxSocket& s, const net::IoStatus& io, const std::string& why);
   void sayGoodbye(TxSocket& s);
   void receiverLoop(RxSocket& s);
-  bool receiveOne(RxSocket& s, CudaStaging& staging);
+  bool receiveOne(RxSocket& s, common::CudaStaging& staging);
   bool txAborted() const;
 
   // Failure handling.
@@ -190,14 +176,7 @@ class TcpTransport : public Transport {
   net::UniqueFd listener_;
   std::string advertised_;
 
-  ImmHandler immHandler_;
-  MessageHandler messageHandler_;
-  std::mutex failureHandlerMutex_;
-  PeerFailureHandler failureHandler_;
-
-  mutable std::shared_mutex windowsMutex_;
-  std::unordered_map<uint32_t, LocalWindow> windows_;
-  std::vector<std::unordered_map<uint32_t, RemoteWindow>> remoteWindows_;  ///< per peer: id -> window
+  common::WindowTable<> windows_;
 
   std::unique_ptr<std::atomic<int>[]> peerState_;  ///< per peer: a PeerState
   mutable std::mutex whyMutex_;

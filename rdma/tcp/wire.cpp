@@ -2,8 +2,6 @@
 
 #include <sstream>
 
-#include "gdx/detail/log.hpp"
-
 namespace gdx::tcp {
 
 const char* helloReplyName(HelloReply reply) {
@@ -18,16 +16,6 @@ const char* helloReplyName(HelloReply reply) {
     case HelloReply::kChunkTooLarge: return "sender's chunk size exceeds the receiver's";
   }
   return "unknown reply";
-}
-
-std::string checkRange(uint64_t offset, uint64_t bytes, uint64_t windowBytes) {
-  // Written as two comparisons so that offset + bytes can never wrap around.
-  if (bytes > windowBytes || offset > windowBytes - bytes) {
-    std::ostringstream os;
-    os << "range [offset " << offset << ", +" << bytes << " bytes) exceeds the window of " << windowBytes << " bytes";
-    return os.str();
-  }
-  return "";
 }
 
 std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk) {
@@ -93,27 +81,6 @@ std::string describe(const MessageHeader& h) {
      << h.seq << ", offset " << h.offset << ", bytes " << h.bytes << ", chunk [" << h.chunkOffset << ", +"
      << h.chunkBytes << ")}";
   return os.str();
-}
-
-std::string checkMessageOp(int peer, uint32_t bytes, int world) {
-  if (peer < 0 || peer >= world) return "unknown peer (world size " + std::to_string(world) + ")";
-  if (bytes == 0 || bytes > kMaxMessageBytes)
-    return "a message of " + std::to_string(bytes) + " bytes (it must have 1.." + std::to_string(kMaxMessageBytes) +
-           ")";
-  return "";
-}
-
-void deliverMessage(const Transport::MessageHandler& handler, const RemoteMessage& m, const std::string& who) {
-  if (!handler) {
-    GDX_WARN(who << ": no message handler is set; a message of " << m.bytes << " bytes from peer " << m.peer
-                 << " is dropped");
-    return;
-  }
-  try {
-    handler(m);
-  } catch (const std::exception& e) {
-    GDX_ERROR(who << ": the message handler threw for a message from peer " << m.peer << ": " << e.what());
-  }
 }
 
 }  // namespace gdx::tcp

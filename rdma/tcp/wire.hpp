@@ -104,19 +104,7 @@ static_assert(sizeof(MessageHeader) == 56 && std::is_trivially_copyable_v<Messag
 /// size and alignment; for a control message its length. Returns "" when it is well formed, else what is wrong.
 std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk);
 
-/// "" when [offset, offset + bytes) lies within a window of `windowBytes` (without overflowing), else why not.
-std::string checkRange(uint64_t offset, uint64_t bytes, uint64_t windowBytes);
-
 /// A short human-readable rendering of a header for error messages ("write {...}", "atomic {...}", "message {...}").
 std::string describe(const MessageHeader& h);
-
-// Control messages in every backend (tcp, loopback, verbs).
-
-/// "" when a MessageOp to `peer` of `bytes` bytes may be posted in a world of `world` ranks, else why not.
-std::string checkMessageOp(int peer, uint32_t bytes, int world);
-
-/// Hands `m` to `handler` on a transport thread: a throwing handler is logged (an exception would end the process),
-/// a missing one drops the message with a WARN naming the peer. `who` names the receiving transport.
-void deliverMessage(const Transport::MessageHandler& handler, const RemoteMessage& m, const std::string& who);
 
 }  // namespace gdx::tcp

@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -33,6 +35,17 @@ void QpDeleter::operator()(ibv_qp* p) const {
 void MrDeleter::operator()(ibv_mr* p) const {
   if (!p) return;
   if (int rc = ibv_dereg_mr(p)) GDX_ERROR("ibv_dereg_mr failed: " << std::strerror(rc));
+}
+void AlignedFree::operator()(char* p) const {
+  std::free(p);
+}
+
+AlignedBuffer alignedBuffer(size_t bytes) {
+  size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  char* p = static_cast<char*>(std::aligned_alloc(4096, rounded));
+  if (!p) throw SystemError("aligned_alloc", ENOMEM, __FILE__, __LINE__);
+  std::memset(p, 0, rounded);
+  return AlignedBuffer(p);
 }
 
 namespace {

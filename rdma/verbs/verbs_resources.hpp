@@ -1,6 +1,6 @@
 // Owned verbs objects and the few steps every RC connection needs: picking a device port and a GID, and the
 // queue pair transitions RESET -> INIT -> RTR -> RTS (and -> ERR), each a named function with the attribute mask
-// bits next to the fields they set.
+// bits next to the fields they set. Also the page-aligned, zeroed host buffers the transport registers.
 //
 // Ownership: every ibv_* object is a unique_ptr with a deleter that logs (never throws) when destruction fails.
 // Owners declare them in creation order, so C++ destroys them in reverse (memory regions and queue pairs before
@@ -9,6 +9,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,6 +42,15 @@ using UniqueChannel = std::unique_ptr<ibv_comp_channel, ChannelDeleter>;
 using UniqueCq = std::unique_ptr<ibv_cq, CqDeleter>;
 using UniqueQp = std::unique_ptr<ibv_qp, QpDeleter>;
 using UniqueMr = std::unique_ptr<ibv_mr, MrDeleter>;
+
+struct AlignedFree {
+  void operator()(char* p) const;
+};
+/// Host memory from std::aligned_alloc, freed with std::free.
+using AlignedBuffer = std::unique_ptr<char, AlignedFree>;
+/// A zeroed buffer of at least `bytes` (rounded up to whole 4 KiB pages), page-aligned as memory to register should
+/// be. Throws gdx::SystemError when the allocation fails.
+AlignedBuffer alignedBuffer(size_t bytes);
 
 /// The device port this transport uses, as chosen by openPort().
 struct PortInfo {

@@ -1,5 +1,6 @@
-// GPU windows for transports that move bytes with the CPU (tcp, loopback): checking that a window really is CUDA
-// memory, and copying chunks between it and host memory on a thread's own streams, with every wait bounded.
+// GPU windows for the transports, shared by all three: checking that a window really is CUDA memory (tcp, loopback,
+// verbs), and copying chunks between it and host memory on a thread's own streams, with every wait bounded (tcp and
+// loopback for every GPU window, verbs for the GPU windows it stages through registered host memory).
 //
 // The interface is plain C++ (no CUDA header), so the transports that use it stay plain C++; the CUDA code is in
 // cuda_staging.cpp behind GDX_HAVE_CUDA. Built without CUDA, cudaWindowDevice() refuses every window and the
@@ -15,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace gdx::tcp {
+namespace gdx::common {
 
 /// True when gdx was built with CUDA, i.e. GPU windows can be registered at all.
 bool cudaStagingBuiltIn();
@@ -72,4 +73,4 @@ class CudaStaging {
   CudaCopier copier_;
 };
 
-}  // namespace gdx::tcp
+}  // namespace gdx::common

@@ -1,5 +1,5 @@
 // CUDA side of cuda_staging.hpp. Without GDX_HAVE_CUDA only the refusals are compiled.
-#include "rdma/tcp/cuda_staging.hpp"
+#include "rdma/common/cuda_staging.hpp"
 
 #include <sstream>
 
@@ -13,7 +13,7 @@
 #include "gdx/detail/cuda_check.hpp"
 #endif
 
-namespace gdx::tcp {
+namespace gdx::common {
 
 #if defined(GDX_HAVE_CUDA)
 
@@ -198,4 +198,4 @@ std::string CudaStaging::toDevice(void*, size_t, int) {
 
 #endif  // GDX_HAVE_CUDA
 
-}  // namespace gdx::tcp
+}  // namespace gdx::common

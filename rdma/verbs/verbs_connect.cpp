@@ -1,0 +1,136 @@
+// Connection setup of the verbs transport: each lane's queue pairs (one RC QP per peer, itself included, created
+// with the lane), the address blob that carries their numbers, and the collective connect() that moves every QP
+// through INIT, RTR and RTS towards the QP of the peer that addressed it.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "gdx/error.hpp"
+#include "rdma/verbs/verbs_transport.hpp"
+
+namespace gdx::verbs {
+
+namespace {
+
+constexpr uint32_t kAddressMagic = 0x56584447;  // "GDXV"
+
+/// The start of the address blob; then an AddressEntry per (lane, peer), lane-major.
+struct AddressHeader {
+  uint32_t magic;
+  uint32_t rank;
+  uint32_t world;
+  uint32_t lanes;
+  uint16_t lid;
+  uint8_t mtu;
+  uint8_t ethernet;
+  uint8_t gid[16];
+};
+struct AddressEntry {
+  uint32_t qpn;
+  uint32_t psn;
+};
+
+}  // namespace
+
+VerbsLane::VerbsLane(VerbsTransport& t, int index) : t_(t), index_(index), copier_(t.options_.timeoutNs) {
+  creditEnd_ = 64 + (static_cast<size_t>(t.world_) * kWordBytes + 63) / 64 * 64;
+  const size_t bufferBytes = creditEnd_ + static_cast<size_t>(t.world_) * t.sendDepth_ * kControlSlotBytes;
+  buffer_ = alignedBuffer(bufferBytes);
+  mr_.reset(ibv_reg_mr(t.pd_.get(), buffer_.get(), bufferBytes, IBV_ACCESS_LOCAL_WRITE));
+  if (!mr_) throw VerbsError("ibv_reg_mr (lane scratch)", errno, __FILE__, __LINE__);
+  const int cqe = std::min(t.world_ * t.sendDepth_, t.port_.device_attr.max_cqe);
+  sendCq_.reset(ibv_create_cq(t.ctx_.get(), cqe, nullptr, nullptr, 0));
+  if (!sendCq_) throw VerbsError("ibv_create_cq (send, " + std::to_string(cqe) + ")", errno, __FILE__, __LINE__);
+  std::random_device rd;
+  qps_.resize(t.world_);
+  for (int p = 0; p < t.world_; ++p) {
+    ibv_qp_init_attr a{};
+    a.send_cq = sendCq_.get();
+    a.recv_cq = t.recvCq_.get();
+    a.qp_type = IBV_QPT_RC;
+    a.sq_sig_all = 0;
+    a.cap.max_send_wr = static_cast<uint32_t>(t.sendDepth_);
+    a.cap.max_recv_wr = static_cast<uint32_t>(t.recvDepth_);
+    a.cap.max_send_sge = 1;
+    a.cap.max_recv_sge = 1;
+    // Room for a control message of any length inline; else what the device allows (0: no inline sends).
+    for (uint32_t inlineBytes : {uint32_t{sizeof(MessageRecord)}, uint32_t{64}, uint32_t{0}}) {
+      a.cap.max_inline_data = inlineBytes;
+      qps_[p].qp.reset(ibv_create_qp(t.pd_.get(), &a));
+      if (qps_[p].qp) break;
+    }
+    if (!qps_[p].qp) throw VerbsError("ibv_create_qp (RC)", errno, __FILE__, __LINE__);
+    maxInline_ = a.cap.max_inline_data;
+    qps_[p].psn = rd() & 0xffffff;
+  }
+  ops_.reserve(1024);
+}
+
+std::string VerbsTransport::makeAddress() const {
+  AddressHeader h{};
+  h.magic = kAddressMagic;
+  h.rank = static_cast<uint32_t>(rank_);
+  h.world = static_cast<uint32_t>(world_);
+  h.lanes = static_cast<uint32_t>(options_.lanes);
+  h.lid = port_.lid;
+  h.mtu = static_cast<uint8_t>(port_.mtu);
+  h.ethernet = port_.ethernet ? 1 : 0;
+  std::memcpy(h.gid, port_.gid.raw, 16);
+  std::string address(reinterpret_cast<const char*>(&h), sizeof h);
+  for (int l = 0; l < options_.lanes; ++l)
+    for (int p = 0; p < world_; ++p) {
+      AddressEntry e{lanes_[l]->qp(p)->qp_num, lanes_[l]->psn(p)};
+      address.append(reinterpret_cast<const char*>(&e), sizeof e);
+    }
+  return address;
+}
+
+void VerbsTransport::connect(const std::vector<std::string>& addresses, int lanes) {
+  if (connectStarted_) throw Error(ErrorCode::kInvalidArgument, who() + ": connect() may be called once");
+  if (static_cast<int>(addresses.size()) != world_)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": connect() got " + std::to_string(addresses.size()) +
+                                                 " addresses for a world of " + std::to_string(world_));
+  if (lanes < 1 || lanes > options_.lanes)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": " + std::to_string(lanes) + " lanes requested, " +
+                                                 std::to_string(options_.lanes) +
+                                                 " prepared (VerbsTransportOptions::lanes / GDX_PROXY_THREADS)");
+  if (stopping_.load()) throw Error(ErrorCode::kShutdown, who() + ": connect() after shutdown()");
+  connectStarted_ = true;
+  std::vector<AddressHeader> headers(world_);
+  for (int p = 0; p < world_; ++p) {
+    const std::string& a = addresses[p];
+    AddressHeader& h = headers[p];
+    if (a.size() >= sizeof h) std::memcpy(&h, a.data(), sizeof h);
+    if (a.size() < sizeof h || h.magic != kAddressMagic || h.rank != static_cast<uint32_t>(p) ||
+        h.world != static_cast<uint32_t>(world_) || h.lanes < static_cast<uint32_t>(lanes) ||
+        a.size() != sizeof h + size_t{h.lanes} * world_ * sizeof(AddressEntry) || (h.ethernet != 0) != port_.ethernet)
+      throw Error(ErrorCode::kProtocol, who() + ": the address of rank " + std::to_string(p) +
+                                            " is not a verbs address of this world with " + std::to_string(lanes) +
+                                            " lanes (" + std::to_string(a.size()) + " bytes)");
+  }
+  for (int l = 0; l < lanes; ++l)
+    for (int p = 0; p < world_; ++p) {
+      ibv_qp* qp = lanes_[l]->qp(p);
+      toInit(qp, port_.port);
+      for (int s = 0; s < recvDepth_; ++s) postReceive(l, p, static_cast<uint32_t>(s));
+      const AddressHeader& h = headers[p];
+      AddressEntry e;
+      std::memcpy(&e, addresses[p].data() + sizeof h + (size_t{static_cast<uint32_t>(l)} * world_ + rank_) * sizeof e,
+                  sizeof e);
+      QpAddress remote;
+      remote.qpn = e.qpn;
+      remote.psn = e.psn;
+      remote.lid = h.lid;
+      std::memcpy(remote.gid.raw, h.gid, 16);
+      remote.mtu = static_cast<ibv_mtu>(std::min<int>(h.mtu, port_.mtu));
+      toRtr(qp, remote, path_);
+      toRts(qp, lanes_[l]->psn(p), path_);
+    }
+  numLanes_ = lanes;
+  receiver_ = std::thread([this] { receiverLoop(); });
+  connected_ = true;
+}
+
+}  // namespace gdx::verbs

@@ -1,0 +1,144 @@
+// Memory registration of the verbs transport: host windows as memory regions, GPU windows through dmabuf or
+// peermem (or, when neither works or stageAllWindows asks for it, as staged windows), the keys that tell peers how
+// to reach them, and the peers' keys.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+
+#include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
+#include "rdma/common/cuda_staging.hpp"
+#include "rdma/common/window_table.hpp"
+#include "rdma/verbs/verbs_transport.hpp"
+
+#if defined(GDX_HAVE_CUDA)
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace gdx::verbs {
+
+UniqueMr VerbsTransport::registerCuda(void* base, size_t bytes, int access, std::string* how) {
+#if defined(GDX_HAVE_CUDA)
+  using GetHandleFn = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070, cudaEnableDefault, &q) ==
+          cudaSuccess &&
+      q == cudaDriverEntryPointSuccess && fn) {
+    const uintptr_t page = 4096, start = reinterpret_cast<uintptr_t>(base) & ~(page - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(base) + bytes + page - 1) & ~(page - 1);
+    int fd = -1;
+    if (reinterpret_cast<GetHandleFn>(fn)(&fd, static_cast<CUdeviceptr>(start), end - start,
+                                          CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) == CUDA_SUCCESS) {
+      UniqueMr mr(ibv_reg_dmabuf_mr(pd_.get(), reinterpret_cast<uintptr_t>(base) - start, bytes,
+                                    reinterpret_cast<uint64_t>(base), fd, access));
+      int err = errno;
+      ::close(fd);
+      if (mr) {
+        *how = "dmabuf";
+        return mr;
+      }
+      *how = std::string("ibv_reg_dmabuf_mr: ") + std::strerror(err);
+    } else {
+      *how = "cuMemGetHandleForAddressRange failed";
+    }
+  } else {
+    *how = "no cuMemGetHandleForAddressRange in the driver";
+  }
+  UniqueMr mr(ibv_reg_mr(pd_.get(), base, bytes, access));
+  if (mr) {
+    *how = "peermem";
+    return mr;
+  }
+  *how += std::string("; ibv_reg_mr (peermem): ") + std::strerror(errno);
+  return nullptr;
+#else
+  (void)base, (void)bytes, (void)access;
+  *how = "gdx was built without CUDA";
+  return nullptr;
+#endif
+}
+
+std::string VerbsTransport::registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) {
+  std::string w = who() + ": window " + std::to_string(id);
+  common::checkWindowArguments(w, base, bytes, kind);
+  {
+    std::shared_lock<std::shared_mutex> lock(windows_.mutex());
+    if (windows_.local(id)) throw Error(ErrorCode::kInvalidArgument, w + " is already registered");
+  }
+  LocalWindow win;
+  win.base = static_cast<char*>(base);
+  win.bytes = bytes;
+  win.kind = kind;
+  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  if (port_.device_attr.atomic_cap != IBV_ATOMIC_NONE) access |= IBV_ACCESS_REMOTE_ATOMIC;
+  if (kind == MemoryKind::kCuda) {
+    if (!common::cudaStagingBuiltIn())
+      throw Error(ErrorCode::kInvalidArgument,
+                  w + ": GPU memory (MemoryKind::kCuda) needs gdx built with CUDA; this build has no CUDA");
+    win.device = common::cudaWindowDevice(base, bytes, w);  // throws unless it is CUDA memory
+  }
+  if (options_.stageAllWindows) {
+    win.staged = true;
+  } else if (bytes > 0) {
+    if (kind == MemoryKind::kHost) {
+      win.mr.reset(ibv_reg_mr(pd_.get(), base, bytes, access));
+      if (!win.mr)
+        throw VerbsError("ibv_reg_mr (" + w + ", " + std::to_string(bytes) + " bytes)", errno, __FILE__, __LINE__);
+    } else {
+      std::string how;
+      win.mr = registerCuda(base, bytes, access, &how);
+      if (win.mr) {
+        GDX_INFO(w << ": GPU memory registered through " << how);
+      } else {
+        win.staged = true;
+        GDX_INFO(w << ": GPU memory cannot be registered with " << port_.device << " (" << how
+                   << "); it is staged through registered host buffers");
+      }
+    }
+  }
+  std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+  if (win.staged) ensureStagingArea();
+  WindowKey key{};
+  key.addr = reinterpret_cast<uint64_t>(base);
+  key.bytes = bytes;
+  key.rkey = win.mr ? win.mr->rkey : 0;
+  key.cuda = kind == MemoryKind::kCuda ? 1u : 0u;
+  if (win.staged) {
+    key.staged = 1;
+    key.stagingAddr = reinterpret_cast<uint64_t>(staging_.get());
+    key.stagingRkey = stagingMr_->rkey;
+    key.stagingLanes = static_cast<uint32_t>(options_.lanes);
+  }
+  windows_.addLocal(id, std::move(win), w);
+  return std::string(reinterpret_cast<const char*>(&key), sizeof key);
+}
+
+void VerbsTransport::deregisterWindow(uint32_t id) {
+  std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+  windows_.removeLocal(id, who());
+}
+
+void VerbsTransport::addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) {
+  if (peer < 0 || peer >= world_)
+    throw Error(ErrorCode::kInvalidArgument,
+                who() + ": remote window " + std::to_string(id) + " of unknown peer " + std::to_string(peer));
+  WindowKey k{};
+  if (key.size() == sizeof k) std::memcpy(&k, key.data(), sizeof k);
+  if (key.size() != sizeof k || k.bytes != bytes)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": the key of window " + std::to_string(id) + " of rank " +
+                                                 std::to_string(peer) + " is not a verbs key for " +
+                                                 std::to_string(bytes) + " bytes");
+  RemoteWindow window;
+  window.bytes = k.bytes;
+  window.cuda = k.cuda != 0;
+  window.key = k;
+  std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+  windows_.setRemote(peer, id, std::move(window));
+}
+
+}  // namespace gdx::verbs

@@ -8,7 +8,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CMAKE_FLAGS ?=
 RUN_ARGS ?= --json $(BUILD)/benchmark_local.json
 
-.PHONY: all deps configure test test-unit test-rdma test-gpu bench bench-gpu run install format clean
+.PHONY: all deps configure test test-unit test-rdma test-gpu bench bench-gpu run plots install format clean
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
@@ -48,6 +48,17 @@ run: configure
 	@cmake --build $(BUILD) -j $(JOBS) --target benchmark_local -- --no-print-directory
 	@echo "make run: $(BUILD)/benchmarks/benchmark_local $(RUN_ARGS)  (--help says what it measures)"
 	@$(BUILD)/benchmarks/benchmark_local $(RUN_ARGS)
+
+# PNG and SVG plots of the benchmarks' JSON, gdx beside the peer of the same run (benchmarks/plot.py): what the
+# benchmarks left in $(BUILD) (make run, make bench-gpu, the Soft-RoCE test, ...) into $(BUILD)/plots, and the
+# recorded figures of docs/data into docs/plots. Installs python3-matplotlib when it is missing.
+plots:
+	@bash cmake/install-deps.sh plots
+	@json='$(wildcard $(BUILD)/*.json)'; \
+	if [ -n "$$json" ]; then python3 benchmarks/plot.py --out $(BUILD)/plots $$json; \
+	else echo "make plots: no benchmark JSON in $(BUILD) yet (make run, make bench-gpu, make test-rdma)"; fi
+	@python3 benchmarks/plot.py --out docs/plots docs/data/*.json
+	@echo "make plots: plots of this machine's runs in $(BUILD)/plots, of the recorded runs (docs/data) in docs/plots"
 
 install: all
 	cmake --install $(BUILD)

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "benchmarks/benchmark_local_gpu.hpp"
+#include "benchmarks/gpu_timing.cuh"
+#include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
@@ -196,7 +198,18 @@ std::vector<RateRow> nullTransportRates() {
 struct SizeRow {
   size_t bytes;
   double latencyUs, gbPerSec;
+  double memcpyGbPerSec;  ///< the peer: the copy the loopback transport makes per put, back to back without gdx
 };
+
+// cudaMemcpyAsync device to device, back to back over the same slots as the put stream: what the loopback
+// transport's copies reach without the ring, the proxy and the synchronisation after each put.
+double memcpyGbPerSec(void* dst, const void* src, size_t bytes, size_t window, int iters) {
+  size_t i = 0;
+  return eventGBps(bytes, iters, [&] {
+    char* to = static_cast<char*>(dst) + (i++ % (window / bytes)) * bytes;
+    GDX_CUDA_CHECK(cudaMemcpyAsync(to, src, bytes, cudaMemcpyDeviceToDevice));
+  });
+}
 
 }  // namespace
 
@@ -226,10 +239,13 @@ int runGpuMode(const GpuModeOptions& opt) {
   const double rawDeviceSignalUs = rawRoundTripDeviceSignalUs();
   std::vector<SizeRow> sizes;
   double hostWindowLatencyUs = 0;
-  std::string transportName;
+  std::string transportName, gpuName;
   {
     Context ctx;
     transportName = ctx.transport().name();
+    cudaDeviceProp prop{};
+    GDX_CUDA_CHECK(cudaGetDeviceProperties(&prop, ctx.gpu().device));
+    gpuName = prop.name;
     const size_t window = std::max(opt.maxBytes, size_t{64} << 20);
     void *src = nullptr, *dst = nullptr, *hsrc = nullptr, *hdst = nullptr;
     GDX_CUDA_CHECK(cudaMalloc(&src, window));
@@ -273,7 +289,7 @@ int runGpuMode(const GpuModeOptions& opt) {
         check("bandwidth");
         streams += 1;
         double gbs = double(bytes) * bi / (double(scratch[0]) / 1e9) / 1e9;
-        sizes.push_back(SizeRow{bytes, lat, gbs});
+        sizes.push_back(SizeRow{bytes, lat, gbs, memcpyGbPerSec(dst, src, bytes, window, bi)});
       }
     }
     cudaFree(src);
@@ -290,8 +306,10 @@ int runGpuMode(const GpuModeOptions& opt) {
               rawDeviceSignalUs);
   std::printf("putWithSignal -> signal seen by the waiting kernel, 8 B, host-mapped windows: %.2f us (%.2fx raw)\n",
               hostWindowLatencyUs, hostWindowLatencyUs / rawUs);
-  std::printf("%12s %16s %12s   (GPU windows)\n", "bytes", "put+signal_us", "GB/s");
-  for (const SizeRow& r : sizes) std::printf("%12zu %16.2f %12.3f\n", r.bytes, r.latencyUs, r.gbPerSec);
+  std::printf("%12s %16s %12s %14s   (GPU windows; memcpy: the peer, cudaMemcpyAsync back to back)\n", "bytes",
+              "put+signal_us", "GB/s", "memcpy_GB/s");
+  for (const SizeRow& r : sizes)
+    std::printf("%12zu %16.2f %12.3f %14.3f\n", r.bytes, r.latencyUs, r.gbPerSec, r.memcpyGbPerSec);
   std::printf("null transport command rate (Mcommands/s), 256 threads per block:\n%8s", "blocks");
   for (int t : {1, 2, 4, 8}) std::printf(" %8s", ("proxy" + std::to_string(t)).c_str());
   std::printf("\n");
@@ -302,12 +320,14 @@ int runGpuMode(const GpuModeOptions& opt) {
     std::printf("\n");
   }
   std::ofstream out(opt.json);
-  out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"gpu\",\"transport\":\"" << transportName
-      << "\",\"raw_round_trip_us\":" << rawUs << ",\"raw_round_trip_device_signal_us\":" << rawDeviceSignalUs << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs
+  out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"gpu\",\"transport\":\"" << transportName << "\""
+      << runInfoJson(gpuName + ", " + hostName()) << ",\"raw_round_trip_us\":" << rawUs
+      << ",\"raw_round_trip_device_signal_us\":" << rawDeviceSignalUs
+      << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs
       << ",\"sizes\":[";
   for (size_t i = 0; i < sizes.size(); ++i)
     out << (i ? "," : "") << "{\"bytes\":" << sizes[i].bytes << ",\"latency_us\":" << sizes[i].latencyUs
-        << ",\"gb_per_s\":" << sizes[i].gbPerSec << "}";
+        << ",\"gb_per_s\":" << sizes[i].gbPerSec << ",\"cuda_memcpy_gb_per_s\":" << sizes[i].memcpyGbPerSec << "}";
   out << "],\"null_transport_rate\":[";
   for (size_t i = 0; i < rates.size(); ++i)
     out << (i ? "," : "") << "{\"proxy_threads\":" << rates[i].proxyThreads << ",\"blocks\":" << rates[i].blocks

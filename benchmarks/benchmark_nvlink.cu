@@ -3,16 +3,16 @@
 //   * the batched peer-copy kernel (gdx::peerCopy),
 //   * cudaMemcpyPeerAsync (the copy engines),
 //   * NCCL send/recv through PyTorch (torch.distributed, 2 processes, NCCL_NVLS_ENABLE=0),
-// for 4 KiB .. 1 GiB, and the put-with-signal latency between the two GPUs (ping-pong, half the round trip).
-// Table on stdout, JSON with --json PATH.
-//   benchmark_nvlink [--json PATH] [--max-bytes N] [--no-nccl]   (--help says more)
+// for 4 KiB .. 1 GiB, and the put-with-signal latency between the two GPUs (ping-pong, half the round trip) beside
+// NCCL's send/recv ping-pong. Table on stdout, JSON with --json PATH, plots of gdx against both peers with --plot.
+//   benchmark_nvlink [--json PATH] [--plot DIR] [--max-bytes N] [--no-nccl]   (--help says more)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "benchmarks/cli.hpp"
+#include "benchmarks/gpu_timing.cuh"
+#include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
@@ -105,20 +107,7 @@ int itersFor(uint64_t bytes) { return static_cast<int>(std::clamp<uint64_t>((8ul
 
 template <typename F>
 double timeGBps(uint64_t bytes, F&& launch) {
-  const int iters = itersFor(bytes);
-  for (int i = 0; i < 3; ++i) launch();
-  cudaEvent_t a, b;
-  GDX_CUDA_CHECK(cudaEventCreate(&a));
-  GDX_CUDA_CHECK(cudaEventCreate(&b));
-  GDX_CUDA_CHECK(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) launch();
-  GDX_CUDA_CHECK(cudaEventRecord(b));
-  GDX_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  GDX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return double(bytes) * iters / (ms * 1e-3) / 1e9;
+  return eventGBps(bytes, itersFor(bytes), launch);
 }
 
 // One rank. Rank 0 measures; rank 1 takes part in the latency ping-pong. Results as "kind bytes value" lines.
@@ -315,13 +304,39 @@ def run(rank, sizes, port):
         dt = time.perf_counter() - t0
         if rank == 1:
             print(f"nccl {n} {n * iters / dt / 1e9}", flush=True)
+    # Latency peer of gdx's put-with-signal: a send/recv ping-pong, one way = half the round trip, timed on rank 0.
+    for n in (8, 4096):
+        t, iters = buf[:n], 1000
+        for i in range(iters + 50):
+            if i == 50:
+                torch.cuda.synchronize(); dist.barrier(); torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(t, 1); dist.recv(t, 1)
+            else:
+                dist.recv(t, 0); dist.send(t, 0)
+        torch.cuda.synchronize()
+        if rank == 0:
+            print(f"nccl_latency {n} {(time.perf_counter() - t0) / iters / 2 * 1e6}", flush=True)
     dist.destroy_process_group()
 if __name__ == "__main__":
     sizes = [int(x) for x in sys.argv[2:]]
     mp.spawn(run, args=(sizes, int(sys.argv[1])), nprocs=2)
 )PY";
 
-int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
+// The JSON list `name` of {"bytes": b, "us": v} from results by size.
+std::string latencyJson(const char* name, const std::map<uint64_t, double>& us) {
+  std::ostringstream js;
+  js << "\n  ],\n  \"" << name << "\": [";
+  bool first = true;
+  for (auto& [b, v] : us) {
+    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"us\": " << v << "}";
+    first = false;
+  }
+  return js.str();
+}
+
+int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const std::string& plotDir) {
   std::string results = "/tmp/gdx_nvlink_" + std::to_string(getpid()) + ".txt";
   setenv("GDX_NVLINK_RESULTS", results.c_str(), 1);
   setenv("NCCL_NVLS_ENABLE", "0", 1);
@@ -351,7 +366,9 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
         std::string rest;
         std::getline(ls, rest);
         grid.push_back(rest);
-      } else if (kind == "put" || kind == "putloop" || kind == "pull" || kind == "bulk" || kind == "peercopy" || kind == "hybrid" || kind == "queue" || kind == "memcpy" || kind == "latency" || kind == "nccl") {
+      } else if (kind == "put" || kind == "putloop" || kind == "pull" || kind == "bulk" || kind == "peercopy" ||
+                 kind == "hybrid" || kind == "queue" || kind == "memcpy" || kind == "latency" || kind == "nccl" ||
+                 kind == "nccl_latency") {
         uint64_t b;
         double v;
         if (ls >> b >> v) r[kind][b] = v;
@@ -381,15 +398,15 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
     }
     std::remove(script.c_str());
   }
-  char date[64];
-  std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::printf("benchmark_nvlink: 2 x %s, %s, path to the peer: %s\n", gpu.c_str(), date, direct ? "direct (CUDA IPC, no proxy)" : "PROXY");
+  const std::string date = isoDateUtc();
+  std::printf("benchmark_nvlink: 2 x %s, %s, path to the peer: %s\n", gpu.c_str(), date.c_str(),
+              direct ? "direct (CUDA IPC, no proxy)" : "PROXY");
   std::printf("GB/s; gdx put: one launch per put; in-kernel: many puts from one launch (grid barrier per put)\n");
   std::printf("%12s %10s %10s %10s %10s %10s %10s %10s %10s %11s %11s\n", "bytes", "gdx put", "in-kernel", "peerCopy", "pc bulk",
               "pc hybrid", "queue", "memcpyPeer", "NCCL", "put/memcpy", "best/memcpy");
   std::ostringstream js;
-  js << "{\n  \"benchmark\": \"nvlink\",\n  \"gpu\": \"" << gpu << "\",\n  \"date\": \"" << date << "\",\n  \"direct\": "
+  js << "{\n  \"benchmark\": \"nvlink\",\n  \"gpu\": " << jsonString(gpu) << ",\n  \"machine\": "
+     << jsonString("2 x " + gpu + ", " + hostName()) << ",\n  \"date\": " << jsonString(date) << ",\n  \"direct\": "
      << (direct ? "true" : "false") << ",\n  \"bandwidth_GBps\": [";
   bool first = true;
   for (uint64_t s : sizesUpTo(maxBytes)) {
@@ -405,14 +422,13 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
        << ", \"cuda_memcpy_peer_async\": " << mc << ", \"nccl_send_recv\": " << nc << "}";
     first = false;
   }
-  js << "\n  ],\n  \"put_with_signal_latency_us_one_way\": [";
-  first = true;
-  for (auto& [b, us] : r["latency"]) {
+  for (auto& [b, us] : r["latency"])
     std::printf("put-with-signal latency, %llu B payload%s: %.2f us one way (half the round trip)\n",
                 (unsigned long long)(b & ~uint64_t{1}), (b & 1) ? " (warp form)" : "", us);
-    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"us\": " << us << "}";
-    first = false;
-  }
+  for (auto& [b, us] : r["nccl_latency"])
+    std::printf("peer: NCCL send/recv ping-pong, %llu B: %.2f us one way\n", (unsigned long long)b, us);
+  js << latencyJson("put_with_signal_latency_us_one_way", r["latency"]);
+  js << latencyJson("nccl_latency_us_one_way", r["nccl_latency"]);
   js << "\n  ],\n  \"grid\": [";
   first = true;
   for (auto& line : grid) {
@@ -427,23 +443,30 @@ int byHand(char** argv, uint64_t maxBytes, const std::string& json, bool nccl) {
     first = false;
   }
   js << "\n  ],\n  \"units\": \"GB/s = 1e9 bytes per second; -1: not measured\"\n}\n";
+  if (json.empty() && !plotDir.empty()) {
+    std::filesystem::create_directories(plotDir);
+    json = plotDir + "/benchmark_nvlink.json";
+  }
   if (!json.empty()) std::ofstream(json) << js.str();
-  return 0;
+  return plotDir.empty() ? 0 : plotJson("benchmark_nvlink", json, plotDir);
 }
 
 }  // namespace
 }  // namespace gdx::bench
 
 int main(int argc, char** argv) {
-  std::string json;
+  std::string json, plotDir;
   uint64_t maxBytes = uint64_t{1} << 30;
   bool nccl = true;
   const int parsed = gdx::bench::parseFlags(
       argc, argv,
       "Two GPUs of one host, one process each (self-launched), in one run: gdx's direct-path device put over NVLink,\n"
       "gdx::peerCopy, cudaMemcpyPeerAsync, NCCL send/recv through PyTorch, and put-with-signal latency (one way,\n"
-      "half a ping-pong), for 4 KiB .. --max-bytes. Table on stdout, JSON with --json.",
-      {{"--json", "FILE", "where the results go (default: none)", [&](const std::string& v) { json = v; }},
+      "half a ping-pong) beside NCCL's, for 4 KiB .. --max-bytes. Table on stdout, JSON with --json, plots with\n"
+      "--plot.",
+      {{"--json", "FILE", "where the results go (default: none; DIR/benchmark_nvlink.json with --plot)",
+        [&](const std::string& v) { json = v; }},
+       gdx::bench::plotFlag(plotDir),
        {"--max-bytes", "N", "largest transfer (default 1G)", [&](const std::string& v) { maxBytes = gdx::bench::parseCount(v); }},
        {"--no-nccl", "", "skip the NCCL peer (PyTorch)", [&](const std::string&) { nccl = false; }}});
   if (parsed >= 0) return parsed;
@@ -455,9 +478,10 @@ int main(int argc, char** argv) {
                    e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
       return 2;
     }
+    if (!plotDir.empty() && gdx::bench::checkPlotter("benchmark_nvlink")) return 2;
   }
   try {
-    if (gdx::bench::launchedByHand()) return gdx::bench::byHand(argv, maxBytes, json, nccl);
+    if (gdx::bench::launchedByHand()) return gdx::bench::byHand(argv, maxBytes, json, nccl, plotDir);
     const char* results = std::getenv("GDX_NVLINK_RESULTS");
     return gdx::bench::rankMain(maxBytes, results ? results : "/dev/stdout");
   } catch (const std::exception& e) {

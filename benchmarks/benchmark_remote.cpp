@@ -1,7 +1,8 @@
 // benchmark_remote: one-sided write bandwidth and command rate between two ranks through one transport lane.
 //
 //   benchmark_remote [--rank 0|1 --peer HOST [--port N]] [--transport verbs|tcp] [--device cpu|gpu]
-//                    [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE]
+//                    [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE] [--plot DIR]
+//                    [--peer-iperf3]
 //
 // Launch: with --rank/--peer (HOST: where rank 0 runs; rank 0 passes its own address), under torchrun / mpirun /
 // the GDX_* variables, or by hand with nothing at all: it then runs itself as two processes on 127.0.0.1.
@@ -9,7 +10,9 @@
 // --depth writes in flight until about --target-bytes moved (at least 8 writes), and times from the first post to
 // the last completion (an RC completion means the data is placed at the receiver). It prints a table (time per
 // write, GB/s, million writes/s) and writes the same as JSON. --transport defaults to verbs when an RDMA device
-// is present, else tcp.
+// is present, else tcp. The peer in the same run: over TCP, iperf3 between the two ranks' hosts (rank 1 serves, rank
+// 0 connects; --peer-iperf3, and always when started by hand); over verbs, perftest's ib_write_bw, which
+// tests/softroce/bench-in-vm.sh runs in the same boot and adds to the JSON.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +25,8 @@
 #include <vector>
 
 #include "benchmarks/cli.hpp"
+#include "benchmarks/peer_tcp.hpp"
+#include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/detail/bootstrap.hpp"
 #include "gdx/detail/clock.hpp"
@@ -52,7 +57,12 @@ struct Args {
   int depth = 16;
   uint64_t targetBytes = 1ull << 30;
   std::string json = "benchmark_remote.json";
+  std::string plotDir;
+  bool peerIperf3 = false;
 };
+
+// Set by the process started by hand for its two ranks: they measure iperf3 beside gdx when the transport is TCP.
+constexpr const char* kPeerIperf3Env = "GDX_BENCH_PEER_IPERF3";
 
 struct Row {
   uint64_t bytes;
@@ -109,6 +119,25 @@ std::unique_ptr<Transport> makeTransport(const Args& a, const Bootstrap& b, std:
   return makeTcpTransport(o);
 }
 
+// iperf3 between the two ranks' hosts, over the path the TCP transport takes: rank 1 serves, rank 0 connects.
+bench::Iperf3Result iperf3BetweenRanks(Bootstrap& boot, int seconds) {
+  const bool server = boot.rank() == 1;
+  const int port = server ? bench::freeLoopbackPort() : 0;
+  const pid_t pid = server ? bench::startIperf3Server(port) : -1;
+  const std::vector<std::string> where = boot.allGather(boot.localIp() + " " + std::to_string(port));
+  bench::Iperf3Result r;
+  if (!server) {
+    std::istringstream in(where[1]);
+    std::string host;
+    int serverPort = 0;
+    in >> host >> serverPort;
+    r = bench::runIperf3Client(host, serverPort, seconds);
+  }
+  boot.barrier();
+  if (pid > 0) bench::reapIperf3Server(pid);
+  return r;
+}
+
 int run(const Args& a) {
   BootstrapConfig cfg = BootstrapConfig::fromEnv();
   if (cfg.worldSize != 2) throw Error(ErrorCode::kInvalidArgument, "benchmark_remote needs exactly two ranks");
@@ -131,6 +160,7 @@ int run(const Args& a) {
   boot.barrier();
 
   std::vector<Row> rows;
+  std::ostringstream js;
   if (rank == 0) {
     if (!fallback.empty()) std::printf("transport: tcp (%s)\n", fallback.c_str());
     TransportLane& lane = t->lane(0);
@@ -162,9 +192,8 @@ int run(const Args& a) {
     std::printf("benchmark_remote: transport %s, device %s, depth %d, rank 0 -> rank 1\n", t->name().c_str(),
                 a.device.c_str(), a.depth);
     std::printf("%12s %8s %14s %12s %14s\n", "bytes", "writes", "us/write", "GB/s", "writes/s");
-    std::ostringstream js;
     js << "{\"benchmark\":\"benchmark_remote\",\"transport\":\"" << t->name() << "\",\"device\":\"" << a.device
-       << "\",\"depth\":" << a.depth << ",\"results\":[";
+       << "\",\"depth\":" << a.depth << bench::runInfoJson(bench::hostMachine()) << ",\"results\":[";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       double us = r.seconds * 1e6 / r.writes, gbps = r.bytes * r.writes / r.seconds / 1e9,
@@ -174,9 +203,7 @@ int run(const Args& a) {
       js << (i ? "," : "") << "{\"bytes\":" << r.bytes << ",\"writes\":" << r.writes << ",\"seconds\":" << r.seconds
          << ",\"us_per_write\":" << us << ",\"gb_per_s\":" << gbps << ",\"mwrites_per_s\":" << mops << "}";
     }
-    js << "]}\n";
-    std::ofstream(a.json) << js.str();
-    std::printf("wrote %s\n", a.json.c_str());
+    js << "]";
   } else {
     uint64_t deadline = nowNs() + 3600ull * 1000 * 1000 * 1000;
     while (!done.load()) {
@@ -188,8 +215,18 @@ int run(const Args& a) {
                 a.device.c_str(), t->name().c_str());
   }
   boot.barrier();
+  const std::string transport = t->name();
   t->shutdown();
-  return 0;
+  if (transport == "tcp" && (a.peerIperf3 || std::getenv(kPeerIperf3Env))) {
+    const bench::Iperf3Result peer = iperf3BetweenRanks(boot, 3);
+    if (rank == 0) std::printf("%s\n", peer.describe().c_str());
+    js << ",\"peer_iperf3\":" << peer.json();
+  }
+  if (rank != 0) return 0;
+  js << "}\n";
+  std::ofstream(a.json) << js.str();
+  std::printf("wrote %s\n", a.json.c_str());
+  return a.plotDir.empty() ? 0 : bench::plotJson("benchmark_remote", a.json, a.plotDir);
 }
 
 }  // namespace
@@ -213,7 +250,11 @@ int main(int argc, char** argv) {
        {"--depth", "N", "writes in flight (default 16)", [&](const std::string& v) { a.depth = integer(v); }},
        {"--target-bytes", "N", "bytes per size, at least 8 writes (default 1G)",
         [&](const std::string& v) { a.targetBytes = bench::parseCount(v); }},
-       {"--json", "FILE", "where the results go (default benchmark_remote.json)", [&](const std::string& v) { a.json = v; }}});
+       {"--json", "FILE", "where the results go (default benchmark_remote.json)",
+        [&](const std::string& v) { a.json = v; }},
+       {"--peer-iperf3", "", "over TCP, also run iperf3 between the two hosts (always when started by hand)",
+        [&](const std::string&) { a.peerIperf3 = true; }},
+       bench::plotFlag(a.plotDir)});
   if (parsed >= 0) return parsed;
   if ((a.transport != "auto" && a.transport != "verbs" && a.transport != "tcp") ||
       (a.device != "cpu" && a.device != "gpu") || a.minBytes == 0 || a.maxBytes < a.minBytes || a.depth < 1) {
@@ -230,7 +271,10 @@ int main(int argc, char** argv) {
     setenv("GDX_WORLD_SIZE", "2", 1);
     setenv("GDX_MASTER_ADDR", a.peer.c_str(), 1);
     setenv("GDX_MASTER_PORT", std::to_string(a.port).c_str(), 1);
+    if (a.rank == 0 && !a.plotDir.empty() && bench::checkPlotter("benchmark_remote")) return 2;
   } else if (bench::launchedByHand()) {
+    if (!a.plotDir.empty() && bench::checkPlotter("benchmark_remote")) return 2;
+    setenv(kPeerIperf3Env, "1", 1);
     return bench::runSelfAsJob(2, argv);
   }
   try {

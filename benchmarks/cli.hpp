@@ -3,8 +3,11 @@
 // exits 2 — before anything runs or any file is written.
 #pragma once
 
+#include <sys/wait.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -71,6 +74,44 @@ inline int parseFlags(int argc, char** argv, const std::string& about, const std
     }
   }
   return -1;
+}
+
+// ---- --plot DIR: every benchmark draws its JSON with benchmarks/plot.py (PNG and SVG, gdx beside its peer) ------
+#ifndef GDX_PLOT_SCRIPT
+#define GDX_PLOT_SCRIPT "benchmarks/plot.py"  // CMake points this at the source tree's copy
+#endif
+
+inline Flag plotFlag(std::string& dir) {
+  return {"--plot", "DIR", "after the JSON, draw it into DIR as PNG and SVG (benchmarks/plot.py, python3-matplotlib)",
+          [&dir](const std::string& v) { dir = v; }};
+}
+
+inline std::string shellQuote(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+/// Runs plot.py with `args`; its exit status, 127 when there is no python3.
+inline int runPlotScript(const std::string& args) {
+  std::fflush(stdout);  // the table first, then plot.py's lines
+  const int status = std::system(("python3 " + shellQuote(GDX_PLOT_SCRIPT) + " " + args).c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/// Before measuring, so that a long run is not wasted: 0 when plot.py can draw, else says why and returns 2.
+inline int checkPlotter(const char* program) {
+  const int rc = runPlotScript("--check");  // plot.py names the missing package itself
+  if (rc == 127) std::fprintf(stderr, "%s: --plot needs python3 (Debian package python3-matplotlib)\n", program);
+  return rc == 0 ? 0 : 2;
+}
+
+/// After the JSON is written: draws it into `dir`; 0, or 1 with a message.
+inline int plotJson(const char* program, const std::string& json, const std::string& dir) {
+  const int rc = runPlotScript("--out " + shellQuote(dir) + " " + shellQuote(json));
+  if (rc != 0)
+    std::fprintf(stderr, "%s: plotting %s into %s failed (plot.py exit %d)\n", program, json.c_str(), dir.c_str(), rc);
+  return rc == 0 ? 0 : 1;
 }
 
 }  // namespace gdx::bench

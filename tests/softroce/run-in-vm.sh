@@ -4,23 +4,25 @@
 # RoCE v2), checks it with ibv_rc_pingpong, then runs the program inside the guest. Nothing is installed on the
 # host except the Debian packages below; the kernel package is only downloaded and unpacked into the cache.
 #
-# Usage:  run-in-vm.sh [--copy FILE]... [--env NAME=VALUE]... [--script GUEST_SCRIPT] [BINARY [ARGS...]]
-#   --copy FILE      copy a (dynamically linked) program and its libraries into the guest's /opt/test
+# Usage:  run-in-vm.sh [--copy FILE]... [--env NAME=VALUE]... [--script GUEST_SCRIPT] [--out DIR] [BINARY [ARGS...]]
+#   --copy FILE      copy a program (with the shared libraries it needs) or a data file into the guest's /opt/test
 #   --env NAME=VALUE exported in the guest before the program runs
 #   --script FILE    a sh script copied to the guest and run there (after BINARY, if one is given); /opt/test is
 #                    on its PATH, so it can call the --copy'd programs, ib_write_bw and friends by name
+#   --out DIR        the (text) files the guest leaves in /tmp/out come back into DIR (through the serial console)
 # Env:    GDX_SOFTROCE_CACHE (default ~/.cache/gdx-softroce)  QEMU_MEM=2G  QEMU_SMP=2  BOOT_TIMEOUT=900
 #         GDX_NO_APT=1 (never call apt-get; fail when a package is missing)
 # Exit:   0 only when the pingpong, BINARY and the script all succeeded in the guest.
 set -euo pipefail
 CACHE=${GDX_SOFTROCE_CACHE:-$HOME/.cache/gdx-softroce}
 MA=x86_64-linux-gnu
-COPIES=() ENVS=() SCRIPT=""
+COPIES=() ENVS=() SCRIPT="" OUTDIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --copy) COPIES+=("$2"); shift 2 ;;
     --env) ENVS+=("$2"); shift 2 ;;
     --script) SCRIPT=$2; shift 2 ;;
+    --out) OUTDIR=$2; shift 2 ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -97,6 +99,7 @@ cat >"$IR/init" <<EOF
 #!/bin/sh
 export PATH=/opt/test:/usr/bin:/usr/sbin:/bin:/sbin HOME=/tmp
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+mkdir -p /tmp/out
 t() { echo "[T \$(cut -d' ' -f1 /proc/uptime)s] \$*"; }
 for m in $MODS; do modprobe \$m || echo "modprobe \$m FAILED"; done
 ip link set lo up
@@ -113,6 +116,10 @@ $EXPORTS
 trc=0
 $TEST_LINE
 if [ -f /opt/test/guest-script.sh ]; then t script-start; sh /opt/test/guest-script.sh || trc=1; t script-end; fi
+for f in /tmp/out/*; do
+  [ -f "\$f" ] || continue
+  echo "GDX_OUT_BEGIN \$(basename "\$f")"; cat "\$f"; echo; echo "GDX_OUT_END"
+done
 echo "TEST_RC=\$trc"
 sync; poweroff -f
 EOF
@@ -133,6 +140,13 @@ echo "softroce: qemu ($ACCEL) ran $(awk "BEGIN{print $end-$start}") s"
 # Strip the serial console's carriage returns into a file first: `tr | grep -q` under pipefail fails at random
 # once the log outgrows a pipe buffer (grep -q exits at the first match and tr dies of SIGPIPE).
 tr -d '\r' <"$LOG" >"$LOG.txt"
+if [ -n "$OUTDIR" ]; then  # the guest's /tmp/out, printed between markers by its init
+  mkdir -p "$OUTDIR"
+  awk -v dir="$OUTDIR" '/^GDX_OUT_BEGIN [A-Za-z0-9._-]+$/ { f = dir "/" $2; printf "" >f; next }
+    /^GDX_OUT_END$/ { if (f != "") close(f); f = ""; next }
+    f != "" { print >f }' "$LOG.txt"
+  sed -n "s|^GDX_OUT_BEGIN \(.*\)|softroce: saved $OUTDIR/\1|p" "$LOG.txt"
+fi
 grep -q '^PINGPONG_RC=0' "$LOG.txt" || { echo "softroce: PINGPONG FAILED"; exit 1; }
 grep -q '^TEST_RC=0' "$LOG.txt" || { echo "softroce: TEST FAILED"; exit 1; }
 echo "softroce: ALL OK"

@@ -1,0 +1,31 @@
+// Bandwidth of back-to-back GPU work on the default stream, timed with CUDA events: shared by the benchmarks that
+// put gdx beside cudaMemcpy*Async in the same run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gdx/detail/cuda_check.hpp"
+
+namespace gdx::bench {
+
+/// GB/s (1e9 B/s) of `iters` calls of `launch`, each moving `bytes`, after 3 warm-up calls.
+template <typename F>
+double eventGBps(uint64_t bytes, int iters, F&& launch) {
+  for (int i = 0; i < 3; ++i) launch();
+  cudaEvent_t a, b;
+  GDX_CUDA_CHECK(cudaEventCreate(&a));
+  GDX_CUDA_CHECK(cudaEventCreate(&b));
+  GDX_CUDA_CHECK(cudaEventRecord(a));
+  for (int i = 0; i < iters; ++i) launch();
+  GDX_CUDA_CHECK(cudaEventRecord(b));
+  GDX_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  GDX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(bytes) * iters / (ms * 1e-3) / 1e9;
+}
+
+}  // namespace gdx::bench

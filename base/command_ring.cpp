@@ -1,9 +1,8 @@
-#include "gdx/detail/ring.hpp"
-
-#include "gdx/detail/atomic.hpp"
 #include "gdx/config.hpp"
-#include "gdx/error.hpp"
+#include "gdx/detail/atomic.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/detail/ring.hpp"
+#include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include "gdx/detail/cuda_check.hpp"
@@ -112,12 +111,20 @@ size_t CommandRing::poll(Command* out, size_t max) {
   return n;
 }
 
-void CommandRing::publishTail() { atomicStore(tail_, localTail_, kRelease); }
+void CommandRing::publishTail() {
+  atomicStore(tail_, localTail_, kRelease);
+}
 
-void CommandRing::publishCompleted(uint64_t upTo) { atomicStore(completed_, upTo, kRelease); }
+void CommandRing::publishCompleted(uint64_t upTo) {
+  atomicStore(completed_, upTo, kRelease);
+}
 
-void CommandRing::setError(Status status) { setErrorOnce(error_, status); }
+void CommandRing::setError(Status status) {
+  setErrorOnce(error_, status);
+}
 
-Status CommandRing::error() const { return static_cast<Status>(atomicLoad(error_, kAcquire)); }
+Status CommandRing::error() const {
+  return static_cast<Status>(atomicLoad(error_, kAcquire));
+}
 
 }  // namespace gdx

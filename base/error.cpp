@@ -40,8 +40,8 @@ CudaError::CudaError(const std::string& call, int status, const std::string& sta
       status_(status) {}
 
 VerbsError::VerbsError(const std::string& call, int err, const char* file, int line)
-    : Error(ErrorCode::kVerbs, where(call, std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")",
-                                     file, line)),
+    : Error(ErrorCode::kVerbs,
+            where(call, std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")", file, line)),
       err_(err) {}
 
 ErrorCode errorCodeFor(Status status) {

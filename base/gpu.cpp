@@ -3,8 +3,8 @@
 #include <cctype>
 
 #include "gdx/config.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include "gdx/detail/cuda_check.hpp"
@@ -22,8 +22,8 @@ GpuInfo selectGpu() {
   }
   int device = static_cast<int>(envInt("GDX_CUDA_DEVICE", -1));
   if (device >= count)
-    throw Error(ErrorCode::kInvalidArgument,
-                "GDX_CUDA_DEVICE=" + std::to_string(device) + " but only " + std::to_string(count) + " GPUs are visible");
+    throw Error(ErrorCode::kInvalidArgument, "GDX_CUDA_DEVICE=" + std::to_string(device) + " but only " +
+                                                 std::to_string(count) + " GPUs are visible");
   if (device >= 0)
     GDX_CUDA_CHECK(cudaSetDevice(device));
   else

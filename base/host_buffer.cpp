@@ -9,8 +9,8 @@
 #include <cstring>
 #include <utility>
 
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -33,8 +33,8 @@ HostBuffer::HostBuffer(size_t bytes, int numaNode, bool mapForGpu) {
   if (numa_available() >= 0) {
     node_ = numaNode >= 0 ? numaNode : currentNumaNode();
     if (node_ > numa_max_node())
-      throw Error(ErrorCode::kInvalidArgument,
-                  "NUMA node " + std::to_string(node_) + " does not exist (max " + std::to_string(numa_max_node()) + ")");
+      throw Error(ErrorCode::kInvalidArgument, "NUMA node " + std::to_string(node_) + " does not exist (max " +
+                                                   std::to_string(numa_max_node()) + ")");
     data_ = numa_alloc_onnode(mapped_, node_);
     if (!data_) throw SystemError("numa_alloc_onnode(" + std::to_string(mapped_) + ")", ENOMEM, __FILE__, __LINE__);
     numaAllocated_ = true;
@@ -61,7 +61,7 @@ HostBuffer::HostBuffer(size_t bytes, int numaNode, bool mapForGpu) {
       }
       if (rc != cudaSuccess) {
         GDX_WARN("cudaHostRegister of " << mapped_ << " bytes failed (" << cudaGetErrorString(rc)
-                                         << "); the buffer is host-only");
+                                        << "); the buffer is host-only");
         cudaGetLastError();
       }
     } else {
@@ -86,9 +86,13 @@ void HostBuffer::release() noexcept {
   devicePtr_ = nullptr;
 }
 
-HostBuffer::~HostBuffer() { release(); }
+HostBuffer::~HostBuffer() {
+  release();
+}
 
-HostBuffer::HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept {
+  *this = std::move(o);
+}
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
   if (this != &o) {

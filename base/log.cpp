@@ -35,7 +35,9 @@ LogLevel logLevel() {
   return level;
 }
 
-void setLogRank(int rank) { gRank.store(rank, std::memory_order_relaxed); }
+void setLogRank(int rank) {
+  gRank.store(rank, std::memory_order_relaxed);
+}
 
 void logLine(LogLevel level, const std::string& message) {
   // One fprintf per line so that lines of different threads do not interleave.

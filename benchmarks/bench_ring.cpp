@@ -49,14 +49,15 @@ void BM_RingPush(benchmark::State& state) {
     if (h.push(c) != gdx::Status::kOk) state.SkipWithError("push failed");
   }
   state.SetItemsProcessed(state.iterations());
-  state.counters["commands/s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["commands/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_RingPush)->ThreadRange(1, 8)->UseRealTime()->MinTime(0.5);
 
 void BM_RingPushPair(benchmark::State& state) {
   gdx::RingDeviceHandle h = sharedRing().handle();
   const gdx::Command a = gdx::Command::put(1, 2, 3, 4, 5, 6, gdx::Opcode::kPutWithSignal),
-                   b = gdx::Command::signal(1, 2, 3, gdx::SignalOp::kAdd);
+                     b = gdx::Command::signal(1, 2, 3, gdx::SignalOp::kAdd);
   for (auto _ : state) {
     if (h.pushPair(a, b) != gdx::Status::kOk) state.SkipWithError("push failed");
   }

@@ -3,15 +3,14 @@
 // so the numbers are end to end (data in the remote window), not just handed to the kernel.
 #include <benchmark/benchmark.h>
 
-#include <chrono>
-
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
 
-#include "gdx/error.hpp"
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 
 namespace {
 
@@ -73,7 +72,8 @@ void BM_TcpWrite(benchmark::State& state) {
     lane.poll(done, 64);
   }
   drainTo(0);
-  for (auto t0 = std::chrono::steady_clock::now(); lane.inFlight() > 0 && std::chrono::steady_clock::now() - t0 < limit;)
+  for (auto t0 = std::chrono::steady_clock::now();
+       lane.inFlight() > 0 && std::chrono::steady_clock::now() - t0 < limit;)
     lane.poll(done, 64);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
   state.counters["sockets"] = sockets;

@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -40,8 +40,12 @@ struct Row {
 constexpr uint32_t kPing = 0, kPong = 1, kData = 2, kAck = 3;
 
 // Both ranks derive the same iteration counts from the size.
-int latencyIters(size_t bytes) { return static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / bytes, 10, 2000)); }
-int bandwidthIters(size_t bytes) { return static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 8, 20000)); }
+int latencyIters(size_t bytes) {
+  return static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / bytes, 10, 2000));
+}
+int bandwidthIters(size_t bytes) {
+  return static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 8, 20000));
+}
 
 double seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -135,9 +139,9 @@ int runHostMode(size_t minBytes, size_t maxBytes, const std::string& json, const
       << gdx::bench::runInfoJson(gdx::bench::hostMachine()) << ",\"peer_iperf3\":" << iperf3.json() << ",\"results\":[";
   for (size_t i = 0; i < run.rows.size(); ++i) {
     const Row& r = run.rows[i];
-    out << (i ? "," : "") << "{\"bytes\":" << r.bytes << ",\"latency_us\":" << r.latencyUs << ",\"gb_per_s\":"
-        << r.gbPerSec << ",\"messages_per_s\":" << r.messagesPerSec << ",\"tcp_loopback_latency_us\":"
-        << r.tcpLatencyUs << "}";
+    out << (i ? "," : "") << "{\"bytes\":" << r.bytes << ",\"latency_us\":" << r.latencyUs
+        << ",\"gb_per_s\":" << r.gbPerSec << ",\"messages_per_s\":" << r.messagesPerSec
+        << ",\"tcp_loopback_latency_us\":" << r.tcpLatencyUs << "}";
   }
   out << "]}\n";
   out.close();
@@ -161,7 +165,8 @@ int main(int argc, char** argv) {
           if (v != "auto" && v != "host" && v != "gpu") throw std::invalid_argument("not auto, host or gpu");
           mode = v;
         }},
-       {"--min-bytes", "N", "smallest message (default 8)", [&](const std::string& v) { minBytes = gdx::bench::parseCount(v); }},
+       {"--min-bytes", "N", "smallest message (default 8)",
+        [&](const std::string& v) { minBytes = gdx::bench::parseCount(v); }},
        {"--max-bytes", "N", "largest message (default 64M host, the GPU mode's own)",
         [&](const std::string& v) { maxBytes = gdx::bench::parseCount(v); }},
        {"--json", "FILE", "where the results go (default benchmark_local.json)",

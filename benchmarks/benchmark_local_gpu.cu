@@ -169,7 +169,8 @@ std::vector<RateRow> nullTransportRates() {
     proxy.start();
     std::vector<RingDeviceHandle> handles;
     for (int r = 0; r < proxy.numDeviceRings(); ++r) handles.push_back(proxy.deviceRing(r).deviceHandle());
-    GDX_CUDA_CHECK(cudaMemcpy(devRings, handles.data(), handles.size() * sizeof(RingDeviceHandle), cudaMemcpyHostToDevice));
+    GDX_CUDA_CHECK(
+        cudaMemcpy(devRings, handles.data(), handles.size() * sizeof(RingDeviceHandle), cudaMemcpyHostToDevice));
     for (int blocks : {1, 2, 4, 8, 16, 33, 66, 132}) {
       *status = 0;
       const uint64_t before = proxy.totalCounters().commands;
@@ -264,8 +265,8 @@ int runGpuMode(const GpuModeOptions& opt) {
       uint64_t pings = 0, streams = 0;
       auto check = [&](const char* what) {
         if (*status != 0)
-          throw Error(ErrorCode::kInternal, std::string(what) + ": " + statusName(Status(*status)) + "; proxy: " +
-                                                ctx.proxy().lastError());
+          throw Error(ErrorCode::kInternal,
+                      std::string(what) + ": " + statusName(Status(*status)) + "; proxy: " + ctx.proxy().lastError());
       };
       // Small put-with-signal between host-mapped windows: the proxy path with the least data movement.
       {
@@ -300,7 +301,8 @@ int runGpuMode(const GpuModeOptions& opt) {
   }
   std::vector<RateRow> rates = nullTransportRates();
 
-  std::printf("benchmark_local (GPU mode): kernel -> ring -> proxy -> %s transport -> same GPU\n", transportName.c_str());
+  std::printf("benchmark_local (GPU mode): kernel -> ring -> proxy -> %s transport -> same GPU\n",
+              transportName.c_str());
   std::printf("raw GPU->CPU->GPU round trip through host-mapped memory: %.2f us\n", rawUs);
   std::printf("same, answer written into device memory with cudaMemcpyAsync: %.2f us (signals stay host-mapped)\n",
               rawDeviceSignalUs);
@@ -323,8 +325,7 @@ int runGpuMode(const GpuModeOptions& opt) {
   out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"gpu\",\"transport\":\"" << transportName << "\""
       << runInfoJson(gpuName + ", " + hostName()) << ",\"raw_round_trip_us\":" << rawUs
       << ",\"raw_round_trip_device_signal_us\":" << rawDeviceSignalUs
-      << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs
-      << ",\"sizes\":[";
+      << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs << ",\"sizes\":[";
   for (size_t i = 0; i < sizes.size(); ++i)
     out << (i ? "," : "") << "{\"bytes\":" << sizes[i].bytes << ",\"latency_us\":" << sizes[i].latencyUs
         << ",\"gb_per_s\":" << sizes[i].gbPerSec << ",\"cuda_memcpy_gb_per_s\":" << sizes[i].memcpyGbPerSec << "}";

@@ -51,9 +51,9 @@ __global__ void __launch_bounds__(kThreads, 2) putKernel(ChannelDeviceHandle ch,
 // `iters` puts of `bytes` from one launch (the device-initiated case: no launch per put). Each round ends with
 // a grid barrier, so round i+1 starts only once every block finished its part of put i. The grid must be
 // co-resident (the host caps it by the occupancy).
-__global__ void __launch_bounds__(kThreads, 2) putLoopKernel(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin,
-                                                             uint64_t bytes, uint64_t chunk, int iters,
-                                                             unsigned* barrier, uint32_t* status) {
+__global__ void __launch_bounds__(kThreads, 2)
+    putLoopKernel(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, uint64_t bytes, uint64_t chunk, int iters,
+                  unsigned* barrier, uint32_t* status) {
   Status s = Status::kOk;
   for (int it = 0; it < iters; ++it) {
     for (uint64_t off = blockIdx.x * chunk; off < bytes; off += uint64_t(gridDim.x) * chunk) {
@@ -103,7 +103,9 @@ std::vector<uint64_t> sizesUpTo(uint64_t max) {
   return v;
 }
 
-int itersFor(uint64_t bytes) { return static_cast<int>(std::clamp<uint64_t>((8ull << 30) / bytes, 10, 2000)); }
+int itersFor(uint64_t bytes) {
+  return static_cast<int>(std::clamp<uint64_t>((8ull << 30) / bytes, 10, 2000));
+}
 
 template <typename F>
 double timeGBps(uint64_t bytes, F&& launch) {
@@ -188,7 +190,8 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
       auto putGBps = [&](uint64_t bytes, const PeerCopyOptions& o) {
         uint64_t grid, chunk;
         shape(bytes, o, &grid, &chunk);
-        return timeGBps(bytes, [&] { putKernel<<<unsigned(grid), kThreads>>>(ch, d.id(), s.id(), bytes, chunk, status); });
+        return timeGBps(bytes,
+                        [&] { putKernel<<<unsigned(grid), kThreads>>>(ch, d.id(), s.id(), bytes, chunk, status); });
       };
       auto putLoopGBps = [&](uint64_t bytes, const PeerCopyOptions& o) {
         uint64_t grid, chunk;
@@ -219,7 +222,8 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
         PeerCopyOptions kernelOnly;
         kernelOnly.copyEngineFrom = 0;
         double pc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(peerCopy(&desc, 1, nullptr, kernelOnly)); });
-        double mc = timeGBps(bytes, [&] { GDX_CUDA_CHECK(cudaMemcpyPeerAsync(peerDst, 1, src, ctx.gpu().device, bytes, nullptr)); });
+        double mc = timeGBps(
+            bytes, [&] { GDX_CUDA_CHECK(cudaMemcpyPeerAsync(peerDst, 1, src, ctx.gpu().device, bytes, nullptr)); });
         double pull = pullGBps(bytes, kernelOnly);
         PeerCopyOptions bulkOpt = kernelOnly;
         bulkOpt.bulk = true;
@@ -230,10 +234,13 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
         double queue = queueGBps(bytes, PeerCopyQueue::Options::fromEnv().blocks);
         out << "hybrid " << bytes << " " << hybrid << "\nqueue " << bytes << " " << queue << "\n";
         out << "pull " << bytes << " " << pull << "\nbulk " << bytes << " " << bulk << "\n";
-        out << "put " << bytes << " " << put << "\nputloop " << bytes << " " << loop << "\npeercopy " << bytes << " " << pc
-            << "\nmemcpy " << bytes << " " << mc << "\n";
-        std::fprintf(stderr, "  %10llu B: put %.1f  put in-kernel loop %.1f  peerCopy %.1f (pull %.1f, bulk %.1f, copy engines from %llu MiB %.1f)  PeerCopyQueue %.1f  cudaMemcpyPeerAsync %.1f GB/s\n",
-                     (unsigned long long)bytes, put, loop, pc, pull, bulk, (unsigned long long)(kCopyEngineFrom >> 20), hybrid, queue, mc);
+        out << "put " << bytes << " " << put << "\nputloop " << bytes << " " << loop << "\npeercopy " << bytes << " "
+            << pc << "\nmemcpy " << bytes << " " << mc << "\n";
+        std::fprintf(stderr,
+                     "  %10llu B: put %.1f  put in-kernel loop %.1f  peerCopy %.1f (pull %.1f, bulk %.1f, copy engines "
+                     "from %llu MiB %.1f)  PeerCopyQueue %.1f  cudaMemcpyPeerAsync %.1f GB/s\n",
+                     (unsigned long long)bytes, put, loop, pc, pull, bulk, (unsigned long long)(kCopyEngineFrom >> 20),
+                     hybrid, queue, mc);
       }
       // How many SMs the copy needs: peerCopy with its grid capped, and the persistent PeerCopyQueue with that
       // many copy blocks (transfers submitted back to back from the host, timed until the last one completed).
@@ -252,7 +259,9 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
         }
       }
       cudaFree(barrier);
-      if (*status) throw Error(ErrorCode::kInvalidArgument, std::string("put failed: ") + statusName(static_cast<Status>(*status)));
+      if (*status)
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string("put failed: ") + statusName(static_cast<Status>(*status)));
       GDX_CUDA_CHECK(cudaSetDevice(1));
       cudaFree(peerDst);
       GDX_CUDA_CHECK(cudaSetDevice(ctx.gpu().device));
@@ -264,9 +273,12 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
       const int iters = 10000;
       ctx.barrier();
       const uint64_t b = latBytes[c] & ~uint64_t{1};
-      pingPong<<<1, (latBytes[c] & 1) ? 32 : 1>>>(ch, d.id(), s.id(), b, iters, rank == 0, 10 + 2 * c, 11 + 2 * c, elapsed, status);
+      pingPong<<<1, (latBytes[c] & 1) ? 32 : 1>>>(ch, d.id(), s.id(), b, iters, rank == 0, 10 + 2 * c, 11 + 2 * c,
+                                                  elapsed, status);
       GDX_CUDA_CHECK(cudaDeviceSynchronize());
-      if (*status) throw Error(ErrorCode::kInvalidArgument, std::string("ping-pong failed: ") + statusName(static_cast<Status>(*status)));
+      if (*status)
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string("ping-pong failed: ") + statusName(static_cast<Status>(*status)));
       if (rank == 0) {
         double oneWayUs = double(*elapsed) / iters / 2 / 1000;
         out << "latency " << latBytes[c] << " " << oneWayUs << "\n";
@@ -402,24 +414,29 @@ int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const st
   std::printf("benchmark_nvlink: 2 x %s, %s, path to the peer: %s\n", gpu.c_str(), date.c_str(),
               direct ? "direct (CUDA IPC, no proxy)" : "PROXY");
   std::printf("GB/s; gdx put: one launch per put; in-kernel: many puts from one launch (grid barrier per put)\n");
-  std::printf("%12s %10s %10s %10s %10s %10s %10s %10s %10s %11s %11s\n", "bytes", "gdx put", "in-kernel", "peerCopy", "pc bulk",
-              "pc hybrid", "queue", "memcpyPeer", "NCCL", "put/memcpy", "best/memcpy");
+  std::printf("%12s %10s %10s %10s %10s %10s %10s %10s %10s %11s %11s\n", "bytes", "gdx put", "in-kernel", "peerCopy",
+              "pc bulk", "pc hybrid", "queue", "memcpyPeer", "NCCL", "put/memcpy", "best/memcpy");
   std::ostringstream js;
-  js << "{\n  \"benchmark\": \"nvlink\",\n  \"gpu\": " << jsonString(gpu) << ",\n  \"machine\": "
-     << jsonString("2 x " + gpu + ", " + hostName()) << ",\n  \"date\": " << jsonString(date) << ",\n  \"direct\": "
-     << (direct ? "true" : "false") << ",\n  \"bandwidth_GBps\": [";
+  js << "{\n  \"benchmark\": \"nvlink\",\n  \"gpu\": " << jsonString(gpu)
+     << ",\n  \"machine\": " << jsonString("2 x " + gpu + ", " + hostName()) << ",\n  \"date\": " << jsonString(date)
+     << ",\n  \"direct\": " << (direct ? "true" : "false") << ",\n  \"bandwidth_GBps\": [";
   bool first = true;
   for (uint64_t s : sizesUpTo(maxBytes)) {
-    auto get = [&](const char* k) { auto it = r[k].find(s); return it == r[k].end() ? -1.0 : it->second; };
+    auto get = [&](const char* k) {
+      auto it = r[k].find(s);
+      return it == r[k].end() ? -1.0 : it->second;
+    };
     double put = get("put"), loop = get("putloop"), pc = get("peercopy"), mc = get("memcpy"), nc = get("nccl"),
            pull = get("pull"), bulk = get("bulk"), hybrid = get("hybrid"), queue = get("queue");
     const double best = std::max({put, loop, pc, bulk, queue});
-    std::printf("%12llu %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.2fx %10.2fx\n", (unsigned long long)s, put,
-                loop, pc, bulk, hybrid, queue, mc, nc, mc > 0 ? put / mc : 0, mc > 0 ? best / mc : 0);
-    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << s << ", \"gdx_put\": " << put << ", \"gdx_put_in_kernel\": " << loop
-       << ", \"peer_copy\": " << pc << ", \"peer_copy_pull\": " << pull << ", \"peer_copy_bulk\": " << bulk
-       << ", \"peer_copy_copy_engines_from_16MiB\": " << hybrid << ", \"peer_copy_queue\": " << queue
-       << ", \"cuda_memcpy_peer_async\": " << mc << ", \"nccl_send_recv\": " << nc << "}";
+    std::printf("%12llu %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.2fx %10.2fx\n",
+                (unsigned long long)s, put, loop, pc, bulk, hybrid, queue, mc, nc, mc > 0 ? put / mc : 0,
+                mc > 0 ? best / mc : 0);
+    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << s << ", \"gdx_put\": " << put
+       << ", \"gdx_put_in_kernel\": " << loop << ", \"peer_copy\": " << pc << ", \"peer_copy_pull\": " << pull
+       << ", \"peer_copy_bulk\": " << bulk << ", \"peer_copy_copy_engines_from_16MiB\": " << hybrid
+       << ", \"peer_copy_queue\": " << queue << ", \"cuda_memcpy_peer_async\": " << mc << ", \"nccl_send_recv\": " << nc
+       << "}";
     first = false;
   }
   for (auto& [b, us] : r["latency"])
@@ -437,7 +454,8 @@ int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const st
     unsigned blocks;
     double pc, q;
     if (!(ls >> b >> blocks >> pc >> q)) continue;
-    std::printf("%llu B with %u blocks: peerCopy %.1f GB/s, PeerCopyQueue %.1f GB/s\n", (unsigned long long)b, blocks, pc, q);
+    std::printf("%llu B with %u blocks: peerCopy %.1f GB/s, PeerCopyQueue %.1f GB/s\n", (unsigned long long)b, blocks,
+                pc, q);
     js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"blocks\": " << blocks << ", \"peer_copy\": " << pc
        << ", \"peer_copy_queue\": " << q << "}";
     first = false;
@@ -467,7 +485,8 @@ int main(int argc, char** argv) {
       {{"--json", "FILE", "where the results go (default: none; DIR/benchmark_nvlink.json with --plot)",
         [&](const std::string& v) { json = v; }},
        gdx::bench::plotFlag(plotDir),
-       {"--max-bytes", "N", "largest transfer (default 1G)", [&](const std::string& v) { maxBytes = gdx::bench::parseCount(v); }},
+       {"--max-bytes", "N", "largest transfer (default 1G)",
+        [&](const std::string& v) { maxBytes = gdx::bench::parseCount(v); }},
        {"--no-nccl", "", "skip the NCCL peer (PyTorch)", [&](const std::string&) { nccl = false; }}});
   if (parsed >= 0) return parsed;
   if (gdx::bench::launchedByHand()) {

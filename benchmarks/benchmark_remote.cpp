@@ -30,8 +30,8 @@
 #include "benchmarks/self_launch.hpp"
 #include "gdx/detail/bootstrap.hpp"
 #include "gdx/detail/clock.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -240,13 +240,16 @@ int main(int argc, char** argv) {
       "writes in flight to rank 1 per size and times first post to last completion. Launch with --rank/--peer, under\n"
       "torchrun / mpirun / GDX_* variables, or with nothing: it then runs itself as two processes on 127.0.0.1.",
       {{"--rank", "0|1", "this process's rank (with --peer)", [&](const std::string& v) { a.rank = integer(v); }},
-       {"--peer", "HOST", "where rank 0 runs (rank 0 passes its own address)", [&](const std::string& v) { a.peer = v; }},
+       {"--peer", "HOST", "where rank 0 runs (rank 0 passes its own address)",
+        [&](const std::string& v) { a.peer = v; }},
        {"--port", "N", "rank 0's rendezvous port (default 29517)", [&](const std::string& v) { a.port = integer(v); }},
        {"--transport", "verbs|tcp", "default: verbs when an RDMA device is present, else tcp",
         [&](const std::string& v) { a.transport = v; }},
        {"--device", "cpu|gpu", "where the windows live (default cpu)", [&](const std::string& v) { a.device = v; }},
-       {"--min-bytes", "N", "smallest write (default 8K)", [&](const std::string& v) { a.minBytes = bench::parseCount(v); }},
-       {"--max-bytes", "N", "largest write (default 256M)", [&](const std::string& v) { a.maxBytes = bench::parseCount(v); }},
+       {"--min-bytes", "N", "smallest write (default 8K)",
+        [&](const std::string& v) { a.minBytes = bench::parseCount(v); }},
+       {"--max-bytes", "N", "largest write (default 256M)",
+        [&](const std::string& v) { a.maxBytes = bench::parseCount(v); }},
        {"--depth", "N", "writes in flight (default 16)", [&](const std::string& v) { a.depth = integer(v); }},
        {"--target-bytes", "N", "bytes per size, at least 8 writes (default 1G)",
         [&](const std::string& v) { a.targetBytes = bench::parseCount(v); }},
@@ -258,8 +261,9 @@ int main(int argc, char** argv) {
   if (parsed >= 0) return parsed;
   if ((a.transport != "auto" && a.transport != "verbs" && a.transport != "tcp") ||
       (a.device != "cpu" && a.device != "gpu") || a.minBytes == 0 || a.maxBytes < a.minBytes || a.depth < 1) {
-    std::fprintf(stderr, "benchmark_remote: --transport must be verbs or tcp, --device cpu or gpu, --depth positive, "
-                         "0 < --min-bytes <= --max-bytes (--help)\n");
+    std::fprintf(stderr,
+                 "benchmark_remote: --transport must be verbs or tcp, --device cpu or gpu, --depth positive, "
+                 "0 < --min-bytes <= --max-bytes (--help)\n");
     return 2;
   }
   if (a.rank >= 0) {

@@ -16,9 +16,9 @@
 namespace gdx::bench {
 
 struct Flag {
-  std::string name;   ///< "--json"
-  std::string value;  ///< what the value is ("FILE"); empty: a switch without a value
-  std::string help;   ///< one line
+  std::string name;                             ///< "--json"
+  std::string value;                            ///< what the value is ("FILE"); empty: a switch without a value
+  std::string help;                             ///< one line
   std::function<void(const std::string&)> set;  ///< throws std::exception when the value does not parse
 };
 

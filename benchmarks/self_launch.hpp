@@ -15,7 +15,9 @@
 
 namespace gdx::bench {
 
-inline bool launchedByHand() { return !std::getenv("GDX_RANK") && !std::getenv("RANK"); }
+inline bool launchedByHand() {
+  return !std::getenv("GDX_RANK") && !std::getenv("RANK");
+}
 
 inline int freeLoopbackPort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -37,7 +37,7 @@ struct alignas(64) Slot {
   uint64_t src;
   uint64_t dst;
   uint64_t bytes;
-  uint64_t signal;      ///< device address of the 64-bit signal word to update; 0: none
+  uint64_t signal;  ///< device address of the 64-bit signal word to update; 0: none
   uint64_t value;
   uint64_t firstChunk;  ///< first chunk of this transfer in the queue's chunk sequence
   uint32_t chunks;      ///< >= 1
@@ -64,11 +64,11 @@ struct Progress {
 };
 
 struct KernelParams {
-  Slot* slots;           ///< device address of the host-mapped ring (the kernel only reads it)
-  Shared* shared;        ///< device address of the host-mapped Shared
-  Progress* progress;    ///< device memory, `capacity` entries
-  uint64_t* chunkCursor; ///< device memory
-  uint64_t chunkBytes;   ///< a multiple of 16, so every chunk keeps its transfer's alignment
+  Slot* slots;            ///< device address of the host-mapped ring (the kernel only reads it)
+  Shared* shared;         ///< device address of the host-mapped Shared
+  Progress* progress;     ///< device memory, `capacity` entries
+  uint64_t* chunkCursor;  ///< device memory
+  uint64_t chunkBytes;    ///< a multiple of 16, so every chunk keeps its transfer's alignment
   uint32_t capacity;
   uint64_t firstTicket;  ///< the first ticket not completed when the kernel was launched
 };

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "gdx/detail/copy_device.hpp"
-#include "gdx/peer_copy.hpp"
 #include "gdx/detail/ptx.hpp"
+#include "gdx/peer_copy.hpp"
 
 namespace gdx {
 namespace {
@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads) peerCopyKernel(const __grid_constant
     const uint64_t off = (c - b.firstChunk[desc]) * b.chunkBytes;
     const uint64_t left = b.d[desc].bytes - off;
     copyCooperative<kUnroll>(static_cast<char*>(b.d[desc].dst) + off, static_cast<const char*>(b.d[desc].src) + off,
-                    left < b.chunkBytes ? left : b.chunkBytes, threadIdx.x, blockDim.x);
+                             left < b.chunkBytes ? left : b.chunkBytes, threadIdx.x, blockDim.x);
   }
 }
 
@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(kBulkThreads) peerCopyBulkKernel(const __grid_
 
 int smCount() {
   int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return 132;
   return sms;
 }
@@ -121,11 +122,13 @@ cudaError_t peerCopy(const PeerCopyDesc* descs, size_t n, cudaStream_t stream, c
     // About one chunk per block for small batches (at least 8 KiB), at most maxChunkBytes for large ones
     // (balance), a multiple of 16 so every chunk keeps the descriptor's alignment.
     // Bulk mode keeps kStages x kStage bytes of shared memory per block: at most 3 blocks per SM.
-    const unsigned perSm = options.bulk ? std::min(3u, std::max(1u, options.blocksPerSm)) : std::max(1u, options.blocksPerSm);
+    const unsigned perSm =
+        options.bulk ? std::min(3u, std::max(1u, options.blocksPerSm)) : std::max(1u, options.blocksPerSm);
     uint64_t maxBlocks = uint64_t(sms) * perSm;
     if (options.maxBlocks > 0) maxBlocks = std::min<uint64_t>(maxBlocks, options.maxBlocks);
     uint64_t chunk = bytes / maxBlocks;
-    chunk = std::min<uint64_t>(std::max<uint64_t>(chunk, 8192), std::max<uint64_t>(options.maxChunkBytes, 8192)) & ~uint64_t{15};
+    chunk = std::min<uint64_t>(std::max<uint64_t>(chunk, 8192), std::max<uint64_t>(options.maxChunkBytes, 8192)) &
+            ~uint64_t{15};
     b.chunkBytes = chunk;
     b.firstChunk[0] = 0;
     for (int i = 0; i < b.n; ++i) {
@@ -142,7 +145,8 @@ cudaError_t peerCopy(const PeerCopyDesc* descs, size_t n, cudaStream_t stream, c
       cudaGetDevice(&dev);
       const uint64_t bit = uint64_t{1} << (dev & 63);
       if (!(configured.load() & bit)) {
-        cudaError_t rc = cudaFuncSetAttribute(peerCopyBulkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * kStage);
+        cudaError_t rc =
+            cudaFuncSetAttribute(peerCopyBulkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * kStage);
         if (rc != cudaSuccess) return rc;
         configured.fetch_or(bit);
       }

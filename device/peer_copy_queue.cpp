@@ -6,12 +6,12 @@
 #include <sstream>
 
 #include "device/copy_queue_layout.hpp"
+#include "gdx/config.hpp"
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/clock.hpp"
-#include "gdx/config.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/host_buffer.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -35,7 +35,9 @@ PeerCopyQueue::Options PeerCopyQueue::Options::fromEnv() {
 #if defined(GDX_HAVE_CUDA)
 namespace {
 
-copy_queue::Shared& sharedOf(const std::unique_ptr<HostBuffer>& b) { return *static_cast<copy_queue::Shared*>(b->data()); }
+copy_queue::Shared& sharedOf(const std::unique_ptr<HostBuffer>& b) {
+  return *static_cast<copy_queue::Shared*>(b->data());
+}
 
 }  // namespace
 
@@ -50,14 +52,15 @@ PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(devic
   // A persistent kernel whose blocks were not all resident would wait for itself.
   const unsigned resident = copy_queue::maxCopyBlocks(device_);
   if (options_.blocks > resident) {
-    GDX_WARN("PeerCopyQueue on device " << device_ << ": " << options_.blocks << " copy blocks cannot all be resident, using "
-                                        << resident);
+    GDX_WARN("PeerCopyQueue on device " << device_ << ": " << options_.blocks
+                                        << " copy blocks cannot all be resident, using " << resident);
     options_.blocks = resident;
   }
   slots_ = std::make_unique<HostBuffer>(sizeof(copy_queue::Slot) * options_.capacity, -1, true);
   shared_ = std::make_unique<HostBuffer>(sizeof(copy_queue::Shared), -1, true);
   if (!slots_->gpuMapped() || !shared_->gpuMapped())
-    throw Error(ErrorCode::kCuda, "PeerCopyQueue: host memory could not be mapped for device " + std::to_string(device_));
+    throw Error(ErrorCode::kCuda,
+                "PeerCopyQueue: host memory could not be mapped for device " + std::to_string(device_));
   const size_t progressBytes = sizeof(copy_queue::Progress) * options_.capacity + sizeof(uint64_t);
   GDX_CUDA_CHECK(cudaMalloc(&progress_, progressBytes));
   GDX_CUDA_CHECK(cudaMemset(progress_, 0, progressBytes));
@@ -102,8 +105,8 @@ PeerCopyQueue::~PeerCopyQueue() {
 uint64_t PeerCopyQueue::submit(const void* src, void* dst, uint64_t bytes, uint64_t* signal, uint64_t value,
                                SignalOp op) {
   if (bytes > 0 && (src == nullptr || dst == nullptr))
-    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue::submit: null source or destination for " +
-                                                 std::to_string(bytes) + " bytes");
+    throw Error(ErrorCode::kInvalidArgument,
+                "PeerCopyQueue::submit: null source or destination for " + std::to_string(bytes) + " bytes");
   if (reinterpret_cast<uintptr_t>(signal) % 8 != 0)
     throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue::submit: signal word not 8-byte aligned");
   const uint64_t chunks = bytes == 0 ? 1 : (bytes + options_.chunkBytes - 1) / options_.chunkBytes;
@@ -149,7 +152,9 @@ uint64_t PeerCopyQueue::submitted() const {
   return submitted_;
 }
 
-uint64_t PeerCopyQueue::completed() const { return atomicLoad(&sharedOf(shared_).completed, kAcquire); }
+uint64_t PeerCopyQueue::completed() const {
+  return atomicLoad(&sharedOf(shared_).completed, kAcquire);
+}
 
 bool PeerCopyQueue::running() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -248,15 +253,25 @@ PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(devic
   throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: gdx was built without CUDA");
 }
 PeerCopyQueue::~PeerCopyQueue() = default;
-uint64_t PeerCopyQueue::submit(const void*, void*, uint64_t, uint64_t*, uint64_t, SignalOp) { return 0; }
-uint64_t PeerCopyQueue::submitted() const { return 0; }
-uint64_t PeerCopyQueue::completed() const { return 0; }
+uint64_t PeerCopyQueue::submit(const void*, void*, uint64_t, uint64_t*, uint64_t, SignalOp) {
+  return 0;
+}
+uint64_t PeerCopyQueue::submitted() const {
+  return 0;
+}
+uint64_t PeerCopyQueue::completed() const {
+  return 0;
+}
 void PeerCopyQueue::waitCompleted(uint64_t, uint64_t) const {}
-bool PeerCopyQueue::running() const { return false; }
+bool PeerCopyQueue::running() const {
+  return false;
+}
 void PeerCopyQueue::launchLocked() {}
 void PeerCopyQueue::stopLocked() {}
 void PeerCopyQueue::idleLoop() {}
-bool PeerCopyQueue::kernelFinished(const char*) const { return true; }
+bool PeerCopyQueue::kernelFinished(const char*) const {
+  return true;
+}
 
 #endif
 

@@ -27,8 +27,8 @@ __global__ void exchange(gdx::ChannelDeviceHandle ch, uint32_t recv, uint32_t se
 namespace {
 
 constexpr const char* kAbout =
-    "The device API between two GPUs: a kernel puts a GPU window into the peer's with a signal and waits for the\npeer's; the host checks every byte. Two ranks (examples/run_ranks.sh 2 PROGRAM); needs a GPU.";
-
+    "The device API between two GPUs: a kernel puts a GPU window into the peer's with a signal and waits for "
+    "the\npeer's; the host checks every byte. Two ranks (examples/run_ranks.sh 2 PROGRAM); needs a GPU.";
 
 int runRank(size_t bytes, uint64_t seed) {
   example::selectGpu();

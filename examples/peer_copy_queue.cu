@@ -14,8 +14,8 @@
 namespace {
 
 constexpr const char* kAbout =
-    "PeerCopyQueue without a Context: a persistent kernel copies transfers from GPU 0 to GPU 1 over NVLink and\nraises a signal after each; every byte is checked. One process; needs a GPU.";
-
+    "PeerCopyQueue without a Context: a persistent kernel copies transfers from GPU 0 to GPU 1 over NVLink and\nraises "
+    "a signal after each; every byte is checked. One process; needs a GPU.";
 
 int copyThroughQueue(size_t bytes, uint64_t seed) {
   const int srcGpu = 0;

@@ -19,8 +19,8 @@
 namespace {
 
 constexpr const char* kAbout =
-    "A relayed channel: rank 2 reaches rank 1's GPU through rank 0 (network, then NVLink); rank 1 checks every\nbyte. Three ranks (examples/run_ranks.sh 3 PROGRAM, rank 2 with GDX_DIRECT=0); needs a GPU.";
-
+    "A relayed channel: rank 2 reaches rank 1's GPU through rank 0 (network, then NVLink); rank 1 checks every\nbyte. "
+    "Three ranks (examples/run_ranks.sh 3 PROGRAM, rank 2 with GDX_DIRECT=0); needs a GPU.";
 
 constexpr int kRelay = 0, kDestination = 1, kSender = 2;
 

@@ -12,8 +12,8 @@
 namespace {
 
 constexpr const char* kAbout =
-    "Ring exchange with the host API: every rank puts BYTES into the next rank's receive window and checks\nevery byte from the previous one. Start N copies (examples/run_ranks.sh N PROGRAM, torchrun, mpirun).";
-
+    "Ring exchange with the host API: every rank puts BYTES into the next rank's receive window and checks\nevery byte "
+    "from the previous one. Start N copies (examples/run_ranks.sh N PROGRAM, torchrun, mpirun).";
 
 int exchange(size_t bytes, uint64_t seed) {
   // [snippet:host-exchange]

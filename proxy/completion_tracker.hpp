@@ -3,8 +3,8 @@
 // tracker keeps one entry per batch of positions and advances the done mark only over a finished prefix.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 
 namespace gdx {

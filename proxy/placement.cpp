@@ -7,9 +7,9 @@
 #include <memory>
 
 #include "gdx/config.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/host_buffer.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx {
 namespace {
@@ -51,7 +51,8 @@ Placement placementForPciBusId(const std::string& busId) {
   hwloc_obj_t parent = hwloc_get_non_io_ancestor_obj(topo.get(), dev);
   Placement p;
   p.numaNode = 0;
-  if (parent && parent->nodeset && !hwloc_bitmap_iszero(parent->nodeset)) p.numaNode = hwloc_bitmap_first(parent->nodeset);
+  if (parent && parent->nodeset && !hwloc_bitmap_iszero(parent->nodeset))
+    p.numaNode = hwloc_bitmap_first(parent->nodeset);
   if (parent && parent->cpuset) p.cpus = allowedCpus(parent->cpuset);
   p.reason = "nearest to PCI device " + busId;
   return p;

@@ -4,11 +4,11 @@
 #include <chrono>
 #include <sstream>
 
-#include "gdx/detail/clock.hpp"
 #include "gdx/config.hpp"
-#include "gdx/error.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/detail/signal_imm.hpp"
+#include "gdx/error.hpp"
 #include "proxy/completion_tracker.hpp"
 
 namespace gdx {
@@ -106,8 +106,7 @@ Proxy::Options Proxy::Options::fromEnv() {
   return o;
 }
 
-Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry& registry,
-             const RelayRequests* relay)
+Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry& registry, const RelayRequests* relay)
     : options_(options), transport_(transport), registry_(registry), relay_(relay) {
   if (transport_ && transport_->numLanes() < options_.threads)
     throw Error(ErrorCode::kInvalidArgument, "the transport has " + std::to_string(transport_->numLanes()) +
@@ -121,8 +120,8 @@ Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry&
       bool device = r >= options_.ringsPerThread;
       (device ? deviceRings_ : hostRings_).push_back(static_cast<int>(rings_.size()));
       th->ringIds.push_back(static_cast<int>(rings_.size()));
-      rings_.push_back(std::make_unique<CommandRing>(CommandRing::Options{
-          options_.ringCapacity, options_.placement.numaNode, options_.timeoutNs, device}));
+      rings_.push_back(std::make_unique<CommandRing>(
+          CommandRing::Options{options_.ringCapacity, options_.placement.numaNode, options_.timeoutNs, device}));
     }
     th->trackers.resize(th->ringIds.size());
     th->published.assign(th->ringIds.size(), 0);
@@ -142,9 +141,9 @@ void Proxy::start() {
   if (started_) return;
   started_ = true;
   GDX_INFO("proxy: " << options_.threads << " thread(s) x " << options_.ringsPerThread << " host + "
-                     << std::max(options_.deviceRingsPerThread, 0) << " device ring(s) of "
-                     << options_.ringCapacity << " slots on NUMA node " << options_.placement.numaNode << " ("
-                     << options_.placement.reason << "), transport " << (transport_ ? transport_->name() : "null"));
+                     << std::max(options_.deviceRingsPerThread, 0) << " device ring(s) of " << options_.ringCapacity
+                     << " slots on NUMA node " << options_.placement.numaNode << " (" << options_.placement.reason
+                     << "), transport " << (transport_ ? transport_->name() : "null"));
   for (auto& t : threads_) t->thread = std::thread([this, th = t.get()] { run(*th); });
 }
 
@@ -192,7 +191,9 @@ ProxyCounters Proxy::totalCounters() const {
 
 namespace {
 
-bool isSignal(const Command& c) { return c.opcode() == Opcode::kSignalSet || c.opcode() == Opcode::kSignalAdd; }
+bool isSignal(const Command& c) {
+  return c.opcode() == Opcode::kSignalSet || c.opcode() == Opcode::kSignalAdd;
+}
 
 // The write of a put (or of the first slot of a putWithSignal or relayPut); the caller adds the immediate.
 WriteOp writeOf(const Command& c) {
@@ -228,14 +229,11 @@ std::string describe(const Command& c) {
          << " offset " << c.dstOffset() << ", " << c.size() << " bytes)";
       break;
     case Opcode::kSignalSet:
-    case Opcode::kSignalAdd:
-      os << " (signal " << c.signalId() << ", value " << c.value() << ")";
-      break;
+    case Opcode::kSignalAdd: os << " (signal " << c.signalId() << ", value " << c.value() << ")"; break;
     case Opcode::kAtomicAdd:
       os << " (window " << c.dstWindow() << " offset " << c.dstOffset() << ", addend " << c.value() << ")";
       break;
-    default:
-      os << " (words 0x" << std::hex << c.word[0] << " 0x" << c.word[1] << ")";
+    default: os << " (words 0x" << std::hex << c.word[0] << " 0x" << c.word[1] << ")";
   }
   return os.str();
 }
@@ -256,9 +254,11 @@ std::string Proxy::checkCommand(const Command& c, const Command* second) const {
       std::string why = registry_.checkLocal(c.srcWindow(), c.srcOffset(), c.size());
       if (why.empty()) why = registry_.checkRemote(peer, c.dstWindow(), c.dstOffset(), c.size());
       if (!why.empty() || !second) return why;
-      if (second->peer() != c.peer()) return describe(c) + " followed by a slot for peer " + std::to_string(second->peer());
+      if (second->peer() != c.peer())
+        return describe(c) + " followed by a slot for peer " + std::to_string(second->peer());
       if (c.opcode() == Opcode::kRelayPut) {
-        if (second->opcode() != Opcode::kRelayTo || second->forwardTo() < 0) return "relayPut not followed by its relayTo slot";
+        if (second->opcode() != Opcode::kRelayTo || second->forwardTo() < 0)
+          return "relayPut not followed by its relayTo slot";
         return relayed(*second);
       }
       if (!isSignal(*second)) return "putWithSignal not followed by its signal slot";
@@ -272,10 +272,8 @@ std::string Proxy::checkCommand(const Command& c, const Command* second) const {
     case Opcode::kAtomicAdd:
       if (c.dstOffset() % 8 != 0) return "atomicAdd offset " + std::to_string(c.dstOffset()) + " is not 8-byte aligned";
       return registry_.checkRemote(peer, c.dstWindow(), c.dstOffset(), 8);
-    case Opcode::kRelayTo:
-      return "relayTo slot without its relayPut";
-    default:
-      return "unknown opcode " + std::to_string(static_cast<int>(c.opcode()));
+    case Opcode::kRelayTo: return "relayTo slot without its relayPut";
+    default: return "unknown opcode " + std::to_string(static_cast<int>(c.opcode()));
   }
 }
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "gdx/context.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/put_commands.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx {
 Channel::Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring, int forwardTo)
@@ -21,8 +21,9 @@ void Channel::fail(Status status, const char* operation) const {
                     statusName(status) + "'";
   if (status == Status::kTimeout)
     msg += " after " + std::to_string(ring_.timeoutNs / 1000000) + " ms (ring completed " +
-           std::to_string(atomicLoad(ring_.completed, kAcquire)) + " of " + std::to_string(atomicLoad(ring_.head, kRelaxed)) +
-           " positions, consumed " + std::to_string(atomicLoad(ring_.tail, kAcquire)) + ")";
+           std::to_string(atomicLoad(ring_.completed, kAcquire)) + " of " +
+           std::to_string(atomicLoad(ring_.head, kRelaxed)) + " positions, consumed " +
+           std::to_string(atomicLoad(ring_.tail, kAcquire)) + ")";
   std::string proxyError = context_->proxy().lastError();
   if (!proxyError.empty()) msg += "; proxy: " + proxyError;
   std::string failure = context_->failure();
@@ -69,8 +70,8 @@ void Channel::checkPut(const Window& dst, uint64_t dstOffset, const Window& src,
 void Channel::checkSignal(uint32_t signalId) const {
   if (signalId >= context_->numSignals())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(context_->rank()) + ": signal id " +
-                                                 std::to_string(signalId) + " >= " +
-                                                 std::to_string(context_->numSignals()) + " signals");
+                                                 std::to_string(signalId) +
+                                                 " >= " + std::to_string(context_->numSignals()) + " signals");
 }
 
 void Channel::put(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) {
@@ -94,7 +95,8 @@ void Channel::signal(uint32_t signalId, uint64_t value, SignalOp op) {
 }
 
 void Channel::atomicAdd(const Window& dst, uint64_t dstOffset, uint64_t value) {
-  std::string where = "rank " + std::to_string(context_->rank()) + ": atomicAdd to peer " + std::to_string(peer_) + ": ";
+  std::string where =
+      "rank " + std::to_string(context_->rank()) + ": atomicAdd to peer " + std::to_string(peer_) + ": ";
   if (!dst.valid()) throw Error(ErrorCode::kInvalidArgument, where + "window is not registered");
   if (forwardTo_ >= 0) throw Error(ErrorCode::kInvalidArgument, where + "atomics are not relayed");
   if (dstOffset % 8 != 0 || dstOffset > kMaxWindowOffset - 7)

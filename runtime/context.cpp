@@ -1,19 +1,18 @@
 #include "gdx/context.hpp"
 
-#include "runtime/direct_path.hpp"
-#include "runtime/relay.hpp"
-
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
+#include "gdx/config.hpp"
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/clock.hpp"
-#include "gdx/config.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/detail/signal_imm.hpp"
+#include "gdx/error.hpp"
+#include "runtime/direct_path.hpp"
+#include "runtime/relay.hpp"
 
 namespace gdx {
 namespace {
@@ -99,8 +98,8 @@ void Context::shutdownThreads() noexcept {
 void Context::init() {
   const int rank = bootstrap_->rank(), world = bootstrap_->worldSize();
   if (world > static_cast<int>(kMaxPeers))
-    throw Error(ErrorCode::kInvalidArgument, "world size " + std::to_string(world) + " exceeds " +
-                                                 std::to_string(kMaxPeers) + " ranks");
+    throw Error(ErrorCode::kInvalidArgument,
+                "world size " + std::to_string(world) + " exceeds " + std::to_string(kMaxPeers) + " ranks");
   if (options_.transport == "tcp") {
     TcpTransportOptions t = TcpTransportOptions::fromEnv(rank, world, bootstrap_->secret());
     t.socketsPerPeer = options_.tcpSockets;
@@ -109,8 +108,8 @@ void Context::init() {
     transport_ = makeTcpTransport(t);
   } else if (options_.transport == "loopback") {
     if (world != 1)
-      throw Error(ErrorCode::kInvalidArgument, "GDX_TRANSPORT=loopback needs a world of one rank, not " +
-                                                   std::to_string(world));
+      throw Error(ErrorCode::kInvalidArgument,
+                  "GDX_TRANSPORT=loopback needs a world of one rank, not " + std::to_string(world));
     LoopbackTransportOptions l = LoopbackTransportOptions::fromEnv();
     l.timeoutNs = options_.timeoutNs;
     transport_ = makeLoopbackTransport(l);
@@ -125,7 +124,8 @@ void Context::init() {
 #endif
   } else {
     throw Error(ErrorCode::kInvalidArgument,
-                "GDX_TRANSPORT='" + options_.transport + "' is not available (tcp, verbs where built with rdma-core, or loopback for one rank)");
+                "GDX_TRANSPORT='" + options_.transport +
+                    "' is not available (tcp, verbs where built with rdma-core, or loopback for one rank)");
   }
   transport_->setImmHandler([this](const RemoteWrite& w) { onImm(w); });
   transport_->setMessageHandler([this](const RemoteMessage& m) { onMessage(m); });
@@ -177,7 +177,9 @@ void Context::init() {
                                   << ", " << options_.numSignals << " signals");
 }
 
-Context::~Context() { shutdownThreads(); }
+Context::~Context() {
+  shutdownThreads();
+}
 
 Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
   if (!base || bytes == 0)
@@ -205,7 +207,8 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
     throw;
   }
   Window window(this, id, base, bytes, kind);
-  std::vector<std::string> all = bootstrap_->allGather(encodeWindowRecord(id, bytes, key, direct_->windowBlob(base, bytes, kind)));
+  std::vector<std::string> all =
+      bootstrap_->allGather(encodeWindowRecord(id, bytes, key, direct_->windowBlob(base, bytes, kind)));
   direct_->addLocal(id, base, bytes, kind);
   for (int p = 0; p < worldSize(); ++p) {
     uint32_t peerId;
@@ -237,9 +240,13 @@ void Context::deregister(uint32_t id) noexcept {
   windowInUse_[id] = false;
 }
 
-Channel Context::channel(int peer, int ringIndex) { return makeChannel(peer, ringIndex, -1); }
+Channel Context::channel(int peer, int ringIndex) {
+  return makeChannel(peer, ringIndex, -1);
+}
 
-ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) { return makeDeviceChannel(peer, ringIndex, -1); }
+ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) {
+  return makeDeviceChannel(peer, ringIndex, -1);
+}
 
 // Channels are spread over the rings by the rank their data is for (the destination of a relayed channel).
 Channel Context::makeChannel(int peer, int ringIndex, int forwardTo) {
@@ -247,8 +254,8 @@ Channel Context::makeChannel(int peer, int ringIndex, int forwardTo) {
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": peer " + std::to_string(peer) +
                                                  " does not exist (world size " + std::to_string(worldSize()) + ")");
   if (proxy_->numRings() == 0)
-    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) +
-                                                 ": no rings for host producers (GDX_RINGS_PER_THREAD=0)");
+    throw Error(ErrorCode::kInvalidArgument,
+                "rank " + std::to_string(rank()) + ": no rings for host producers (GDX_RINGS_PER_THREAD=0)");
   if (ringIndex < 0) ringIndex = (forwardTo >= 0 ? forwardTo : peer) % proxy_->numRings();
   if (ringIndex >= proxy_->numRings())
     throw Error(ErrorCode::kInvalidArgument, "ring " + std::to_string(ringIndex) + " does not exist (" +
@@ -268,16 +275,11 @@ ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forw
                                                  std::to_string(proxy_->numDeviceRings()) + " device rings)");
   auto* devSignals = static_cast<uint64_t*>(signals_->devicePtr());
   auto* devFailure = signals_->deviceAddressOf(failed_);
-  return ChannelDeviceHandle{proxy_->deviceRing(ringIndex).deviceHandle(),
-                             devSignals,
-                             devFailure,
-                             options_.numSignals,
-                             static_cast<uint32_t>(peer),
-                             ~uint64_t{0},
+  return ChannelDeviceHandle{proxy_->deviceRing(ringIndex).deviceHandle(), devSignals, devFailure, options_.numSignals,
+                             static_cast<uint32_t>(peer), ~uint64_t{0},
                              // A relayed handle sends everything through the proxy to the relay.
                              peer == rank() || forwardTo >= 0 ? nullptr : direct_->deviceTable(peer),
-                             direct_->deviceSignals(),
-                             forwardTo};
+                             direct_->deviceSignals(), forwardTo};
 }
 
 Channel Context::relayChannel(int destination, int relay, int ringIndex) {
@@ -290,12 +292,17 @@ ChannelDeviceHandle Context::deviceRelayChannel(int destination, int relay, int 
   return makeDeviceChannel(relay, ringIndex, destination);
 }
 
-PeerCopyQueue* Context::forwarder() { return relay_->forwarder(); }
+PeerCopyQueue* Context::forwarder() {
+  return relay_->forwarder();
+}
 
-bool Context::isDirect(int peer) const { return direct_ && direct_->isDirect(peer); }
+bool Context::isDirect(int peer) const {
+  return direct_ && direct_->isDirect(peer);
+}
 
 uint64_t Context::signalValue(uint32_t id) const {
-  if (id >= options_.numSignals) throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
+  if (id >= options_.numSignals)
+    throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
   uint64_t h = atomicLoad(static_cast<uint64_t*>(signals_->data()) + id, kAcquire);
   if (!direct_->mayReceive()) return h;
   uint64_t d = direct_->readSignal(id);
@@ -303,7 +310,8 @@ uint64_t Context::signalValue(uint32_t id) const {
 }
 
 void Context::setSignal(uint32_t id, uint64_t value) {
-  if (id >= options_.numSignals) throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
+  if (id >= options_.numSignals)
+    throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
   atomicStore(static_cast<uint64_t*>(signals_->data()) + id, value, kRelease);
   direct_->writeSignal(id, value);
 }
@@ -336,8 +344,8 @@ void Context::wait(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
   const uint64_t start = nowNs();
   Status s = waitStatus(id, value, timeoutNs);
   if (s == Status::kOk) return;
-  std::string msg = "rank " + std::to_string(rank()) + ": wait for signal " + std::to_string(id) + " >= " +
-                    std::to_string(value) + " returned '" + statusName(s) + "' after " +
+  std::string msg = "rank " + std::to_string(rank()) + ": wait for signal " + std::to_string(id) +
+                    " >= " + std::to_string(value) + " returned '" + statusName(s) + "' after " +
                     std::to_string((nowNs() - start) / 1000000) + " ms; last value seen " +
                     std::to_string(id < options_.numSignals ? signalValue(id) : 0);
   std::string why = failure();

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "gdx/config.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda.h>  // types only: the driver is reached through cudaGetDriverEntryPointByVersion, never linked
@@ -72,8 +72,7 @@ DirectPaths::DirectPaths(Bootstrap& bootstrap, const GpuInfo& gpu, uint32_t numS
       mine.hasGpu = 0;  // no IPC (e.g. a GPU that does not support it): nobody reaches this rank directly
     }
   }
-  std::vector<std::string> all =
-      bootstrap.allGather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
+  std::vector<std::string> all = bootstrap.allGather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
   if (!gpu.present()) return;
   const bool enabled = envInt("GDX_DIRECT", 1) != 0;
   DeviceGuard guard(device_);
@@ -117,8 +116,9 @@ DirectPaths::DirectPaths(Bootstrap& bootstrap, const GpuInfo& gpu, uint32_t numS
     peer.windowKey.assign(kMaxWindows, 0);
     GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&peer.device), sizeof(DirectPeer)));
     upload(peer);
-    GDX_INFO("peer " << p << ": direct path over " << (peerDev == device_ ? "the same GPU" : "peer access (NVLink/PCIe)")
-                     << ", GPU " << device_ << " -> GPU " << peerDev << " (" << r.busId << ")");
+    GDX_INFO("peer " << p << ": direct path over "
+                     << (peerDev == device_ ? "the same GPU" : "peer access (NVLink/PCIe)") << ", GPU " << device_
+                     << " -> GPU " << peerDev << " (" << r.busId << ")");
   }
 #else
   (void)gpu;
@@ -239,8 +239,8 @@ void DirectPaths::addRemote(int peer, uint32_t id, uint64_t bytes, const std::st
       cudaError_t rc = cudaIpcOpenMemHandle(&mapped, b.handle, cudaIpcMemLazyEnablePeerAccess);
       if (rc != cudaSuccess) {
         cudaGetLastError();
-        GDX_WARN("window " << id << " of peer " << peer << " goes through the proxy: cudaIpcOpenMemHandle: "
-                           << cudaGetErrorString(rc));
+        GDX_WARN("window " << id << " of peer " << peer
+                           << " goes through the proxy: cudaIpcOpenMemHandle: " << cudaGetErrorString(rc));
         mapped = nullptr;
       } else {
         mappings_[key] = {mapped, 1};
@@ -269,7 +269,9 @@ void DirectPaths::upload(Peer& p) {
 #endif
 }
 
-bool DirectPaths::isDirect(int peer) const { return peers_.count(peer) != 0; }
+bool DirectPaths::isDirect(int peer) const {
+  return peers_.count(peer) != 0;
+}
 
 const DirectPeer* DirectPaths::deviceTable(int peer) const {
   auto it = peers_.find(peer);

@@ -70,8 +70,8 @@ class DirectPaths {
   uint32_t numSignals_ = 0;
   uint64_t* deviceSignals_ = nullptr;
   bool mayReceive_ = false;
-  void* stream_ = nullptr;  // cudaStream_t
-  std::map<int, Peer> peers_;  // direct peers only
+  void* stream_ = nullptr;                                              // cudaStream_t
+  std::map<int, Peer> peers_;                                           // direct peers only
   std::map<std::pair<int, uint64_t>, std::pair<void*, int>> mappings_;  // (peer, allocation base) -> (mapping, refs)
 };
 

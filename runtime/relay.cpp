@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "gdx/detail/log.hpp"
 #include "gdx/detail/signal_imm.hpp"
 #include "gdx/error.hpp"
-#include "gdx/detail/log.hpp"
 #include "runtime/direct_path.hpp"
 
 namespace gdx {
@@ -20,8 +20,8 @@ std::string decodeForward(const RemoteMessage& m, ForwardRequest* out) {
   return {};
 }
 
-Relay::Relay(const Bootstrap& bootstrap, const WindowRegistry& registry, const DirectPaths& direct,
-             const GpuInfo& gpu, uint64_t timeoutNs)
+Relay::Relay(const Bootstrap& bootstrap, const WindowRegistry& registry, const DirectPaths& direct, const GpuInfo& gpu,
+             uint64_t timeoutNs)
     : bootstrap_(bootstrap), registry_(registry), direct_(direct), device_(gpu.device), timeoutNs_(timeoutNs) {}
 
 // The queue drains (bounded) before the IPC mappings it writes through are released: the Context destroys the relay
@@ -40,13 +40,18 @@ void Relay::checkRoute(int destination, int relay) const {
     throw Error(ErrorCode::kInvalidArgument,
                 where + "ranks from " + std::to_string(kMaxPeers - 1) + " up cannot be forwarded to");
   if (bootstrap_.hostname(destination) != bootstrap_.hostname(relay))
-    throw Error(ErrorCode::kInvalidArgument, where + "they are on different hosts (" + bootstrap_.hostname(destination) +
-                                                 ", " + bootstrap_.hostname(relay) + ")");
+    throw Error(ErrorCode::kInvalidArgument, where + "they are on different hosts (" +
+                                                 bootstrap_.hostname(destination) + ", " + bootstrap_.hostname(relay) +
+                                                 ")");
 }
 
 namespace {
-bool isSignal(const Command& c) { return c.opcode() == Opcode::kSignalSet || c.opcode() == Opcode::kSignalAdd; }
-bool isPut(const Command& c) { return c.opcode() == Opcode::kRelayPut || c.opcode() == Opcode::kPutWithSignal; }
+bool isSignal(const Command& c) {
+  return c.opcode() == Opcode::kSignalSet || c.opcode() == Opcode::kSignalAdd;
+}
+bool isPut(const Command& c) {
+  return c.opcode() == Opcode::kRelayPut || c.opcode() == Opcode::kPutWithSignal;
+}
 }  // namespace
 
 // The relay (the command's peer) gets the data, the destination the data and the signal.

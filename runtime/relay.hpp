@@ -32,14 +32,14 @@ class DirectPaths;
 struct ForwardRequest {
   static constexpr uint32_t kMagic = 0x46574431;  // "FWD1"
   uint32_t magic = kMagic;
-  uint32_t window = 0;       ///< window id, at the relay and at the destination
+  uint32_t window = 0;  ///< window id, at the relay and at the destination
   uint64_t offset = 0;
-  uint64_t bytes = 0;        ///< 0: only the signal
+  uint64_t bytes = 0;  ///< 0: only the signal
   uint64_t value = 0;
   int32_t destination = -1;  ///< the rank the relay forwards to
   uint32_t signalId = 0;
-  uint8_t hasSignal = 0;     ///< 1: raise signalId at the destination after the data
-  uint8_t signalOp = 0;      ///< a SignalOp
+  uint8_t hasSignal = 0;  ///< 1: raise signalId at the destination after the data
+  uint8_t signalOp = 0;   ///< a SignalOp
   uint8_t pad[6] = {};
 };
 static_assert(sizeof(ForwardRequest) <= kMaxMessageBytes, "a forward request fits in one control message");

@@ -6,9 +6,13 @@
 
 namespace gdx {
 
-Window::~Window() { reset(); }
+Window::~Window() {
+  reset();
+}
 
-Window::Window(Window&& o) noexcept { *this = std::move(o); }
+Window::Window(Window&& o) noexcept {
+  *this = std::move(o);
+}
 
 Window& Window::operator=(Window&& o) noexcept {
   if (this != &o) {
@@ -27,6 +31,8 @@ void Window::reset() noexcept {
   context_ = nullptr;
 }
 
-size_t Window::remoteSize(int peer) const { return context_ ? context_->registry_->remoteBytes(peer, id_) : 0; }
+size_t Window::remoteSize(int peer) const {
+  return context_ ? context_->registry_->remoteBytes(peer, id_) : 0;
+}
 
 }  // namespace gdx

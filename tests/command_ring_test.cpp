@@ -4,13 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
-#include "gdx/error.hpp"
 #include "gdx/detail/ring.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx {
 namespace {
@@ -47,8 +47,8 @@ StressResult runStress(uint64_t capacity, int producers, uint64_t perProducer, b
         Status st;
         if (withPairs && capacity >= 2 && s % 5 == 0 && s + 1 < perProducer) {
           Command first = expectedCommand(p, s);
-          first = Command::put(first.peer(), first.srcWindow(), first.srcOffset(), first.dstWindow(),
-                               first.dstOffset(), first.size(), Opcode::kPutWithSignal);
+          first = Command::put(first.peer(), first.srcWindow(), first.srcOffset(), first.dstWindow(), first.dstOffset(),
+                               first.size(), Opcode::kPutWithSignal);
           st = h.pushPair(first, expectedCommand(p, s + 1));
           s += 2;
         } else {
@@ -122,7 +122,9 @@ TEST_P(RingStress, EightProducersMillionEachArriveExactlyOnceIntact) {
   EXPECT_GT(r.fullObserved, 0u) << "the ring was never seen full; the test did not exercise back-pressure";
 }
 
-TEST_P(RingStress, PutWithSignalPairsStayTogether) { runStress(GetParam(), 4, 200000, /*withPairs=*/true); }
+TEST_P(RingStress, PutWithSignalPairsStayTogether) {
+  runStress(GetParam(), 4, 200000, /*withPairs=*/true);
+}
 
 INSTANTIATE_TEST_SUITE_P(Capacities, RingStress, ::testing::Values(2, 4, 16, 128, 1024, 4096));
 

@@ -1,8 +1,8 @@
+#include "gdx/detail/command.hpp"
+
 #include <gtest/gtest.h>
 
 #include <random>
-
-#include "gdx/detail/command.hpp"
 
 namespace gdx {
 namespace {

@@ -1,16 +1,17 @@
 // The host API end to end with real processes: Context -> Channel -> ring -> proxy -> TCP -> remote proxy ->
 // remote signal. Every test runs its ranks in child processes (runRanks), because a Context starts threads.
+#include "gdx/context.hpp"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <chrono>
-#include <thread>
 #include <cstring>
+#include <thread>
 #include <vector>
 
-#include "gdx/context.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/signal_imm.hpp"
+#include "gdx/error.hpp"
 #include "support/data_exchange.hpp"
 #include "support/test_support.hpp"
 
@@ -81,10 +82,10 @@ TEST(Context, SignalSetAddAndLargeValuesAndAtomicAdd) {
     Window d = ctx.registerWindow(dst.data(), dst.size());
     Channel ch = ctx.channel(peer);
     const uint64_t big = 0x123456789abcdefull;
-    ch.signal(1, 5);                               // add, fits the immediate
-    ch.signal(1, big);                             // add, atomic path
-    ch.signal(2, big, SignalOp::kSet);             // set, atomic path
-    ch.putWithSignal(d, 0, s, 0, 4096, 4, big);    // data + atomic signal
+    ch.signal(1, 5);                             // add, fits the immediate
+    ch.signal(1, big);                           // add, atomic path
+    ch.signal(2, big, SignalOp::kSet);           // set, atomic path
+    ch.putWithSignal(d, 0, s, 0, 4096, 4, big);  // data + atomic signal
     for (int i = 0; i < 10; ++i) ch.atomicAdd(w, 8 * 3, 1000 + i);
     ch.signal(5, 1);
     ch.flush();
@@ -161,14 +162,14 @@ TEST(Context, ProxyRejectsInvalidCommandsFromTheRing) {
     Window d = ctx.registerWindow(dst.data(), dst.size());
     RingDeviceHandle ring = ctx.proxy().ring(0).hostHandle();
     uint64_t pos = 0;
-    ring.push(Command::put(0, 40, 0, d.id(), 0, 8), &pos);                 // unregistered source window
-    ring.push(Command::put(0, s.id(), 0, 41, 0, 8), &pos);                 // unregistered destination window
-    ring.push(Command::put(0, s.id(), 250, d.id(), 0, 8), &pos);           // source range past the end
-    ring.push(Command::put(0, s.id(), 0, d.id(), 255, 2), &pos);           // destination range past the end
-    ring.push(Command::put(5, s.id(), 0, d.id(), 0, 8), &pos);             // unknown peer
-    ring.push(Command::put(0, s.id(), 0, d.id(), 0, 0), &pos);             // zero size
-    ring.push(Command::signal(0, ctx.numSignals() + 1, 1, SignalOp::kAdd), &pos);    // signal beyond the array
-    ring.push(Command::atomicAdd(0, d.id(), 3, 1), &pos);                  // unaligned atomic
+    ring.push(Command::put(0, 40, 0, d.id(), 0, 8), &pos);                         // unregistered source window
+    ring.push(Command::put(0, s.id(), 0, 41, 0, 8), &pos);                         // unregistered destination window
+    ring.push(Command::put(0, s.id(), 250, d.id(), 0, 8), &pos);                   // source range past the end
+    ring.push(Command::put(0, s.id(), 0, d.id(), 255, 2), &pos);                   // destination range past the end
+    ring.push(Command::put(5, s.id(), 0, d.id(), 0, 8), &pos);                     // unknown peer
+    ring.push(Command::put(0, s.id(), 0, d.id(), 0, 0), &pos);                     // zero size
+    ring.push(Command::signal(0, ctx.numSignals() + 1, 1, SignalOp::kAdd), &pos);  // signal beyond the array
+    ring.push(Command::atomicAdd(0, d.id(), 3, 1), &pos);                          // unaligned atomic
     Status st = ring.waitCompleted(pos);  // returns as soon as the error word is set
     // Then let the proxy work through every command before looking at its counters.
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -235,7 +236,8 @@ TEST(Context, PeerKilledMidTransferEndsTheSurvivorsWait) {
       return 1;
     } catch (const Error& e) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      bool ok = e.code() == ErrorCode::kPeerFailed && s < 8.0 && std::string(e.what()).find("rank 1") != std::string::npos;
+      bool ok =
+          e.code() == ErrorCode::kPeerFailed && s < 8.0 && std::string(e.what()).find("rank 1") != std::string::npos;
       if (!ok) std::fprintf(stderr, "after %.3f s: %s\n", s, e.what());
       try {
         back.put(w, 0, w, 0, 1024);

@@ -17,7 +17,9 @@
 namespace gdx {
 namespace {
 
-int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
+int sh(const std::string& cmd) {
+  return std::system((cmd + " >/dev/null 2>&1").c_str());
+}
 
 // Namespaces gdx<pid>h (the bridge) and gdx<pid>r0..rN-1 with 10.77.<k>.(r+1)/24 on each rank's veth.
 class NetnsJob {
@@ -78,8 +80,12 @@ void runInNamespaces(int ranks, int subnet) {
   EXPECT_EQ(codes, std::vector<int>(ranks, 0));
 }
 
-TEST(Netns, TwoRanksInSeparateNamespaces) { runInNamespaces(2, 1); }
-TEST(Netns, FourRanksInSeparateNamespaces) { runInNamespaces(4, 2); }
+TEST(Netns, TwoRanksInSeparateNamespaces) {
+  runInNamespaces(2, 1);
+}
+TEST(Netns, FourRanksInSeparateNamespaces) {
+  runInNamespaces(4, 2);
+}
 
 }  // namespace
 }  // namespace gdx

@@ -11,8 +11,8 @@
 
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/clock.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 

@@ -12,8 +12,8 @@
 #include <mutex>
 #include <thread>
 
-#include "gdx/error.hpp"
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 #include "rdma/tcp/wire.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
@@ -290,8 +290,7 @@ INSTANTIATE_TEST_SUITE_P(
                     return h;
                   },
                   8, "not registered"},
-        BadHeader{"AtomicUnknownKind", [] { return atomic(0, 1, static_cast<SignalOp>(2)); }, 8,
-                  "unknown atomic kind"},
+        BadHeader{"AtomicUnknownKind", [] { return atomic(0, 1, static_cast<SignalOp>(2)); }, 8, "unknown atomic kind"},
         BadHeader{"AtomicOfTwoWords",
                   [] {
                     MessageHeader h = atomic(0, 1, SignalOp::kAdd);

@@ -7,8 +7,8 @@
 #include <random>
 #include <set>
 
-#include "gdx/error.hpp"
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 #include "rdma/tcp/wire.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"

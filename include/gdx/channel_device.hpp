@@ -47,21 +47,21 @@
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/command.hpp"
 #include "gdx/detail/copy_device.hpp"
-#include "gdx/device.hpp"
 #include "gdx/detail/direct_device.hpp"
 #include "gdx/detail/put_commands.hpp"
 #include "gdx/detail/ring_device.hpp"
+#include "gdx/device.hpp"
 #include "gdx/status.hpp"
 
 namespace gdx {
 
 struct ChannelDeviceHandle {
   RingDeviceHandle ring;
-  uint64_t* signals;       ///< this rank's signal array as the GPU sees it
-  uint32_t* failure;       ///< the context's failure word (a Status), kOk while every peer is healthy
+  uint64_t* signals;  ///< this rank's signal array as the GPU sees it
+  uint32_t* failure;  ///< the context's failure word (a Status), kOk while every peer is healthy
   uint32_t numSignals;
   uint32_t peer;
-  uint64_t lastPosition;   ///< highest ring position this copy of the handle used; ~0: none
+  uint64_t lastPosition;     ///< highest ring position this copy of the handle used; ~0: none
   const DirectPeer* direct;  ///< device table of the direct path to `peer`; null: every operation is proxied
   uint64_t* deviceSignals;   ///< this rank's device signal array (direct-path updates land here); may be null
   int32_t forwardTo;         ///< relayed handle: the destination rank (`peer` is the relay); -1: not relayed
@@ -230,7 +230,9 @@ struct ChannelDeviceHandle {
 
 #if defined(__CUDACC__)
   /// The lowest active lane of the calling threads; it enqueues for the warp.
-  GDX_DEVICE_INLINE static unsigned leaderLane(unsigned mask) { return __ffs(mask) - 1; }
+  GDX_DEVICE_INLINE static unsigned leaderLane(unsigned mask) {
+    return __ffs(mask) - 1;
+  }
   /// Runs `op` on the leader lane only. The other lanes do not wait for it and get kOk: the leader's return
   /// value is the enqueue status, and a failure the proxy finds later reaches every lane through flushWarp or
   /// waitWarp (the ring's error word is sticky).
@@ -246,7 +248,8 @@ struct ChannelDeviceHandle {
   GDX_DEVICE_INLINE int directCooperative(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                           uint64_t srcOffset, uint64_t bytes, bool withSignal, uint32_t signalId,
                                           uint64_t value, SignalOp op, uint64_t tid, uint64_t nthreads, Sync&& sync) {
-    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals) return int(Status::kInvalidArgument);
+    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals)
+      return int(Status::kInvalidArgument);
     char* d;
     const char* sp;
     int k = directPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &d, &sp);
@@ -274,7 +277,8 @@ struct ChannelDeviceHandle {
     int r = directCooperative(dstWindow, dstOffset, srcWindow, srcOffset, bytes, true, signalId, value, op,
                               __popc(mask & ((1u << ptx::laneId()) - 1)), __popc(mask), [&] { __syncwarp(mask); });
     if (r >= 0) return static_cast<Status>(r);
-    return onLeader([&] { return putWithSignal(dstWindow, dstOffset, srcWindow, srcOffset, bytes, signalId, value, op); });
+    return onLeader(
+        [&] { return putWithSignal(dstWindow, dstOffset, srcWindow, srcOffset, bytes, signalId, value, op); });
   }
   /// Block-cooperative forms: every thread of the block calls with the same arguments (they contain
   /// __syncthreads). Direct path: the block copies, then thread 0 signals. Proxy path: thread (0,0,0) enqueues;

@@ -27,17 +27,17 @@
 #include <mutex>
 #include <string>
 
-#include "gdx/detail/bootstrap.hpp"
 #include "gdx/channel.hpp"
 #include "gdx/channel_device.hpp"
-#include "gdx/error.hpp"
+#include "gdx/detail/bootstrap.hpp"
 #include "gdx/detail/gpu.hpp"
 #include "gdx/detail/host_buffer.hpp"
-#include "gdx/peer_copy_queue.hpp"
 #include "gdx/detail/proxy.hpp"
 #include "gdx/detail/transport.hpp"
-#include "gdx/window.hpp"
 #include "gdx/detail/window_registry.hpp"
+#include "gdx/error.hpp"
+#include "gdx/peer_copy_queue.hpp"
+#include "gdx/window.hpp"
 
 namespace gdx {
 
@@ -45,10 +45,10 @@ class DirectPaths;
 class Relay;
 
 struct ContextOptions {
-  Proxy::Options proxy;           ///< threads, rings, ring size, in-flight cap, placement
-  uint32_t numSignals = 1024;     ///< GDX_NUM_SIGNALS (at most kMaxSignals)
-  std::string transport = "tcp";  ///< GDX_TRANSPORT: tcp, verbs (built with rdma-core), loopback (one rank)
-  int tcpSockets = 4;             ///< GDX_TCP_SOCKETS
+  Proxy::Options proxy;                    ///< threads, rings, ring size, in-flight cap, placement
+  uint32_t numSignals = 1024;              ///< GDX_NUM_SIGNALS (at most kMaxSignals)
+  std::string transport = "tcp";           ///< GDX_TRANSPORT: tcp, verbs (built with rdma-core), loopback (one rank)
+  int tcpSockets = 4;                      ///< GDX_TCP_SOCKETS
   uint64_t timeoutNs = kDefaultTimeoutNs;  ///< every wait's bound (GDX_TIMEOUT_MS), passed to all the context builds
   /// Reads the variables above; placement from GDX_NUMA_NODE or the calling thread's node.
   static ContextOptions fromEnv();
@@ -138,7 +138,6 @@ class Context {
   uint32_t* failed_ = nullptr;  // a Status in host-mapped memory (kernels read it); kOk while all peers are healthy
   mutable std::mutex failureMutex_;
   std::string failure_;
-
 };
 
 }  // namespace gdx

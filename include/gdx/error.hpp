@@ -13,15 +13,15 @@ namespace gdx {
 
 enum class ErrorCode : int {
   kOk = 0,
-  kInvalidArgument,   ///< bad window id, offset past the end, unknown peer, zero size, ...
-  kTimeout,           ///< a bounded wait ran out
-  kPeerFailed,        ///< a peer died, closed its connection or sent something malformed
-  kProtocol,          ///< a malformed or unauthenticated message
-  kSystem,            ///< a C library call failed (errno)
-  kCuda,              ///< a CUDA runtime/driver call failed
-  kVerbs,             ///< an ibverbs call failed
-  kInternal,          ///< an invariant of gdx itself was violated
-  kShutdown,          ///< the object was stopped while the operation was pending
+  kInvalidArgument,  ///< bad window id, offset past the end, unknown peer, zero size, ...
+  kTimeout,          ///< a bounded wait ran out
+  kPeerFailed,       ///< a peer died, closed its connection or sent something malformed
+  kProtocol,         ///< a malformed or unauthenticated message
+  kSystem,           ///< a C library call failed (errno)
+  kCuda,             ///< a CUDA runtime/driver call failed
+  kVerbs,            ///< an ibverbs call failed
+  kInternal,         ///< an invariant of gdx itself was violated
+  kShutdown,         ///< the object was stopped while the operation was pending
 };
 
 const char* errorCodeName(ErrorCode code);
@@ -68,15 +68,15 @@ class VerbsError : public Error {
 };
 
 /// Throws SystemError(call, errno) when `ok` is false.
-#define GDX_SYS_CHECK(expr)                                             \
-  do {                                                                  \
+#define GDX_SYS_CHECK(expr)                                                  \
+  do {                                                                       \
     if (!(expr)) throw ::gdx::SystemError(#expr, errno, __FILE__, __LINE__); \
   } while (0)
 
 /// For verbs calls that return the errno value itself (ibv_modify_qp, ibv_post_send, ...): 0 is success.
-#define GDX_IBV_CHECK(expr)                                                   \
-  do {                                                                        \
-    int gdx_ibv_rc_ = (expr);                                                 \
+#define GDX_IBV_CHECK(expr)                                                                \
+  do {                                                                                     \
+    int gdx_ibv_rc_ = (expr);                                                              \
     if (gdx_ibv_rc_ != 0) throw ::gdx::VerbsError(#expr, gdx_ibv_rc_, __FILE__, __LINE__); \
   } while (0)
 

@@ -24,11 +24,11 @@ struct PeerCopyDesc {
 
 /// How the work is spread; the defaults suit H200 pairs over NVLink (see docs/PERFORMANCE.md).
 struct PeerCopyOptions {
-  unsigned blocksPerSm = 2;               ///< grid = at most this many blocks per SM (512 threads each)
-  uint64_t maxChunkBytes = 64 * 1024;     ///< a block copies chunks of at most this size, grid-stride
-  unsigned unroll = 4;                    ///< 16-byte vectors in flight per thread: 4 or 8
-  bool bulk = false;                      ///< TMA bulk copies through shared memory (sm_90) instead of SM loads/stores
-  unsigned maxBlocks = 0;                 ///< cap on the grid (0: blocksPerSm x SMs)
+  unsigned blocksPerSm = 2;            ///< grid = at most this many blocks per SM (512 threads each)
+  uint64_t maxChunkBytes = 64 * 1024;  ///< a block copies chunks of at most this size, grid-stride
+  unsigned unroll = 4;                 ///< 16-byte vectors in flight per thread: 4 or 8
+  bool bulk = false;                   ///< TMA bulk copies through shared memory (sm_90) instead of SM loads/stores
+  unsigned maxBlocks = 0;              ///< cap on the grid (0: blocksPerSm x SMs)
   /// Descriptors of at least this many bytes go to the copy engines (cudaMemcpyAsync on `stream`) instead of the
   /// kernel, which also leaves the SMs free (0: never). On H200 pairs the copy engines move large transfers ~7 %
   /// faster over NVLink than any SM-driven copy, the kernel wins below a few MiB (docs/PERFORMANCE.md).

@@ -36,10 +36,10 @@ class HostBuffer;
 class PeerCopyQueue {
  public:
   struct Options {
-    unsigned blocks = 32;               ///< copy blocks of 512 threads (GDX_COPY_QUEUE_BLOCKS); one more signals
-    uint32_t capacity = 1024;           ///< transfers in flight (GDX_COPY_QUEUE_DEPTH)
-    uint64_t chunkBytes = 64 * 1024;    ///< the unit a block copies (GDX_COPY_QUEUE_CHUNK), a multiple of 16
-    uint64_t idleNs = 1000 * 1000;      ///< how long the kernel waits for work before leaving
+    unsigned blocks = 32;                    ///< copy blocks of 512 threads (GDX_COPY_QUEUE_BLOCKS); one more signals
+    uint32_t capacity = 1024;                ///< transfers in flight (GDX_COPY_QUEUE_DEPTH)
+    uint64_t chunkBytes = 64 * 1024;         ///< the unit a block copies (GDX_COPY_QUEUE_CHUNK), a multiple of 16
+    uint64_t idleNs = 1000 * 1000;           ///< how long the kernel waits for work before leaving
     uint64_t timeoutNs = kDefaultTimeoutNs;  ///< bound of every wait (GDX_TIMEOUT_MS)
     static Options fromEnv();
   };
@@ -79,9 +79,9 @@ class PeerCopyQueue {
   Options options_;
   std::unique_ptr<HostBuffer> slots_;
   std::unique_ptr<HostBuffer> shared_;
-  void* progress_ = nullptr;     // device memory: Progress[capacity] + the chunk cursor
-  void* stream_ = nullptr;       // cudaStream_t
-  void* finished_ = nullptr;     // cudaEvent_t recorded after each launch
+  void* progress_ = nullptr;  // device memory: Progress[capacity] + the chunk cursor
+  void* stream_ = nullptr;    // cudaStream_t
+  void* finished_ = nullptr;  // cudaEvent_t recorded after each launch
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   uint64_t submitted_ = 0;

@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "gdx/detail/clock.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 #include "rdma/bootstrap/frame_io.hpp"
 #include "rdma/bootstrap/protocol.hpp"
 #include "rdma/bootstrap/server.hpp"

@@ -4,8 +4,8 @@
 #include <initializer_list>
 #include <string>
 
-#include "gdx/detail/bootstrap.hpp"
 #include "gdx/config.hpp"
+#include "gdx/detail/bootstrap.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx {

@@ -9,15 +9,15 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <sstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gdx/detail/clock.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 #include "rdma/bootstrap/protocol.hpp"
 #include "rdma/socket.hpp"
 

@@ -3,8 +3,8 @@
 
 #include <sstream>
 
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>

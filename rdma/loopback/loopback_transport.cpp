@@ -27,11 +27,11 @@
 #include <shared_mutex>
 #include <vector>
 
-#include "gdx/detail/atomic.hpp"
 #include "gdx/config.hpp"
-#include "gdx/error.hpp"
+#include "gdx/detail/atomic.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 #include "rdma/common/cuda_staging.hpp"
 #include "rdma/common/delivery.hpp"
 #include "rdma/common/op_checks.hpp"

@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "gdx/detail/clock.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 #include "rdma/tcp/tcp_transport.hpp"
 
 namespace gdx::tcp {

@@ -8,10 +8,10 @@
 #include <shared_mutex>
 #include <sstream>
 
-#include "gdx/detail/clock.hpp"
 #include "gdx/config.hpp"
-#include "gdx/error.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx {
 

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "gdx/error.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx::verbs {
 

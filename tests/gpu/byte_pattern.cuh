@@ -12,14 +12,14 @@
 namespace gdx {
 namespace {
 
-#define GDX_SKIP_WITHOUT_TWO_PEER_GPUS()                                                 \
-  do {                                                                                   \
-    GDX_SKIP_WITHOUT_GPU();                                                              \
-    int n_ = 0, can_ = 0;                                                                \
-    cudaGetDeviceCount(&n_);                                                             \
-    if (n_ < 2) GTEST_SKIP() << "needs two GPUs, " << n_ << " here";                     \
-    cudaDeviceCanAccessPeer(&can_, 0, 1);                                                \
-    if (!can_) GTEST_SKIP() << "GPUs 0 and 1 cannot address each other";                 \
+#define GDX_SKIP_WITHOUT_TWO_PEER_GPUS()                                 \
+  do {                                                                   \
+    GDX_SKIP_WITHOUT_GPU();                                              \
+    int n_ = 0, can_ = 0;                                                \
+    cudaGetDeviceCount(&n_);                                             \
+    if (n_ < 2) GTEST_SKIP() << "needs two GPUs, " << n_ << " here";     \
+    cudaDeviceCanAccessPeer(&can_, 0, 1);                                \
+    if (!can_) GTEST_SKIP() << "GPUs 0 and 1 cannot address each other"; \
   } while (0)
 
 // Deterministic random bytes from (seed, index): both processes can compute what the other put.

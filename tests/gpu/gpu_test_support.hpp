@@ -4,15 +4,15 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#define GDX_SKIP_WITHOUT_GPU()                                                               \
-  do {                                                                                       \
-    int gdx_n_ = 0;                                                                          \
-    cudaError_t gdx_rc_ = cudaGetDeviceCount(&gdx_n_);                                       \
-    if (gdx_rc_ != cudaSuccess || gdx_n_ == 0) {                                             \
-      cudaGetLastError();                                                                    \
+#define GDX_SKIP_WITHOUT_GPU()                                                                 \
+  do {                                                                                         \
+    int gdx_n_ = 0;                                                                            \
+    cudaError_t gdx_rc_ = cudaGetDeviceCount(&gdx_n_);                                         \
+    if (gdx_rc_ != cudaSuccess || gdx_n_ == 0) {                                               \
+      cudaGetLastError();                                                                      \
       GTEST_SKIP() << "no GPU here (" << cudaGetErrorString(gdx_rc_) << "); GPU tests run on " \
-                   << "an H100/H200 machine";                                                \
-    }                                                                                        \
+                   << "an H100/H200 machine";                                                  \
+    }                                                                                          \
   } while (0)
 
 #include <cstdlib>

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "byte_pattern.cuh"
 #include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
 #include "gdx/peer_copy.hpp"
-#include "byte_pattern.cuh"
 #include "gpu_test_support.hpp"
 #include "spawn_ranks.hpp"
 
@@ -88,22 +88,22 @@ TEST(PeerCopy, SizesFromOneByteToOneGibibyte) {
   const std::pair<uint64_t, uint64_t> offsets[] = {{0, 0}, {5, 21}, {3, 7}};  // aligned, same mod 16, different
   // Modes: 0 the SM kernel, 1 TMA bulk copies, 2 the defaults (large descriptors to the copy engines).
   for (int mode : {0, 1, 2})
-  for (uint64_t bytes : sizes)
-    for (auto [so, dOff] : offsets) {
-      const uint64_t d = kPad + dOff;
-      GDX_TEST_CUDA(cudaMemset(dst, 0xA5, kMax + 2 * kPad));
-      GDX_TEST_CUDA(cudaDeviceSynchronize());
-      PeerCopyDesc desc{src + kPad + so, dst + d, bytes};
-      PeerCopyOptions o;
-      o.bulk = mode == 1;
-      if (mode < 2) o.copyEngineFrom = 0;
-      GDX_TEST_CUDA(peerCopy(&desc, 1, nullptr, o));
-      GDX_TEST_CUDA(cudaDeviceSynchronize());
-      EXPECT_EQ(countBad(dst + d, bytes, 5, kPad + so), 0u) << bytes << " bytes, src +" << so << ", dst +" << dOff
-                                                            << ", mode " << mode;
-      EXPECT_EQ(countNot(dst, d, 0xA5), 0u) << "guard before, " << bytes << " bytes";
-      EXPECT_EQ(countNot(dst + d + bytes, kMax + 2 * kPad - d - bytes, 0xA5), 0u) << "guard after, " << bytes;
-    }
+    for (uint64_t bytes : sizes)
+      for (auto [so, dOff] : offsets) {
+        const uint64_t d = kPad + dOff;
+        GDX_TEST_CUDA(cudaMemset(dst, 0xA5, kMax + 2 * kPad));
+        GDX_TEST_CUDA(cudaDeviceSynchronize());
+        PeerCopyDesc desc{src + kPad + so, dst + d, bytes};
+        PeerCopyOptions o;
+        o.bulk = mode == 1;
+        if (mode < 2) o.copyEngineFrom = 0;
+        GDX_TEST_CUDA(peerCopy(&desc, 1, nullptr, o));
+        GDX_TEST_CUDA(cudaDeviceSynchronize());
+        EXPECT_EQ(countBad(dst + d, bytes, 5, kPad + so), 0u)
+            << bytes << " bytes, src +" << so << ", dst +" << dOff << ", mode " << mode;
+        EXPECT_EQ(countNot(dst, d, 0xA5), 0u) << "guard before, " << bytes << " bytes";
+        EXPECT_EQ(countNot(dst + d + bytes, kMax + 2 * kPad - d - bytes, 0xA5), 0u) << "guard after, " << bytes;
+      }
   cudaFree(src);
   cudaFree(dst);
 }
@@ -116,8 +116,8 @@ struct PutDesc {
 
 // Block b takes descriptors [b * perBlock, (b + 1) * perBlock). Blocks use the block form, the warp form or the
 // single-thread form by b % 3. Every put adds 1 to signal 0.
-__global__ void directPuts(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, const PutDesc* descs,
-                           int perBlock, uint32_t* status) {
+__global__ void directPuts(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, const PutDesc* descs, int perBlock,
+                           uint32_t* status) {
   const PutDesc* mine = descs + size_t(blockIdx.x) * perBlock;
   Status s = Status::kOk;
   if (blockIdx.x % 3 == 0) {
@@ -266,13 +266,13 @@ void childMain(bool expectDirect) {
     // Atomics (direct path only: the proxy's atomics are covered by the host-window tests): every thread of
     // 8 x 128 adds to the peer's words, then signals.
     if (expectDirect) {
-    directAtomics<<<8, 128>>>(ch, w.id(), 20, status + 2);
-    GDX_TEST_CUDA(cudaDeviceSynchronize());
-    EXPECT_EQ(status[2], 0u);
-    ctx.wait(3, 8 * 128);
-    uint64_t got4[4];
-    GDX_TEST_CUDA(cudaMemcpy(got4, words, 32, cudaMemcpyDeviceToHost));
-    for (int i = 0; i < 4; ++i) EXPECT_EQ(got4[i], 8u * 128 * 20 / 4) << "word " << i;
+      directAtomics<<<8, 128>>>(ch, w.id(), 20, status + 2);
+      GDX_TEST_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(status[2], 0u);
+      ctx.wait(3, 8 * 128);
+      uint64_t got4[4];
+      GDX_TEST_CUDA(cudaMemcpy(got4, words, 32, cudaMemcpyDeviceToHost));
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(got4[i], 8u * 128 * 20 / 4) << "word " << i;
     }
     ctx.barrier();
     cudaFree(devDescs);

@@ -117,7 +117,8 @@ TEST(PeerCopyQueue, SizesFromOneByteToOneGibibyte) {
       cudaSetDevice(dstDev);
       EXPECT_EQ(countBad(dst + dOff, bytes, 77, sOff), 0u) << bytes << " bytes, source shifted by " << srcShift;
       EXPECT_EQ(countNot(dst, dOff, 0xA5), 0u) << "guard before, " << bytes << " bytes";
-      EXPECT_EQ(countNot(dst + dOff + bytes, kMax + 2 * kPad - dOff - bytes, 0xA5), 0u) << "guard after, " << bytes << " bytes";
+      EXPECT_EQ(countNot(dst + dOff + bytes, kMax + 2 * kPad - dOff - bytes, 0xA5), 0u)
+          << "guard after, " << bytes << " bytes";
     }
   }
   cudaFree(src);
@@ -137,7 +138,8 @@ __global__ void watchKernel(const uint64_t* signal, const unsigned char* dst, co
   for (int i = 0; i < n; ++i) {
     if (threadIdx.x == 0) {
       const uint64_t start = nowNs();
-      while (atomicLoad(const_cast<uint64_t*>(signal), kAcquire) < uint64_t(i + 1) && nowNs() - start < 10000000000ull) {
+      while (atomicLoad(const_cast<uint64_t*>(signal), kAcquire) < uint64_t(i + 1) &&
+             nowNs() - start < 10000000000ull) {
       }
       stop = atomicLoad(const_cast<uint64_t*>(signal), kAcquire) < uint64_t(i + 1);
       if (stop) *timedOut = i + 1;
@@ -235,7 +237,8 @@ TEST(PeerCopyQueue, RejectsBadInput) {
   PeerCopyQueue q(0);
   EXPECT_EQ(test::errorCodeOf([&] { q.submit(nullptr, buf, 8); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(test::errorCodeOf([&] { q.submit(buf, nullptr, 8); }), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(test::errorCodeOf([&] { q.submit(buf, buf + 1, 8, reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(buf) + 4), 1); }),
+  EXPECT_EQ(test::errorCodeOf(
+                [&] { q.submit(buf, buf + 1, 8, reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(buf) + 4), 1); }),
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(q.submitted(), 0u) << "rejected transfers must not take a ticket";
   PeerCopyQueue::Options bad;

@@ -46,7 +46,9 @@ std::vector<Piece> hostPieces() {
 }
 
 // The device-API phase: round r puts kRoundBytes from source offset r * kRoundBytes to a region of its own.
-__host__ __device__ inline uint64_t roundOffset(int r) { return uint64_t(r) * kRoundBytes; }
+__host__ __device__ inline uint64_t roundOffset(int r) {
+  return uint64_t(r) * kRoundBytes;
+}
 
 __global__ void relayedSender(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, uint32_t* status) {
   Status s = Status::kOk;
@@ -113,13 +115,14 @@ void childMain() {
       for (size_t i = 0; i + 1 < pieces.size(); ++i)
         ch.putWithSignal(d, pieces[i].dst, s, pieces[i].src, pieces[i].bytes, 0, 1);
       ch.put(d, pieces.back().dst, s, pieces.back().src, pieces.back().bytes);  // forwarded without a signal
-      ch.signal(0, 1);                                                            // ordered after it
+      ch.signal(0, 1);                                                          // ordered after it
       ch.flush();
       EXPECT_EQ(test::errorCodeOf([&] { ch.atomicAdd(d, 0, 1); }), ErrorCode::kInvalidArgument);
       EXPECT_EQ(test::errorCodeOf([&] { ctx.relayChannel(kDestination, kDestination); }), ErrorCode::kInvalidArgument);
       EXPECT_EQ(test::errorCodeOf([&] { ctx.relayChannel(kDestination, kSender); }), ErrorCode::kInvalidArgument);
       EXPECT_EQ(test::errorCodeOf([&] { ctx.relayChannel(7, kRelay); }), ErrorCode::kInvalidArgument);
-      EXPECT_EQ(test::errorCodeOf([&] { ch.putWithSignal(d, kDstBytes - 8, s, 0, 16, 0, 1); }), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(test::errorCodeOf([&] { ch.putWithSignal(d, kDstBytes - 8, s, 0, 16, 0, 1); }),
+                ErrorCode::kInvalidArgument);
     }
     if (rank == kDestination) {
       ctx.wait(0, pieces.size());

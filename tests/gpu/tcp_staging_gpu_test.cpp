@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "gdx/detail/cuda_check.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 

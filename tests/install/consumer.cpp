@@ -1,9 +1,8 @@
 // A program outside the gdx tree: it includes only <gdx/gdx.hpp> and is built against the installed package
 // (find_package(gdx) and pkg-config gdx, tests/install/run.sh). A world of one rank puts random bytes from one
 // window into another through the proxy and checks every byte.
-#include <gdx/gdx.hpp>
-
 #include <cstdio>
+#include <gdx/gdx.hpp>
 #include <random>
 #include <vector>
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "gdx/context.hpp"
-#include "gdx/error.hpp"
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 
@@ -426,16 +426,15 @@ TEST(VerbsTransport, BadInputIsRefusedBeforeAnythingIsPosted) {
                                   },
                                   [&](const WriteOp& o) { lane.post(o); });
   AtomicOp goodAtomic{1, 1, 8, SignalOp::kAdd, 1, 2};
-  expectInvalidArguments<AtomicOp>(
-      goodAtomic,
-      {
-          {"unknown peer", [](AtomicOp& o) { o.peer = 5; }, "unknown peer"},
-          {"misaligned", [](AtomicOp& o) { o.remoteOffset = 4; }, "aligned"},
-          {"past end", [](AtomicOp& o) { o.remoteOffset = 8192; }, "remote window"},
-          {"unknown window", [](AtomicOp& o) { o.remoteWindow = 3; }, "remote window 3"},
-          {"unknown kind", [](AtomicOp& o) { o.kind = static_cast<SignalOp>(7); }, "kind"},
-      },
-      [&](const AtomicOp& o) { lane.postAtomic(o); });
+  expectInvalidArguments<AtomicOp>(goodAtomic,
+                                   {
+                                       {"unknown peer", [](AtomicOp& o) { o.peer = 5; }, "unknown peer"},
+                                       {"misaligned", [](AtomicOp& o) { o.remoteOffset = 4; }, "aligned"},
+                                       {"past end", [](AtomicOp& o) { o.remoteOffset = 8192; }, "remote window"},
+                                       {"unknown window", [](AtomicOp& o) { o.remoteWindow = 3; }, "remote window 3"},
+                                       {"unknown kind", [](AtomicOp& o) { o.kind = static_cast<SignalOp>(7); }, "kind"},
+                                   },
+                                   [&](const AtomicOp& o) { lane.postAtomic(o); });
   MessageOp goodMessage;
   goodMessage.peer = 1;
   goodMessage.bytes = 8;

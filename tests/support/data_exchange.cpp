@@ -9,12 +9,14 @@
 
 namespace gdx::test {
 namespace {
-uint64_t seedFor(int from, int to, size_t size) { return (uint64_t(from) << 48) ^ (uint64_t(to) << 32) ^ size; }
+uint64_t seedFor(int from, int to, size_t size) {
+  return (uint64_t(from) << 48) ^ (uint64_t(to) << 32) ^ size;
+}
 
 std::vector<size_t> sizesUpTo(size_t maxBytes) {
   std::vector<size_t> sizes;
-  for (size_t s : {size_t{1}, size_t{3}, size_t{4096}, size_t{65537}, size_t{1} << 20, (size_t{16} << 20) + 5,
-                   size_t{64} << 20})
+  for (size_t s :
+       {size_t{1}, size_t{3}, size_t{4096}, size_t{65537}, size_t{1} << 20, (size_t{16} << 20) + 5, size_t{64} << 20})
     if (s <= maxBytes) sizes.push_back(s);
   return sizes;
 }
@@ -33,7 +35,7 @@ int exchangeRandomData(size_t maxBytes) {
   int failures = 0;
   for (size_t round = 0; round < sizes.size(); ++round) {
     const size_t n = sizes[round];
-    const size_t offset = round % 8;  // unaligned destinations
+    const size_t offset = round % 8;            // unaligned destinations
     std::memset(dst.data(), 0xA5, dst.size());  // poison
     ctx.barrier();
     for (int k = 1; k < world; ++k) {

@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/error.hpp"
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx::test {
 

@@ -97,7 +97,8 @@ int waitChild(pid_t pid, int timeoutSec) {
 }
 
 std::vector<int> runRanks(int ranks, const std::function<int(int rank)>& body, int timeoutSec) {
-  return runRanksWith(ranks, "127.0.0.1", [](int) {}, body, timeoutSec);
+  return runRanksWith(
+      ranks, "127.0.0.1", [](int) {}, body, timeoutSec);
 }
 
 std::vector<int> runRanksWith(int ranks, const std::string& masterAddr, const std::function<void(int rank)>& setup,

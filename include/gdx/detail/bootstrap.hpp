@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+
 #include "gdx/config.hpp"
 
 namespace gdx {
@@ -14,10 +15,10 @@ namespace gdx {
 struct BootstrapConfig {
   int rank = 0;
   int worldSize = 1;
-  int localRank = 0;                    ///< rank among the processes of this host (LOCAL_RANK), -1 if unknown
+  int localRank = 0;  ///< rank among the processes of this host (LOCAL_RANK), -1 if unknown
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
-  std::string secret;                   ///< per-job secret; all ranks of a job must agree
+  std::string secret;  ///< per-job secret; all ranks of a job must agree
   uint64_t timeoutNs = kDefaultTimeoutNs;
 
   /// Reads GDX_RANK / RANK, GDX_WORLD_SIZE / WORLD_SIZE, GDX_LOCAL_RANK / LOCAL_RANK, GDX_MASTER_ADDR /

@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "gdx/device.hpp"
 #include "gdx/detail/ptx.hpp"
+#include "gdx/device.hpp"
 
 #if !GDX_DEVICE_COMPILE
 #include <chrono>

@@ -62,7 +62,7 @@ constexpr uint32_t kMaxSignals = 1u << kSignalIdBits;
 
 /// Payload bit positions.
 constexpr int kOpcodePos = 0;
-constexpr int kPeerPos = kOpcodePos + kOpcodeBits;  // 4
+constexpr int kPeerPos = kOpcodePos + kOpcodeBits;   // 4
 constexpr int kSrcWindowPos = kPeerPos + kPeerBits;  // 16
 constexpr int kDstWindowPos = kSrcWindowPos + kWindowIdBits;
 constexpr int kSizePos = kDstWindowPos + kWindowIdBits;
@@ -71,7 +71,7 @@ constexpr int kDstOffsetPos = kSrcOffsetPos + kOffsetBits;
 constexpr int kSignalIdPos = kPeerPos + kPeerBits;  // 16
 constexpr int kSignalValuePos = kSignalIdPos + kSignalIdBits;
 constexpr int kForwardPos = kSignalValuePos + kValueBits;  // 96
-constexpr int kAtomicWindowPos = kPeerPos + kPeerBits;  // 16
+constexpr int kAtomicWindowPos = kPeerPos + kPeerBits;     // 16
 constexpr int kAtomicOffsetPos = kAtomicWindowPos + kWindowIdBits;
 constexpr int kAtomicValuePos = kAtomicOffsetPos + kOffsetBits;
 constexpr int kPayloadBits = 126;
@@ -115,17 +115,15 @@ struct alignas(16) Command {
     return static_cast<uint32_t>(field(kSrcWindowPos, kWindowIdBits));
   }
   GDX_HOST_DEVICE_INLINE uint32_t dstWindow() const {
-    return static_cast<uint32_t>(field(opcode() == Opcode::kAtomicAdd ? kAtomicWindowPos : kDstWindowPos,
-                                       kWindowIdBits));
+    return static_cast<uint32_t>(
+        field(opcode() == Opcode::kAtomicAdd ? kAtomicWindowPos : kDstWindowPos, kWindowIdBits));
   }
   GDX_HOST_DEVICE_INLINE uint64_t size() const { return field(kSizePos, kSizeBits); }
   GDX_HOST_DEVICE_INLINE uint64_t srcOffset() const { return field(kSrcOffsetPos, kOffsetBits); }
   GDX_HOST_DEVICE_INLINE uint64_t dstOffset() const {
     return field(opcode() == Opcode::kAtomicAdd ? kAtomicOffsetPos : kDstOffsetPos, kOffsetBits);
   }
-  GDX_HOST_DEVICE_INLINE uint32_t signalId() const {
-    return static_cast<uint32_t>(field(kSignalIdPos, kSignalIdBits));
-  }
+  GDX_HOST_DEVICE_INLINE uint32_t signalId() const { return static_cast<uint32_t>(field(kSignalIdPos, kSignalIdBits)); }
   GDX_HOST_DEVICE_INLINE uint64_t value() const {
     return field(opcode() == Opcode::kAtomicAdd ? kAtomicValuePos : kSignalValuePos, kValueBits);
   }

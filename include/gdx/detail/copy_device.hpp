@@ -46,19 +46,24 @@ GDX_DEVICE_INLINE void copyCooperative(void* dstv, const void* srcv, uint64_t by
   const char* s = src + head;
   switch (align) {
     case 16:
-      copy_detail::copyWords<uint4, kUnroll>(reinterpret_cast<uint4*>(d), reinterpret_cast<const uint4*>(s), words, tid, nthreads);
+      copy_detail::copyWords<uint4, kUnroll>(reinterpret_cast<uint4*>(d), reinterpret_cast<const uint4*>(s), words, tid,
+                                             nthreads);
       break;
     case 8:
-      copy_detail::copyWords<uint64_t, 4>(reinterpret_cast<uint64_t*>(d), reinterpret_cast<const uint64_t*>(s), words, tid, nthreads);
+      copy_detail::copyWords<uint64_t, 4>(reinterpret_cast<uint64_t*>(d), reinterpret_cast<const uint64_t*>(s), words,
+                                          tid, nthreads);
       break;
     case 4:
-      copy_detail::copyWords<uint32_t, 4>(reinterpret_cast<uint32_t*>(d), reinterpret_cast<const uint32_t*>(s), words, tid, nthreads);
+      copy_detail::copyWords<uint32_t, 4>(reinterpret_cast<uint32_t*>(d), reinterpret_cast<const uint32_t*>(s), words,
+                                          tid, nthreads);
       break;
     case 2:
-      copy_detail::copyWords<uint16_t, 4>(reinterpret_cast<uint16_t*>(d), reinterpret_cast<const uint16_t*>(s), words, tid, nthreads);
+      copy_detail::copyWords<uint16_t, 4>(reinterpret_cast<uint16_t*>(d), reinterpret_cast<const uint16_t*>(s), words,
+                                          tid, nthreads);
       break;
     default:
-      copy_detail::copyWords<uint8_t, 4>(reinterpret_cast<uint8_t*>(d), reinterpret_cast<const uint8_t*>(s), words, tid, nthreads);
+      copy_detail::copyWords<uint8_t, 4>(reinterpret_cast<uint8_t*>(d), reinterpret_cast<const uint8_t*>(s), words, tid,
+                                         nthreads);
   }
   // The tail (fewer than `align` bytes) starts aligned: one thread moves it in the widest words it allows.
   uint64_t p = head + words * align;

@@ -6,10 +6,10 @@
 
 #include "gdx/error.hpp"
 
-#define GDX_CUDA_CHECK(expr)                                                                     \
-  do {                                                                                           \
-    cudaError_t gdx_cuda_rc_ = (expr);                                                           \
-    if (gdx_cuda_rc_ != cudaSuccess)                                                             \
+#define GDX_CUDA_CHECK(expr)                                                                                    \
+  do {                                                                                                          \
+    cudaError_t gdx_cuda_rc_ = (expr);                                                                          \
+    if (gdx_cuda_rc_ != cudaSuccess)                                                                            \
       throw ::gdx::CudaError(#expr, static_cast<int>(gdx_cuda_rc_), cudaGetErrorString(gdx_cuda_rc_), __FILE__, \
-                             __LINE__);                                                          \
+                             __LINE__);                                                                         \
   } while (0)

@@ -15,11 +15,11 @@
 namespace gdx {
 
 struct DirectPeer {
-  char* peerBase[kMaxWindows];       ///< peer window w mapped into this process; null: not a GPU window there
+  char* peerBase[kMaxWindows];  ///< peer window w mapped into this process; null: not a GPU window there
   uint64_t peerBytes[kMaxWindows];
-  char* localBase[kMaxWindows];      ///< this rank's window w as kernels address it; null: not GPU-addressable
+  char* localBase[kMaxWindows];  ///< this rank's window w as kernels address it; null: not GPU-addressable
   uint64_t localBytes[kMaxWindows];
-  uint64_t* peerSignals;             ///< the peer's device signal array, mapped here
+  uint64_t* peerSignals;  ///< the peer's device signal array, mapped here
   uint32_t peerNumSignals;
 };
 

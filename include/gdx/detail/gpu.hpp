@@ -7,8 +7,8 @@
 namespace gdx {
 
 struct GpuInfo {
-  int device = -1;        ///< CUDA device ordinal; -1: no GPU
-  std::string pciBusId;   ///< "0000:17:00.0", for hwloc placement
+  int device = -1;       ///< CUDA device ordinal; -1: no GPU
+  std::string pciBusId;  ///< "0000:17:00.0", for hwloc placement
   std::string name;
   bool present() const { return device >= 0; }
 };

@@ -16,13 +16,13 @@ void logLine(LogLevel level, const std::string& message);
 
 }  // namespace gdx
 
-#define GDX_LOG(level, expr)                                                  \
-  do {                                                                        \
+#define GDX_LOG(level, expr)                                                               \
+  do {                                                                                     \
     if (static_cast<int>(::gdx::LogLevel::level) <= static_cast<int>(::gdx::logLevel())) { \
-      std::ostringstream gdx_log_os_;                                         \
-      gdx_log_os_ << expr;                                                    \
-      ::gdx::logLine(::gdx::LogLevel::level, gdx_log_os_.str());              \
-    }                                                                         \
+      std::ostringstream gdx_log_os_;                                                      \
+      gdx_log_os_ << expr;                                                                 \
+      ::gdx::logLine(::gdx::LogLevel::level, gdx_log_os_.str());                           \
+    }                                                                                      \
   } while (0)
 #define GDX_ERROR(expr) GDX_LOG(kError, expr)
 #define GDX_WARN(expr) GDX_LOG(kWarn, expr)

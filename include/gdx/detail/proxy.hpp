@@ -19,11 +19,11 @@
 #include <thread>
 #include <vector>
 
+#include "gdx/config.hpp"
 #include "gdx/detail/placement.hpp"
 #include "gdx/detail/ring.hpp"
 #include "gdx/detail/transport.hpp"
 #include "gdx/detail/window_registry.hpp"
-#include "gdx/config.hpp"
 
 namespace gdx {
 

@@ -33,29 +33,32 @@ GDX_DEVICE_INLINE void releaseStore128Sys(uint64_t* p, uint64_t w0, uint64_t w1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Bulk copies through the Tensor Memory Accelerator (sm_90), for the peer-copy kernel's bulk mode: global ->
 // shared completes on an mbarrier, shared -> global in bulk groups. Addresses 16-byte aligned, sizes multiples of 16.
-GDX_DEVICE_INLINE uint32_t smemAddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+GDX_DEVICE_INLINE uint32_t smemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 GDX_DEVICE_INLINE void mbarrierInit(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smemAddr(bar)), "r"(count) : "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 GDX_DEVICE_INLINE void bulkLoad(void* smem, const void* gsrc, uint32_t bytes, uint64_t* bar) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smemAddr(bar)), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smemAddr(smem)),
-               "l"(gsrc), "r"(bytes), "r"(smemAddr(bar))
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smemAddr(smem)),
+      "l"(gsrc), "r"(bytes), "r"(smemAddr(bar))
+      : "memory");
 }
 GDX_DEVICE_INLINE void mbarrierWait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(smemAddr(bar)), "r"(parity)
-        : "memory");
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(smemAddr(bar)), "r"(parity)
+                 : "memory");
   }
 }
 GDX_DEVICE_INLINE void bulkStore(void* gdst, const void* smem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gdst), "r"(smemAddr(smem)), "r"(bytes)
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gdst), "r"(smemAddr(smem)),
+               "r"(bytes)
                : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
@@ -65,7 +68,9 @@ GDX_DEVICE_INLINE void bulkWaitRead() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
 /// Waits until every bulk store of this thread is complete (written).
-GDX_DEVICE_INLINE void bulkWaitAll() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+GDX_DEVICE_INLINE void bulkWaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
 #endif
 
 /// The second store of a pair published under one fence (releaseStore128Sys already ordered what came before).

@@ -17,8 +17,8 @@ namespace gdx {
 
 /// The fields every command of one put shares.
 struct PutTarget {
-  uint32_t peer;       ///< the rank the commands go to (the relay of a relayed channel)
-  int32_t forwardTo;   ///< the relayed channel's destination; -1: not relayed
+  uint32_t peer;      ///< the rank the commands go to (the relay of a relayed channel)
+  int32_t forwardTo;  ///< the relayed channel's destination; -1: not relayed
   uint32_t dstWindow;
   uint64_t dstOffset;
   uint32_t srcWindow;
@@ -42,14 +42,14 @@ GDX_HOST_DEVICE_INLINE Status pushPutCommands(const RingDeviceHandle& ring, cons
     const uint64_t n = bytes - done < kMaxCommandBytes ? bytes - done : kMaxCommandBytes;
     const Command put = Command::put(t.peer, t.srcWindow, t.srcOffset + done, t.dstWindow, t.dstOffset + done, n,
                                      relayed ? Opcode::kRelayPut : Opcode::kPut);
-    const Status s = relayed ? ring.pushPair(put, Command::relayTo(t.peer, t.forwardTo), lastPos)
-                             : ring.push(put, lastPos);
+    const Status s =
+        relayed ? ring.pushPair(put, Command::relayTo(t.peer, t.forwardTo), lastPos) : ring.push(put, lastPos);
     if (s != Status::kOk) return s;
     done += n;
   }
   if (!signal) return Status::kOk;
-  return ring.pushPair(Command::put(t.peer, t.srcWindow, t.srcOffset + signalled, t.dstWindow,
-                                    t.dstOffset + signalled, bytes - signalled, Opcode::kPutWithSignal),
+  return ring.pushPair(Command::put(t.peer, t.srcWindow, t.srcOffset + signalled, t.dstWindow, t.dstOffset + signalled,
+                                    bytes - signalled, Opcode::kPutWithSignal),
                        Command::signal(t.peer, signal->id, signal->value, signal->op, t.forwardTo), lastPos);
 }
 

@@ -6,21 +6,21 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gdx/config.hpp"
 #include "gdx/detail/command.hpp"
 #include "gdx/detail/host_buffer.hpp"
 #include "gdx/detail/ring_device.hpp"
 #include "gdx/status.hpp"
-#include "gdx/config.hpp"
 
 namespace gdx {
 
 class CommandRing {
  public:
   struct Options {
-    uint64_t capacity = 4096;  ///< slots; a power of two >= 2 (GDX_RING_SIZE)
-    int numaNode = -1;         ///< where the slots and counters live; -1: the calling thread's node
+    uint64_t capacity = 4096;                ///< slots; a power of two >= 2 (GDX_RING_SIZE)
+    int numaNode = -1;                       ///< where the slots and counters live; -1: the calling thread's node
     uint64_t timeoutNs = kDefaultTimeoutNs;  ///< producers' wait bound (GDX_TIMEOUT_MS)
-    bool deviceProducers = false;  ///< producers are GPU threads: head and cached tail live in device memory
+    bool deviceProducers = false;            ///< producers are GPU threads: head and cached tail live in device memory
   };
 
   explicit CommandRing(const Options& options);

@@ -28,8 +28,8 @@
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/command.hpp"
-#include "gdx/device.hpp"
 #include "gdx/detail/ptx.hpp"
+#include "gdx/device.hpp"
 #include "gdx/status.hpp"
 
 namespace gdx {
@@ -48,7 +48,6 @@ GDX_HOST_DEVICE_INLINE void setErrorOnce(uint32_t* word, Status status) {
 }
 
 struct RingDeviceHandle {
-
   Command* slots;
   uint64_t* head;        ///< producers' reservation counter
   uint64_t* cachedTail;  ///< producers' last seen tail (same memory as head)
@@ -58,9 +57,7 @@ struct RingDeviceHandle {
   uint64_t capacity;     ///< power of two
   uint64_t timeoutNs;    ///< bound for every wait a producer makes
 
-  GDX_HOST_DEVICE_INLINE static uint64_t lapOf(uint64_t pos, uint64_t capacity) {
-    return ((pos / capacity) + 1) & 1;
-  }
+  GDX_HOST_DEVICE_INLINE static uint64_t lapOf(uint64_t pos, uint64_t capacity) { return ((pos / capacity) + 1) & 1; }
 
   /// Reserves `n` consecutive positions; returns the first in *pos. Waits (bounded) until they are free.
   /// On the device, the threads of a warp that reserve on the same ring at the same time are served by one
@@ -133,7 +130,8 @@ struct RingDeviceHandle {
     return Status::kOk;
   }
   /// Reserves two consecutive slots and publishes a putWithSignal command and its signal.
-  GDX_HOST_DEVICE_INLINE Status pushPair(const Command& first, const Command& second, uint64_t* lastPos = nullptr) const {
+  GDX_HOST_DEVICE_INLINE Status pushPair(const Command& first, const Command& second,
+                                         uint64_t* lastPos = nullptr) const {
     uint64_t pos;
     Status s = reserve(2, &pos);
     if (s != Status::kOk) return s;

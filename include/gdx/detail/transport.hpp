@@ -31,9 +31,9 @@
 #include <string>
 #include <vector>
 
+#include "gdx/config.hpp"
 #include "gdx/status.hpp"
 #include "gdx/types.hpp"
-#include "gdx/config.hpp"
 
 namespace gdx {
 

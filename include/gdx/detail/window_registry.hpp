@@ -4,9 +4,9 @@
 // lock: sizes are atomics (0 = not registered) written after the rest of an entry.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>

@@ -201,18 +201,10 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
         GDX_CUDA_CHECK(cudaMemset(barrier, 0, 4));
         putLoopKernel<<<unsigned(grid), kThreads>>>(ch, d.id(), s.id(), bytes, chunk, 3, barrier, status);
         GDX_CUDA_CHECK(cudaMemset(barrier, 0, 4));
-        cudaEvent_t a, b;
-        GDX_CUDA_CHECK(cudaEventCreate(&a));
-        GDX_CUDA_CHECK(cudaEventCreate(&b));
-        GDX_CUDA_CHECK(cudaEventRecord(a));
-        putLoopKernel<<<unsigned(grid), kThreads>>>(ch, d.id(), s.id(), bytes, chunk, iters, barrier, status);
-        GDX_CUDA_CHECK(cudaEventRecord(b));
-        GDX_CUDA_CHECK(cudaEventSynchronize(b));
-        float ms = 0;
-        GDX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
-        return double(bytes) * iters / (ms * 1e-3) / 1e9;
+        const float ms = eventMs([&] {
+          putLoopKernel<<<unsigned(grid), kThreads>>>(ch, d.id(), s.id(), bytes, chunk, iters, barrier, status);
+        });
+        return gbps(bytes, iters, ms);
       };
       const PeerCopyOptions defaults;
       for (uint64_t bytes : sizesUpTo(maxBytes)) {

@@ -130,8 +130,11 @@ __global__ void streamPuts(ChannelDeviceHandle ch, uint32_t dst, uint32_t src, u
 }
 
 // ---- command rate with the null transport -----------------------------------------------------------------
+// Each warp takes a ring of its own by its global index, as a many-producer kernel should (channel_device.hpp):
+// ordering holds per ring, and one ring per proxy thread is the most one thread drains.
 __global__ void pushCommands(const RingDeviceHandle* rings, int numRings, int perThread, uint32_t* status) {
-  RingDeviceHandle ring = rings[blockIdx.x % numRings];
+  const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  RingDeviceHandle ring = rings[warp % numRings];
   const Command c = Command::put(0, 0, threadIdx.x, 0, blockIdx.x, 8);
   for (int i = 0; i < perThread; ++i) {
     Status s = ring.push(c);
@@ -142,22 +145,77 @@ __global__ void pushCommands(const RingDeviceHandle* rings, int numRings, int pe
   }
 }
 
+// The raw limit of the producer side: every thread stores 16-byte commands into host-mapped memory as fast as
+// it can (each warp its own 512-byte lines, no reservation, no consumer).
+__global__ void storeCommands(Command* slots, uint64_t capacity, int perThread) {
+  const uint64_t thread = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
+  const Command c = Command::put(0, 0, threadIdx.x, 0, blockIdx.x, 8);
+  for (int i = 0; i < perThread; ++i) {
+    Command* slot = &slots[(thread + uint64_t(i) * gridDim.x * blockDim.x) & (capacity - 1)];
+    ptx::relaxedStore128Sys(slot->word, c.word[0], c.word[1]);
+  }
+}
+
+constexpr int kRateThreadsPerBlock = 256;
+constexpr int kRateBlocks[] = {1, 2, 4, 8, 16, 33, 66, 132};
+
+// Commands per thread for a cell: about 4 M commands in all, so each cell runs for milliseconds at least.
+int perThreadFor(int blocks) {
+  return std::max(256, (4 << 20) / (blocks * kRateThreadsPerBlock));
+}
+
 struct RateRow {
   int proxyThreads, blocks;
   double commandsPerSec;
+  double commandsPerBatch;  ///< how many commands the proxy threads found per poll, on average
 };
 
-std::vector<RateRow> nullTransportRates() {
+struct RateLimits {
+  double storesPerSec;   ///< 16-byte stores into host-mapped memory from 132 blocks
+  double drainedPerSec;  ///< one proxy thread draining a ring its producers filled beforehand
+};
+
+RateLimits rawRateLimits(WindowRegistry& registry) {
+  RateLimits l{};
+  {
+    constexpr uint64_t kCapacity = uint64_t{1} << 16;
+    Command* slots = nullptr;
+    GDX_CUDA_CHECK(cudaHostAlloc(&slots, kCapacity * sizeof(Command), cudaHostAllocMapped));
+    const int blocks = 132, perThread = perThreadFor(blocks);
+    storeCommands<<<blocks, kRateThreadsPerBlock>>>(slots, kCapacity, 16);  // warm-up
+    const float ms = eventMs([&] { storeCommands<<<blocks, kRateThreadsPerBlock>>>(slots, kCapacity, perThread); });
+    l.storesPerSec = double(blocks) * kRateThreadsPerBlock * perThread / (ms / 1e3);
+    cudaFreeHost(slots);
+  }
+  {
+    constexpr uint64_t kCommands = uint64_t{1} << 22;
+    Proxy::Options o = Proxy::Options::fromEnv();
+    o.threads = 1;
+    o.ringsPerThread = 1;
+    o.deviceRingsPerThread = 0;
+    o.ringCapacity = 2 * kCommands;
+    o.placement = defaultPlacement();
+    Proxy proxy(o, nullptr, registry);
+    RingDeviceHandle h = proxy.ring(0).hostHandle();
+    for (uint64_t i = 0; i < kCommands; ++i)
+      if (h.push(Command::put(0, 0, 0, 0, (i % 4096) * 8, 8)) != Status::kOk)
+        throw Error(ErrorCode::kInternal, "filling the ring failed");
+    auto t0 = std::chrono::steady_clock::now();
+    proxy.start();
+    if (h.waitCompleted(kCommands - 1) != Status::kOk)
+      throw Error(ErrorCode::kTimeout, "draining a filled ring: " + proxy.lastError());
+    l.drainedPerSec = kCommands / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    proxy.stop();
+  }
+  return l;
+}
+
+std::vector<RateRow> nullTransportRates(WindowRegistry& registry) {
   std::vector<RateRow> rows;
-  WindowRegistry registry(0, 1, kMaxWindows);
-  static char fake;  // never touched: the null transport moves no data
-  registry.addLocal(0, &fake, size_t{1} << 30, MemoryKind::kHost);
-  registry.addRemote(0, 0, size_t{1} << 30);
   uint32_t* status = nullptr;
   GDX_CUDA_CHECK(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped));
   RingDeviceHandle* devRings = nullptr;
   GDX_CUDA_CHECK(cudaMalloc(&devRings, 8 * sizeof(RingDeviceHandle)));
-  constexpr int kThreadsPerBlock = 256, kPerThread = 256;
   for (int threads : {1, 2, 4, 8}) {
     Proxy::Options o = Proxy::Options::fromEnv();
     o.threads = threads;
@@ -171,23 +229,26 @@ std::vector<RateRow> nullTransportRates() {
     for (int r = 0; r < proxy.numDeviceRings(); ++r) handles.push_back(proxy.deviceRing(r).deviceHandle());
     GDX_CUDA_CHECK(
         cudaMemcpy(devRings, handles.data(), handles.size() * sizeof(RingDeviceHandle), cudaMemcpyHostToDevice));
-    for (int blocks : {1, 2, 4, 8, 16, 33, 66, 132}) {
+    for (int blocks : kRateBlocks) {
       *status = 0;
-      const uint64_t before = proxy.totalCounters().commands;
-      const uint64_t total = uint64_t(blocks) * kThreadsPerBlock * kPerThread;
+      const ProxyCounters before = proxy.totalCounters();
+      const int perThread = perThreadFor(blocks);
+      const uint64_t total = uint64_t(blocks) * kRateThreadsPerBlock * perThread;
       auto t0 = std::chrono::steady_clock::now();
-      pushCommands<<<blocks, kThreadsPerBlock>>>(devRings, proxy.numDeviceRings(), kPerThread, status);
+      pushCommands<<<blocks, kRateThreadsPerBlock>>>(devRings, proxy.numDeviceRings(), perThread, status);
       GDX_CUDA_CHECK(cudaDeviceSynchronize());
-      while (proxy.totalCounters().commands - before < total && *status == 0) {
+      while (proxy.totalCounters().commands - before.commands < total && *status == 0) {
         if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60))
           throw Error(ErrorCode::kTimeout, "null transport: the proxy consumed " +
-                                               std::to_string(proxy.totalCounters().commands - before) + " of " +
-                                               std::to_string(total) + " commands in 60 s");
+                                               std::to_string(proxy.totalCounters().commands - before.commands) +
+                                               " of " + std::to_string(total) + " commands in 60 s");
         std::this_thread::yield();
       }
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (*status != 0) throw Error(ErrorCode::kInternal, std::string("push failed: ") + statusName(Status(*status)));
-      rows.push_back(RateRow{threads, blocks, total / s});
+      const ProxyCounters after = proxy.totalCounters();
+      rows.push_back(RateRow{threads, blocks, total / s,
+                             double(after.commands - before.commands) / double(after.batches - before.batches)});
     }
     proxy.stop();
   }
@@ -299,7 +360,12 @@ int runGpuMode(const GpuModeOptions& opt) {
     cudaFreeHost(hdst);
     cudaFreeHost(scratch);
   }
-  std::vector<RateRow> rates = nullTransportRates();
+  WindowRegistry registry(0, 1, kMaxWindows);
+  static char fake;  // never touched: the null transport moves no data
+  registry.addLocal(0, &fake, size_t{1} << 30, MemoryKind::kHost);
+  registry.addRemote(0, 0, size_t{1} << 30);
+  const RateLimits limits = rawRateLimits(registry);
+  std::vector<RateRow> rates = nullTransportRates(registry);
 
   std::printf("benchmark_local (GPU mode): kernel -> ring -> proxy -> %s transport -> same GPU\n",
               transportName.c_str());
@@ -312,27 +378,37 @@ int runGpuMode(const GpuModeOptions& opt) {
               "put+signal_us", "GB/s", "memcpy_GB/s");
   for (const SizeRow& r : sizes)
     std::printf("%12zu %16.2f %12.3f %14.3f\n", r.bytes, r.latencyUs, r.gbPerSec, r.memcpyGbPerSec);
-  std::printf("null transport command rate (Mcommands/s), 256 threads per block:\n%8s", "blocks");
+  std::printf(
+      "null transport command rate (Mcommands/s), %d threads per block, each warp on ring warp %% threads;\n"
+      "raw limits: 16-byte stores into host-mapped memory from 132 blocks %.1f M/s, one proxy thread draining a "
+      "filled ring %.1f M/s\n%8s",
+      kRateThreadsPerBlock, limits.storesPerSec / 1e6, limits.drainedPerSec / 1e6, "blocks");
   for (int t : {1, 2, 4, 8}) std::printf(" %8s", ("proxy" + std::to_string(t)).c_str());
-  std::printf("\n");
-  for (int b : {1, 2, 4, 8, 16, 33, 66, 132}) {
+  std::printf("   (commands per poll, proxy1/2/4/8)\n");
+  for (int b : kRateBlocks) {
     std::printf("%8d", b);
     for (const RateRow& r : rates)
       if (r.blocks == b) std::printf(" %8.1f", r.commandsPerSec / 1e6);
+    std::printf("  ");
+    for (const RateRow& r : rates)
+      if (r.blocks == b) std::printf(" %5.0f", r.commandsPerBatch);
     std::printf("\n");
   }
   std::ofstream out(opt.json);
   out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"gpu\",\"transport\":\"" << transportName << "\""
       << runInfoJson(gpuName + ", " + hostName()) << ",\"raw_round_trip_us\":" << rawUs
       << ",\"raw_round_trip_device_signal_us\":" << rawDeviceSignalUs
-      << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs << ",\"sizes\":[";
+      << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs
+      << ",\"raw_store_commands_per_s\":" << limits.storesPerSec
+      << ",\"raw_drain_commands_per_s\":" << limits.drainedPerSec << ",\"sizes\":[";
   for (size_t i = 0; i < sizes.size(); ++i)
     out << (i ? "," : "") << "{\"bytes\":" << sizes[i].bytes << ",\"latency_us\":" << sizes[i].latencyUs
         << ",\"gb_per_s\":" << sizes[i].gbPerSec << ",\"cuda_memcpy_gb_per_s\":" << sizes[i].memcpyGbPerSec << "}";
   out << "],\"null_transport_rate\":[";
   for (size_t i = 0; i < rates.size(); ++i)
     out << (i ? "," : "") << "{\"proxy_threads\":" << rates[i].proxyThreads << ",\"blocks\":" << rates[i].blocks
-        << ",\"commands_per_s\":" << rates[i].commandsPerSec << "}";
+        << ",\"commands_per_s\":" << rates[i].commandsPerSec << ",\"commands_per_poll\":" << rates[i].commandsPerBatch
+        << "}";
   out << "]}\n";
   std::printf("wrote %s\n", opt.json.c_str());
   return 0;

@@ -17,15 +17,13 @@ class CompletionTracker {
     pending_.push_back(Entry{endPos, operations});
     return baseSeq_ + pending_.size() - 1;
   }
+  /// The sequence number the next open() returns: operations may carry it before their entry is opened, as long
+  /// as their completions are not counted before it is (the proxy thread posts a batch, then opens its entry).
+  uint64_t nextSeq() const { return baseSeq_ + pending_.size(); }
   /// One operation of entry `seq` finished.
   void complete(uint64_t seq) {
     uint64_t i = seq - baseSeq_;
     if (i < pending_.size() && pending_[i].operations > 0) --pending_[i].operations;
-  }
-  /// `n` operations of entry `seq` will never complete (posting them failed).
-  void cancel(uint64_t seq, uint32_t n) {
-    uint64_t i = seq - baseSeq_;
-    if (i < pending_.size()) pending_[i].operations -= std::min(n, pending_[i].operations);
   }
   /// Advances over finished entries; returns the first position not yet known to be done.
   uint64_t advance() {

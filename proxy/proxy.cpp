@@ -10,6 +10,7 @@
 #include "gdx/detail/signal_imm.hpp"
 #include "gdx/error.hpp"
 #include "proxy/completion_tracker.hpp"
+#include "proxy/write_merger.hpp"
 
 namespace gdx {
 namespace {
@@ -39,55 +40,50 @@ struct Proxy::Thread {
   std::vector<uint64_t> published;
   TransportLane* lane = nullptr;
   std::thread thread;
-  std::atomic<uint64_t> commands{0}, bytes{0}, errors{0}, batches{0};
+  std::atomic<uint64_t> commands{0}, bytes{0}, errors{0}, batches{0}, writes{0};
   Command batch[kBatch];
   Completion done[kBatch];
 };
 
-// The operations one command posts on the lane. Its completion-tracker entry is opened with their number before
-// the first is posted, and each operation the lane takes is counted off, so that when the lane throws, exactly the
-// operations it never took are cancelled and the entry (and flush()) does not wait for them.
+// The operations of one drained batch. They all carry the cookie of the batch's completion-tracker entry, which
+// is opened after the batch with the number of operations the lane took: an operation the lane refused (it threw)
+// is never counted, so flush() does not wait for it. Completions are reaped by the same thread after the batch,
+// so none is counted before its entry exists.
 class Proxy::Posting {
  public:
-  Posting(Thread& t, size_t ring, uint64_t endPos) : t_(t), ring_(ring), endPos_(endPos) {}
-  /// Opens the entry for `operations` operations (0: done at once).
-  void open(uint32_t operations) {
-    seq_ = t_.trackers[ring_].open(endPos_, operations);
-    unposted_ = operations;
-    opened_ = true;
-  }
+  Posting(Thread& t, size_t ring) : t_(t), ring_(ring), seq_(t.trackers[ring].nextSeq()) {}
   void write(WriteOp w) {
     w.cookie = cookie();
     t_.lane->post(w);
-    --unposted_;
-    t_.bytes.fetch_add(w.bytes, std::memory_order_relaxed);
+    ++posted_;
+    ++writes_;
+    bytes_ += w.bytes;
   }
   void atomic(AtomicOp a) {
     a.cookie = cookie();
     t_.lane->postAtomic(a);
-    --unposted_;
+    ++posted_;
   }
   void message(MessageOp m) {
     m.cookie = cookie();
     t_.lane->postMessage(m);
-    --unposted_;
+    ++posted_;
   }
-  /// After a failure: what was not posted will never complete.
-  void abandon() {
-    if (!opened_)
-      open(0);
-    else if (unposted_ > 0)
-      t_.trackers[ring_].cancel(seq_, unposted_);
+  /// Opens the batch's entry: positions up to `endPos` are done once the posted operations complete.
+  void close(uint64_t endPos) {
+    t_.trackers[ring_].open(endPos, posted_);
+    t_.bytes.fetch_add(bytes_, std::memory_order_relaxed);
+    t_.writes.fetch_add(writes_, std::memory_order_relaxed);
   }
 
  private:
   uint64_t cookie() const { return (static_cast<uint64_t>(ring_) << kCookieRingShift) | seq_; }
   Thread& t_;
   size_t ring_;
-  uint64_t endPos_;
-  uint64_t seq_ = 0;
-  uint32_t unposted_ = 0;
-  bool opened_ = false;
+  uint64_t seq_;
+  uint32_t posted_ = 0;
+  uint32_t writes_ = 0;
+  uint64_t bytes_ = 0;
 };
 
 Proxy::Options Proxy::Options::fromEnv() {
@@ -174,7 +170,8 @@ std::string Proxy::lastError() const {
 ProxyCounters Proxy::counters(int thread) const {
   const Thread& t = *threads_.at(thread);
   return ProxyCounters{t.commands.load(std::memory_order_relaxed), t.bytes.load(std::memory_order_relaxed),
-                       t.errors.load(std::memory_order_relaxed), t.batches.load(std::memory_order_relaxed)};
+                       t.errors.load(std::memory_order_relaxed), t.batches.load(std::memory_order_relaxed),
+                       t.writes.load(std::memory_order_relaxed)};
 }
 
 ProxyCounters Proxy::totalCounters() const {
@@ -185,6 +182,7 @@ ProxyCounters Proxy::totalCounters() const {
     sum.bytes += c.bytes;
     sum.errors += c.errors;
     sum.batches += c.batches;
+    sum.writes += c.writes;
   }
   return sum;
 }
@@ -240,6 +238,26 @@ std::string describe(const Command& c) {
 
 }  // namespace
 
+// The common commands' checks without building a message: puts and putWithSignals that are not relayed, signals.
+// False sends the command through checkCommand, which says what is wrong (or finds it valid after all).
+bool Proxy::plainlyValid(const Command& c, const Command* second) const {
+  const int peer = static_cast<int>(c.peer());
+  switch (c.opcode()) {
+    case Opcode::kPut:
+    case Opcode::kPutWithSignal:
+      if (c.size() == 0 || !registry_.fitsLocal(c.srcWindow(), c.srcOffset(), c.size()) ||
+          !registry_.fitsRemote(peer, c.dstWindow(), c.dstOffset(), c.size()))
+        return false;
+      if (!second) return c.opcode() == Opcode::kPut;
+      return isSignal(*second) && second->peer() == c.peer() && second->forwardTo() < 0 &&
+             registry_.fitsRemote(peer, kSignalWindowId, uint64_t{second->signalId()} * 8, 8);
+    case Opcode::kSignalSet:
+    case Opcode::kSignalAdd:
+      return c.forwardTo() < 0 && registry_.fitsRemote(peer, kSignalWindowId, uint64_t{c.signalId()} * 8, 8);
+    default: return false;
+  }
+}
+
 // Checks one command (and its second slot) against the registry; empty when valid.
 std::string Proxy::checkCommand(const Command& c, const Command* second) const {
   const int peer = static_cast<int>(c.peer());
@@ -277,15 +295,23 @@ std::string Proxy::checkCommand(const Command& c, const Command* second) const {
   }
 }
 
-// A put: one write; a putWithSignal: one write-with-immediate, or the write and then the signal as a remote atomic
-// when the update does not fit the immediate.
-void Proxy::postPut(Posting& p, const Command& c, const Command* signal) {
-  WriteOp w = writeOf(c);
-  w.withImm = signal && encodeSignalImm(signal->signalOp(), signal->signalId(), signal->value(), &w.imm);
-  const bool separateSignal = signal && !w.withImm;
-  p.open(separateSignal ? 2 : 1);
-  p.write(w);
-  if (separateSignal) p.atomic(signalAtomicOf(*signal));
+// A put: one write, merged with the puts around it when they continue each other (it is posted once a command
+// that does not continue it arrives, or at the end of the batch). A putWithSignal: its write (merged with the puts
+// before it) with the immediate, or the write and then the signal as a remote atomic when the update does not fit
+// the immediate.
+void Proxy::postPut(Posting& p, WriteMerger& merger, const Command& c, const Command* signal) {
+  const WriteOp w = writeOf(c);
+  if (!merger.extends(w)) postMerged(p, merger);
+  merger.add(w);
+  if (!signal) return;
+  WriteOp whole = merger.take();
+  whole.withImm = encodeSignalImm(signal->signalOp(), signal->signalId(), signal->value(), &whole.imm);
+  p.write(whole);
+  if (!whole.withImm) p.atomic(signalAtomicOf(*signal));
+}
+
+void Proxy::postMerged(Posting& p, WriteMerger& merger) {
+  if (merger.pending()) p.write(merger.take());
 }
 
 // Relayed: the data goes to the relay (no immediate), then the forward request on the same lane, which the relay
@@ -293,7 +319,6 @@ void Proxy::postPut(Posting& p, const Command& c, const Command* signal) {
 void Proxy::postRelayed(Posting& p, const Command& c, const Command& second) {
   const bool withData = !isSignal(c);
   const MessageOp request = relay_->request(c, second);
-  p.open(withData ? 2 : 1);
   if (withData) p.write(writeOf(c));
   p.message(request);
 }
@@ -310,7 +335,6 @@ void Proxy::postAtomic(Posting& p, const Command& c) {
   } else {
     a = signalAtomicOf(c);
   }
-  p.open(1);
   p.atomic(a);
 }
 
@@ -332,43 +356,57 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
   if (n == 0) return 0;
   t.batches.fetch_add(1, std::memory_order_relaxed);
   t.commands.fetch_add(n, std::memory_order_relaxed);
-  const int rank = registry_.rank();
-  uint64_t pos = ring.consumed() - n;
+  Posting posting(t, r);
+  WriteMerger merger;
+  // The transport refused what the registry allowed (a window deregistered meanwhile): the ring is failed, and
+  // the message names the command and how many puts were merged into the write that failed.
+  auto failed = [&](const Command& c, const std::exception& e) {
+    t.errors.fetch_add(1, std::memory_order_relaxed);
+    const uint32_t merged = merger.count();
+    merger.take();
+    recordError("rank " + std::to_string(registry_.rank()) + " proxy thread " + std::to_string(t.index) + ": posting " +
+                describe(c) + (merged > 1 ? " (merged with " + std::to_string(merged - 1) + " puts before it)" : "") +
+                " failed: " + e.what());
+    ring.setError(Status::kProxyError);
+  };
   for (size_t i = 0; i < n;) {
     const Command& c = t.batch[i];
     const size_t slots = static_cast<size_t>(slotsFor(c.opcode()));  // the ring hands out whole pairs only
     const Command* second = slots == 2 ? &t.batch[i + 1] : nullptr;
-    Posting posting(t, r, pos + slots);
-    const std::string why = checkCommand(c, second);
+    i += slots;
+    const std::string why = plainlyValid(c, second) ? std::string() : checkCommand(c, second);
     if (!why.empty()) {
       t.errors.fetch_add(1, std::memory_order_relaxed);
-      recordError("rank " + std::to_string(rank) + " proxy thread " + std::to_string(t.index) + " ring " +
+      recordError("rank " + std::to_string(registry_.rank()) + " proxy thread " + std::to_string(t.index) + " ring " +
                   std::to_string(t.ringIds[r]) + ": rejected " + describe(c) + ": " + why);
       ring.setError(Status::kProxyError);
-      posting.open(0);
-    } else if (!t.lane) {
-      posting.open(0);  // null transport: valid commands complete at once
-    } else {
-      try {
-        const Command& signalSlot = second ? *second : c;
-        if (c.opcode() == Opcode::kRelayPut || ((second || isSignal(c)) && signalSlot.forwardTo() >= 0))
-          postRelayed(posting, c, signalSlot);
-        else if (c.opcode() == Opcode::kPut || c.opcode() == Opcode::kPutWithSignal)
-          postPut(posting, c, second);
-        else
-          postAtomic(posting, c);
-      } catch (const std::exception& e) {
-        // The transport refused what the registry allowed (a window deregistered meanwhile).
-        t.errors.fetch_add(1, std::memory_order_relaxed);
-        recordError("rank " + std::to_string(rank) + " proxy thread " + std::to_string(t.index) + ": posting " +
-                    describe(c) + " failed: " + e.what());
-        ring.setError(Status::kProxyError);
-        posting.abandon();
-      }
     }
-    i += slots;
-    pos += slots;
+    if (!t.lane) continue;  // null transport: valid commands complete at once
+    try {
+      const Command& signalSlot = second ? *second : c;
+      const bool relayed = c.opcode() == Opcode::kRelayPut || ((second || isSignal(c)) && signalSlot.forwardTo() >= 0);
+      if (why.empty() && !relayed && (c.opcode() == Opcode::kPut || c.opcode() == Opcode::kPutWithSignal)) {
+        postPut(posting, merger, c, second);
+        continue;
+      }
+      postMerged(posting, merger);  // what came before goes first
+      if (!why.empty()) continue;
+      if (relayed)
+        postRelayed(posting, c, signalSlot);
+      else
+        postAtomic(posting, c);
+    } catch (const std::exception& e) {
+      failed(c, e);
+    }
   }
+  if (t.lane) {
+    try {
+      postMerged(posting, merger);
+    } catch (const std::exception& e) {
+      failed(t.batch[n - 1], e);
+    }
+  }
+  posting.close(ring.consumed());
   ring.publishTail();
   return n;
 }

@@ -248,6 +248,10 @@ ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) {
   return makeDeviceChannel(peer, ringIndex, -1);
 }
 
+int Context::numDeviceRings() const {
+  return proxy_->numDeviceRings();
+}
+
 // Channels are spread over the rings by the rank their data is for (the destination of a relayed channel).
 Channel Context::makeChannel(int peer, int ringIndex, int forwardTo) {
   if (peer < 0 || peer >= worldSize())

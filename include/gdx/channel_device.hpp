@@ -34,6 +34,11 @@
 //  * flush() returning kOk means every operation this thread (this copy of the handle) enqueued so far
 //    completed at the source: its source memory may be overwritten. It says nothing about the remote side;
 //    use a signal for that.
+// Many producers: commands from one ring are taken out in ring order by one proxy thread, so a kernel that issues
+// commands from many blocks should spread its warps over the device rings, e.g. warp w on
+// Context::deviceChannel(peer, w % Context::numDeviceRings()); the guarantees above hold per ring, so a signal
+// must go on the ring of the puts it announces. Consecutive puts on a ring whose source and destination ranges
+// continue each other are sent as one transport write.
 // Warp-cooperative forms (…Warp) are called by every lane of a converged warp with the same arguments; one
 // elected lane enqueues and the others return kOk at once, so the warp need not wait for the ring (the elected
 // lane's return value is the enqueue status; flushWarp / waitWarp give every lane the ring's errors).

@@ -77,6 +77,9 @@ class Context {
   Channel channel(int peer, int ringIndex = -1);
   /// The device handle of a channel to `peer` on device ring `ringIndex` (-1: by peer), for kernels. Needs a GPU.
   ChannelDeviceHandle deviceChannel(int peer, int ringIndex = -1);
+  /// Device rings (GDX_PROXY_THREADS x GDX_DEVICE_RINGS_PER_THREAD): kernels with many producing warps spread them
+  /// over the rings (channel_device.hpp).
+  int numDeviceRings() const;
   /// A channel to `destination` through `relay`, a rank on the destination's host whose GPU reaches the
   /// destination's GPU directly (NVLink): data goes over the network into the relay's copy of the destination
   /// window and the relay's PeerCopyQueue forwards it (channel.hpp). Throws kInvalidArgument when the two ranks are

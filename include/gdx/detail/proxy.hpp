@@ -27,6 +27,8 @@
 
 namespace gdx {
 
+class WriteMerger;
+
 /// What the proxy does with relayed commands (a relayPut pair, or a putWithSignal or signal whose signal slot names a
 /// destination; command.hpp): the runtime's relay checks them and builds the control message the relay rank acts
 /// on. The proxy posts the command's data to the relay, then that message on the same lane.
@@ -46,6 +48,7 @@ struct ProxyCounters {
   uint64_t bytes = 0;     ///< payload bytes posted
   uint64_t errors = 0;    ///< commands rejected plus operations that completed with an error
   uint64_t batches = 0;   ///< non-empty polls of a ring
+  uint64_t writes = 0;    ///< transport writes posted (consecutive puts merged into one count once)
 };
 
 class Proxy {
@@ -98,8 +101,10 @@ class Proxy {
   size_t drainRing(Thread& t, size_t r);
   /// Reaps the lane's completions and publishes each ring's completed prefix; returns whether all rings are idle.
   bool reapCompletions(Thread& t, size_t* reaped);
+  bool plainlyValid(const Command& c, const Command* second) const;
   std::string checkCommand(const Command& c, const Command* second) const;
-  void postPut(Posting& p, const Command& c, const Command* signal);
+  void postPut(Posting& p, WriteMerger& merger, const Command& c, const Command* signal);
+  void postMerged(Posting& p, WriteMerger& merger);
   void postRelayed(Posting& p, const Command& c, const Command& second);
   void postAtomic(Posting& p, const Command& c);
   void recordError(const std::string& message);

@@ -35,6 +35,14 @@ class WindowRegistry {
   std::string checkLocal(uint32_t id, uint64_t offset, uint64_t bytes) const;
   /// Same for window `id` of `peer` (also checks that the peer exists).
   std::string checkRemote(int peer, uint32_t id, uint64_t offset, uint64_t bytes) const;
+  /// The checks above without the message, inline for the proxy's per-command fast path.
+  bool fitsLocal(uint32_t id, uint64_t offset, uint64_t bytes) const {
+    return id < maxWindows_ && fits(offset, bytes, local_[id].bytes.load(std::memory_order_acquire));
+  }
+  bool fitsRemote(int peer, uint32_t id, uint64_t offset, uint64_t bytes) const {
+    return peer >= 0 && peer < worldSize_ && id < maxWindows_ &&
+           fits(offset, bytes, remote_[size_t(peer) * maxWindows_ + id].load(std::memory_order_acquire));
+  }
   WindowInfo local(uint32_t id) const;
   size_t remoteBytes(int peer, uint32_t id) const;
 
@@ -42,6 +50,9 @@ class WindowRegistry {
   int worldSize() const { return worldSize_; }
 
  private:
+  static bool fits(uint64_t offset, uint64_t bytes, uint64_t size) {
+    return size != 0 && offset <= size && bytes <= size - offset;
+  }
   int rank_;
   int worldSize_;
   uint32_t maxWindows_;

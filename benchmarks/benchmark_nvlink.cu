@@ -3,8 +3,11 @@
 //   * the batched peer-copy kernel (gdx::peerCopy),
 //   * cudaMemcpyPeerAsync (the copy engines),
 //   * NCCL send/recv through PyTorch (torch.distributed, 2 processes, NCCL_NVLS_ENABLE=0),
-// for 4 KiB .. 1 GiB, and the put-with-signal latency between the two GPUs (ping-pong, half the round trip) beside
-// NCCL's send/recv ping-pong. Table on stdout, JSON with --json PATH, plots of gdx against both peers with --plot.
+//   * gdx::PeerCopyQueue (transfers submitted back to back from the host) by size and by copy blocks, beside the
+//     one-shot peerCopy and cudaMemcpyPeerAsync of the same run, and its 4 KiB forward latency from the host,
+// for 4 KiB .. 1 GiB, and the put-with-signal latency between the two GPUs (ping-pong, half the round trip) in the
+// thread, warp and block forms beside a signal alone and NCCL's send/recv ping-pong. Table on stdout, JSON with
+// --json PATH, plots of gdx against both peers with --plot.
 //   benchmark_nvlink [--json PATH] [--plot DIR] [--max-bytes N] [--no-nccl]   (--help says more)
 #include <cuda_runtime.h>
 
@@ -21,6 +24,8 @@
 
 #include "benchmarks/cli.hpp"
 #include "benchmarks/gpu_timing.cuh"
+#include "benchmarks/nvlink_latency.cuh"
+#include "benchmarks/nvlink_report.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/channel_device.hpp"
@@ -71,36 +76,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
   }
   if (s != Status::kOk && threadIdx.x == 0) atomicCAS(status, 0u, static_cast<uint32_t>(s));
-}
-
-// Ping-pong: rank 0 puts `bytes` with signal `ping` = i and waits for `pong` >= i; rank 1 the mirror image.
-// Launched with one thread (single-thread forms) or one warp (warp forms).
-__global__ void pingPong(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, uint64_t bytes, int iters,
-                         bool initiator, uint32_t ping, uint32_t pong, uint64_t* elapsedNs, uint32_t* status) {
-  const bool warp = blockDim.x == 32;
-  Status s = Status::kOk;
-  uint64_t t0 = 0;
-  for (int i = 1; i <= iters + 100 && s == Status::kOk; ++i) {
-    if (i == 101) t0 = ptx::globalTimerNs();  // 100 warm-up rounds
-    if (initiator) {
-      s = warp ? ch.putWithSignalWarp(dstWin, 0, srcWin, 0, bytes, ping, i, SignalOp::kSet)
-               : ch.putWithSignal(dstWin, 0, srcWin, 0, bytes, ping, i, SignalOp::kSet);
-      if (s == Status::kOk) s = warp ? ch.waitWarp(pong, i) : ch.wait(pong, i);
-    } else {
-      s = warp ? ch.waitWarp(ping, i) : ch.wait(ping, i);
-      if (s == Status::kOk)
-        s = warp ? ch.putWithSignalWarp(dstWin, 0, srcWin, 0, bytes, pong, i, SignalOp::kSet)
-                 : ch.putWithSignal(dstWin, 0, srcWin, 0, bytes, pong, i, SignalOp::kSet);
-    }
-  }
-  if (threadIdx.x == 0) *elapsedNs = ptx::globalTimerNs() - t0;
-  if (s != Status::kOk) *status = static_cast<uint32_t>(s);
-}
-
-std::vector<uint64_t> sizesUpTo(uint64_t max) {
-  std::vector<uint64_t> v;
-  for (uint64_t s = 4096; s <= max; s *= 4) v.push_back(s);
-  return v;
 }
 
 int itersFor(uint64_t bytes) {
@@ -235,10 +210,11 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
                      hybrid, queue, mc);
       }
       // How many SMs the copy needs: peerCopy with its grid capped, and the persistent PeerCopyQueue with that
-      // many copy blocks (transfers submitted back to back from the host, timed until the last one completed).
-      for (uint64_t bytes : {uint64_t{64} << 20, uint64_t{1} << 30}) {
+      // many copy blocks (transfers submitted back to back from the host, timed until the last one completed),
+      // beside cudaMemcpyPeerAsync of the same size measured above.
+      for (uint64_t bytes : {uint64_t{1} << 20, uint64_t{64} << 20, uint64_t{1} << 30}) {
         if (bytes > maxBytes) continue;
-        for (unsigned blocks : {16u, 32u, 64u, 132u, 264u}) {
+        for (unsigned blocks : {16u, 32u, 66u, 132u}) {
           PeerCopyOptions o;
           o.copyEngineFrom = 0;
           o.maxBlocks = blocks;
@@ -250,6 +226,14 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
                        (unsigned long long)bytes, blocks, pc, q);
         }
       }
+      // One 4 KiB transfer at a time through a PeerCopyQueue on this GPU into GPU 1, timed on the host.
+      const ForwardLatency fl = queueForwardLatency(ctx.gpu().device, 1, src, peerDst);
+      out << "qlat raw " << fl.rawRoundTripUs << "\nqlat signal " << fl.signalAckUs << "\nqlat completion "
+          << fl.completionUs << "\n";
+      std::fprintf(stderr,
+                   "  PeerCopyQueue 4 KiB forward: submit -> signal on GPU 1 -> ack %.2f us, submit -> "
+                   "completion %.2f us; raw host -> GPU 1 -> host %.2f us\n",
+                   fl.signalAckUs, fl.completionUs, fl.rawRoundTripUs);
       cudaFree(barrier);
       if (*status)
         throw Error(ErrorCode::kInvalidArgument,
@@ -259,24 +243,45 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
       GDX_CUDA_CHECK(cudaSetDevice(ctx.gpu().device));
     }
     ctx.barrier();
-    // Latency: signal only, 8 B and 4 KiB payloads; separate signal ids per case (no re-arming needed).
-    const uint64_t latBytes[] = {0, 8, 4096, 4096 + 1};  // the last: 4 KiB with the warp form (tagged by +1)
-    for (int c = 0; c < 4; ++c) {
-      const int iters = 10000;
-      ctx.barrier();
-      const uint64_t b = latBytes[c] & ~uint64_t{1};
-      pingPong<<<1, (latBytes[c] & 1) ? 32 : 1>>>(ch, d.id(), s.id(), b, iters, rank == 0, 10 + 2 * c, 11 + 2 * c,
-                                                  elapsed, status);
-      GDX_CUDA_CHECK(cudaDeviceSynchronize());
+    // Latency: a signal alone, then put with signal in each form at 8 B, 4 KiB and 64 KiB; separate signal ids
+    // per case (no re-arming needed).
+    struct LatencyCase {
+      Form form;
+      uint64_t bytes;
+      int iters;
+    };
+    const LatencyCase cases[] = {{Form::kSignal, 0, 10000},   {Form::kThread, 8, 10000},    {Form::kWarp, 8, 10000},
+                                 {Form::kBlock, 8, 10000},    {Form::kThread, 4096, 5000},  {Form::kWarp, 4096, 10000},
+                                 {Form::kBlock, 4096, 10000}, {Form::kThread, 65536, 1000}, {Form::kWarp, 65536, 5000},
+                                 {Form::kBlock, 65536, 5000}};
+    auto report = [&](const char* what, double oneWayUs) {
       if (*status)
         throw Error(ErrorCode::kInvalidArgument,
-                    std::string("ping-pong failed: ") + statusName(static_cast<Status>(*status)));
-      if (rank == 0) {
-        double oneWayUs = double(*elapsed) / iters / 2 / 1000;
-        out << "latency " << latBytes[c] << " " << oneWayUs << "\n";
-        std::fprintf(stderr, "  put-with-signal %llu B%s: one way %.2f us\n", (unsigned long long)b,
-                     (latBytes[c] & 1) ? " (warp form)" : "", oneWayUs);
-      }
+                    std::string("ping-pong failed: ") + statusName(static_cast<Status>(*status)) + " (" + what + ")");
+      if (rank == 0) std::fprintf(stderr, "  %s: one way %.2f us\n", what, oneWayUs);
+    };
+    uint32_t id = 10;
+    for (const LatencyCase& c : cases) {
+      ctx.barrier();
+      launchPingPong(c.form, ch, d.id(), s.id(), c.bytes, c.iters, 100, rank == 0, id, id + 1, elapsed, status);
+      id += 2;
+      GDX_CUDA_CHECK(cudaDeviceSynchronize());
+      const double oneWayUs = double(*elapsed) / c.iters / 2 / 1000;
+      const std::string what = std::string(formName(c.form)) + " form, " + std::to_string(c.bytes) + " B";
+      report(what.c_str(), oneWayUs);
+      if (rank == 0) out << "latency " << formName(c.form) << " " << c.bytes << " " << oneWayUs << "\n";
+    }
+    // The 8-byte put with the signal's release in other PTX encodings (direct path only).
+    for (int e = 0; direct && e < 4; ++e) {
+      ctx.barrier();
+      const int iters = 10000;
+      pingPongEncoding<<<1, 1>>>(ch, d.id(), s.id(), iters, 100, rank == 0, id, id + 1, static_cast<Encoding>(e),
+                                 elapsed, status);
+      id += 2;
+      GDX_CUDA_CHECK(cudaDeviceSynchronize());
+      const double oneWayUs = double(*elapsed) / iters / 2 / 1000;
+      report(encodingName(static_cast<Encoding>(e)), oneWayUs);
+      if (rank == 0) out << "encoding " << e << " " << oneWayUs << "\n";
     }
     ctx.barrier();
   }
@@ -328,18 +333,6 @@ if __name__ == "__main__":
     mp.spawn(run, args=(sizes, int(sys.argv[1])), nprocs=2)
 )PY";
 
-// The JSON list `name` of {"bytes": b, "us": v} from results by size.
-std::string latencyJson(const char* name, const std::map<uint64_t, double>& us) {
-  std::ostringstream js;
-  js << "\n  ],\n  \"" << name << "\": [";
-  bool first = true;
-  for (auto& [b, v] : us) {
-    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"us\": " << v << "}";
-    first = false;
-  }
-  return js.str();
-}
-
 int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const std::string& plotDir) {
   std::string results = "/tmp/gdx_nvlink_" + std::to_string(getpid()) + ".txt";
   setenv("GDX_NVLINK_RESULTS", results.c_str(), 1);
@@ -353,6 +346,9 @@ int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const st
   std::string gpu = "?";
   bool direct = false;
   std::vector<std::string> grid;
+  std::map<std::string, std::map<uint64_t, double>> latency;  // form -> bytes -> us one way
+  std::map<int, double> encodings;                            // Encoding -> us one way
+  std::map<std::string, double> forward;                      // raw, signal, completion -> us
   auto readLines = [&](std::istream& in) {
     std::string line;
     while (std::getline(in, line)) {
@@ -370,9 +366,21 @@ int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const st
         std::string rest;
         std::getline(ls, rest);
         grid.push_back(rest);
+      } else if (kind == "latency") {
+        std::string form;
+        uint64_t b;
+        double v;
+        if (ls >> form >> b >> v) latency[form][b] = v;
+      } else if (kind == "encoding") {
+        int e;
+        double v;
+        if (ls >> e >> v) encodings[e] = v;
+      } else if (kind == "qlat") {
+        std::string what;
+        double v;
+        if (ls >> what >> v) forward[what] = v;
       } else if (kind == "put" || kind == "putloop" || kind == "pull" || kind == "bulk" || kind == "peercopy" ||
-                 kind == "hybrid" || kind == "queue" || kind == "memcpy" || kind == "latency" || kind == "nccl" ||
-                 kind == "nccl_latency") {
+                 kind == "hybrid" || kind == "queue" || kind == "memcpy" || kind == "nccl" || kind == "nccl_latency") {
         uint64_t b;
         double v;
         if (ls >> b >> v) r[kind][b] = v;
@@ -431,28 +439,10 @@ int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const st
        << "}";
     first = false;
   }
-  for (auto& [b, us] : r["latency"])
-    std::printf("put-with-signal latency, %llu B payload%s: %.2f us one way (half the round trip)\n",
-                (unsigned long long)(b & ~uint64_t{1}), (b & 1) ? " (warp form)" : "", us);
-  for (auto& [b, us] : r["nccl_latency"])
-    std::printf("peer: NCCL send/recv ping-pong, %llu B: %.2f us one way\n", (unsigned long long)b, us);
-  js << latencyJson("put_with_signal_latency_us_one_way", r["latency"]);
-  js << latencyJson("nccl_latency_us_one_way", r["nccl_latency"]);
-  js << "\n  ],\n  \"grid\": [";
-  first = true;
-  for (auto& line : grid) {
-    std::istringstream ls(line);
-    uint64_t b;
-    unsigned blocks;
-    double pc, q;
-    if (!(ls >> b >> blocks >> pc >> q)) continue;
-    std::printf("%llu B with %u blocks: peerCopy %.1f GB/s, PeerCopyQueue %.1f GB/s\n", (unsigned long long)b, blocks,
-                pc, q);
-    js << (first ? "\n" : ",\n") << "    {\"bytes\": " << b << ", \"blocks\": " << blocks << ", \"peer_copy\": " << pc
-       << ", \"peer_copy_queue\": " << q << "}";
-    first = false;
-  }
-  js << "\n  ],\n  \"units\": \"GB/s = 1e9 bytes per second; -1: not measured\"\n}\n";
+  js << "\n  ],";
+  printQueue(r, grid, forward, maxBytes, js);
+  printLatency(latency, encodings, r["nccl_latency"], js);
+  js << "\n  \"units\": \"GB/s = 1e9 bytes per second; us: microseconds; -1: not measured\"\n}\n";
   if (json.empty() && !plotDir.empty()) {
     std::filesystem::create_directories(plotDir);
     json = plotDir + "/benchmark_nvlink.json";
@@ -471,9 +461,9 @@ int main(int argc, char** argv) {
   const int parsed = gdx::bench::parseFlags(
       argc, argv,
       "Two GPUs of one host, one process each (self-launched), in one run: gdx's direct-path device put over NVLink,\n"
-      "gdx::peerCopy, cudaMemcpyPeerAsync, NCCL send/recv through PyTorch, and put-with-signal latency (one way,\n"
-      "half a ping-pong) beside NCCL's, for 4 KiB .. --max-bytes. Table on stdout, JSON with --json, plots with\n"
-      "--plot.",
+      "gdx::peerCopy, gdx::PeerCopyQueue (by size, by copy blocks, 4 KiB forward latency), cudaMemcpyPeerAsync,\n"
+      "NCCL send/recv through PyTorch, and put-with-signal latency per form (one way, half a ping-pong) beside a\n"
+      "signal alone and NCCL's, for 4 KiB .. --max-bytes. Table on stdout, JSON with --json, plots with --plot.",
       {{"--json", "FILE", "where the results go (default: none; DIR/benchmark_nvlink.json with --plot)",
         [&](const std::string& v) { json = v; }},
        gdx::bench::plotFlag(plotDir),

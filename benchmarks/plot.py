@@ -116,7 +116,8 @@ def read_remote(d):
 
 NVLINK_GDX = [("gdx_put", "gdx: device put, one launch per put"),
               ("gdx_put_in_kernel", "gdx: device puts from one launch"),
-              ("peer_copy_copy_engines_from_16MiB", "gdx::peerCopy (defaults)")]
+              ("peer_copy_copy_engines_from_16MiB", "gdx::peerCopy (defaults)"),
+              ("peer_copy_queue", "gdx::PeerCopyQueue, back to back from the host")]
 NVLINK_PEERS = [("cuda_memcpy_peer_async", "cudaMemcpyPeerAsync (peer)"),
                 ("nccl_send_recv", "NCCL send/recv, PyTorch (peer)")]
 
@@ -129,15 +130,21 @@ def read_nvlink(d):
     for key, label in NVLINK_PEERS:
         bw.add(label, rows, key, peer=True)
     lat = Chart("latency", LATENCY_ONE_WAY)
-    # The byte counts are tagged: 0 is a signal alone, an odd count is the warp form of (count - 1) bytes.
     entries = d.get("put_with_signal_latency_us_one_way", [])
-    single = [e for e in entries if e["bytes"] and e["bytes"] % 2 == 0]
-    warp = [{"bytes": e["bytes"] - 1, "us": e["us"]} for e in entries if e["bytes"] % 2 == 1]
-    lat.add("gdx: put with signal, one thread", single, "us")
-    lat.add("gdx: put with signal, warp form", warp, "us")
-    for e in entries:
-        if e["bytes"] == 0:
-            lat.refs.append(Ref(f"gdx: signal alone: {e['us']:.2f} µs", e["us"], False))
+    if entries and "form" in entries[0]:
+        by_form = {}
+        for e in entries:
+            by_form.setdefault(e["form"], []).append(e)
+        for form in ("thread", "warp", "block"):
+            lat.add(f"gdx: put with signal, {form} form", by_form.get(form, []), "us")
+        signal = by_form.get("signal", [])
+    else:  # older files tag the byte counts: 0 is a signal alone, an odd count the warp form of (count - 1) bytes
+        lat.add("gdx: put with signal, thread form", [e for e in entries if e["bytes"] and e["bytes"] % 2 == 0], "us")
+        lat.add("gdx: put with signal, warp form",
+                [{"bytes": e["bytes"] - 1, "us": e["us"]} for e in entries if e["bytes"] % 2 == 1], "us")
+        signal = [e for e in entries if e["bytes"] == 0]
+    for e in signal:
+        lat.refs.append(Ref(f"gdx: signal alone: {e['us']:.2f} µs", e["us"], False))
     lat.add("NCCL send/recv ping-pong, PyTorch (peer)", d.get("nccl_latency_us_one_way", []), "us", peer=True)
     path = "NVLink, direct path (CUDA IPC)" if d.get("direct", True) else "through the proxy"
     return f"GPU 0 → GPU 1 over {path}", [bw, lat]

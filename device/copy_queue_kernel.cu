@@ -1,11 +1,12 @@
-// The persistent kernel of PeerCopyQueue: copy blocks take chunks of the published transfers and copy them with
-// copyCooperative; one signaller thread completes transfers in ticket order. device/copy_queue_layout.hpp
-// describes the protocol.
+// The persistent kernel of PeerCopyQueue. Block 0 is the control block: its warp 0 (the poller) is the only reader
+// of host memory and mirrors published transfers into device memory, its warp 1 (the signaller) raises signals in
+// ticket order; the other blocks copy units of work. device/copy_queue_layout.hpp describes the protocol.
 #include <cuda/atomic>
 
 #include "device/copy_queue_layout.hpp"
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/copy_device.hpp"
+#include "gdx/detail/ptx.hpp"
 #include "gdx/types.hpp"
 
 namespace gdx::copy_queue {
@@ -13,113 +14,321 @@ namespace {
 
 template <typename T>
 using DeviceRef = cuda::atomic_ref<T, cuda::thread_scope_device>;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+constexpr auto kDevRelaxed = cuda::std::memory_order_relaxed;
 
-// Polls of host memory back off up to this long, so idle blocks read PCIe a few hundred thousand times a second
-// at most rather than flooding it.
-constexpr unsigned kMaxIdleSleepNs = 2000;
+// Acquire for the relaxed loads before it, release for the stores after it: one fence orders a whole batch.
+__device__ __forceinline__ void fenceSystem() {
+  cuda::atomic_thread_fence(cuda::std::memory_order_acq_rel, cuda::thread_scope_system);
+}
+__device__ __forceinline__ void fenceDevice() {
+  cuda::atomic_thread_fence(cuda::std::memory_order_acq_rel, cuda::thread_scope_device);
+}
 
-// Thread 0 of a copy block: finds the transfer that owns `chunk`, starting at `ticket` (chunks are taken in
-// increasing order, so owners only move forward). False when the queue is stopping or a slot made no sense.
-// The block's own chunk is not copied yet, so its owner is not complete: a slot already recycled for a later
-// ticket (or being rewritten, seq == kWriting) belonged to a complete transfer, and the search moves past it. A slot
-// is read seqlock-style: its fields count only if seq was ticket + 1 both before and after reading them.
-__device__ bool findOwner(const KernelParams& p, uint64_t chunk, uint64_t& ticket, Slot& out) {
-  for (uint64_t spins = 0;; ++spins) {
-    Slot* s = &p.slots[ticket % p.capacity];
-    const uint64_t seq = atomicLoad(&s->seq, kAcquire);
-    if (seq == ticket + 1) {
-      out = *s;
-      // Orders the field loads before the second load of seq. A GPU-scope fence suffices to order this thread's
-      // own loads and, unlike a system-scope one, does not stall the SM.
-      __threadfence();
-      if (atomicLoad(&s->seq, kRelaxed) == ticket + 1) {
-        if (out.chunks == 0 || chunk < out.firstChunk) {
-          atomicStore(&p.shared->fault, 1u, kRelaxed);
-          return false;
-        }
-        if (chunk < out.firstChunk + out.chunks) return true;
-      }
-      ++ticket;
-      spins = 0;
+// A signal update with no ordering of its own: the caller fenced once for a whole batch, and updates of one word
+// from one thread keep their program order, so a later kSet of the same word wins.
+__device__ __forceinline__ void raiseRelaxed(uint64_t signal, uint64_t value, uint32_t op) {
+  uint64_t* w = reinterpret_cast<uint64_t*>(signal);
+  if (!w) return;
+  if (op == static_cast<uint32_t>(SignalOp::kAdd))
+    atomicFetchAdd(w, value, kRelaxed);
+  else
+    atomicStore(w, value, kRelaxed);
+}
+
+// ---- poller: warp 0 of block 0 ----
+
+// Lane s < n holds slot s's transfer; the warp decides, in ticket order, how the transfers become units: a
+// transfer of several chunks gets one unit per chunk, consecutive small ones share one unit. On return lane s knows
+// its first unit, how many units it has (0: it is a later member of a batch) and how many transfers its unit covers.
+struct UnitPlan {
+  uint64_t first;
+  uint32_t units;
+  uint32_t count;
+};
+__device__ UnitPlan planUnits(unsigned n, uint64_t bytes, uint32_t chunks, uint64_t& unit) {
+  const unsigned lane = ptx::laneId();
+  UnitPlan mine{0, 0, 0};
+  int leader = -1;
+  uint32_t groupCount = 0;
+  uint64_t groupBytes = 0;
+  for (unsigned s = 0; s < n; ++s) {
+    const uint64_t b = __shfl_sync(kFullMask, bytes, s);
+    const uint32_t c = __shfl_sync(kFullMask, chunks, s);
+    const bool small = c == 1 && b <= kSmallBytes;
+    if (small && leader >= 0 && groupCount < kGroupMax && groupBytes + b <= kGroupBytes) {
+      ++groupCount;
+      groupBytes += b;
+      if (lane == static_cast<unsigned>(leader)) mine.count = groupCount;
       continue;
     }
-    if (seq > ticket + 1) {  // recycled, or being rewritten (kWriting)
-      ++ticket;
-      spins = 0;
-      continue;
-    }
-    if (atomicLoad(&p.shared->stop, kAcquire)) return false;
-    if (spins > 8) __nanosleep(spins * 32 < kMaxIdleSleepNs ? static_cast<unsigned>(spins * 32) : kMaxIdleSleepNs);
+    if (lane == s) mine = UnitPlan{unit, c, 1};
+    unit += c;
+    leader = small ? static_cast<int>(s) : -1;
+    groupCount = 1;
+    groupBytes = b;
   }
+  return mine;
+}
+
+__device__ void poller(const KernelParams& p) {
+  const unsigned lane = ptx::laneId();
+  const unsigned word = lane % 8;  // the slot word this lane reads; lanes reading words 6 and 7 only pad
+  const uint64_t workMask = (uint64_t{1} << p.workShift) - 1;
+  uint64_t head = p.firstTicket;  // next ticket to mirror
+  uint64_t unit = 0;              // next unit number to write
+  bool busy = false;              // the last round found work: read all kFetch slots, else the first four only
+  for (uint64_t idle = 0;;) {
+    uint64_t w[4];
+    const int loads = busy ? 4 : 1;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint64_t t = head + j * 4 + lane / 8;
+      w[j] = j < loads && word < kSlotWords
+                 ? atomicLoad(const_cast<uint64_t*>(&p.slots[t % p.capacity].word[word]), kRelaxed)
+                 : 0;
+    }
+    const uint32_t stop = lane == 0 ? atomicLoad(&p.shared->stop, kRelaxed) : 0;  // in the same round trip
+    uint32_t valid = 0;  // bit s: slot head + s carries its lap's tag in every word
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint64_t t = head + j * 4 + lane / 8;
+      const bool good = j < loads && (word >= kSlotWords || (w[j] >> kTagShift) == slotTag(t, p.capacity));
+      const unsigned m = __ballot_sync(kFullMask, good);
+#pragma unroll
+      for (int g = 0; g < 4; ++g)
+        if (((m >> (8 * g)) & 0xFFu) == 0xFFu) valid |= 1u << (j * 4 + g);
+    }
+    unsigned n = __ffs(~valid) - 1;  // the published prefix (valid has 16 bits, so ~valid is never 0)
+    // Slot s = 4j + g lies in load j, lanes 8g..8g+7: lane s gathers its six words.
+    uint64_t f[kSlotWords];
+#pragma unroll
+    for (unsigned k = 0; k < kSlotWords; ++k) f[k] = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (unsigned k = 0; k < kSlotWords; ++k) {
+        const uint64_t v = __shfl_sync(kFullMask, w[j], (lane % 4) * 8 + k);
+        if (lane / 4 == static_cast<unsigned>(j)) f[k] = v;
+      }
+    const uint64_t src = f[kSrcWord] & kPayloadMask, dst = f[kDstWord] & kPayloadMask;
+    const uint64_t bytes = lane < n ? f[kBytesWord] & kPayloadMask : 0;
+    const unsigned bad = __ballot_sync(kFullMask, lane < n && bytes > 0 && (src == 0 || dst == 0));
+    if (bad) {  // the host checks this before publishing: memory was overwritten; stop taking work
+      if (lane == 0) atomicStore(&p.shared->fault, 1u, kRelaxed);
+      n = 0;
+    }
+    if (n == 0) {
+      busy = false;
+      if (__shfl_sync(kFullMask, stop, 0)) {  // set only once every submitted transfer completed
+        if (lane == 0) DeviceRef<uint32_t>(p.control->leave).store(1u, kDevRelaxed);
+        return;
+      }
+      if (++idle > 4096) __nanosleep(256);  // after a few ms without work (the host stops the kernel before that)
+      continue;
+    }
+    busy = true;
+    idle = 0;
+    // One chunk per block at most, each at least minChunkBytes and a multiple of 16.
+    uint32_t chunks = 1;
+    uint64_t chunkBytes = (bytes + 15) & ~uint64_t{15};
+    if (bytes > p.minChunkBytes) {
+      uint64_t c = (bytes + p.minChunkBytes - 1) / p.minChunkBytes;
+      if (c > p.copyBlocks) c = p.copyBlocks;
+      chunkBytes = ((bytes + c - 1) / c + 15) & ~uint64_t{15};
+      chunks = static_cast<uint32_t>((bytes + chunkBytes - 1) / chunkBytes);
+    }
+    const UnitPlan plan = planUnits(n, bytes, chunks, unit);
+    const uint64_t ticket = head + lane;
+    if (lane < n) {
+      Desc& d = p.desc[ticket % p.capacity];
+      d.src = src;
+      d.dst = dst;
+      d.bytes = bytes;
+      d.signal = f[kSignalWord] & kPayloadMask;
+      d.value = (f[kValueHighWord] & 0xFFFFFFFFull) << 32 | (f[kValueLowWord] & 0xFFFFFFFFull);
+      d.chunkBytes = chunkBytes;
+      d.chunks = chunks;
+      d.signalOp = static_cast<uint32_t>((f[kValueLowWord] >> 32) & 0xFF);
+    }
+    // Acquire for the slot words read above (what the host wrote before them, the data to copy included), release
+    // for the Descs; the barrier carries every lane's acquire to the lanes that write the entries.
+    fenceSystem();
+    __syncwarp();
+    for (uint32_t c = 0; c < plan.units; ++c) {
+      const uint64_t u = plan.first + c;
+      const uint64_t tag = workTag(u, p.workShift) << kWorkTagShift;
+      ptx::storeRelaxedGpu128(p.work[u & workMask].words, tag | (ticket - p.firstTicket),
+                              tag | uint64_t{plan.count} << 16 | c);
+    }
+    head += n;
+  }
+}
+
+// ---- signaller: warp 1 of block 0 ----
+
+__device__ void signaller(const KernelParams& p) {
+  const unsigned lane = ptx::laneId();
+  uint64_t rel = 0;  // transfers signalled so far, from firstTicket
+  for (uint64_t spins = 0;;) {
+    const uint64_t t = p.firstTicket + rel + lane;
+    const uint64_t v = DeviceRef<uint64_t>(p.doneSeq[t % p.capacity]).load(kDevRelaxed);
+    const uint64_t expect = (rel + lane + 1) << 1;
+    const unsigned doneMask = __ballot_sync(kFullMask, (v | kRaised) == (expect | kRaised));
+    const unsigned k = doneMask == kFullMask ? 32 : __ffs(~doneMask) - 1;  // the done prefix
+    if (k == 0) {
+      if ((++spins & 31) == 0 && DeviceRef<uint32_t>(p.control->leave).load(kDevRelaxed)) return;
+      if (spins > 64) __nanosleep(spins < 4096 ? 32 : 256);
+      continue;
+    }
+    spins = 0;
+    const unsigned toRaise = __ballot_sync(kFullMask, lane < k && !(v & kRaised));
+    fenceSystem();  // acquire: the data of the done transfers (and of what their blocks saw); release: the raises
+    __syncwarp();
+    if (toRaise) {
+      uint64_t signal = 0, value = 0;
+      uint32_t op = 0;
+      if ((toRaise >> lane) & 1) {
+        const Desc& d = p.desc[t % p.capacity];
+        signal = d.signal;
+        value = d.value;
+        op = d.signalOp;
+      }
+      for (unsigned i = 0; i < k; ++i) {  // one lane raises them all, in ticket order
+        const uint64_t s = __shfl_sync(kFullMask, signal, i), val = __shfl_sync(kFullMask, value, i);
+        const uint32_t o = __shfl_sync(kFullMask, op, i);
+        if (lane == 0 && ((toRaise >> i) & 1)) raiseRelaxed(s, val, o);
+      }
+      fenceSystem();  // the raises are visible before `completed` and `signalled` say so
+    }
+    rel += k;
+    if (lane == 0) {
+      atomicStore(&p.shared->completed, p.firstTicket + rel, kRelaxed);
+      DeviceRef<uint64_t>(p.control->signalled).store(rel, kDevRelaxed);
+    }
+  }
+}
+
+// ---- copy blocks ----
+
+struct Member {
+  uint64_t src, dst, bytes, signal, value;
+  uint32_t op;
+};
+struct Task {
+  Member m[kGroupMax];
+  uint64_t rel;        // ticket of the first member, from firstTicket
+  uint64_t signalled;  // Control::signalled when the task was taken: the fast path applies when it equals rel
+  uint32_t count;      // transfers in the unit
+  uint32_t chunks;     // chunks of the transfer when count == 1
+  int leave;
+};
+
+// Warp 0: waits for work entry `u`, fills `task`, and claims the block's next unit (returned) while the block copies.
+__device__ uint64_t prepare(const KernelParams& p, uint64_t u, Task& task) {
+  const unsigned lane = ptx::laneId();
+  uint64_t w0 = 0, w1 = 0;
+  int leave = 0;
+  if (lane == 0) {
+    const uint64_t* e = p.work[u & ((uint64_t{1} << p.workShift) - 1)].words;
+    const uint64_t tag = workTag(u, p.workShift);
+    for (uint32_t spins = 0;; ++spins) {
+      ptx::loadRelaxedGpu128(e, w0, w1);
+      if ((w0 >> kWorkTagShift) == tag && (w1 >> kWorkTagShift) == tag) break;
+      if ((spins & 31) == 31 && DeviceRef<uint32_t>(p.control->leave).load(kDevRelaxed)) {
+        leave = 1;
+        break;
+      }
+      // Idle blocks poll their own entry in device memory; after a while, gently.
+      if (spins >= 64) __nanosleep(spins < 2048 ? 64 : 1000);
+    }
+    fenceDevice();  // acquire: the Descs the poller wrote before the entry
+  }
+  __syncwarp();
+  leave = __shfl_sync(kFullMask, leave, 0);
+  if (leave) {
+    if (lane == 0) task.leave = 1;
+    return u;
+  }
+  w0 = __shfl_sync(kFullMask, w0, 0);
+  w1 = __shfl_sync(kFullMask, w1, 0);
+  const uint64_t rel = w0 & kWorkPayloadMask;
+  const uint32_t count = static_cast<uint32_t>((w1 >> 16) & 0xFFFF), chunk = static_cast<uint32_t>(w1 & 0xFFFF);
+  uint64_t next = 0;
+  if (lane == 0) next = DeviceRef<uint64_t>(p.control->unitCursor).fetch_add(1, kDevRelaxed);
+  if (lane < count) {
+    const Desc& d = p.desc[(p.firstTicket + rel + lane) % p.capacity];
+    const uint64_t off = chunk * d.chunkBytes;
+    const uint64_t len = d.bytes - off < d.chunkBytes ? d.bytes - off : d.chunkBytes;
+    task.m[lane] = Member{d.src + off, d.dst + off, len, d.signal, d.value, d.signalOp};
+    if (lane == 0) task.chunks = d.chunks;
+  }
+  if (lane == 31) task.signalled = DeviceRef<uint64_t>(p.control->signalled).load(kDevRelaxed);
+  if (lane == 0) {
+    task.rel = rel;
+    task.count = count;
+    task.leave = 0;
+  }
+  return __shfl_sync(kFullMask, next, 0);
+}
+
+// Thread 0, after the block copied `task`: counts the chunk, and when the unit completed its transfers, raises their
+// signals itself (every earlier transfer is signalled) or hands them to the signaller.
+__device__ void finish(const KernelParams& p, const Task& task) {
+  const uint64_t first = p.firstTicket + task.rel;
+  if (task.count == 1 && task.chunks > 1) {
+    // The barrier before this and the acq_rel count carry every chunk's data to the block that completes it.
+    uint32_t& done = p.chunksDone[first % p.capacity];
+    if (DeviceRef<uint32_t>(done).fetch_add(1, cuda::std::memory_order_acq_rel) + 1 < task.chunks) return;
+    DeviceRef<uint32_t>(done).store(0, kDevRelaxed);  // published by the release below, before the slot is reused
+  }
+  const bool raiseHere = task.signalled == task.rel;
+  if (raiseHere) {
+    fenceSystem();  // cumulative: this transfer's data and, through `signalled`, the earlier transfers' signals
+    for (uint32_t i = 0; i < task.count; ++i) raiseRelaxed(task.m[i].signal, task.m[i].value, task.m[i].op);
+  }
+  // Release: the data (slow path) or the raised signals (fast path) before the signaller sees doneSeq.
+  if (raiseHere)
+    fenceSystem();
+  else
+    fenceDevice();
+  for (uint32_t i = 0; i < task.count; ++i)
+    DeviceRef<uint64_t>(p.doneSeq[(first + i) % p.capacity])
+        .store(((task.rel + i + 1) << 1) | (raiseHere ? kRaised : 0), kDevRelaxed);
 }
 
 __device__ void copyBlock(const KernelParams& p) {
-  __shared__ Slot slot;
-  __shared__ uint64_t chunk;
-  __shared__ uint64_t owner;
-  __shared__ int leave;
-  uint64_t ticket = p.firstTicket;
-  if (threadIdx.x == 0) owner = ~uint64_t{0};  // no transfer known yet
+  __shared__ Task task;
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint64_t u = 0;  // warp 0: the unit this block works on next
+  if (warp == 0) {
+    uint64_t first = 0;
+    if (lane == 0) first = DeviceRef<uint64_t>(p.control->unitCursor).fetch_add(1, kDevRelaxed);
+    u = __shfl_sync(kFullMask, first, 0);
+  }
   for (;;) {
-    if (threadIdx.x == 0) {
-      chunk = DeviceRef<uint64_t>(*p.chunkCursor).fetch_add(1, cuda::std::memory_order_relaxed);
-      // Most chunks belong to the transfer of the block's previous chunk: no need to read its slot again (it is not
-      // complete, since this chunk is not copied yet, so the slot still holds it).
-      const bool known = owner == ticket && chunk >= slot.firstChunk && chunk < slot.firstChunk + slot.chunks;
-      leave = known ? 0 : !findOwner(p, chunk, ticket, slot);
-      owner = ticket;
-    }
+    if (warp == 0) u = prepare(p, u, task);
     __syncthreads();
-    if (leave) return;
-    const uint64_t off = (chunk - slot.firstChunk) * p.chunkBytes;
-    if (off < slot.bytes) {
-      const uint64_t left = slot.bytes - off;
-      copyCooperative<4>(reinterpret_cast<char*>(slot.dst) + off, reinterpret_cast<const char*>(slot.src) + off,
-                         left < p.chunkBytes ? left : p.chunkBytes, threadIdx.x, blockDim.x);
-    }
+    if (task.leave) return;
+    // Member i of a batch is copied by the warps w with w % count == i; a single transfer by the whole block.
+    const unsigned count = task.count, member = warp % count;
+    const unsigned team = (kWarps - member + count - 1) / count, rank = warp / count;
+    const Member& m = task.m[member];
+    if (m.bytes)
+      copyCooperative<4>(reinterpret_cast<char*>(m.dst), reinterpret_cast<const char*>(m.src), m.bytes,
+                         rank * 32 + lane, team * 32);
     __syncthreads();
-    if (threadIdx.x == 0) {
-      // The barrier above and this acq_rel count carry the block's stores to the block that completes the transfer,
-      // whose release carries them to the signaller, whose system-scope release publishes them with the signal
-      // (causality is transitive). No system fence per chunk: it stalls the SM for microseconds.
-      Progress& pr = p.progress[owner % p.capacity];
-      if (DeviceRef<uint32_t>(pr.chunksDone).fetch_add(1, cuda::std::memory_order_acq_rel) + 1 == slot.chunks) {
-        pr.chunksDone = 0;
-        pr.signal = slot.signal;
-        pr.value = slot.value;
-        pr.signalOp = slot.signalOp;
-        DeviceRef<uint64_t>(pr.doneSeq).store(owner + 1, cuda::std::memory_order_release);
-      }
-    }
-    __syncthreads();  // `slot` is rewritten by the next iteration
+    if (threadIdx.x == 0) finish(p, task);
   }
 }
 
-__device__ void signaller(const KernelParams& p) {
-  uint64_t t = p.firstTicket;
-  for (uint64_t spins = 0;; ++spins) {
-    Progress& pr = p.progress[t % p.capacity];
-    if (DeviceRef<uint64_t>(pr.doneSeq).load(cuda::std::memory_order_acquire) == t + 1) {
-      uint64_t* word = reinterpret_cast<uint64_t*>(pr.signal);
-      if (word && pr.signalOp == static_cast<uint64_t>(SignalOp::kAdd))
-        atomicFetchAdd(word, pr.value, kRelease);
-      else if (word)
-        atomicStore(word, pr.value, kRelease);
-      atomicStore(&p.shared->completed, t + 1, kRelease);
-      ++t;
-      spins = 0;
-      continue;
-    }
-    // The host stops the queue only once every submitted transfer completed.
-    if (atomicLoad(&p.shared->stop, kAcquire)) return;
-    if (spins > 64) __nanosleep(64);
-  }
-}
-
-// Block 0 signals (it is scheduled first); the copy blocks must all be resident with it (maxCopyBlocks()).
 __global__ void __launch_bounds__(kCopyThreads) copyQueueKernel(const __grid_constant__ KernelParams p) {
   if (blockIdx.x == 0) {
-    if (threadIdx.x == 0) signaller(p);
+    const unsigned warp = threadIdx.x / 32;
+    if (warp == 0)
+      poller(p);
+    else if (warp == 1)
+      signaller(p);
     return;
   }
   copyBlock(p);

@@ -61,9 +61,16 @@ PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(devic
   if (!slots_->gpuMapped() || !shared_->gpuMapped())
     throw Error(ErrorCode::kCuda,
                 "PeerCopyQueue: host memory could not be mapped for device " + std::to_string(device_));
-  const size_t progressBytes = sizeof(copy_queue::Progress) * options_.capacity + sizeof(uint64_t);
-  GDX_CUDA_CHECK(cudaMalloc(&progress_, progressBytes));
-  GDX_CUDA_CHECK(cudaMemset(progress_, 0, progressBytes));
+  // The work ring holds every unit the uncompleted transfers can have: capacity transfers of at most `blocks`
+  // chunks each (copy_queue_layout.hpp).
+  workShift_ = 0;
+  while ((uint64_t{1} << workShift_) < uint64_t{options_.capacity} * options_.blocks) ++workShift_;
+  if (workShift_ > 24)
+    throw Error(ErrorCode::kInvalidArgument,
+                "PeerCopyQueue: capacity * blocks must be at most 2^24 (device " + std::to_string(device_) + ")");
+  const copy_queue::DeviceLayout layout = copy_queue::deviceLayout(options_.capacity, uint64_t{1} << workShift_);
+  GDX_CUDA_CHECK(cudaMalloc(&state_, layout.total));
+  GDX_CUDA_CHECK(cudaMemset(state_, 0, layout.total));
   cudaStream_t stream = nullptr;
   GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
@@ -99,7 +106,7 @@ PeerCopyQueue::~PeerCopyQueue() {
   DeviceGuard guard(device_);
   if (finished_) cudaEventDestroy(static_cast<cudaEvent_t>(finished_));
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-  if (progress_) cudaFree(progress_);
+  if (state_) cudaFree(state_);
 }
 
 uint64_t PeerCopyQueue::submit(const void* src, void* dst, uint64_t bytes, uint64_t* signal, uint64_t value,
@@ -109,8 +116,11 @@ uint64_t PeerCopyQueue::submit(const void* src, void* dst, uint64_t bytes, uint6
                 "PeerCopyQueue::submit: null source or destination for " + std::to_string(bytes) + " bytes");
   if (reinterpret_cast<uintptr_t>(signal) % 8 != 0)
     throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue::submit: signal word not 8-byte aligned");
-  const uint64_t chunks = bytes == 0 ? 1 : (bytes + options_.chunkBytes - 1) / options_.chunkBytes;
-  if (chunks > UINT32_MAX) throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue::submit: transfer too large");
+  // Each field travels in 56 bits beside its slot tag (copy_queue_layout.hpp); CUDA addresses use far fewer.
+  constexpr uint64_t kMax = copy_queue::kPayloadMask;
+  if (bytes > kMax || reinterpret_cast<uintptr_t>(src) > kMax || reinterpret_cast<uintptr_t>(dst) > kMax ||
+      reinterpret_cast<uintptr_t>(signal) > kMax)
+    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue::submit: size or address beyond 56 bits");
 
   std::unique_lock<std::mutex> lock(mutex_);
   if (closing_) throw Error(ErrorCode::kShutdown, "PeerCopyQueue::submit: the queue is being destroyed");
@@ -129,20 +139,18 @@ uint64_t PeerCopyQueue::submit(const void* src, void* dst, uint64_t bytes, uint6
     spinPause(spins);
   }
   copy_queue::Slot& s = static_cast<copy_queue::Slot*>(slots_->data())[ticket % options_.capacity];
-  // Blocks that lag behind may still read this slot's previous transfer: they must see it change before the fields.
-  atomicStore(&s.seq, copy_queue::kWriting, kRelaxed);
+  // What the caller wrote before submitting (the data to copy) is visible before any word of the slot; the poller
+  // takes the slot once all six words carry this lap's tag, whatever order they arrive in.
   std::atomic_thread_fence(std::memory_order_release);
-  s.src = reinterpret_cast<uint64_t>(src);
-  s.dst = reinterpret_cast<uint64_t>(dst);
-  s.bytes = bytes;
-  s.signal = reinterpret_cast<uint64_t>(signal);
-  s.value = value;
-  s.firstChunk = nextChunk_;
-  s.chunks = static_cast<uint32_t>(chunks);
-  s.signalOp = static_cast<uint32_t>(op);
-  atomicStore(&s.seq, ticket + 1, kRelease);
+  const uint64_t tag = copy_queue::slotTag(ticket, options_.capacity) << copy_queue::kTagShift;
+  const uint64_t words[copy_queue::kSlotWords] = {reinterpret_cast<uintptr_t>(src),
+                                                  reinterpret_cast<uintptr_t>(dst),
+                                                  bytes,
+                                                  reinterpret_cast<uintptr_t>(signal),
+                                                  (value & 0xFFFFFFFFull) | uint64_t{static_cast<uint8_t>(op)} << 32,
+                                                  value >> 32};
+  for (unsigned i = 0; i < copy_queue::kSlotWords; ++i) atomicStore(&s.word[i], tag | words[i], kRelaxed);
   submitted_ = ticket + 1;
-  nextChunk_ += chunks;
   lastSubmitNs_ = nowNs();
   return ticket;
 }
@@ -181,20 +189,25 @@ void PeerCopyQueue::launchLocked() {
   DeviceGuard guard(device_);
   copy_queue::Shared& shared = sharedOf(shared_);
   atomicStore(&shared.stop, 0u, kRelease);
-  auto* progress = static_cast<copy_queue::Progress*>(progress_);
-  uint64_t* cursor = reinterpret_cast<uint64_t*>(progress + options_.capacity);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  // Chunks taken by blocks of the previous launch that found no transfer are forgotten: numbering restarts at
-  // the first chunk not yet published. (From pageable memory the copy reads nextChunk_ before it returns.)
-  GDX_CUDA_CHECK(cudaMemcpyAsync(cursor, &nextChunk_, sizeof(uint64_t), cudaMemcpyHostToDevice, stream));
+  char* base = static_cast<char*>(state_);
+  const copy_queue::DeviceLayout layout = copy_queue::deviceLayout(options_.capacity, uint64_t{1} << workShift_);
+  // Every transfer of the previous launch completed: its counters, its work entries and the units its blocks
+  // claimed without finding work are forgotten, and this launch counts units and tickets afresh.
+  GDX_CUDA_CHECK(cudaMemsetAsync(base, 0, layout.desc, stream));
   copy_queue::KernelParams p{};
-  p.slots = static_cast<copy_queue::Slot*>(slots_->devicePtr());
+  p.slots = static_cast<const copy_queue::Slot*>(slots_->devicePtr());
   p.shared = static_cast<copy_queue::Shared*>(shared_->devicePtr());
-  p.progress = progress;
-  p.chunkCursor = cursor;
-  p.chunkBytes = options_.chunkBytes;
-  p.capacity = options_.capacity;
+  p.control = reinterpret_cast<copy_queue::Control*>(base);
+  p.doneSeq = reinterpret_cast<uint64_t*>(base + layout.doneSeq);
+  p.chunksDone = reinterpret_cast<uint32_t*>(base + layout.chunksDone);
+  p.work = reinterpret_cast<copy_queue::Work*>(base + layout.work);
+  p.desc = reinterpret_cast<copy_queue::Desc*>(base + layout.desc);
+  p.minChunkBytes = options_.chunkBytes;
   p.firstTicket = submitted_;
+  p.capacity = options_.capacity;
+  p.copyBlocks = options_.blocks;
+  p.workShift = workShift_;
   GDX_CUDA_CHECK(copy_queue::launchKernel(p, options_.blocks, stream));
   GDX_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(finished_), stream));
   running_ = true;

@@ -9,7 +9,9 @@
 //    (a host window that CUDA cannot address, a host window on the peer) still goes through the proxy.
 //    Direct-path operations are complete when the call returns (flush() has nothing to wait for); a range
 //    outside the window returns kInvalidArgument at once instead of a later kProxyError. The single-thread
-//    forms copy with one thread: use the warp (…Warp) or block (…Block) forms for anything large.
+//    forms copy with one thread, 8 loads of 16 bytes in flight (when source and destination agree modulo 16):
+//    about one microsecond per KiB; anything past a few KiB belongs to the warp (…Warp) or block (…Block) forms,
+//    which move 32 or blockDim times as much per round trip.
 //    Ordering between direct-path operations and proxied operations to the same peer is not guaranteed:
 //    announce data with a signal of the path that carried it.
 // Relayed handles (Context::deviceRelayChannel): `peer` is a relay on the destination's host and `forwardTo` the
@@ -125,7 +127,7 @@ struct ChannelDeviceHandle {
       int k = directPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &d, &sp);
       if (k < 0) return Status::kInvalidArgument;
       if (k > 0) {
-        copyCooperative(d, sp, bytes, 0, 1);
+        copySingleThread(d, sp, bytes);
         return Status::kOk;
       }
     }
@@ -138,6 +140,21 @@ struct ChannelDeviceHandle {
                                            uint64_t srcOffset, uint64_t bytes, const SignalUpdateArgs* signal) {
     const PutTarget target{peer, forwardTo, dstWindow, dstOffset, srcWindow, srcOffset};
     return pushPutCommands(ring, target, bytes, signal, &lastPosition);
+  }
+
+  /// The proxy path of put (withSignal false) and putWithSignal, for the cooperative forms once their direct path
+  /// declined: the same checks and commands as put() / putWithSignal() without their single-thread copy, whose
+  /// registers would otherwise be reserved in every kernel that uses a warp or block form.
+  GDX_HOST_DEVICE_INLINE Status proxyPut(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
+                                         uint64_t bytes, bool withSignal, uint32_t signalId, uint64_t value,
+                                         SignalOp op) {
+    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals ||
+        !addressable(dstOffset, bytes) || !addressable(srcOffset, bytes))
+      return Status::kInvalidArgument;
+    if (!withSignal) return enqueuePut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, nullptr);
+    if (bytes == 0) return signal(signalId, value, op);
+    const SignalUpdateArgs update{signalId, value, op};
+    return enqueuePut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &update);
   }
 
   /// put(), then `op` on the peer's signal `signalId` once the data is in place there. Zero bytes: only the
@@ -156,7 +173,7 @@ struct ChannelDeviceHandle {
       int k = directPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &d, &sp);
       if (k < 0) return Status::kInvalidArgument;
       if (k > 0 && directSignalOk(signalId)) {
-        copyCooperative(d, sp, bytes, 0, 1);
+        copySingleThread(d, sp, bytes);
         directSignal(signalId, value, op);
         return Status::kOk;
       }
@@ -195,28 +212,38 @@ struct ChannelDeviceHandle {
   /// Waits until this rank's signal `signalId` >= `value` (bounded; see the header comment).
   GDX_HOST_DEVICE_INLINE Status wait(uint32_t signalId, uint64_t value) const {
     if (signalId >= numSignals) return Status::kInvalidArgument;
+    // A direct-path handle polls its device word (local memory) on every try and host memory (the host signal,
+    // the error words: PCIe round trips) on every 32nd only, so the poll of the word the peer raises is rarely
+    // stuck behind a PCIe read; a proxied handle polls the host word on every try and the error words on every
+    // 16th. The error words are loaded before the signals' acquire loads (which hold back later loads), so all the
+    // PCIe reads of a try overlap.
+    const bool directWait = direct && deviceSignals;
+    const uint64_t every = directWait ? 31 : 15;
     uint64_t start = 0;
     for (uint64_t spins = 0;; ++spins) {
+      const bool check = (spins & every) == every;
+      uint32_t f = 0, e = 0;
+      if (check) {
+        f = atomicLoad(failure, kRelaxed);
+        e = atomicLoad(ring.error, kRelaxed);
+      }
       // Acquire loads, not relaxed loads and a fence: a system-scope fence costs more than the whole poll of the
-      // local device word. Each handle polls the word its own peer updates on every try and the other one on
-      // every 8th: a direct-path peer's handle reads host memory (a PCIe round trip) rarely, a proxied peer's
-      // handle does not put a second acquire load behind every PCIe read.
-      const bool pollHost = !direct || !deviceSignals || (spins & 7) == 0;
+      // local device word.
+      const bool pollHost = !directWait || check;
       const bool pollDevice = deviceSignals && (direct || (spins & 7) == 7);
       const uint64_t h = pollHost ? atomicLoad(&signals[signalId], kAcquire) : 0;
       const uint64_t d = pollDevice ? atomicLoad(&deviceSignals[signalId], kAcquire) : 0;
       if (h >= value || d >= value) return Status::kOk;
-      // Each poll of host memory is a PCIe round trip, so the error words are read on every 16th try only, and
-      // not on the first: the signal itself is what the latency depends on.
-      if ((spins & 15) == 15) {
-        uint32_t f = atomicLoad(failure, kRelaxed);
-        if (f == 0) f = atomicLoad(ring.error, kRelaxed);
+      if (check) {
         if (f != 0) return static_cast<Status>(f);
+        if (e != 0) return static_cast<Status>(e);
         uint64_t now = nowNs();
         if (start == 0) start = now;
         if (now - start > ring.timeoutNs) return Status::kTimeout;
       }
-      spinPause(spins);
+      // The local device word is cheap to poll: a direct wait spins without sleeping for its first few hundred
+      // tries (tens of microseconds), which is what a signal's latency depends on.
+      if (!directWait || spins > 256) spinPause(spins);
     }
   }
 
@@ -273,7 +300,8 @@ struct ChannelDeviceHandle {
     int r = directCooperative(dstWindow, dstOffset, srcWindow, srcOffset, bytes, false, 0, 0, SignalOp::kAdd,
                               __popc(mask & ((1u << ptx::laneId()) - 1)), __popc(mask), [&] { __syncwarp(mask); });
     if (r >= 0) return static_cast<Status>(r);
-    return onLeader([&] { return put(dstWindow, dstOffset, srcWindow, srcOffset, bytes); });
+    return onLeader(
+        [&] { return proxyPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, false, 0, 0, SignalOp::kAdd); });
   }
   GDX_DEVICE_INLINE Status putWithSignalWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                              uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
@@ -283,7 +311,7 @@ struct ChannelDeviceHandle {
                               __popc(mask & ((1u << ptx::laneId()) - 1)), __popc(mask), [&] { __syncwarp(mask); });
     if (r >= 0) return static_cast<Status>(r);
     return onLeader(
-        [&] { return putWithSignal(dstWindow, dstOffset, srcWindow, srcOffset, bytes, signalId, value, op); });
+        [&] { return proxyPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, true, signalId, value, op); });
   }
   /// Block-cooperative forms: every thread of the block calls with the same arguments (they contain
   /// __syncthreads). Direct path: the block copies, then thread 0 signals. Proxy path: thread (0,0,0) enqueues;
@@ -307,8 +335,7 @@ struct ChannelDeviceHandle {
     if (r >= 0) return static_cast<Status>(r);
     __syncthreads();  // the block's writes (the data to send) are ordered before the enqueue's release fence
     if (tid != 0) return Status::kOk;
-    return withSignal ? putWithSignal(dstWindow, dstOffset, srcWindow, srcOffset, bytes, signalId, value, op)
-                      : put(dstWindow, dstOffset, srcWindow, srcOffset, bytes);
+    return proxyPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, withSignal, signalId, value, op);
   }
   GDX_DEVICE_INLINE Status signalWarp(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd) {
     return onLeader([&] { return signal(signalId, value, op); });

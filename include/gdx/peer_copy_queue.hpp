@@ -18,6 +18,12 @@
 // so a cudaDeviceSynchronize() (or a cudaFree/cudaFreeHost, which synchronize too) elsewhere in the process is
 // delayed by at most about twice that, never blocked. Its blocks spin while they wait for work: leave that many SMs
 // to it when kernels of the process wait for what it delivers. Thread-safe.
+//
+// Inside (device/copy_queue_layout.hpp): one warp reads the ring in host memory and mirrors published transfers into
+// device memory, so the copy blocks never poll PCIe; a transfer is cut into at most `blocks` pieces of at least
+// `chunkBytes`, so more blocks never means more pieces than blocks, and consecutive small transfers share one unit
+// of work; the block that completes a transfer raises its signal itself when every earlier transfer was signalled,
+// else a signalling warp raises the signals of many completed transfers in ticket order behind one fence.
 #pragma once
 
 #include <condition_variable>
@@ -36,10 +42,11 @@ class HostBuffer;
 class PeerCopyQueue {
  public:
   struct Options {
-    unsigned blocks = 32;                    ///< copy blocks of 512 threads (GDX_COPY_QUEUE_BLOCKS); one more signals
-    uint32_t capacity = 1024;                ///< transfers in flight (GDX_COPY_QUEUE_DEPTH)
-    uint64_t chunkBytes = 64 * 1024;         ///< the unit a block copies (GDX_COPY_QUEUE_CHUNK), a multiple of 16
-    uint64_t idleNs = 1000 * 1000;           ///< how long the kernel waits for work before leaving
+    unsigned blocks = 32;      ///< copy blocks of 512 threads (GDX_COPY_QUEUE_BLOCKS); one more polls and signals
+    uint32_t capacity = 1024;  ///< transfers in flight (GDX_COPY_QUEUE_DEPTH)
+    uint64_t chunkBytes = 64 * 1024;  ///< smallest piece a block copies (GDX_COPY_QUEUE_CHUNK), a multiple of 16: a
+                                      ///< transfer is cut into at most `blocks` pieces of at least this
+    uint64_t idleNs = 1000 * 1000;    ///< how long the kernel waits for work before leaving
     uint64_t timeoutNs = kDefaultTimeoutNs;  ///< bound of every wait (GDX_TIMEOUT_MS)
     static Options fromEnv();
   };
@@ -79,13 +86,13 @@ class PeerCopyQueue {
   Options options_;
   std::unique_ptr<HostBuffer> slots_;
   std::unique_ptr<HostBuffer> shared_;
-  void* progress_ = nullptr;  // device memory: Progress[capacity] + the chunk cursor
+  void* state_ = nullptr;     // device memory: counters, work ring, transfer mirror (copy_queue_layout.hpp)
+  unsigned workShift_ = 0;    // the work ring has 2^workShift_ entries
   void* stream_ = nullptr;    // cudaStream_t
   void* finished_ = nullptr;  // cudaEvent_t recorded after each launch
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   uint64_t submitted_ = 0;
-  uint64_t nextChunk_ = 0;
   uint64_t lastSubmitNs_ = 0;
   bool running_ = false;
   bool closing_ = false;

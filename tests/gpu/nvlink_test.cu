@@ -182,6 +182,71 @@ __global__ void orderReceiver(ChannelDeviceHandle ch, const unsigned char* dst, 
   }
 }
 
+// Round r of the per-form ordering test: 1 B to 64 KiB, at source and destination offsets that agree modulo 16
+// (the single-thread form's vector path, with a head and a tail) and, every fourth round, that do not.
+__device__ void roundShape(int r, uint64_t* srcOff, uint64_t* dstOff, uint64_t* bytes) {
+  const uint64_t sizes[] = {1, 8, 24, 100, 4096, 4096 + 5, 16384 + 3, 65536};
+  *bytes = sizes[r % 8];
+  *srcOff = 32 + (r * 5) % 16;
+  *dstOff = 64 + *srcOff + (r % 4 == 3 ? 1 : 0);
+}
+__device__ unsigned char roundByte(int r, uint64_t i) {
+  return static_cast<unsigned char>(r * 131 + i * 7 + (i >> 8));
+}
+
+// The same ping-pong for each form of putWithSignal (0: one thread, 1: one warp, 2: the block), signals `ping` and
+// `ping` + 1: the sender writes round r's bytes, puts them with ping = r and waits for the ack.
+__global__ void formSender(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, unsigned char* src, int rounds,
+                           int form, uint32_t ping, uint32_t* status) {
+  for (int r = 1; r <= rounds; ++r) {
+    uint64_t so, dof, bytes;
+    roundShape(r, &so, &dof, &bytes);
+    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) src[so + i] = roundByte(r, i);
+    __syncthreads();
+    Status s = Status::kOk;
+    if (form == 0 && threadIdx.x == 0)
+      s = ch.putWithSignal(dstWin, dof, srcWin, so, bytes, ping, r, SignalOp::kSet);
+    else if (form == 1 && threadIdx.x < 32)
+      s = ch.putWithSignalWarp(dstWin, dof, srcWin, so, bytes, ping, r, SignalOp::kSet);
+    else if (form == 2)
+      s = ch.putWithSignalBlock(dstWin, dof, srcWin, so, bytes, ping, r, SignalOp::kSet);
+    if (threadIdx.x == 0) {
+      if (s == Status::kOk) s = ch.wait(ping + 1, r);
+      if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+    }
+    __syncthreads();
+    if (*(volatile uint32_t*)status) return;
+  }
+}
+
+// Waits for round r's signal, compares every byte of the round (and once the byte after it, which must keep its
+// 0xEE poison), then acknowledges.
+__global__ void formReceiver(ChannelDeviceHandle ch, const unsigned char* dst, int rounds, uint32_t ping,
+                             unsigned long long* bad, uint32_t* status) {
+  __shared__ int stop;
+  for (int r = 1; r <= rounds; ++r) {
+    if (threadIdx.x == 0) {
+      Status s = ch.wait(ping, r);
+      stop = s != Status::kOk;
+      if (stop) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+    }
+    __syncthreads();
+    if (stop) return;
+    uint64_t so, dof, bytes;
+    roundShape(r, &so, &dof, &bytes);
+    const volatile unsigned char* d = dst + dof;
+    unsigned long long mine = 0;
+    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) mine += d[i] != roundByte(r, i);
+    if (threadIdx.x == 0 && r == 7) mine += d[bytes] != 0xEE;  // the first 64 KiB round: nothing wrote past it yet
+    if (mine) atomicAdd(bad, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      Status s = ch.signal(ping + 1, r, SignalOp::kSet);
+      if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+    }
+  }
+}
+
 __global__ void directAtomics(ChannelDeviceHandle ch, uint32_t win, int perThread, uint32_t* status) {
   Status s = Status::kOk;
   for (int i = 0; i < perThread && s == Status::kOk; ++i) s = ch.atomicAdd(win, 8 * (threadIdx.x % 4), 1);
@@ -262,6 +327,26 @@ void childMain(bool expectDirect) {
     EXPECT_EQ(status[1], 0u) << statusName(static_cast<Status>(status[1]));
     EXPECT_EQ(*bad, 0u) << "bytes seen stale after their signal";
     ctx.barrier();
+
+    // Ordering and content for each form (thread, warp, block) at 1 B .. 64 KiB, aligned and not; rank 0 sends.
+    for (int form = 0; form < 3; ++form) {
+      const int formRounds = expectDirect ? 800 : 80;
+      const uint32_t ping = 4 + 2 * form;
+      *bad = 0;
+      GDX_TEST_CUDA(cudaMemset(dst, 0xEE, 256 << 10));
+      GDX_TEST_CUDA(cudaDeviceSynchronize());
+      ctx.barrier();
+      if (rank == 0)
+        formSender<<<1, 256>>>(ch, d.id(), s.id(), src, formRounds, form, ping, status + 1);
+      else
+        formReceiver<<<1, 256>>>(ch, dst, formRounds, ping, bad, status + 1);
+      GDX_TEST_CUDA(cudaDeviceSynchronize());
+      const char* name = form == 0 ? "single-thread" : form == 1 ? "warp" : "block";
+      EXPECT_EQ(status[1], 0u) << name << " form: " << statusName(static_cast<Status>(status[1]));
+      EXPECT_EQ(*bad, 0u) << name << " form: bytes that were not the round's data after its signal was seen (or "
+                          << "a byte past the put that lost its poison)";
+      ctx.barrier();
+    }
 
     // Atomics (direct path only: the proxy's atomics are covered by the host-window tests): every thread of
     // 8 x 128 adds to the peer's words, then signals.

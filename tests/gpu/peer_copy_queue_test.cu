@@ -2,9 +2,11 @@
 // into GPU 1 over NVLink where two peer GPUs are present, else within GPU 0 (the protocol is the same).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -201,6 +203,199 @@ TEST(PeerCopyQueue, SignalIsNeverSeenBeforeItsData) {
   cudaFree(dst);
   cudaFree(signal);
   cudaFree(expected);
+}
+
+// Runs on the destination GPU while the queue copies transfers whose signal is one word set (kSet) to i + 1 by
+// transfer i: the value it reads must never go down (a later transfer's kSet landing before an earlier one's would
+// make it), and every transfer below the value read must already be intact (every byte compared).
+__global__ void watchInOrderKernel(const uint64_t* signal, const unsigned char* dst, const Expected* e, int n,
+                                   uint64_t seed, unsigned long long* counts) {  // bad bytes, regressions, timed out
+  __shared__ uint64_t seen, from;
+  if (threadIdx.x == 0) seen = 0;
+  __syncthreads();
+  const uint64_t start = nowNs();
+  while (seen < uint64_t(n)) {
+    if (threadIdx.x == 0) {
+      from = seen;
+      const uint64_t v = atomicLoad(const_cast<uint64_t*>(signal), kAcquire);
+      if (v < seen) atomicAdd(counts + 1, 1ull);
+      if (v > seen) seen = v;
+      if (nowNs() - start > 20000000000ull) {  // give up: report the first transfer never seen, check nothing more
+        counts[2] = seen + 1;
+        from = seen = n;
+      }
+    }
+    __syncthreads();
+    unsigned long long mine = 0;
+    for (uint64_t i = from; i < seen && i < uint64_t(n); ++i)
+      for (uint64_t j = threadIdx.x; j < e[i].bytes; j += blockDim.x)
+        mine += dst[e[i].dstOff + j] != byteAt(seed, e[i].srcOff + j);
+    if (mine) atomicAdd(counts, mine);
+    __syncthreads();
+  }
+}
+
+// What a plan of transfers (into kSlot-sized slots of dst, poisoned with 0xEE) should leave in dst.
+struct Plan {
+  std::vector<Expected> transfers;
+  size_t slot;
+};
+Plan makePlan(std::mt19937_64& rng, int n, size_t slot, size_t srcBytes, uint64_t (*size)(std::mt19937_64&, int)) {
+  Plan p{{}, slot};
+  for (int i = 0; i < n; ++i) {
+    const uint64_t bytes = std::min<uint64_t>(size(rng, i), slot);
+    p.transfers.push_back({i * slot + rng() % (slot - bytes + 1), rng() % (srcBytes - bytes), bytes});
+  }
+  return p;
+}
+
+// Copies `plan` through `q` with a kSet signal (i + 1 for transfer i) while watchInOrderKernel checks the order on
+// the destination, then compares every byte of dst, poison included, on the host.
+void runWatched(PeerCopyQueue& q, const Plan& plan, const unsigned char* src, unsigned char* dst, int dstDev,
+                const std::vector<unsigned char>& hostSrc, uint64_t seed, bool oneAtATime, const std::string& what) {
+  const int n = static_cast<int>(plan.transfers.size());
+  const size_t dstBytes = plan.slot * n;
+  auto* signal = deviceAlloc<uint64_t>(dstDev, 1, 0);
+  auto* expected = deviceAlloc<Expected>(dstDev, n, 0);
+  ASSERT_TRUE(signal && expected);
+  cudaSetDevice(dstDev);
+  GDX_TEST_CUDA(cudaMemset(dst, 0xEE, dstBytes));
+  GDX_TEST_CUDA(cudaMemcpy(expected, plan.transfers.data(), sizeof(Expected) * n, cudaMemcpyHostToDevice));
+  GDX_TEST_CUDA(cudaDeviceSynchronize());
+  unsigned long long* counts = nullptr;
+  GDX_TEST_CUDA(cudaHostAlloc(&counts, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+  counts[0] = counts[1] = counts[2] = 0;
+  cudaStream_t watch = nullptr;
+  GDX_TEST_CUDA(cudaStreamCreateWithFlags(&watch, cudaStreamNonBlocking));
+  watchInOrderKernel<<<1, 512, 0, watch>>>(signal, dst, expected, n, seed, counts);
+  GDX_TEST_CUDA(cudaGetLastError());
+  const uint64_t base = q.submitted();
+  std::vector<unsigned char> expect(dstBytes, 0xEE), got(dstBytes);
+  for (int i = 0; i < n; ++i) {
+    const Expected& e = plan.transfers[i];
+    q.submit(src + e.srcOff, dst + e.dstOff, e.bytes, signal, i + 1, SignalOp::kSet);
+    if (oneAtATime) q.waitCompleted(base + i + 1);
+    std::memcpy(&expect[e.dstOff], &hostSrc[e.srcOff], e.bytes);
+  }
+  q.waitCompleted(base + n);
+  GDX_TEST_CUDA(cudaStreamSynchronize(watch));
+  EXPECT_EQ(counts[2], 0u) << what << ": the destination's watcher gave up waiting, transfer " << counts[2] - 1
+                           << " never became visible";
+  EXPECT_EQ(counts[1], 0u) << what << ": the kSet signal went down " << counts[1]
+                           << " times: a later transfer's signal was raised before an earlier one's";
+  EXPECT_EQ(counts[0], 0u) << what << ": bytes seen on the destination after their transfer's signal that were not "
+                           << "the transfer's data yet (signal before data)";
+  EXPECT_EQ(readWord(signal), uint64_t(n)) << what << ": final value of the kSet signal (the last transfer's)";
+  GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, dstBytes, cudaMemcpyDeviceToHost));
+  const long long bad = test::firstMismatch(got.data(), expect.data(), dstBytes);
+  EXPECT_EQ(bad, -1) << what << ": first wrong byte of dst at " << bad << " (transfer slot "
+                     << bad / static_cast<long long>(plan.slot) << "; 0xEE poison outside the transfers must stay)";
+  cudaStreamDestroy(watch);
+  cudaFreeHost(counts);
+  cudaFree(signal);
+  cudaFree(expected);
+}
+
+struct Buffers {
+  unsigned char* src = nullptr;
+  unsigned char* dst = nullptr;
+  std::vector<unsigned char> hostSrc;
+  int dstDev = 0;
+  Buffers(size_t srcBytes, size_t dstBytes, uint64_t seed) : hostSrc(srcBytes) {
+    dstDev = destinationDevice();
+    src = deviceAlloc<unsigned char>(0, srcBytes, 0);
+    dst = deviceAlloc<unsigned char>(dstDev, dstBytes, 0);
+    if (!src || !dst) return;
+    cudaSetDevice(0);
+    fillKernel<<<264, 512>>>(src, srcBytes, seed);
+    cudaMemcpy(hostSrc.data(), src, srcBytes, cudaMemcpyDeviceToHost);
+  }
+  ~Buffers() {
+    cudaFree(src);
+    cudaFree(dst);
+  }
+};
+
+// Thousands of small transfers (0 B to 16 KiB, unaligned) submitted back to back are batched several to a unit of
+// work; their kSet signals must still land in ticket order and never before their data.
+TEST(PeerCopyQueue, BatchedSmallTransfersSignalInTicketOrder) {
+  GDX_SKIP_WITHOUT_GPU();
+  constexpr int kTransfers = 4000;
+  constexpr size_t kSlot = 16 * 1024, kSrc = 8u << 20;
+  Buffers b(kSrc, kSlot * kTransfers, 31);
+  ASSERT_TRUE(b.src && b.dst);
+  std::mt19937_64 rng(12);
+  const Plan plan = makePlan(rng, kTransfers, kSlot, kSrc, [](std::mt19937_64& r, int i) -> uint64_t {
+    return i % 7 == 0 ? 0 : i % 7 == 1 ? 1 + r() % 16 : 1 + r() % (16 * 1024);
+  });
+  PeerCopyQueue::Options o;
+  o.blocks = 16;
+  o.capacity = 256;
+  PeerCopyQueue q(0, o);
+  runWatched(q, plan, b.src, b.dst, b.dstDev, b.hostSrc, 31, false, "batched small transfers");
+}
+
+// The cut of a transfer depends on the number of copy blocks (at most one chunk per block, each at least the
+// minimum chunk): every count from 1 block to all that fit copies a mix of sizes intact, in order.
+TEST(PeerCopyQueue, EveryBlockCountCopiesEveryByte) {
+  GDX_SKIP_WITHOUT_GPU();
+  constexpr int kTransfers = 60;
+  constexpr size_t kSlot = 12u << 20, kSrc = 32u << 20;
+  Buffers b(kSrc, kSlot * kTransfers, 47);
+  ASSERT_TRUE(b.src && b.dst);
+  for (unsigned blocks : {1u, 2u, 16u, 66u, 132u, 1024u}) {
+    std::mt19937_64 rng(blocks);
+    const Plan plan = makePlan(rng, kTransfers, kSlot, kSrc, [](std::mt19937_64& r, int i) -> uint64_t {
+      const uint64_t sizes[] = {0, 1, 4096, 100 * 1024 + 3, (1u << 20) + 7, (9u << 20) + 5, 1 + r() % (12u << 20)};
+      return sizes[i % 7];
+    });
+    PeerCopyQueue::Options o;
+    o.blocks = blocks;  // 1024 is capped to what is resident
+    o.capacity = 32;
+    o.chunkBytes = 64 * 1024;
+    PeerCopyQueue q(0, o);
+    runWatched(q, plan, b.src, b.dst, b.dstDev, b.hostSrc, 47, false,
+               std::to_string(blocks) + " copy blocks (" + std::to_string(q.options().blocks) + " resident)");
+  }
+}
+
+// One transfer at a time, each waited for before the next: the block that completes a transfer finds every earlier
+// one signalled and raises the signal itself (no hand-off to the signaller); data still comes first.
+TEST(PeerCopyQueue, OneAtATimeSignalsAfterTheData) {
+  GDX_SKIP_WITHOUT_GPU();
+  constexpr int kTransfers = 300;
+  constexpr size_t kSlot = 3u << 20, kSrc = 16u << 20;
+  Buffers b(kSrc, kSlot * kTransfers, 58);
+  ASSERT_TRUE(b.src && b.dst);
+  std::mt19937_64 rng(3);
+  const Plan plan = makePlan(rng, kTransfers, kSlot, kSrc, [](std::mt19937_64& r, int i) -> uint64_t {
+    return i % 3 == 0 ? 1 + r() % 4096 : i % 3 == 1 ? 4096 : 1 + r() % (3u << 20);
+  });
+  PeerCopyQueue q(0);
+  runWatched(q, plan, b.src, b.dst, b.dstDev, b.hostSrc, 58, true, "one transfer at a time");
+}
+
+// After the kernel left (idle) and came back, units and counters start afresh: mixed transfers still arrive intact.
+TEST(PeerCopyQueue, RelaunchedKernelStartsAfresh) {
+  GDX_SKIP_WITHOUT_GPU();
+  constexpr int kTransfers = 40;
+  constexpr size_t kSlot = 2u << 20, kSrc = 8u << 20;
+  Buffers b(kSrc, kSlot * kTransfers, 64);
+  ASSERT_TRUE(b.src && b.dst);
+  PeerCopyQueue::Options o = PeerCopyQueue::Options::fromEnv();
+  o.idleNs = 1000 * 1000;
+  o.capacity = 16;
+  PeerCopyQueue q(0, o);
+  for (int round = 0; round < 3; ++round) {
+    std::mt19937_64 rng(round);
+    const Plan plan = makePlan(rng, kTransfers, kSlot, kSrc, [](std::mt19937_64& r, int i) -> uint64_t {
+      return i % 2 ? 1 + r() % 8192 : 1 + r() % (2u << 20);
+    });
+    runWatched(q, plan, b.src, b.dst, b.dstDev, b.hostSrc, 64, false, "round " + std::to_string(round));
+    const uint64_t start = nowNs();
+    while (q.running() && nowNs() - start < 2000000000ull) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_FALSE(q.running()) << "the kernel should have left after 1 ms idle, round " << round;
+  }
 }
 
 // The kernel leaves when idle (a cudaDeviceSynchronize returns) and comes back on the next submit.

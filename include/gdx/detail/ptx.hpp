@@ -73,6 +73,25 @@ GDX_DEVICE_INLINE void bulkWaitAll() {
 }
 #endif
 
+/// The one-way release fence of sm_90 (PTX 8.6): with a strong store after it, a release pattern that need not
+/// order later loads. Elsewhere the two-way fence.acq_rel.sys.
+GDX_DEVICE_INLINE void fenceReleaseSys() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.release.sys;" ::: "memory");
+#else
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
+}
+
+/// 16-byte relaxed load and store at GPU scope, for the copy queue's work entries: each 8-byte half is its own
+/// single-copy atomic access (the pair is not), so the queue tags both halves and checks both tags.
+GDX_DEVICE_INLINE void loadRelaxedGpu128(const uint64_t* p, uint64_t& w0, uint64_t& w1) {
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(p) : "memory");
+}
+GDX_DEVICE_INLINE void storeRelaxedGpu128(uint64_t* p, uint64_t w0, uint64_t w1) {
+  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");
+}
+
 /// The second store of a pair published under one fence (releaseStore128Sys already ordered what came before).
 GDX_DEVICE_INLINE void relaxedStore128Sys(uint64_t* p, uint64_t w0, uint64_t w1) {
   asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");

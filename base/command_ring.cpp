@@ -19,8 +19,6 @@ constexpr size_t kTailOffset = 2 * kLine;
 constexpr size_t kCompletedOffset = 3 * kLine;
 constexpr size_t kErrorOffset = 4 * kLine;
 constexpr size_t kControlBytes = 5 * kLine;
-// GPU producers' counters in device memory, a line each: head, cached tail, refresh stamp.
-constexpr size_t kDeviceCounterLines = 3;
 
 uint64_t checkedCapacity(uint64_t c) {
   if (c < 2 || (c & (c - 1)) != 0)
@@ -46,8 +44,8 @@ CommandRing::CommandRing(const Options& o)
     if (!memory_.gpuMapped())
       throw Error(ErrorCode::kInvalidArgument, "a ring for GPU producers needs a GPU and host-mapped memory");
     void* p = nullptr;
-    GDX_CUDA_CHECK(cudaMalloc(&p, kDeviceCounterLines * kLine));
-    GDX_CUDA_CHECK(cudaMemset(p, 0, kDeviceCounterLines * kLine));
+    GDX_CUDA_CHECK(cudaMalloc(&p, 2 * kLine));
+    GDX_CUDA_CHECK(cudaMemset(p, 0, 2 * kLine));
     deviceCounters_ = static_cast<uint64_t*>(p);
 #else
     throw Error(ErrorCode::kInvalidArgument, "a ring for GPU producers needs gdx built with CUDA");
@@ -66,7 +64,7 @@ CommandRing::~CommandRing() {
 
 RingDeviceHandle CommandRing::hostHandle() const {
   if (deviceCounters_) throw Error(ErrorCode::kInvalidArgument, "this ring takes commands from GPU threads only");
-  return RingDeviceHandle{slots_, head_, cachedTail_, tail_, completed_, error_, nullptr, capacity_, timeoutNs_};
+  return RingDeviceHandle{slots_, head_, cachedTail_, tail_, completed_, error_, capacity_, timeoutNs_};
 }
 
 RingDeviceHandle CommandRing::deviceHandle() const {
@@ -78,7 +76,6 @@ RingDeviceHandle CommandRing::deviceHandle() const {
                           memory_.deviceAddressOf(tail_),
                           memory_.deviceAddressOf(completed_),
                           memory_.deviceAddressOf(error_),
-                          deviceCounters_ + 2 * kLine / sizeof(uint64_t),
                           capacity_,
                           timeoutNs_};
 }

@@ -2,6 +2,8 @@
 // and a putWithSignal that continues them announces their data only once all of it is in place; runs longer than the
 // merge cap are split; a put the registry refuses in the middle of a run is rejected alone while the puts around it
 // arrive. Commands are pushed before the proxy starts, so whole runs land in one batch.
+#include "gdx/detail/proxy.hpp"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,7 +15,6 @@
 
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/placement.hpp"
-#include "gdx/detail/proxy.hpp"
 #include "gdx/detail/signal_imm.hpp"
 #include "gdx/detail/transport.hpp"
 #include "gdx/detail/window_registry.hpp"
@@ -42,8 +43,8 @@ class ProxyMerge : public ::testing::Test {
     transport_->setImmHandler([this](const RemoteWrite& w) {
       // The announced write must carry the whole run before it: every byte from the run's start is in place.
       imms_.push_back(w);
-      dataInPlaceAtImm_.push_back(std::memcmp(dst_.data() + runStart_, src_.data() + runStart_,
-                                              w.offset + w.bytes - runStart_) == 0);
+      dataInPlaceAtImm_.push_back(
+          std::memcmp(dst_.data() + runStart_, src_.data() + runStart_, w.offset + w.bytes - runStart_) == 0);
     });
     Proxy::Options o;
     o.threads = 1;

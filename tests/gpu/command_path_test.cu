@@ -4,6 +4,7 @@
 // signal seen before the data of the puts it announces — merged or not, on any ring — fails the test.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "gdx/channel_device.hpp"
@@ -66,14 +67,15 @@ TEST(CommandPath, MergedPutsFromWarpsOnEveryRingAreInPlaceWhenTheirSignalIsSeen)
   const size_t bytes = size_t(kWarps) * kRounds * kSlot;
   std::vector<unsigned char> hostSrc(bytes);
   test::fillRandom(hostSrc.data(), bytes, 2026);
+  // Host-mapped windows: the transport moves host memory, and both kernels read it directly.
   void *src = nullptr, *dst = nullptr;
-  GDX_TEST_CUDA(cudaMalloc(&src, bytes));
-  GDX_TEST_CUDA(cudaMalloc(&dst, bytes));
-  GDX_TEST_CUDA(cudaMemcpy(src, hostSrc.data(), bytes, cudaMemcpyHostToDevice));
-  GDX_TEST_CUDA(cudaMemset(dst, 0xEE, bytes));
+  GDX_TEST_CUDA(cudaHostAlloc(&src, bytes, cudaHostAllocMapped));
+  GDX_TEST_CUDA(cudaHostAlloc(&dst, bytes, cudaHostAllocMapped));
+  std::memcpy(src, hostSrc.data(), bytes);
+  std::memset(dst, 0xEE, bytes);
   {
-    Window s = ctx.registerWindow(src, bytes, MemoryKind::kCuda);
-    Window d = ctx.registerWindow(dst, bytes, MemoryKind::kCuda);
+    Window s = ctx.registerWindow(src, bytes, MemoryKind::kHost);
+    Window d = ctx.registerWindow(dst, bytes, MemoryKind::kHost);
     const int numRings = ctx.numDeviceRings();
     ASSERT_EQ(numRings, 4);
     std::vector<ChannelDeviceHandle> handles;
@@ -82,8 +84,8 @@ TEST(CommandPath, MergedPutsFromWarpsOnEveryRingAreInPlaceWhenTheirSignalIsSeen)
     uint32_t* status = nullptr;
     unsigned long long* mismatches = nullptr;
     GDX_TEST_CUDA(cudaMalloc(&devHandles, handles.size() * sizeof(ChannelDeviceHandle)));
-    GDX_TEST_CUDA(cudaMemcpy(devHandles, handles.data(), handles.size() * sizeof(ChannelDeviceHandle),
-                             cudaMemcpyHostToDevice));
+    GDX_TEST_CUDA(
+        cudaMemcpy(devHandles, handles.data(), handles.size() * sizeof(ChannelDeviceHandle), cudaMemcpyHostToDevice));
     GDX_TEST_CUDA(cudaHostAlloc(&status, 2 * sizeof(uint32_t), cudaHostAllocMapped));
     GDX_TEST_CUDA(cudaHostAlloc(&mismatches, sizeof(unsigned long long), cudaHostAllocMapped));
     status[0] = status[1] = 0;
@@ -98,13 +100,11 @@ TEST(CommandPath, MergedPutsFromWarpsOnEveryRingAreInPlaceWhenTheirSignalIsSeen)
     GDX_TEST_CUDA(cudaStreamSynchronize(checker));
     const ProxyCounters c = ctx.proxy().totalCounters();
     EXPECT_EQ(status[0], 0u) << "sender: " << statusName(Status(status[0])) << "; the proxy took " << c.commands
-                             << " of " << kWarps * kRounds * 9 << " commands in " << c.batches << " polls ("
-                             << c.writes << " writes, " << c.errors << " errors); proxy: " << ctx.proxy().lastError();
+                             << " of " << kWarps * kRounds * 9 << " commands in " << c.batches << " polls (" << c.writes
+                             << " writes, " << c.errors << " errors); proxy: " << ctx.proxy().lastError();
     EXPECT_EQ(status[1], 0u) << "checker: " << statusName(Status(status[1]));
     EXPECT_EQ(*mismatches, 0ull) << "8-byte words not yet in place when their slot's signal was seen";
-    std::vector<unsigned char> got(bytes);
-    GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, bytes, cudaMemcpyDeviceToHost));
-    const long long bad = test::firstMismatch(got.data(), hostSrc.data(), bytes);
+    const long long bad = test::firstMismatch(static_cast<const unsigned char*>(dst), hostSrc.data(), bytes);
     EXPECT_EQ(bad, -1) << "first differing byte " << bad << " (slot " << bad / static_cast<long long>(kSlot) << ")";
     EXPECT_LT(c.writes, uint64_t(kWarps) * kRounds * 8) << "no consecutive puts were merged";
     cudaStreamDestroy(checker);
@@ -113,8 +113,8 @@ TEST(CommandPath, MergedPutsFromWarpsOnEveryRingAreInPlaceWhenTheirSignalIsSeen)
     cudaFreeHost(status);
     cudaFreeHost(mismatches);
   }
-  cudaFree(src);
-  cudaFree(dst);
+  cudaFreeHost(src);
+  cudaFreeHost(dst);
 }
 
 }  // namespace

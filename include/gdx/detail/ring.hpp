@@ -65,7 +65,7 @@ class CommandRing {
   uint64_t* tail_;
   uint64_t* completed_;
   uint32_t* error_;
-  uint64_t* deviceCounters_ = nullptr;  // head, cached tail, refresh stamp (128-byte lines), device memory
+  uint64_t* deviceCounters_ = nullptr;  // [0]: head, [16]: cached tail (own 128-byte lines), device memory
   uint64_t localTail_ = 0;
 };
 

@@ -9,13 +9,6 @@
 //  * `tail` counts slots the consumer has taken out; only the consumer writes it (release). A producer may
 //    write position p only once p < tail + capacity. Producers keep `cachedTail`, a copy of tail next to head,
 //    and re-read the real tail (over PCIe, for a GPU) only when the ring looks full.
-//  * GPU producers are admitted before they reserve: a warp's leader waits until head + n fits behind
-//    cachedTail + capacity and only then takes positions. The consumer takes positions in order, so a warp that
-//    held positions while it waited for room would stall it for everyone (with a hundred blocks pushing, the
-//    rate fell tenfold that way); admitted warps write their slots at once. Leaders racing through admission
-//    together may still overshoot, and then wait after reserving as host producers do. The real tail is read by
-//    one producer at a time, at most once per kTailRefreshNs (`refreshStamp`, device memory): hundreds of warps
-//    polling it would flood PCIe with reads and slow the very command stores the consumer is waiting for.
 //  * A command is published by storing both of its 8-byte words with the lap bit (bit 63 of each word) set to
 //    ((p / capacity) + 1) & 1, after a release fence. Slots start zeroed, so the first lap publishes lap bit 1
 //    and a stale command from the previous lap never looks valid. Both words carry the bit, so a consumer
@@ -56,66 +49,15 @@ GDX_HOST_DEVICE_INLINE void setErrorOnce(uint32_t* word, Status status) {
 
 struct RingDeviceHandle {
   Command* slots;
-  uint64_t* head;          ///< producers' reservation counter
-  uint64_t* cachedTail;    ///< producers' last seen tail (same memory as head)
-  uint64_t* tail;          ///< consumer-published tail (host memory)
-  uint64_t* completed;     ///< positions completed at the source, in order (host memory)
-  uint32_t* error;         ///< proxy error word: a Status, kOk while healthy (host memory)
-  uint64_t* refreshStamp;  ///< GPU producers: when the real tail was last read (device memory); host: null
-  uint64_t capacity;       ///< power of two
-  uint64_t timeoutNs;      ///< bound for every wait a producer makes
-
-  /// GPU producers read the real tail at most this often between them.
-  static constexpr uint64_t kTailRefreshNs = 400;
+  uint64_t* head;        ///< producers' reservation counter
+  uint64_t* cachedTail;  ///< producers' last seen tail (same memory as head)
+  uint64_t* tail;        ///< consumer-published tail (host memory)
+  uint64_t* completed;   ///< positions completed at the source, in order (host memory)
+  uint32_t* error;       ///< proxy error word: a Status, kOk while healthy (host memory)
+  uint64_t capacity;     ///< power of two
+  uint64_t timeoutNs;    ///< bound for every wait a producer makes
 
   GDX_HOST_DEVICE_INLINE static uint64_t lapOf(uint64_t pos, uint64_t capacity) { return ((pos / capacity) + 1) & 1; }
-
-  /// The newest tail this producer can learn without flooding PCIe: the real one when no other GPU producer
-  /// read it within kTailRefreshNs (or always, for host producers), otherwise `cached`.
-  GDX_HOST_DEVICE_INLINE uint64_t refreshTail(uint64_t cached) const {
-#if GDX_DEVICE_COMPILE
-    if (refreshStamp) {
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> stamp(*refreshStamp);
-      const uint64_t now = nowNs();
-      uint64_t last = stamp.load(cuda::std::memory_order_relaxed);
-      if (now - last < kTailRefreshNs || !stamp.compare_exchange_strong(last, now, cuda::std::memory_order_relaxed))
-        return atomicLoad(cachedTail, kRelaxed);
-    }
-#endif
-    const uint64_t t = atomicLoad(tail, kAcquire);
-    if (t > cached) atomicFetchMax(cachedTail, t, kRelaxed);
-    return t > cached ? t : cached;
-  }
-
-  /// Bounded wait for the error word or the deadline, checked every 16th spin; kOk while neither.
-  GDX_HOST_DEVICE_INLINE Status checkWait(uint64_t spins, uint64_t& start) const {
-    if ((spins & 15) != 0) return Status::kOk;
-    uint32_t e = atomicLoad(error, kRelaxed);
-    if (e != 0) return static_cast<Status>(e);
-    uint64_t now = nowNs();
-    if (start == 0) start = now;
-    return now - start > timeoutNs ? Status::kTimeout : Status::kOk;
-  }
-
-#if GDX_DEVICE_COMPILE
-  /// GPU producers: waits (bounded) until `total` more positions fit behind the consumer, then takes them. A
-  /// timeout here leaves no hole in the ring (nothing was reserved), so it is this producer's error alone.
-  __device__ Status admitAndReserve(uint64_t total, uint64_t* first) const {
-    uint64_t start = 0;
-    for (uint64_t spins = 0;; ++spins) {
-      const uint64_t h = atomicLoad(head, kRelaxed);
-      uint64_t t = atomicLoad(cachedTail, kRelaxed);
-      if (h + total > t + capacity) t = refreshTail(t);
-      if (h + total <= t + capacity) {
-        *first = atomicFetchAdd(head, total, kRelaxed);
-        return Status::kOk;
-      }
-      const Status s = checkWait(spins, start);
-      if (s != Status::kOk) return s;
-      waitForSlots(spins, h + total - (t + capacity));
-    }
-  }
-#endif
 
   /// Reserves `n` consecutive positions; returns the first in *pos. Waits (bounded) until they are free.
   /// On the device, the threads of a warp that reserve on the same ring at the same time are served by one
@@ -130,10 +72,7 @@ struct RingDeviceHandle {
     const unsigned lower = group & ((1u << lane) - 1);
     const uint64_t total = __popc(group) + __popc(pairs);
     uint64_t base = 0;
-    Status admitted = Status::kOk;
-    if (lane == leader) admitted = admitAndReserve(total, &base);
-    admitted = static_cast<Status>(__shfl_sync(group, static_cast<uint32_t>(admitted), leader));
-    if (admitted != Status::kOk) return admitted;
+    if (lane == leader) base = atomicFetchAdd(head, total, kRelaxed);
     base = __shfl_sync(group, base, leader);
     uint64_t p = base + __popc(lower) + __popc(lower & pairs);
 #else
@@ -146,15 +85,23 @@ struct RingDeviceHandle {
     for (uint64_t spins = 0;; ++spins) {
       // Another producer may have refreshed the cached copy already; only then pay for reading the real tail.
       uint64_t t = atomicLoad(cachedTail, kRelaxed);
-      if (last >= t + capacity) t = refreshTail(t);
-      if (last < t + capacity) return Status::kOk;
-      const Status s = checkWait(spins, start);
-      if (s == Status::kTimeout) {
-        // This position is reserved and will never be published, so the consumer stops at it: the whole
-        // ring is broken from here on, and every other wait on it must say so instead of timing out too.
-        setErrorOnce(error, Status::kTimeout);
+      if (last >= t + capacity) {
+        t = atomicLoad(tail, kAcquire);
+        if (last < t + capacity) atomicFetchMax(cachedTail, t, kRelaxed);
       }
-      if (s != Status::kOk) return s;
+      if (last < t + capacity) return Status::kOk;
+      if ((spins & 15) == 0) {
+        uint32_t e = atomicLoad(error, kRelaxed);
+        if (e != 0) return static_cast<Status>(e);
+        uint64_t now = nowNs();
+        if (start == 0) start = now;
+        if (now - start > timeoutNs) {
+          // This position is reserved and will never be published, so the consumer stops at it: the whole
+          // ring is broken from here on, and every other wait on it must say so instead of timing out too.
+          setErrorOnce(error, Status::kTimeout);
+          return Status::kTimeout;
+        }
+      }
       waitForSlots(spins, last + 1 - (t + capacity));
     }
   }

@@ -98,7 +98,11 @@ struct Buffer::Impl {
 };
 
 Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config& config)
-    : context_(context), config_(config), rank_(context.rank()), numRanks_(context.worldSize()), nvlBytes_(nvlBytes),
+    : context_(context),
+      config_(config),
+      rank_(context.rank()),
+      numRanks_(context.worldSize()),
+      nvlBytes_(nvlBytes),
       impl_(std::make_unique<Impl>()) {
   (void)rdmaBytes;
   if (!context.gpu().present()) invalid(rank_, "needs a GPU");
@@ -157,7 +161,8 @@ Buffer::~Buffer() {
 }
 
 int Buffer::maxTokensPerRank(int hidden, int numTopk, DType dtype) const {
-  const uint64_t row = std::max<uint64_t>(dispatchRow(hidden, numTopk, dtype).rowBytes, combineRowBytes(hidden, numTopk));
+  const uint64_t row =
+      std::max<uint64_t>(dispatchRow(hidden, numTopk, dtype).rowBytes, combineRowBytes(hidden, numTopk));
   return static_cast<int>((nvlBytes_ - kCtrlBytes) / row / numRanks_);
 }
 
@@ -206,7 +211,8 @@ void Buffer::launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int
     invalid(rank_, "dispatch: " + std::to_string(in.numExperts) + " experts, not a positive multiple of the " +
                        std::to_string(numRanks_) + " ranks (at most " + std::to_string(kMaxExperts) + ")");
   if (in.numTopk < 1 || in.numTopk > kMaxTopk)
-    invalid(rank_, "dispatch: numTopk " + std::to_string(in.numTopk) + " outside [1, " + std::to_string(kMaxTopk) + "]");
+    invalid(rank_,
+            "dispatch: numTopk " + std::to_string(in.numTopk) + " outside [1, " + std::to_string(kMaxTopk) + "]");
   if (in.numTokens > 0 && !in.topkIdx) invalid(rank_, "dispatch: topkIdx is needed (it routes the tokens)");
   if (expertAlignment < 1) invalid(rank_, "dispatch: expert alignment " + std::to_string(expertAlignment));
   impl_->raise(rank_, context_, stream);
@@ -234,8 +240,8 @@ void Buffer::getDispatchLayout(const int64_t* topkIdx, int numTokens, int numTop
     invalid(rank_, "get_dispatch_layout: " + std::to_string(numExperts) + " experts, not a positive multiple of the " +
                        std::to_string(numRanks_) + " ranks");
   if (numTopk < 1 || numTopk > kMaxTopk || numTokens < 0 || (numTokens > 0 && !topkIdx))
-    invalid(rank_, "get_dispatch_layout: numTopk " + std::to_string(numTopk) + ", numTokens " +
-                       std::to_string(numTokens));
+    invalid(rank_,
+            "get_dispatch_layout: numTopk " + std::to_string(numTopk) + ", numTokens " + std::to_string(numTokens));
   if (!numTokensPerRank || !numTokensPerExpert || !isTokenInRank)
     invalid(rank_, "get_dispatch_layout: every output is needed");
   impl_->raise(rank_, context_, stream);
@@ -266,11 +272,11 @@ void Buffer::dispatch(const DispatchInputs& in, const DispatchHandle& handle, co
                        ", the handle routes " + std::to_string(handle.numTokens_) + " of hidden " +
                        std::to_string(handle.hidden_));
   if (in.topkIdx && in.numTopk != handle.numTopk_)
-    invalid(rank_, "dispatch: numTopk " + std::to_string(in.numTopk) + ", the handle's is " +
-                       std::to_string(handle.numTopk_));
+    invalid(rank_,
+            "dispatch: numTopk " + std::to_string(in.numTopk) + ", the handle's is " + std::to_string(handle.numTopk_));
   if (out.capacity < 0 || (out.capacity > 0 && (!out.recvX || reinterpret_cast<uintptr_t>(out.recvX) % 16 != 0)))
-    invalid(rank_, "dispatch: recvX must be a 16-byte aligned device pointer for " + std::to_string(out.capacity) +
-                       " rows");
+    invalid(rank_,
+            "dispatch: recvX must be a 16-byte aligned device pointer for " + std::to_string(out.capacity) + " rows");
   if (in.dtype == DType::kFloat8E4M3 && out.capacity > 0 && !out.recvXScales)
     invalid(rank_, "dispatch: FP8 needs recvXScales");
   impl_->raise(rank_, context_, stream);

@@ -154,9 +154,9 @@ __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, Prepare
 // ---- dispatch -------------------------------------------------------------------------------------------------
 
 struct Offsets {
-  int32_t inPrefix[kMaxRanks + 1];  // rows at this rank: those of source s start at inPrefix[s]
-  int32_t atPeer[kMaxRanks];        // dispatch: where this rank's rows start at rank d; combine: at source s
-  int32_t ownPrefix[kMaxRanks + 1]; // combine: rows this rank sent to d start at ownPrefix[d] (in its own buffer)
+  int32_t inPrefix[kMaxRanks + 1];   // rows at this rank: those of source s start at inPrefix[s]
+  int32_t atPeer[kMaxRanks];         // dispatch: where this rank's rows start at rank d; combine: at source s
+  int32_t ownPrefix[kMaxRanks + 1];  // combine: rows this rank sent to d start at ownPrefix[d] (in its own buffer)
 };
 
 // From the counts matrix (handle) into shared memory, by thread 0.
@@ -231,7 +231,8 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
       const int d = (me + i) % R;
       const int pos = a.handle.sendPos[int64_t(tok) * R + d];
       if (pos < 0) continue;
-      const int local = expert >= int64_t(d) * epr && expert < int64_t(d + 1) * epr ? int(expert - int64_t(d) * epr) : -1;
+      const int local =
+          expert >= int64_t(d) * epr && expert < int64_t(d + 1) * epr ? int(expert - int64_t(d) * epr) : -1;
       const float w = local >= 0 ? weight : 0.f;
       if (d == me) {  // straight into the outputs
         const int row = o.inPrefix[me] + pos;
@@ -273,7 +274,8 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
     if (lane == 0 && a.out.recvSrcIdx) a.out.recvSrcIdx[row] = m[0];
     if (withTopk && lane < K) {
       if (a.out.recvTopkIdx) a.out.recvTopkIdx[int64_t(row) * K + lane] = m[1 + lane];
-      if (a.out.recvTopkWeights) a.out.recvTopkWeights[int64_t(row) * K + lane] = reinterpret_cast<const float*>(m + 1 + K)[lane];
+      if (a.out.recvTopkWeights)
+        a.out.recvTopkWeights[int64_t(row) * K + lane] = reinterpret_cast<const float*>(m + 1 + K)[lane];
     }
   }
   finishOp(t);

@@ -29,7 +29,7 @@ struct Ctrl {
   uint64_t dataDone[kMaxRanks];
   uint32_t status[kMaxRanks];  // a sender's ErrorKind for this epoch (kNone: fine)
   int64_t statusValue[kMaxRanks];
-  int32_t counts[kMaxRanks][kMaxRanks];  // counts[s][d]: tokens s sends to d (every sender sends its whole row)
+  int32_t counts[kMaxRanks][kMaxRanks];          // counts[s][d]: tokens s sends to d (every sender sends its whole row)
   int32_t expertCounts[kMaxRanks][kMaxExperts];  // [s][j]: tokens s sends to this rank's local expert j
 };
 constexpr uint64_t kCtrlBytes = (sizeof(Ctrl) + 4095) / 4096 * 4096;
@@ -37,12 +37,12 @@ constexpr uint64_t kCtrlBytes = (sizeof(Ctrl) + 4095) / 4096 * 4096;
 /// Why an operation failed (Report::kind).
 enum ErrorKind : uint32_t {
   kNone = 0,
-  kBadExpert = 1,    // value: the expert id, value2: the number of experts
-  kRecvCapacity = 2, // value: rows to receive, value2: the outputs' capacity
-  kPeerError = 3,    // peer: the rank that found the error, value: its kind, value2: its value
-  kTimeout = 4,      // peer, value: the epoch waited for, value2: the value seen; where: the wait
-  kPeerFailed = 5,   // the context's failure word was set while waiting on `peer`
-  kBadHandle = 6,    // the handle's routing is not valid (its prepare failed)
+  kBadExpert = 1,     // value: the expert id, value2: the number of experts
+  kRecvCapacity = 2,  // value: rows to receive, value2: the outputs' capacity
+  kPeerError = 3,     // peer: the rank that found the error, value: its kind, value2: its value
+  kTimeout = 4,       // peer, value: the epoch waited for, value2: the value seen; where: the wait
+  kPeerFailed = 5,    // the context's failure word was set while waiting on `peer`
+  kBadHandle = 6,     // the handle's routing is not valid (its prepare failed)
 };
 
 /// Which wait timed out (Report::where).
@@ -73,17 +73,17 @@ struct Team {
   int rank;
   int numRanks;
   State* state;
-  Report* report;            // host-mapped
-  const uint32_t* failure;   // the context's failure word (a Status), host-mapped
+  Report* report;           // host-mapped
+  const uint32_t* failure;  // the context's failure word (a Status), host-mapped
   uint64_t timeoutNs;
 };
 
 /// A handle's device memory, carved from one allocation.
 struct HandleView {
-  int32_t* sendPos;   // [maxTokens, R]: row of token t among those sent to rank d, -1: not sent there
-  int32_t* matrix;    // [R, R] counts[s][d]
-  int32_t* numRecv;   // [1]
-  int32_t* valid;     // [1]: 1 when the prepare that filled it succeeded on every rank
+  int32_t* sendPos;  // [maxTokens, R]: row of token t among those sent to rank d, -1: not sent there
+  int32_t* matrix;   // [R, R] counts[s][d]
+  int32_t* numRecv;  // [1]
+  int32_t* valid;    // [1]: 1 when the prepare that filled it succeeded on every rank
 };
 inline HandleView carveHandle(void* memory, int maxTokens) {
   char* p = static_cast<char*>(memory);
@@ -105,7 +105,9 @@ struct RowLayout {
   uint32_t xBytes, scaleBytes, metaBytes, rowBytes;
   uint32_t scaleOffset, metaOffset;
 };
-GDX_HOST_DEVICE_INLINE uint32_t align16(uint64_t b) { return static_cast<uint32_t>((b + 15) / 16 * 16); }
+GDX_HOST_DEVICE_INLINE uint32_t align16(uint64_t b) {
+  return static_cast<uint32_t>((b + 15) / 16 * 16);
+}
 inline RowLayout dispatchRow(int hidden, int numTopk, DType dtype) {
   RowLayout r;
   r.xBytes = align16(uint64_t(hidden) * (dtype == DType::kBFloat16 ? 2 : 1));
@@ -125,9 +127,9 @@ struct PrepareArgs {
   const int64_t* topkIdx;
   int numTokens, numTopk, numExperts, alignment;
   HandleView handle;
-  int32_t* perExpertOut;   // device, optional
-  int32_t* numRecvOut;     // device, optional
-  int32_t* hostCounts;     // host-mapped [1 + kMaxExperts]: numRecv, then per local expert (aligned)
+  int32_t* perExpertOut;  // device, optional
+  int32_t* numRecvOut;    // device, optional
+  int32_t* hostCounts;    // host-mapped [1 + kMaxExperts]: numRecv, then per local expert (aligned)
 };
 
 struct DispatchArgs {

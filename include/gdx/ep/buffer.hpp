@@ -51,8 +51,8 @@ enum class DType : int { kBFloat16 = 0, kFloat8E4M3 = 1 };
 
 /// Kernel shape. The defaults keep every kernel at <= 24 SMs (one block per SM).
 struct Config {
-  int numSms = 24;        ///< blocks of the dispatch and combine kernels
-  int numThreads = 768;   ///< threads per block (a multiple of 32, <= 1024)
+  int numSms = 24;       ///< blocks of the dispatch and combine kernels
+  int numThreads = 768;  ///< threads per block (a multiple of 32, <= 1024)
   /// Defaults for a Buffer over `numRanks` GPUs (2, 4, 8): more ranks spread the same bytes over more links.
   static Config forRanks(int numRanks);
 };
@@ -76,13 +76,13 @@ struct DispatchInputs {
 /// other than recvX may be null (not written). `capacity`: rows the outputs hold (numRecvTokens from
 /// dispatchPrepare, or numWorstTokens).
 struct DispatchOutputs {
-  void* recvX = nullptr;                  ///< [capacity, hidden] BF16 or FP8 bytes
-  float* recvXScales = nullptr;           ///< [capacity, hidden / 128] (FP8)
-  int64_t* recvTopkIdx = nullptr;         ///< [capacity, numTopk]: local expert id, -1 where not local
-  float* recvTopkWeights = nullptr;       ///< [capacity, numTopk]: 0 where the expert is not local
-  int32_t* recvSrcIdx = nullptr;          ///< [capacity]: the row's token index on its source rank
+  void* recvX = nullptr;                      ///< [capacity, hidden] BF16 or FP8 bytes
+  float* recvXScales = nullptr;               ///< [capacity, hidden / 128] (FP8)
+  int64_t* recvTopkIdx = nullptr;             ///< [capacity, numTopk]: local expert id, -1 where not local
+  float* recvTopkWeights = nullptr;           ///< [capacity, numTopk]: 0 where the expert is not local
+  int32_t* recvSrcIdx = nullptr;              ///< [capacity]: the row's token index on its source rank
   int32_t* numRecvTokensPerExpert = nullptr;  ///< [numExperts / ranks], aligned (prepare / worst forms)
-  int32_t* numRecvTokens = nullptr;       ///< [1] rows received (worst form; optional)
+  int32_t* numRecvTokens = nullptr;           ///< [1] rows received (worst form; optional)
   int capacity = 0;
 };
 
@@ -102,8 +102,8 @@ struct CombineInputs {
   const void* bias1 = nullptr;
 };
 struct CombineOutputs {
-  void* combinedX = nullptr;              ///< [numTokens, hidden] BF16
-  float* combinedTopkWeights = nullptr;   ///< [numTokens, numTopk] (when CombineInputs::topkWeights is given)
+  void* combinedX = nullptr;             ///< [numTokens, hidden] BF16
+  float* combinedTopkWeights = nullptr;  ///< [numTokens, numTopk] (when CombineInputs::topkWeights is given)
 };
 
 class Buffer;
@@ -161,7 +161,8 @@ class Buffer {
                                  cudaStream_t stream, int32_t* numRecvTokensPerExpert = nullptr);
   /// Sends the tokens along `handle`'s routing (of a dispatchPrepare on the same token count, or any earlier
   /// dispatch: the cached form) into `out`. No host synchronisation.
-  void dispatch(const DispatchInputs& in, const DispatchHandle& handle, const DispatchOutputs& out, cudaStream_t stream);
+  void dispatch(const DispatchInputs& in, const DispatchHandle& handle, const DispatchOutputs& out,
+                cudaStream_t stream);
   /// dispatchPrepare and dispatch without the host synchronisation: outputs hold `numWorstTokens` rows, the
   /// received count and per-expert counts are written to out.numRecvTokens / out.numRecvTokensPerExpert.
   void dispatchWorst(const DispatchInputs& in, DispatchHandle& handle, const DispatchOutputs& out, int numWorstTokens,

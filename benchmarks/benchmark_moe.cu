@@ -34,6 +34,7 @@ struct Options {
   std::vector<int> tokens{128, 256, 512, 1024, 2048, 4096};
   int iters = 20;
   int sms = 24;
+  int threads = 0;  // 0: ep::Config::forRanks
 };
 
 __global__ void fillKernel(uint32_t* p, size_t words, uint32_t seed) {
@@ -74,6 +75,7 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   const int maxTokens = *std::max_element(o.tokens.begin(), o.tokens.end());
   ep::Config cfg = ep::Config::forRanks(R);
   cfg.numSms = o.sms;
+  if (o.threads > 0) cfg.numThreads = o.threads;
   const size_t nvlBytes = size_t(maxTokens) * R * (kHidden * 2 + 128) + (size_t(8) << 20);
   ep::Buffer buf(ctx, nvlBytes, 0, cfg);
   cudaStream_t stream;
@@ -106,12 +108,35 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   GDX_CUDA_CHECK(cudaMemcpy(weights, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   GDX_CUDA_CHECK(cudaDeviceSynchronize());
   std::ostringstream out;
-  if (me == 0) out << "gpu " << ctx.gpu().name << "\nranks " << R << "\nsms " << cfg.numSms << "\n";
+  if (me == 0)
+    out << "gpu " << ctx.gpu().name << "\nranks " << R << "\nsms " << cfg.numSms << " " << cfg.numThreads << "\n";
+  {  // warm-up: clocks, first launches, first touch of the peers' mappings
+    const int n = o.tokens.front();
+    ep::DispatchInputs in{x,     nullptr,  static_cast<int64_t*>(topk), static_cast<float*>(weights), n, kHidden,
+                          kTopk, kExperts, ep::DType::kBFloat16};
+    ep::DispatchHandle h = buf.newHandle(n);
+    ep::DispatchOutputs outp;
+    outp.recvX = recvX;
+    outp.capacity = buf.dispatchPrepare(in, h, 1, stream).numRecvTokens;
+    for (int i = 0; i < 200; ++i) {
+      buf.dispatch(in, h, outp, stream);
+      buf.combine(ep::CombineInputs{recvX, nullptr, nullptr, nullptr}, h, ep::CombineOutputs{combined, nullptr},
+                  stream);
+    }
+    GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
   for (int n : o.tokens) {
     for (ep::DType dt : {ep::DType::kBFloat16, ep::DType::kFloat8E4M3}) {
       const bool fp8 = dt == ep::DType::kFloat8E4M3;
-      ep::DispatchInputs in{x, fp8 ? static_cast<float*>(scales) : nullptr, static_cast<int64_t*>(topk),
-                            static_cast<float*>(weights), n, kHidden, kTopk, kExperts, dt};
+      ep::DispatchInputs in{x,
+                            fp8 ? static_cast<float*>(scales) : nullptr,
+                            static_cast<int64_t*>(topk),
+                            static_cast<float*>(weights),
+                            n,
+                            kHidden,
+                            kTopk,
+                            kExperts,
+                            dt};
       ep::DispatchHandle h = buf.newHandle(n);
       const ep::DispatchCounts c = buf.dispatchPrepare(in, h, 1, stream);
       ep::DispatchOutputs outp;
@@ -130,8 +155,8 @@ int rankMain(const Options& o, const std::string& resultsPath) {
       double combUs = -1, combBytes = double(c.numRecvTokens) * kHidden * 2;
       if (!fp8) {
         auto combine = [&] {
-          buf.combine(ep::CombineInputs{recvX, nullptr, nullptr, nullptr}, h,
-                      ep::CombineOutputs{combined, nullptr}, stream);
+          buf.combine(ep::CombineInputs{recvX, nullptr, nullptr, nullptr}, h, ep::CombineOutputs{combined, nullptr},
+                      stream);
         };
         for (int i = 0; i < 5; ++i) combine();
         GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -195,7 +220,7 @@ int byHand(char** argv, int ranks, const Options& o, const std::string& json, bo
     return rc;
   }
   std::string gpu = "?";
-  int sms = 0;
+  int sms = 0, threads = 0;
   std::map<std::string, std::pair<double, double>> r;  // "tokens dtype op" -> (us, bytes)
   std::map<std::string, double> peer;                  // same key -> NCCL us
   auto readLines = [&](std::istream& in) {
@@ -208,7 +233,7 @@ int byHand(char** argv, int ranks, const Options& o, const std::string& json, bo
         std::getline(ls, gpu);
         if (!gpu.empty() && gpu[0] == ' ') gpu.erase(0, 1);
       } else if (kind == "sms") {
-        ls >> sms;
+        ls >> sms >> threads;
       } else if (kind == "moe") {
         std::string n, dt, op;
         double us, bytes;
@@ -244,15 +269,18 @@ int byHand(char** argv, int ranks, const Options& o, const std::string& json, bo
     std::remove(script.c_str());
   }
   const std::string date = isoDateUtc();
-  std::printf("benchmark_moe: %d x %s, %s; hidden %d, top-%d of %d experts, %d SMs per kernel, mean of %d calls\n",
-              ranks, gpu.c_str(), date.c_str(), kHidden, kTopk, kExperts, sms, o.iters);
+  std::printf(
+      "benchmark_moe: %d x %s, %s; hidden %d, top-%d of %d experts, %d SMs x %d threads per kernel, mean of "
+      "%d calls\n",
+      ranks, gpu.c_str(), date.c_str(), kHidden, kTopk, kExperts, sms, threads, o.iters);
   std::printf("%8s %6s %9s %10s %9s %11s %10s %8s\n", "tokens", "dtype", "op", "us", "GB/s", "NCCL us", "NCCL GB/s",
               "speedup");
   std::ostringstream js;
-  js << "{\n  \"benchmark\": \"moe\",\n  \"gpu\": " << jsonString(gpu) << ",\n  \"machine\": "
-     << jsonString(std::to_string(ranks) + " x " + gpu + ", " + hostName()) << ",\n  \"date\": " << jsonString(date)
-     << ",\n  \"ranks\": " << ranks << ",\n  \"hidden\": " << kHidden << ",\n  \"topk\": " << kTopk
-     << ",\n  \"experts\": " << kExperts << ",\n  \"sms\": " << sms << ",\n  \"results\": [";
+  js << "{\n  \"benchmark\": \"moe\",\n  \"gpu\": " << jsonString(gpu)
+     << ",\n  \"machine\": " << jsonString(std::to_string(ranks) + " x " + gpu + ", " + hostName())
+     << ",\n  \"date\": " << jsonString(date) << ",\n  \"ranks\": " << ranks << ",\n  \"hidden\": " << kHidden
+     << ",\n  \"topk\": " << kTopk << ",\n  \"experts\": " << kExperts << ",\n  \"sms\": " << sms
+     << ",\n  \"threads\": " << threads << ",\n  \"results\": [";
   bool first = true;
   for (int n : o.tokens)
     for (const char* dt : {"bf16", "fp8"})
@@ -303,6 +331,8 @@ int main(int argc, char** argv) {
         [&](const std::string& v) { o.iters = std::max(1, int(gdx::bench::parseCount(v))); }},
        {"--sms", "N", "blocks (SMs) of the dispatch and combine kernels (default 24)",
         [&](const std::string& v) { o.sms = std::max(1, int(gdx::bench::parseCount(v))); }},
+       {"--threads", "N", "threads per block of those kernels (default: ep::Config::forRanks)",
+        [&](const std::string& v) { o.threads = int(gdx::bench::parseCount(v)); }},
        {"--no-nccl", "", "skip the NCCL peer (PyTorch)", [&](const std::string&) { nccl = false; }}});
   if (parsed >= 0) return parsed;
   try {

@@ -17,7 +17,7 @@ enum class Routing { kRandom, kWithHoles, kOneExpert };
 
 struct Case {
   std::string name;
-  int tokens;           // per rank
+  int tokens;  // per rank
   int hidden, topk, experts;
   bool fp8;
   Values values = Values::kRandom;

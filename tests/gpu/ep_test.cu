@@ -27,7 +27,8 @@ struct Dev {
   void* p = nullptr;
   size_t bytes;
   explicit Dev(size_t n) : bytes(std::max<size_t>(n, 16)) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0xEE, bytes) != cudaSuccess) ADD_FAILURE() << "cudaMalloc";
+    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0xEE, bytes) != cudaSuccess)
+      ADD_FAILURE() << "cudaMalloc";
   }
   ~Dev() { cudaFree(p); }
   template <typename T>
@@ -44,8 +45,8 @@ struct Dev {
 };
 
 std::vector<std::vector<int64_t>> allGather(Context& ctx, const std::vector<int64_t>& mine) {
-  std::vector<std::string> all = ctx.bootstrap().allGather(
-      std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(int64_t)));
+  std::vector<std::string> all =
+      ctx.bootstrap().allGather(std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(int64_t)));
   std::vector<std::vector<int64_t>> out(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
     out[r].resize(all[r].size() / sizeof(int64_t));
@@ -152,7 +153,14 @@ void runCase(Context& ctx, ep::Buffer& buf, const Case& c, cudaStream_t stream) 
   EXPECT_EQ(inRank.get<unsigned char>(size_t(n) * kRanks), wantIn);
 
   // Prepare: counts against the all-gathered reference.
-  ep::DispatchInputs in{x.p, c.fp8 ? s.as<float>() : nullptr, di.as<int64_t>(), dw.as<float>(), n, H, K, c.experts,
+  ep::DispatchInputs in{x.p,
+                        c.fp8 ? s.as<float>() : nullptr,
+                        di.as<int64_t>(),
+                        dw.as<float>(),
+                        n,
+                        H,
+                        K,
+                        c.experts,
                         c.fp8 ? ep::DType::kFloat8E4M3 : ep::DType::kBFloat16};
   ep::DispatchHandle h = buf.newHandle(n);
   ep::DispatchCounts counts = buf.dispatchPrepare(in, h, c.alignment, stream);
@@ -234,15 +242,16 @@ std::vector<Case> cases() {
   v.push_back({"bf16 random H7168 K8 E256", 256, 7168, 8, 256, false});
   v.push_back({"bf16 rank-valued H2048 K1 E8", 128, 2048, 1, 8, false, Values::kRankValued});
   v.push_back({"fp8 H4096 K4 E64", 300, 4096, 4, 64, true, Values::kRandom, Routing::kRandom, -1, 1, 3});
-  v.push_back({"bf16 holes H2048 K2 E288 align 4", 513, 2048, 2, 288, false, Values::kRandom, Routing::kWithHoles, -1,
-               4, 5});
-  v.push_back({"bf16 rank 1 sends nothing H2048 K8 E16", 200, 2048, 8, 16, false, Values::kRandom, Routing::kRandom, 1,
-               1, 7});
-  v.push_back({"bf16 one expert H7168 K8 E32", 100, 7168, 8, 32, false, Values::kRandom, Routing::kOneExpert, -1, 1, 9});
+  v.push_back(
+      {"bf16 holes H2048 K2 E288 align 4", 513, 2048, 2, 288, false, Values::kRandom, Routing::kWithHoles, -1, 4, 5});
+  v.push_back(
+      {"bf16 rank 1 sends nothing H2048 K8 E16", 200, 2048, 8, 16, false, Values::kRandom, Routing::kRandom, 1, 1, 7});
+  v.push_back(
+      {"bf16 one expert H7168 K8 E32", 100, 7168, 8, 32, false, Values::kRandom, Routing::kOneExpert, -1, 1, 9});
   v.push_back({"fp8 holes H7168 K3 E8", 64, 7168, 3, 8, true, Values::kRandom, Routing::kWithHoles, -1, 1, 11});
   v.push_back({"bf16 H5120 K5 E40", 96, 5120, 5, 40, false, Values::kRandom, Routing::kRandom, -1, 1, 13});
-  v.push_back({"bf16 rank-valued H3072 K6 E96", 77, 3072, 6, 96, false, Values::kRankValued, Routing::kRandom, -1, 1,
-               15});
+  v.push_back(
+      {"bf16 rank-valued H3072 K6 E96", 77, 3072, 6, 96, false, Values::kRankValued, Routing::kRandom, -1, 1, 15});
   v.push_back({"fp8 H6144 K7 E128", 150, 6144, 7, 128, true, Values::kRandom, Routing::kRandom, -1, 1, 17});
   return v;
 }
@@ -269,8 +278,8 @@ void badInputs(Context& ctx, ep::Buffer& buf, cudaStream_t stream) {
   dw.put(w.data(), w.size() * 4);
   ep::DispatchHandle h = buf.newHandle(1 << 16);
   auto input = [&](int experts, int hidden, int dtype) {
-    return ep::DispatchInputs{x.p, nullptr, di.as<int64_t>(), dw.as<float>(), n, hidden, c.topk, experts,
-                              static_cast<ep::DType>(dtype)};
+    return ep::DispatchInputs{
+        x.p, nullptr, di.as<int64_t>(), dw.as<float>(), n, hidden, c.topk, experts, static_cast<ep::DType>(dtype)};
   };
   di.put(idx.data(), idx.size() * 8);
   expectThrowContaining([&] { buf.dispatchPrepare(input(17, 2048, 0), h, 1, stream); }, "17 experts", "E % R != 0");
@@ -288,8 +297,8 @@ void badInputs(Context& ctx, ep::Buffer& buf, cudaStream_t stream) {
     const int64_t value = culprit == 0 ? 300 : -5;
     if (me == culprit && n > 3) badIdx[3 * c.topk + 1] = value;
     di.put(badIdx.data(), badIdx.size() * 8);
-    const std::string text = me == culprit ? "expert id " + std::to_string(value)
-                                           : "rank " + std::to_string(culprit) + " found bad input";
+    const std::string text =
+        me == culprit ? "expert id " + std::to_string(value) : "rank " + std::to_string(culprit) + " found bad input";
     expectThrowContaining([&] { buf.dispatchPrepare(input(16, 2048, 0), h, 1, stream); }, text, "bad expert id");
     // The same through the worst form: nothing is written to the outputs, the error comes with checkErrors().
     Received r(c, 2 * 64, c.experts / kRanks);

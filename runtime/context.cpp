@@ -300,6 +300,11 @@ PeerCopyQueue* Context::forwarder() {
   return relay_->forwarder();
 }
 
+void* Context::directWindowBase(int peer, uint32_t id) const {
+  if (!direct_ || id >= kMaxWindows) return nullptr;
+  return direct_->withPeerTable(peer, [id](const DirectPeer* t) -> void* { return t ? t->peerBase[id] : nullptr; });
+}
+
 bool Context::isDirect(int peer) const {
   return direct_ && direct_->isDirect(peer);
 }

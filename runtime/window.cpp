@@ -35,4 +35,10 @@ size_t Window::remoteSize(int peer) const {
   return context_ ? context_->registry_->remoteBytes(peer, id_) : 0;
 }
 
+void* Window::peerData(int peer) const {
+  if (!context_) return nullptr;
+  if (peer == context_->rank()) return kind_ == MemoryKind::kCuda ? base_ : nullptr;
+  return context_->directWindowBase(peer, id_);
+}
+
 }  // namespace gdx

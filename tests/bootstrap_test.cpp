@@ -62,6 +62,8 @@ const char* const kEnvVars[] = {"GDX_RANK",
                                 "TORCHELASTIC_RUN_ID",
                                 "SLURM_JOB_ID",
                                 "GDX_BOOTSTRAP_TIMEOUT_MS",
+                                "GDX_HOST_ID",
+                                "GDX_HOSTS",
                                 "GDX_TIMEOUT_MS"};
 
 class EnvGuard {
@@ -261,6 +263,34 @@ TEST(Bootstrap, AllGatherFourRanks) {
   EXPECT_EQ(test::runRanks(
                 4, [](int r) { return allGatherJob(r, 4); }, 60),
             std::vector<int>(4, 0));
+}
+
+// GDX_HOSTS=2 makes four ranks of this machine two emulated hosts of two ranks: each sees only its host's ranks as
+// local, with local ranks 0 and 1 (LOCAL_RANK, 0..3 here, counts the machine and is overridden); GDX_HOST_ID sets
+// one rank's host by hand.
+int emulatedHostsJob(int rank) {
+  setenv("GDX_BOOTSTRAP_TIMEOUT_MS", "10000", 1);
+  setenv("GDX_HOSTS", "2", 1);
+  if (rank == 3) setenv("GDX_HOST_ID", "1", 1);  // what GDX_HOSTS gives it too
+  Bootstrap b(BootstrapConfig::fromEnv());
+  const std::vector<int> want = rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+  CHILD_CHECK(b.hostRanks() == want);
+  CHILD_CHECK(b.localRank() == rank % 2);
+  CHILD_CHECK(b.hostname(0) == b.hostname(1) && b.hostname(2) == b.hostname(3) && b.hostname(0) != b.hostname(2));
+  b.barrier();
+  return 0;
+}
+
+TEST(Bootstrap, EmulatedHostsSplitOneMachine) {
+  EXPECT_EQ(test::runRanks(4, emulatedHostsJob, 60), std::vector<int>(4, 0));
+}
+
+TEST(BootstrapConfig, RejectsEmulatedHostsThatDoNotDivideTheWorld) {
+  EnvGuard env;
+  env.set("GDX_RANK", "0");
+  env.set("GDX_WORLD_SIZE", "4");
+  env.set("GDX_HOSTS", "3");
+  expectInvalid("GDX_HOSTS");
 }
 
 TEST(Bootstrap, LargestBlobPassesAndALargerOneIsRejected) {

@@ -9,6 +9,7 @@ a sibling on the same level (device and rdma do not know each other):
   1 rdma     transports (tcp, verbs, loopback, their shared parts) and the bootstrap
   2 proxy    proxy threads and their placement
   3 runtime  Context, Window, Channel, the direct path, the relay
+  4 ep       MoE dispatch/combine (normal mode) on the public API
 
 A source file's layer is its top folder; a header under include/gdx/ gets its layer from HEADER_LAYERS below, so
 that a new header must be placed in a layer before the check passes.
@@ -17,7 +18,7 @@ import pathlib
 import re
 import sys
 
-LEVEL = {"base": 0, "device": 1, "rdma": 1, "proxy": 2, "runtime": 3}
+LEVEL = {"base": 0, "device": 1, "rdma": 1, "proxy": 2, "runtime": 3, "ep": 4}
 
 HEADER_LAYERS = {
     # public
@@ -33,6 +34,8 @@ HEADER_LAYERS = {
     "detail/transport.hpp": "rdma", "detail/bootstrap.hpp": "rdma",
     "detail/proxy.hpp": "proxy", "detail/placement.hpp": "proxy",
     "detail/direct_device.hpp": "runtime",
+    # the MoE layer
+    "ep/buffer.hpp": "ep",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]')

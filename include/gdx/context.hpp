@@ -115,6 +115,8 @@ class Context {
   void init();
   void shutdownThreads() noexcept;
   void deregister(uint32_t id) noexcept;
+  /// Window::peerData for another rank: the direct path's mapping of `peer`'s window `id`, null when none.
+  void* directWindowBase(int peer, uint32_t id) const;
   void onImm(const RemoteWrite& w);
   void onMessage(const RemoteMessage& m);
   /// A channel (device handle) to `peer`; forwardTo >= 0: a relayed one, `peer` being the relay.

@@ -28,6 +28,10 @@ class Window {
   bool valid() const { return context_ != nullptr; }
   /// Bytes of this window on `peer` (windows may differ in size between ranks).
   size_t remoteSize(int peer) const;
+  /// `peer`'s copy of this window as kernels of this process address it, for direct stores and loads: the CUDA IPC
+  /// mapping when `peer` is reached on the direct path (Context::isDirect) and its window is GPU memory, data() for
+  /// this rank's own GPU window, null otherwise (then only the proxy reaches it). Valid while both windows live.
+  void* peerData(int peer) const;
 
  private:
   friend class Context;

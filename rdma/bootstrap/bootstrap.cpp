@@ -90,6 +90,7 @@ struct Bootstrap::Impl {
     hello.worldSize = static_cast<uint32_t>(cfg.worldSize);
     hello.secret = cfg.secret;
     hello.hostname = thisHostname();
+    if (cfg.emulatedHost >= 0) hello.hostname += "#emulated-host-" + std::to_string(cfg.emulatedHost);
     Deadline answerDeadline = joinDeadline + graceNs(cfg.timeoutNs);
     send(MsgType::kHello, encodeHello(hello), "", answerDeadline, "hello");
     Frame f = receive(MsgType::kWelcome, kMaxHelloBytes + 256ull * static_cast<uint64_t>(cfg.worldSize), answerDeadline,
@@ -99,7 +100,8 @@ struct Bootstrap::Impl {
     for (int i = 0; i < cfg.worldSize; ++i) hostnames.push_back(r.str());
     for (int i = 0; i < cfg.worldSize; ++i)
       if (hostnames[i] == hello.hostname) hostRanks.push_back(i);
-    localRank = cfg.localRank >= 0
+    // An emulated host's local rank counts its own ranks only (LOCAL_RANK counts those of the whole machine).
+    localRank = cfg.localRank >= 0 && cfg.emulatedHost < 0
                     ? cfg.localRank
                     : static_cast<int>(std::find(hostRanks.begin(), hostRanks.end(), cfg.rank) - hostRanks.begin());
     joined = true;

@@ -97,6 +97,18 @@ BootstrapConfig BootstrapConfig::fromEnv() {
   c.masterAddr = envFirst({"GDX_MASTER_ADDR", "MASTER_ADDR"}, "127.0.0.1");
   c.secret = deriveSecret(c.masterAddr, c.masterPort);
 
+  EnvValue hostIdVar, hostsVar;
+  const long long hostId = intFrom({"GDX_HOST_ID"}, false, -1, &hostIdVar);
+  const long long hosts = intFrom({"GDX_HOSTS"}, false, 0, &hostsVar);
+  if (hostIdVar.set()) {
+    if (hostId < 0) invalid("GDX_HOST_ID=" + hostIdVar.value + " must be >= 0");
+    c.emulatedHost = static_cast<int>(hostId);
+  } else if (hostsVar.set()) {
+    if (hosts < 1 || hosts > world || world % hosts != 0)
+      invalid("GDX_HOSTS=" + hostsVar.value + " must divide the world size " + std::to_string(world));
+    c.emulatedHost = static_cast<int>(rank / (world / hosts));
+  }
+
   EnvValue timeoutVar;
   long long timeoutMs = intFrom({"GDX_BOOTSTRAP_TIMEOUT_MS"}, false, 0, &timeoutVar);
   if (timeoutVar.set()) {

@@ -17,13 +17,14 @@ extern char** environ;
 namespace gdx::test {
 
 /// Runs ranks 0..n-1 of a job as copies of this binary running only `childTest`; `extraEnv(r)` adds variables
-/// (GDX_CUDA_DEVICE, the child's selector, ...). Each rank must exit 0.
+/// (GDX_CUDA_DEVICE, the child's selector, ...; they override the defaults). Each rank must exit 0.
 inline void spawnRanks(int n, const std::string& childTest, const std::string& secret,
                        const std::function<std::vector<std::string>(int)>& extraEnv) {
   const std::string port = std::to_string(freePort());
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
-    std::vector<std::string> env;
+    // extraEnv's variables first: getenv finds the first of two entries, so they win over the defaults below.
+    std::vector<std::string> env = extraEnv(r);
     for (char** e = environ; *e; ++e) env.emplace_back(*e);
     env.push_back("GDX_RANK=" + std::to_string(r));
     env.push_back("GDX_WORLD_SIZE=" + std::to_string(n));
@@ -33,7 +34,6 @@ inline void spawnRanks(int n, const std::string& childTest, const std::string& s
     env.push_back("GDX_JOB_SECRET=" + secret);
     env.push_back("GDX_TIMEOUT_MS=60000");
     env.push_back("GDX_LOG_LEVEL=INFO");
-    for (std::string& e : extraEnv(r)) env.push_back(std::move(e));
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);

@@ -20,11 +20,17 @@ struct BootstrapConfig {
   int masterPort = 29500;
   std::string secret;  ///< per-job secret; all ranks of a job must agree
   uint64_t timeoutNs = kDefaultTimeoutNs;
+  /// Emulated host of this rank, -1: none (the real hostname decides). Ranks with another emulated host id count as
+  /// another host, though on this machine: hostRanks(), the direct path and relays see them as remote, so their
+  /// traffic takes the proxy and the transport. The local rank is then the rank's index among its host's ranks.
+  int emulatedHost = -1;
 
   /// Reads GDX_RANK / RANK, GDX_WORLD_SIZE / WORLD_SIZE, GDX_LOCAL_RANK / LOCAL_RANK, GDX_MASTER_ADDR /
   /// MASTER_ADDR, GDX_MASTER_PORT / MASTER_PORT (GDX_ variables win), GDX_JOB_SECRET (else a secret derived
   /// from TORCHELASTIC_RUN_ID, SLURM_JOB_ID or the master address and port), GDX_BOOTSTRAP_TIMEOUT_MS (else
-  /// GDX_TIMEOUT_MS). Throws gdx::Error(kInvalidArgument) for missing or inconsistent values.
+  /// GDX_TIMEOUT_MS), GDX_HOST_ID (this rank's emulated host) or GDX_HOSTS=N (the ranks split into N emulated hosts
+  /// of consecutive ranks, world size / N each). Throws gdx::Error(kInvalidArgument) for missing or inconsistent
+  /// values.
   static BootstrapConfig fromEnv();
 };
 

@@ -1,0 +1,356 @@
+// benchmark_moe: MoE dispatch and combine of gdx::ep::Buffer (normal mode, direct NVLink path) between the GPUs of
+// one host, one process a GPU (self-launched), and in the same run NCCL's all_to_all_single through PyTorch carrying
+// the same bytes. Per token count (128 .. 4096 per rank, hidden 7168, top-8 of 256 experts, uniformly random routing)
+// and dtype (BF16, FP8 with scales): the mean time of the timed calls (cached form: the handle of a prepare reused;
+// after warm-up), GB/s counted as DeepEP does (received rows x hidden x 2 for BF16, x (1 + 4/128) for FP8; combine
+// as BF16), and the SMs the kernels use. Table on stdout, JSON with --json.
+//   benchmark_moe [--json PATH] [--ranks N] [--tokens LIST] [--iters N] [--sms N] [--no-nccl]
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "benchmarks/cli.hpp"
+#include "benchmarks/run_info.hpp"
+#include "benchmarks/self_launch.hpp"
+#include "gdx/context.hpp"
+#include "gdx/detail/cuda_check.hpp"
+#include "gdx/ep/buffer.hpp"
+
+namespace gdx::bench {
+namespace {
+
+constexpr int kHidden = 7168, kTopk = 8, kExperts = 256;
+
+struct Options {
+  std::vector<int> tokens{128, 256, 512, 1024, 2048, 4096};
+  int iters = 20;
+  int sms = 24;
+  int threads = 0;  // 0: ep::Config::forRanks
+};
+
+__global__ void fillKernel(uint32_t* p, size_t words, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    // Finite BF16 pairs / FP8 bytes: clear the exponent's top bit of every half word.
+    p[i] = (x ^ (x >> 15)) & 0xBFFFBFFFu;
+  }
+}
+
+float timeMs(cudaStream_t s, int iters, const std::function<void()>& call) {
+  cudaEvent_t a, b;
+  GDX_CUDA_CHECK(cudaEventCreate(&a));
+  GDX_CUDA_CHECK(cudaEventCreate(&b));
+  GDX_CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < iters; ++i) call();
+  GDX_CUDA_CHECK(cudaEventRecord(b, s));
+  GDX_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  GDX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / iters;
+}
+
+// One rank: every (tokens, dtype) case; rank 0 writes "moe TOKENS DTYPE OP US BYTES" lines (means over the ranks).
+int rankMain(const Options& o, const std::string& resultsPath) {
+  if (!std::getenv("GDX_CUDA_DEVICE")) {
+    const char* lr = std::getenv("GDX_LOCAL_RANK");
+    int gpus = 1;
+    cudaGetDeviceCount(&gpus);
+    setenv("GDX_CUDA_DEVICE", std::to_string((lr ? std::atoi(lr) : 0) % std::max(gpus, 1)).c_str(), 1);
+  }
+  Context ctx;
+  const int R = ctx.worldSize(), me = ctx.rank();
+  const int maxTokens = *std::max_element(o.tokens.begin(), o.tokens.end());
+  ep::Config cfg = ep::Config::forRanks(R);
+  cfg.numSms = o.sms;
+  if (o.threads > 0) cfg.numThreads = o.threads;
+  const size_t nvlBytes = size_t(maxTokens) * R * (kHidden * 2 + 128) + (size_t(8) << 20);
+  ep::Buffer buf(ctx, nvlBytes, 0, cfg);
+  cudaStream_t stream;
+  GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void *x, *scales, *topk, *weights, *recvX, *recvScales, *recvIdx, *recvW, *combined;
+  const size_t maxRecv = size_t(maxTokens) * R;
+  GDX_CUDA_CHECK(cudaMalloc(&x, size_t(maxTokens) * kHidden * 2));
+  GDX_CUDA_CHECK(cudaMalloc(&scales, size_t(maxTokens) * kHidden / 128 * 4));
+  GDX_CUDA_CHECK(cudaMalloc(&topk, size_t(maxTokens) * kTopk * 8));
+  GDX_CUDA_CHECK(cudaMalloc(&weights, size_t(maxTokens) * kTopk * 4));
+  GDX_CUDA_CHECK(cudaMalloc(&recvX, maxRecv * kHidden * 2));
+  GDX_CUDA_CHECK(cudaMalloc(&recvScales, maxRecv * kHidden / 128 * 4));
+  GDX_CUDA_CHECK(cudaMalloc(&recvIdx, maxRecv * kTopk * 8));
+  GDX_CUDA_CHECK(cudaMalloc(&recvW, maxRecv * kTopk * 4));
+  GDX_CUDA_CHECK(cudaMalloc(&combined, size_t(maxTokens) * kHidden * 2));
+  fillKernel<<<264, 512>>>(static_cast<uint32_t*>(x), size_t(maxTokens) * kHidden / 2, 17 + me);
+  GDX_CUDA_CHECK(cudaMemset(scales, 0x3f, size_t(maxTokens) * kHidden / 128 * 4));
+  std::mt19937_64 rng(1000 + me);
+  std::vector<int64_t> idx(size_t(maxTokens) * kTopk);
+  std::vector<float> w(idx.size(), 0.125f);
+  for (int t = 0; t < maxTokens; ++t) {  // top-8 of 256 distinct experts, uniformly at random
+    std::vector<int> e(kExperts);
+    for (int i = 0; i < kExperts; ++i) e[i] = i;
+    for (int k = 0; k < kTopk; ++k) {
+      std::swap(e[k], e[k + rng() % (kExperts - k)]);
+      idx[size_t(t) * kTopk + k] = e[k];
+    }
+  }
+  GDX_CUDA_CHECK(cudaMemcpy(topk, idx.data(), idx.size() * 8, cudaMemcpyHostToDevice));
+  GDX_CUDA_CHECK(cudaMemcpy(weights, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+  GDX_CUDA_CHECK(cudaDeviceSynchronize());
+  std::ostringstream out;
+  if (me == 0)
+    out << "gpu " << ctx.gpu().name << "\nranks " << R << "\nsms " << cfg.numSms << " " << cfg.numThreads << "\n";
+  {  // warm-up: clocks, first launches, first touch of the peers' mappings
+    const int n = o.tokens.front();
+    ep::DispatchInputs in{x,     nullptr,  static_cast<int64_t*>(topk), static_cast<float*>(weights), n, kHidden,
+                          kTopk, kExperts, ep::DType::kBFloat16};
+    ep::DispatchHandle h = buf.newHandle(n);
+    ep::DispatchOutputs outp;
+    outp.recvX = recvX;
+    outp.capacity = buf.dispatchPrepare(in, h, 1, stream).numRecvTokens;
+    for (int i = 0; i < 200; ++i) {
+      buf.dispatch(in, h, outp, stream);
+      buf.combine(ep::CombineInputs{recvX, nullptr, nullptr, nullptr}, h, ep::CombineOutputs{combined, nullptr},
+                  stream);
+    }
+    GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  for (int n : o.tokens) {
+    for (ep::DType dt : {ep::DType::kBFloat16, ep::DType::kFloat8E4M3}) {
+      const bool fp8 = dt == ep::DType::kFloat8E4M3;
+      ep::DispatchInputs in{x,
+                            fp8 ? static_cast<float*>(scales) : nullptr,
+                            static_cast<int64_t*>(topk),
+                            static_cast<float*>(weights),
+                            n,
+                            kHidden,
+                            kTopk,
+                            kExperts,
+                            dt};
+      ep::DispatchHandle h = buf.newHandle(n);
+      const ep::DispatchCounts c = buf.dispatchPrepare(in, h, 1, stream);
+      ep::DispatchOutputs outp;
+      outp.recvX = recvX;
+      outp.recvXScales = fp8 ? static_cast<float*>(recvScales) : nullptr;
+      outp.recvTopkIdx = static_cast<int64_t*>(recvIdx);
+      outp.recvTopkWeights = static_cast<float*>(recvW);
+      outp.capacity = c.numRecvTokens;
+      auto dispatch = [&] { buf.dispatch(in, h, outp, stream); };
+      for (int i = 0; i < 5; ++i) dispatch();
+      GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
+      ctx.barrier();
+      const double dispUs = timeMs(stream, o.iters, dispatch) * 1e3;
+      buf.checkErrors();
+      const double dispBytes = double(c.numRecvTokens) * (fp8 ? kHidden + kHidden / 128 * 4 : kHidden * 2);
+      double combUs = -1, combBytes = double(c.numRecvTokens) * kHidden * 2;
+      if (!fp8) {
+        auto combine = [&] {
+          buf.combine(ep::CombineInputs{recvX, nullptr, nullptr, nullptr}, h, ep::CombineOutputs{combined, nullptr},
+                      stream);
+        };
+        for (int i = 0; i < 5; ++i) combine();
+        GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
+        ctx.barrier();
+        combUs = timeMs(stream, o.iters, combine) * 1e3;
+        buf.checkErrors();
+      }
+      std::ostringstream mine;
+      mine << dispUs << " " << dispBytes << " " << combUs << " " << combBytes;
+      std::vector<std::string> all = ctx.bootstrap().allGather(mine.str());
+      double sums[4] = {0, 0, 0, 0};
+      for (const std::string& a : all) {
+        std::istringstream is(a);
+        for (double& s : sums) {
+          double v;
+          is >> v;
+          s += v;
+        }
+      }
+      const char* name = fp8 ? "fp8" : "bf16";
+      out << "moe " << n << " " << name << " dispatch " << sums[0] / R << " " << sums[1] / R << "\n";
+      if (!fp8) out << "moe " << n << " " << name << " combine " << sums[2] / R << " " << sums[3] / R << "\n";
+    }
+  }
+  GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (void* p : {x, scales, topk, weights, recvX, recvScales, recvIdx, recvW, combined}) cudaFree(p);
+  cudaStreamDestroy(stream);
+  if (me == 0) std::ofstream(resultsPath) << out.str();
+  return 0;
+}
+
+const char* kNcclScript = R"PY(
+import sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+def run(rank, world, port, iters, cases):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    for key, nbytes in cases:
+        n = max(world, int(nbytes) // world * world)
+        a = torch.empty(n, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+        for i in range(5): dist.all_to_all_single(b, a)
+        torch.cuda.synchronize(); dist.barrier(); torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for i in range(iters): dist.all_to_all_single(b, a)
+        e.record(); torch.cuda.synchronize()
+        if rank == 0: print(f"nccl {key} {s.elapsed_time(e) / iters * 1e3}", flush=True)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    world, port, iters = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    cases = [(c.split("=")[0], float(c.split("=")[1])) for c in sys.argv[4:]]
+    mp.spawn(run, args=(world, port, iters, cases), nprocs=world)
+)PY";
+
+int byHand(char** argv, int ranks, const Options& o, const std::string& json, bool nccl) {
+  const std::string results = "/tmp/gdx_moe_" + std::to_string(getpid()) + ".txt";
+  setenv("GDX_MOE_RESULTS", results.c_str(), 1);
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const int rc = runSelfAsJob(ranks, argv);
+  if (rc != 0) {
+    std::fprintf(stderr, "benchmark_moe: a rank failed (%d)\n", rc);
+    return rc;
+  }
+  std::string gpu = "?";
+  int sms = 0, threads = 0;
+  std::map<std::string, std::pair<double, double>> r;  // "tokens dtype op" -> (us, bytes)
+  std::map<std::string, double> peer;                  // same key -> NCCL us
+  auto readLines = [&](std::istream& in) {
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string kind;
+      ls >> kind;
+      if (kind == "gpu") {
+        std::getline(ls, gpu);
+        if (!gpu.empty() && gpu[0] == ' ') gpu.erase(0, 1);
+      } else if (kind == "sms") {
+        ls >> sms >> threads;
+      } else if (kind == "moe") {
+        std::string n, dt, op;
+        double us, bytes;
+        if (ls >> n >> dt >> op >> us >> bytes) r[n + "_" + dt + "_" + op] = {us, bytes};
+      } else if (kind == "nccl") {
+        std::string key;
+        double us;
+        if (ls >> key >> us) peer[key] = us;
+      }
+    }
+  };
+  {
+    std::ifstream f(results);
+    readLines(f);
+  }
+  std::remove(results.c_str());
+  if (nccl) {
+    const std::string script = "/tmp/gdx_moe_nccl_" + std::to_string(getpid()) + ".py";
+    std::ofstream(script) << kNcclScript;
+    std::string cmd = "NCCL_NVLS_ENABLE=0 python3 " + script + " " + std::to_string(ranks) + " " +
+                      std::to_string(freeLoopbackPort()) + " " + std::to_string(o.iters);
+    for (auto& [key, v] : r) cmd += " " + key + "=" + std::to_string(static_cast<long long>(v.second));
+    std::fprintf(stderr, "NCCL through PyTorch: all_to_all_single of the same bytes per rank\n");
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      std::string all;
+      char line[512];
+      while (fgets(line, sizeof line, p)) all += line;
+      const int prc = pclose(p);
+      std::istringstream in(all);
+      readLines(in);
+      if (prc != 0) std::fprintf(stderr, "NCCL script exited with %d (results so far kept)\n", prc);
+    }
+    std::remove(script.c_str());
+  }
+  const std::string date = isoDateUtc();
+  std::printf(
+      "benchmark_moe: %d x %s, %s; hidden %d, top-%d of %d experts, %d SMs x %d threads per kernel, mean of "
+      "%d calls\n",
+      ranks, gpu.c_str(), date.c_str(), kHidden, kTopk, kExperts, sms, threads, o.iters);
+  std::printf("%8s %6s %9s %10s %9s %11s %10s %8s\n", "tokens", "dtype", "op", "us", "GB/s", "NCCL us", "NCCL GB/s",
+              "speedup");
+  std::ostringstream js;
+  js << "{\n  \"benchmark\": \"moe\",\n  \"gpu\": " << jsonString(gpu)
+     << ",\n  \"machine\": " << jsonString(std::to_string(ranks) + " x " + gpu + ", " + hostName())
+     << ",\n  \"date\": " << jsonString(date) << ",\n  \"ranks\": " << ranks << ",\n  \"hidden\": " << kHidden
+     << ",\n  \"topk\": " << kTopk << ",\n  \"experts\": " << kExperts << ",\n  \"sms\": " << sms
+     << ",\n  \"threads\": " << threads << ",\n  \"results\": [";
+  bool first = true;
+  for (int n : o.tokens)
+    for (const char* dt : {"bf16", "fp8"})
+      for (const char* op : {"dispatch", "combine"}) {
+        const std::string key = std::to_string(n) + "_" + dt + "_" + op;
+        auto it = r.find(key);
+        if (it == r.end()) continue;
+        const double us = it->second.first, bytes = it->second.second, gb = bytes / us / 1e3;
+        const double nus = peer.count(key) ? peer[key] : -1, ngb = nus > 0 ? bytes / nus / 1e3 : -1;
+        std::printf("%8d %6s %9s %10.1f %9.1f %11.1f %10.1f %7.2fx\n", n, dt, op, us, gb, nus, ngb,
+                    nus > 0 ? nus / us : 0.0);
+        js << (first ? "\n" : ",\n") << "    {\"tokens\": " << n << ", \"dtype\": \"" << dt << "\", \"op\": \"" << op
+           << "\", \"us\": " << us << ", \"bytes_per_rank\": " << bytes << ", \"GBps\": " << gb
+           << ", \"nccl_all_to_all_us\": " << nus << ", \"nccl_GBps\": " << ngb << "}";
+        first = false;
+      }
+  js << "\n  ],\n  \"units\": \"us: mean per call; GB/s = DeepEP's bytes (received rows x hidden x 2, FP8 x (1 + "
+        "4/128)) / time; -1: not measured\"\n}\n";
+  if (!json.empty()) std::ofstream(json) << js.str();
+  return 0;
+}
+
+}  // namespace
+}  // namespace gdx::bench
+
+int main(int argc, char** argv) {
+  gdx::bench::Options o;
+  std::string json;
+  bool nccl = true;
+  int ranks = 0;
+  const int parsed = gdx::bench::parseFlags(
+      argc, argv,
+      "MoE dispatch and combine (gdx::ep::Buffer, normal mode, NVLink) between the GPUs of one host, one process a\n"
+      "GPU (self-launched), beside NCCL all_to_all_single through PyTorch carrying the same bytes. Table on stdout,\n"
+      "JSON with --json.",
+      {{"--json", "FILE", "where the results go (default: none)", [&](const std::string& v) { json = v; }},
+       {"--ranks", "N", "ranks (default: the GPUs, at least 2; ranks share GPUs when there are fewer)",
+        [&](const std::string& v) { ranks = int(gdx::bench::parseCount(v)); }},
+       {"--tokens", "LIST", "tokens per rank, comma-separated (default 128,256,512,1024,2048,4096)",
+        [&](const std::string& v) {
+          o.tokens.clear();
+          std::istringstream is(v);
+          std::string t;
+          while (std::getline(is, t, ',')) o.tokens.push_back(int(gdx::bench::parseCount(t)));
+          if (o.tokens.empty()) throw std::invalid_argument("no token counts");
+        }},
+       {"--iters", "N", "timed calls per case (default 20)",
+        [&](const std::string& v) { o.iters = std::max(1, int(gdx::bench::parseCount(v))); }},
+       {"--sms", "N", "blocks (SMs) of the dispatch and combine kernels (default 24)",
+        [&](const std::string& v) { o.sms = std::max(1, int(gdx::bench::parseCount(v))); }},
+       {"--threads", "N", "threads per block of those kernels (default: ep::Config::forRanks)",
+        [&](const std::string& v) { o.threads = int(gdx::bench::parseCount(v)); }},
+       {"--no-nccl", "", "skip the NCCL peer (PyTorch)", [&](const std::string&) { nccl = false; }}});
+  if (parsed >= 0) return parsed;
+  try {
+    if (gdx::bench::launchedByHand()) {
+      int gpus = 0;
+      const cudaError_t e = cudaGetDeviceCount(&gpus);
+      if (e != cudaSuccess || gpus < 1) {
+        std::fprintf(stderr, "benchmark_moe: needs GPUs of one host; this machine has none (%s)\n",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        return 2;
+      }
+      if (ranks == 0) ranks = std::max(2, std::min(gpus, gdx::ep::kMaxRanks));
+      return gdx::bench::byHand(argv, ranks, o, json, nccl);
+    }
+    const char* results = std::getenv("GDX_MOE_RESULTS");
+    return gdx::bench::rankMain(o, results ? results : "/dev/stdout");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "benchmark_moe: %s\n", e.what());
+    return 1;
+  }
+}

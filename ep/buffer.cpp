@@ -1,0 +1,331 @@
+// gdx::ep::Buffer, host side: the window every peer stores into, the checks made before anything is launched, the
+// launches, and turning what the kernels report into exceptions.
+#include "gdx/ep/buffer.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "ep/protocol.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/cuda_check.hpp"
+#include "gdx/detail/log.hpp"
+
+namespace gdx::ep {
+
+using namespace detail;
+
+namespace {
+
+[[noreturn]] void invalid(int rank, const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "gdx::ep rank " + std::to_string(rank) + ": " + what);
+}
+
+const char* waitName(uint32_t where) {
+  switch (where) {
+    case kWaitArrive: return "the barrier that opens the operation";
+    case kWaitCounts: return "the counts exchange";
+    case kWaitData: return "the rows";
+  }
+  return "?";
+}
+
+std::string describe(const Report& r) {
+  const std::string v = std::to_string(r.value), v2 = std::to_string(r.value2);
+  switch (r.kind) {
+    case kBadExpert: return "expert id " + v + " outside [-1, " + v2 + ")";
+    case kRecvCapacity: return v + " rows to receive but the outputs hold " + v2;
+    case kBadHandle: return "the handle's routing is not valid (its prepare failed)";
+    case kTimeout:
+      return "timed out waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where) + " (epoch " + v +
+             ", seen " + v2 + ")";
+    case kPeerFailed:
+      return "a peer failed while waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where);
+    case kPeerError:
+      return "rank " + std::to_string(r.peer) + " found bad input (" +
+             (r.value == kBadExpert ? "expert id " + v2 : "error " + v + ", value " + v2) +
+             "), so no rank sent anything";
+  }
+  return "unknown error " + std::to_string(r.kind);
+}
+
+ErrorCode codeOf(uint32_t kind) {
+  switch (kind) {
+    case kTimeout: return ErrorCode::kTimeout;
+    case kPeerFailed: return ErrorCode::kPeerFailed;
+    default: return ErrorCode::kInvalidArgument;
+  }
+}
+
+}  // namespace
+
+Config Config::forRanks(int numRanks) {
+  Config c;
+  c.numSms = 24;
+  c.numThreads = numRanks <= 2 ? 768 : 1024;
+  return c;
+}
+
+struct Buffer::Impl {
+  Window window;
+  void* memory = nullptr;
+  State* state = nullptr;
+  Report* report = nullptr;     // host-mapped
+  Report* reportDev = nullptr;  // its device address
+  int32_t* hostCounts = nullptr;
+  int32_t* hostCountsDev = nullptr;
+  Team team{};
+  bool broken = false;
+
+  // Throws the recorded error, if any. Recoverable ones (bad input, found before anything was sent) are cleared so
+  // the Buffer goes on; a timeout or a failed peer leaves it unusable.
+  void raise(int rank, Context& ctx, cudaStream_t stream) {
+    const uint32_t kind = atomicLoad(&report->kind, kAcquire);
+    if (kind == kNone) return;
+    Report r = *report;
+    std::string msg = "gdx::ep rank " + std::to_string(rank) + ": " + describe(r);
+    if (kind == kTimeout || kind == kPeerFailed) {
+      broken = true;
+      const std::string f = ctx.failure();
+      if (!f.empty()) msg += " (" + f + ")";
+      msg += "; this Buffer is unusable now";
+      throw Error(codeOf(kind), msg);
+    }
+    std::memset(report, 0, sizeof(Report));
+    GDX_CUDA_CHECK(cudaMemsetAsync(&state->reportClaim, 0, sizeof(uint32_t), stream));
+    throw Error(codeOf(kind), msg);
+  }
+};
+
+Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config& config)
+    : context_(context),
+      config_(config),
+      rank_(context.rank()),
+      numRanks_(context.worldSize()),
+      nvlBytes_(nvlBytes),
+      impl_(std::make_unique<Impl>()) {
+  (void)rdmaBytes;
+  if (!context.gpu().present()) invalid(rank_, "needs a GPU");
+  if (numRanks_ > kMaxRanks)
+    invalid(rank_, std::to_string(numRanks_) + " ranks, at most " + std::to_string(kMaxRanks) + " on the direct path");
+  if (nvlBytes <= kCtrlBytes + 4096) invalid(rank_, "nvlBytes " + std::to_string(nvlBytes) + " is too small");
+  if (config.numSms < 1 || config.numThreads < 64 || config.numThreads > 1024 || config.numThreads % 32 != 0)
+    invalid(rank_, "config: numSms " + std::to_string(config.numSms) + ", numThreads " +
+                       std::to_string(config.numThreads) + " (numThreads: a multiple of 32 in [64, 1024])");
+  Impl& m = *impl_;
+  GDX_CUDA_CHECK(cudaSetDevice(context.gpu().device));
+  GDX_CUDA_CHECK(cudaMalloc(&m.memory, nvlBytes));
+  GDX_CUDA_CHECK(cudaMemset(m.memory, 0, kCtrlBytes));
+  GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.state), sizeof(State)));
+  GDX_CUDA_CHECK(cudaMemset(m.state, 0, sizeof(State)));
+  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.report), sizeof(Report), cudaHostAllocMapped));
+  std::memset(m.report, 0, sizeof(Report));
+  GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.reportDev), m.report, 0));
+  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.hostCounts), (1 + kMaxExperts) * 4, cudaHostAllocMapped));
+  GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.hostCountsDev), m.hostCounts, 0));
+  GDX_CUDA_CHECK(cudaDeviceSynchronize());
+  m.window = context.registerWindow(m.memory, nvlBytes, MemoryKind::kCuda);
+  // Every rank learns whether every rank reaches every other directly, so that all of them throw alike.
+  std::string missing;
+  for (int p = 0; p < numRanks_; ++p) {
+    m.team.base[p] = static_cast<char*>(m.window.peerData(p));
+    if (!m.team.base[p]) missing += (missing.empty() ? "" : ",") + std::to_string(p);
+  }
+  std::vector<std::string> all = context.bootstrap().allGather(missing);
+  for (int r = 0; r < numRanks_; ++r)
+    if (!all[r].empty())
+      invalid(rank_, "rank " + std::to_string(r) + " cannot reach rank(s) " + all[r] +
+                         " on the direct path (CUDA IPC); ranks on other hosts are not supported by this Buffer yet");
+  m.team.rank = rank_;
+  m.team.numRanks = numRanks_;
+  m.team.state = m.state;
+  m.team.report = m.reportDev;
+  m.team.failure = context.deviceChannel(rank_).failure;
+  m.team.timeoutNs = context.options().timeoutNs;
+  context.barrier();
+}
+
+Buffer::~Buffer() {
+  try {
+    cudaDeviceSynchronize();
+    context_.barrier();  // no peer stores into the memory any more once everyone is here
+  } catch (const std::exception& e) {
+    GDX_WARN("gdx::ep rank " << rank_ << ": barrier at Buffer teardown failed: " << e.what());
+  }
+  Impl& m = *impl_;
+  m.window = Window();
+  if (m.memory) cudaFree(m.memory);
+  if (m.state) cudaFree(m.state);
+  if (m.report) cudaFreeHost(m.report);
+  if (m.hostCounts) cudaFreeHost(m.hostCounts);
+}
+
+int Buffer::maxTokensPerRank(int hidden, int numTopk, DType dtype) const {
+  const uint64_t row =
+      std::max<uint64_t>(dispatchRow(hidden, numTopk, dtype).rowBytes, combineRowBytes(hidden, numTopk));
+  return static_cast<int>((nvlBytes_ - kCtrlBytes) / row / numRanks_);
+}
+
+DispatchHandle Buffer::newHandle(int maxTokens) const {
+  if (maxTokens < 0) invalid(rank_, "newHandle: maxTokens " + std::to_string(maxTokens));
+  DispatchHandle h;
+  void* p = nullptr;
+  GDX_CUDA_CHECK(cudaMalloc(&p, handleBytes(maxTokens)));
+  GDX_CUDA_CHECK(cudaMemset(p, 0, handleBytes(maxTokens)));
+  h.memory_ = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  h.owner_ = this;
+  h.maxTokens_ = maxTokens;
+  return h;
+}
+
+void Buffer::checkErrors() const {
+  impl_->raise(rank_, context_, nullptr);
+}
+
+void Buffer::checkDispatchInputs(const DispatchInputs& in, const DispatchHandle& handle, const char* op) const {
+  const std::string o = std::string(op) + ": ";
+  if (impl_->broken) invalid(rank_, o + "an earlier operation timed out or lost a peer; this Buffer is unusable");
+  if (handle.owner_ != this) invalid(rank_, o + "the handle was not made by this Buffer (newHandle)");
+  if (in.dtype != DType::kBFloat16 && in.dtype != DType::kFloat8E4M3)
+    invalid(rank_, o + "dtype " + std::to_string(static_cast<int>(in.dtype)) + " not supported (BF16, FP8 e4m3)");
+  if (in.hidden <= 0 || in.hidden % kFp8ScaleBlock != 0 || in.hidden > 65536)
+    invalid(rank_, o + "hidden size " + std::to_string(in.hidden) + " not supported (a multiple of 128, <= 65536)");
+  if (in.numTokens < 0 || in.numTokens > handle.maxTokens_)
+    invalid(rank_, o + std::to_string(in.numTokens) + " tokens, the handle holds " + std::to_string(handle.maxTokens_));
+  const int k = std::max(in.numTopk, 1);
+  const int maxTokens = maxTokensPerRank(in.hidden, k, in.dtype);
+  if (in.numTokens > maxTokens)
+    invalid(rank_, o + std::to_string(in.numTokens) + " tokens, more than the buffer holds (" +
+                       std::to_string(maxTokens) + " per rank with hidden " + std::to_string(in.hidden) + ", " +
+                       std::to_string(numRanks_) + " ranks, nvlBytes " + std::to_string(nvlBytes_) + ")");
+  if (in.numTokens > 0 && (!in.x || reinterpret_cast<uintptr_t>(in.x) % 16 != 0))
+    invalid(rank_, o + "x must be a 16-byte aligned device pointer");
+  if (in.numTokens > 0 && in.dtype == DType::kFloat8E4M3 && !in.xScales)
+    invalid(rank_, o + "FP8 needs xScales [numTokens, hidden / 128]");
+}
+
+void Buffer::launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment, int32_t* perExpert,
+                           int32_t* numRecv, cudaStream_t stream) {
+  checkDispatchInputs(in, handle, "dispatch");
+  if (in.numExperts <= 0 || in.numExperts > kMaxExperts || in.numExperts % numRanks_ != 0)
+    invalid(rank_, "dispatch: " + std::to_string(in.numExperts) + " experts, not a positive multiple of the " +
+                       std::to_string(numRanks_) + " ranks (at most " + std::to_string(kMaxExperts) + ")");
+  if (in.numTopk < 1 || in.numTopk > kMaxTopk)
+    invalid(rank_,
+            "dispatch: numTopk " + std::to_string(in.numTopk) + " outside [1, " + std::to_string(kMaxTopk) + "]");
+  if (in.numTokens > 0 && !in.topkIdx) invalid(rank_, "dispatch: topkIdx is needed (it routes the tokens)");
+  if (expertAlignment < 1) invalid(rank_, "dispatch: expert alignment " + std::to_string(expertAlignment));
+  impl_->raise(rank_, context_, stream);
+  PrepareArgs a{};
+  a.topkIdx = in.topkIdx;
+  a.numTokens = in.numTokens;
+  a.numTopk = in.numTopk;
+  a.numExperts = in.numExperts;
+  a.alignment = expertAlignment;
+  a.handle = carveHandle(handle.memory_.get(), handle.maxTokens_);
+  a.perExpertOut = perExpert;
+  a.numRecvOut = numRecv;
+  a.hostCounts = impl_->hostCountsDev;
+  GDX_CUDA_CHECK(detail::launchPrepare(impl_->team, a, stream));
+  handle.numTokens_ = in.numTokens;
+  handle.hidden_ = in.hidden;
+  handle.numTopk_ = in.numTopk;
+  handle.numRecvTokens_ = -1;
+}
+
+void Buffer::getDispatchLayout(const int64_t* topkIdx, int numTokens, int numTopk, int numExperts,
+                               int32_t* numTokensPerRank, int32_t* numTokensPerExpert, bool* isTokenInRank,
+                               cudaStream_t stream) {
+  if (numExperts <= 0 || numExperts > kMaxExperts || numExperts % numRanks_ != 0)
+    invalid(rank_, "get_dispatch_layout: " + std::to_string(numExperts) + " experts, not a positive multiple of the " +
+                       std::to_string(numRanks_) + " ranks");
+  if (numTopk < 1 || numTopk > kMaxTopk || numTokens < 0 || (numTokens > 0 && !topkIdx))
+    invalid(rank_,
+            "get_dispatch_layout: numTopk " + std::to_string(numTopk) + ", numTokens " + std::to_string(numTokens));
+  if (!numTokensPerRank || !numTokensPerExpert || !isTokenInRank)
+    invalid(rank_, "get_dispatch_layout: every output is needed");
+  impl_->raise(rank_, context_, stream);
+  GDX_CUDA_CHECK(cudaMemsetAsync(numTokensPerRank, 0, numRanks_ * 4, stream));
+  GDX_CUDA_CHECK(cudaMemsetAsync(numTokensPerExpert, 0, size_t(numExperts) * 4, stream));
+  LayoutArgs a{topkIdx, numTokens, numTopk, numExperts, numRanks_, numTokensPerRank, numTokensPerExpert, isTokenInRank};
+  GDX_CUDA_CHECK(launchLayout(impl_->team, a, stream));
+}
+
+DispatchCounts Buffer::dispatchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment,
+                                       cudaStream_t stream, int32_t* numRecvTokensPerExpert) {
+  launchPrepare(in, handle, expertAlignment, numRecvTokensPerExpert, nullptr, stream);
+  GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  impl_->raise(rank_, context_, stream);
+  DispatchCounts c;
+  c.numRecvTokens = impl_->hostCounts[0];
+  c.numRecvTokensPerExpert.assign(impl_->hostCounts + 1, impl_->hostCounts + 1 + in.numExperts / numRanks_);
+  handle.numRecvTokens_ = c.numRecvTokens;
+  return c;
+}
+
+void Buffer::dispatch(const DispatchInputs& in, const DispatchHandle& handle, const DispatchOutputs& out,
+                      cudaStream_t stream) {
+  checkDispatchInputs(in, handle, "dispatch");
+  if (handle.numTokens_ < 0) invalid(rank_, "dispatch: the handle was never filled (dispatchPrepare)");
+  if (in.numTokens != handle.numTokens_ || in.hidden != handle.hidden_)
+    invalid(rank_, "dispatch: " + std::to_string(in.numTokens) + " tokens of hidden " + std::to_string(in.hidden) +
+                       ", the handle routes " + std::to_string(handle.numTokens_) + " of hidden " +
+                       std::to_string(handle.hidden_));
+  if (in.topkIdx && in.numTopk != handle.numTopk_)
+    invalid(rank_,
+            "dispatch: numTopk " + std::to_string(in.numTopk) + ", the handle's is " + std::to_string(handle.numTopk_));
+  if (out.capacity < 0 || (out.capacity > 0 && (!out.recvX || reinterpret_cast<uintptr_t>(out.recvX) % 16 != 0)))
+    invalid(rank_,
+            "dispatch: recvX must be a 16-byte aligned device pointer for " + std::to_string(out.capacity) + " rows");
+  if (in.dtype == DType::kFloat8E4M3 && out.capacity > 0 && !out.recvXScales)
+    invalid(rank_, "dispatch: FP8 needs recvXScales");
+  impl_->raise(rank_, context_, stream);
+  DispatchArgs a{};
+  a.x = static_cast<const char*>(in.x);
+  a.xScales = in.xScales;
+  a.topkIdx = in.topkIdx;
+  a.topkWeights = in.topkWeights;
+  a.numTokens = in.numTokens;
+  a.hidden = in.hidden;
+  a.numTopk = handle.numTopk_;
+  a.numExperts = in.topkIdx ? in.numExperts : 0;
+  a.row = dispatchRow(in.hidden, handle.numTopk_, in.dtype);
+  a.handle = carveHandle(handle.memory_.get(), handle.maxTokens_);
+  a.out = out;
+  GDX_CUDA_CHECK(launchDispatch(impl_->team, a, config_, stream));
+}
+
+void Buffer::dispatchWorst(const DispatchInputs& in, DispatchHandle& handle, const DispatchOutputs& out,
+                           int numWorstTokens, int expertAlignment, cudaStream_t stream) {
+  if (numWorstTokens < 0) invalid(rank_, "dispatch: numWorstTokens " + std::to_string(numWorstTokens));
+  launchPrepare(in, handle, expertAlignment, out.numRecvTokensPerExpert, out.numRecvTokens, stream);
+  DispatchOutputs o = out;
+  o.capacity = numWorstTokens;
+  dispatch(in, handle, o, stream);
+}
+
+void Buffer::combine(const CombineInputs& in, const DispatchHandle& handle, const CombineOutputs& out,
+                     cudaStream_t stream) {
+  if (impl_->broken) invalid(rank_, "combine: an earlier operation timed out or lost a peer; this Buffer is unusable");
+  if (handle.owner_ != this || handle.numTokens_ < 0)
+    invalid(rank_, "combine: the handle is not one a dispatch of this Buffer filled");
+  if (handle.numTokens_ > 0 && (!out.combinedX || reinterpret_cast<uintptr_t>(out.combinedX) % 16 != 0))
+    invalid(rank_, "combine: combinedX must be a 16-byte aligned device pointer");
+  if (!in.x && handle.numRecvTokens_ != 0) invalid(rank_, "combine: x is needed");
+  if (in.x && reinterpret_cast<uintptr_t>(in.x) % 16 != 0) invalid(rank_, "combine: x must be 16-byte aligned");
+  impl_->raise(rank_, context_, stream);
+  CombineArgs a{};
+  a.x = static_cast<const char*>(in.x);
+  a.topkWeights = in.topkWeights;
+  a.bias0 = static_cast<const char*>(in.bias0);
+  a.bias1 = static_cast<const char*>(in.bias1);
+  a.out = static_cast<char*>(out.combinedX);
+  a.outWeights = out.combinedTopkWeights;
+  a.numTokens = handle.numTokens_;
+  a.hidden = handle.hidden_;
+  a.numTopk = handle.numTopk_;
+  a.handle = carveHandle(handle.memory_.get(), handle.maxTokens_);
+  GDX_CUDA_CHECK(launchCombine(impl_->team, a, config_, stream));
+}
+
+}  // namespace gdx::ep

@@ -1,0 +1,170 @@
+// What the EP kernels and their host side share: the layout of each rank's buffer window, the per-Buffer state,
+// the error report, and the kernel launchers (ep/intranode.cu).
+//
+// Every rank's window (GPU memory, IPC-mapped by every peer) is laid out alike:
+//   [0, kCtrlBytes)   Ctrl: flags and counts the peers store into
+//   [kCtrlBytes, end) rows: dispatch rows (x | scales | meta) or combine rows (x | weights), each 16-byte aligned
+//
+// Synchronisation. Every operation (a prepare, a dispatch, a combine) has an epoch e = state.seq + 1, the same on
+// every rank because the ranks make the same calls in the same order; its last kernel bumps state.seq. Its first
+// kernel starts with a barrier: rank r stores arrive[r] = e into every peer's Ctrl and waits until its own
+// arrive[s] >= e for every s. A rank arrives only once its previous operations on the stream ended, so after the
+// barrier nobody still reads the rows or counts that the new operation overwrites. Data is pushed (the sender
+// stores into the receiver's rows); when all blocks of a sender finished, its last block stores dataDone[sender] = e
+// into each receiver's Ctrl with a system-scope release, and the receiver acquires it before reading the rows.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "gdx/device.hpp"
+#include "gdx/ep/buffer.hpp"
+
+namespace gdx::ep::detail {
+
+struct Ctrl {
+  uint64_t arrive[kMaxRanks];
+  uint64_t countsReady[kMaxRanks];
+  uint64_t dataDone[kMaxRanks];
+  uint32_t status[kMaxRanks];  // a sender's ErrorKind for this epoch (kNone: fine)
+  int64_t statusValue[kMaxRanks];
+  int32_t counts[kMaxRanks][kMaxRanks];          // counts[s][d]: tokens s sends to d (every sender sends its whole row)
+  int32_t expertCounts[kMaxRanks][kMaxExperts];  // [s][j]: tokens s sends to this rank's local expert j
+};
+constexpr uint64_t kCtrlBytes = (sizeof(Ctrl) + 4095) / 4096 * 4096;
+
+/// Why an operation failed (Report::kind).
+enum ErrorKind : uint32_t {
+  kNone = 0,
+  kBadExpert = 1,     // value: the expert id, value2: the number of experts
+  kRecvCapacity = 2,  // value: rows to receive, value2: the outputs' capacity
+  kPeerError = 3,     // peer: the rank that found the error, value: its kind, value2: its value
+  kTimeout = 4,       // peer, value: the epoch waited for, value2: the value seen; where: the wait
+  kPeerFailed = 5,    // the context's failure word was set while waiting on `peer`
+  kBadHandle = 6,     // the handle's routing is not valid (its prepare failed)
+};
+
+/// Which wait timed out (Report::where).
+enum WaitKind : uint32_t { kWaitArrive = 1, kWaitCounts = 2, kWaitData = 3 };
+
+/// The first error of a Buffer, in host-mapped memory (kind written last, with a release).
+struct Report {
+  uint32_t kind;
+  uint32_t where;
+  int32_t peer;
+  int32_t pad;
+  int64_t value;
+  int64_t value2;
+  uint64_t epoch;
+};
+
+/// Device state of a Buffer.
+struct State {
+  uint64_t seq;          // epochs finished
+  uint32_t opBlocks;     // blocks of the current operation's last kernel that finished
+  uint32_t sendBlocks;   // blocks of the current kernel that finished sending
+  uint32_t reportClaim;  // 1 once a kernel wrote the Report (the host clears it with the Report)
+};
+
+/// What the kernels of one rank need to reach the others.
+struct Team {
+  char* base[kMaxRanks];  // each rank's window as this process addresses it (own one included)
+  int rank;
+  int numRanks;
+  State* state;
+  Report* report;           // host-mapped
+  const uint32_t* failure;  // the context's failure word (a Status), host-mapped
+  uint64_t timeoutNs;
+};
+
+/// A handle's device memory, carved from one allocation.
+struct HandleView {
+  int32_t* sendPos;  // [maxTokens, R]: row of token t among those sent to rank d, -1: not sent there
+  int32_t* matrix;   // [R, R] counts[s][d]
+  int32_t* numRecv;  // [1]
+  int32_t* valid;    // [1]: 1 when the prepare that filled it succeeded on every rank
+};
+inline HandleView carveHandle(void* memory, int maxTokens) {
+  char* p = static_cast<char*>(memory);
+  HandleView h;
+  h.sendPos = reinterpret_cast<int32_t*>(p);
+  p += (size_t(maxTokens) * kMaxRanks * 4 + 15) / 16 * 16;
+  h.matrix = reinterpret_cast<int32_t*>(p);
+  p += kMaxRanks * kMaxRanks * 4;
+  h.numRecv = reinterpret_cast<int32_t*>(p);
+  h.valid = h.numRecv + 1;
+  return h;
+}
+inline size_t handleBytes(int maxTokens) {
+  return (size_t(maxTokens) * kMaxRanks * 4 + 15) / 16 * 16 + kMaxRanks * kMaxRanks * 4 + 16;
+}
+
+/// Bytes of one dispatch row: x, then scales, then meta (int32 src index, int32 local expert ids, f32 weights).
+struct RowLayout {
+  uint32_t xBytes, scaleBytes, metaBytes, rowBytes;
+  uint32_t scaleOffset, metaOffset;
+};
+GDX_HOST_DEVICE_INLINE uint32_t align16(uint64_t b) {
+  return static_cast<uint32_t>((b + 15) / 16 * 16);
+}
+inline RowLayout dispatchRow(int hidden, int numTopk, DType dtype) {
+  RowLayout r;
+  r.xBytes = align16(uint64_t(hidden) * (dtype == DType::kBFloat16 ? 2 : 1));
+  r.scaleBytes = dtype == DType::kFloat8E4M3 ? align16(uint64_t(hidden / kFp8ScaleBlock) * 4) : 0;
+  r.metaBytes = align16(4 + 8 * uint64_t(numTopk));
+  r.scaleOffset = r.xBytes;
+  r.metaOffset = r.xBytes + r.scaleBytes;
+  r.rowBytes = r.xBytes + r.scaleBytes + r.metaBytes;
+  return r;
+}
+/// Bytes of one combine row: x BF16, then the weights.
+GDX_HOST_DEVICE_INLINE uint32_t combineRowBytes(int hidden, int numTopk) {
+  return align16(uint64_t(hidden) * 2) + align16(uint64_t(numTopk) * 4);
+}
+
+struct PrepareArgs {
+  const int64_t* topkIdx;
+  int numTokens, numTopk, numExperts, alignment;
+  HandleView handle;
+  int32_t* perExpertOut;  // device, optional
+  int32_t* numRecvOut;    // device, optional
+  int32_t* hostCounts;    // host-mapped [1 + kMaxExperts]: numRecv, then per local expert (aligned)
+};
+
+struct DispatchArgs {
+  const char* x;
+  const float* xScales;
+  const int64_t* topkIdx;
+  const float* topkWeights;
+  int numTokens, hidden, numTopk, numExperts;
+  RowLayout row;
+  HandleView handle;
+  DispatchOutputs out;
+};
+
+struct CombineArgs {
+  const char* x;
+  const float* topkWeights;
+  const char* bias0;
+  const char* bias1;
+  char* out;
+  float* outWeights;
+  int numTokens, hidden, numTopk;
+  HandleView handle;
+};
+
+struct LayoutArgs {
+  const int64_t* topkIdx;
+  int numTokens, numTopk, numExperts, numRanks;
+  int32_t* perRank;
+  int32_t* perExpert;
+  bool* inRank;
+};
+
+cudaError_t launchLayout(const Team& team, const LayoutArgs& a, cudaStream_t stream);
+cudaError_t launchPrepare(const Team& team, const PrepareArgs& a, cudaStream_t stream);
+cudaError_t launchDispatch(const Team& team, const DispatchArgs& a, const Config& cfg, cudaStream_t stream);
+cudaError_t launchCombine(const Team& team, const CombineArgs& a, const Config& cfg, cudaStream_t stream);
+
+}  // namespace gdx::ep::detail

@@ -1,0 +1,190 @@
+// gdx::ep::Buffer: MoE expert-parallel dispatch and combine, normal (high-throughput) mode, on gdx's public API.
+// Raw device pointers and a cudaStream_t, no framework: a thin Python layer gives it DeepEP's `Buffer` names
+// (get_dispatch_layout, dispatch, combine) and tensor shapes. Every rank of the job holds one Buffer, created
+// collectively from its Context; its GPU memory is registered as a window once, and kernels store tokens straight
+// into the peers' IPC-mapped copies of it (the direct path, NVLink) with 16-byte vector stores, no proxy.
+//
+// One call sequence per step, the same on every rank and on one stream per rank (each call's kernels start with a
+// barrier among the ranks, which is what lets a rank reuse its buffer):
+//
+//   ep::Buffer buf(ctx, /*nvlBytes=*/1 << 30);
+//   ep::DispatchHandle h = buf.newHandle(maxTokens);
+//   buf.getDispatchLayout(topkIdx, n, k, numExperts, perRank, perExpert, inRank, stream);  // optional, as DeepEP
+//   ep::DispatchCounts c = buf.dispatchPrepare(in, h, /*expertAlignment=*/1, stream);    // host sync: counts
+//   ... allocate outputs of c.numRecvTokens rows ...
+//   buf.dispatch(in, h, out, stream);          // the cached form is this call alone, with an earlier handle
+//   ... experts run on out.recvX ...
+//   buf.combine(cin, h, cout, stream);         // rows back to their source token, summed
+//
+// or, without any host synchronisation (CUDA-graph capturable), `dispatchWorst(in, h, out, numWorstTokens, ...)`
+// with outputs of numWorstTokens rows; the received count is then only on the device (out.numRecvTokens).
+//
+// Errors, never hangs: arguments the host can check (expert count not a multiple of the ranks, hidden size, dtype,
+// top-k, more tokens than the buffer holds) throw gdx::Error(kInvalidArgument) before anything is launched. What
+// only the GPU sees (an expert id >= E or < -1, more received rows than the outputs hold) is exchanged among the
+// ranks before any token is sent, so every rank skips the data phase alike; the first such error (rank, value) is
+// kept in host-mapped memory and thrown by dispatchPrepare, by the next call, or by checkErrors(). Every wait inside
+// the kernels is bounded by GDX_TIMEOUT_MS and ends on a peer's failure; the error names the rank, the peer, the
+// wait and the values seen. After a timeout the Buffer is unusable (every later call throws).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gdx/context.hpp"
+#include "gdx/window.hpp"
+
+namespace gdx::ep {
+
+/// Most ranks one Buffer spans (peers reached on the direct path), most experts, most top-k entries per token.
+constexpr int kMaxRanks = 8;
+constexpr int kMaxExperts = 1024;
+constexpr int kMaxTopk = 16;
+/// FP8 scales: one f32 per this many elements of a row.
+constexpr int kFp8ScaleBlock = 128;
+
+enum class DType : int { kBFloat16 = 0, kFloat8E4M3 = 1 };
+
+/// Kernel shape. The defaults keep every kernel at <= 24 SMs (one block per SM).
+struct Config {
+  int numSms = 24;       ///< blocks of the dispatch and combine kernels
+  int numThreads = 768;  ///< threads per block (a multiple of 32, <= 1024)
+  /// Defaults for a Buffer over `numRanks` GPUs (2, 4, 8): more ranks spread the same bytes over more links.
+  static Config forRanks(int numRanks);
+};
+
+/// What dispatch sends. x: [numTokens, hidden] BF16, or FP8 e4m3 bytes with xScales f32 [numTokens, hidden / 128].
+/// topkIdx int64 [numTokens, numTopk] (-1: no expert), topkWeights f32 [numTokens, numTopk]. The cached form may
+/// leave topkIdx / topkWeights null (then the received top-k outputs are not written).
+struct DispatchInputs {
+  const void* x = nullptr;
+  const float* xScales = nullptr;
+  const int64_t* topkIdx = nullptr;
+  const float* topkWeights = nullptr;
+  int numTokens = 0;
+  int hidden = 0;
+  int numTopk = 0;
+  int numExperts = 0;
+  DType dtype = DType::kBFloat16;
+};
+
+/// Where dispatch writes; rows in source-rank order, each source's rows in its token order (as DeepEP). Pointers
+/// other than recvX may be null (not written). `capacity`: rows the outputs hold (numRecvTokens from
+/// dispatchPrepare, or numWorstTokens).
+struct DispatchOutputs {
+  void* recvX = nullptr;                      ///< [capacity, hidden] BF16 or FP8 bytes
+  float* recvXScales = nullptr;               ///< [capacity, hidden / 128] (FP8)
+  int64_t* recvTopkIdx = nullptr;             ///< [capacity, numTopk]: local expert id, -1 where not local
+  float* recvTopkWeights = nullptr;           ///< [capacity, numTopk]: 0 where the expert is not local
+  int32_t* recvSrcIdx = nullptr;              ///< [capacity]: the row's token index on its source rank
+  int32_t* numRecvTokensPerExpert = nullptr;  ///< [numExperts / ranks], aligned (prepare / worst forms)
+  int32_t* numRecvTokens = nullptr;           ///< [1] rows received (worst form; optional)
+  int capacity = 0;
+};
+
+/// What dispatchPrepare returns (host side, DeepEP's num_recv_tokens_per_expert_list).
+struct DispatchCounts {
+  int numRecvTokens = 0;
+  std::vector<int> numRecvTokensPerExpert;  ///< per local expert, rounded up to the expert alignment
+};
+
+/// Combine: x BF16 [numRecvTokens, hidden] in the received order; topkWeights f32 [numRecvTokens, numTopk]
+/// (optional, summed back per token like DeepEP's combined weights); bias0 / bias1 BF16 [numTokens, hidden]
+/// (optional, added to the sum).
+struct CombineInputs {
+  const void* x = nullptr;
+  const float* topkWeights = nullptr;
+  const void* bias0 = nullptr;
+  const void* bias1 = nullptr;
+};
+struct CombineOutputs {
+  void* combinedX = nullptr;             ///< [numTokens, hidden] BF16
+  float* combinedTopkWeights = nullptr;  ///< [numTokens, numTopk] (when CombineInputs::topkWeights is given)
+};
+
+class Buffer;
+
+/// The routing of one dispatch (which token went to which rank at which row, the counts matrix): filled by
+/// dispatchPrepare / dispatchWorst, reused by the cached dispatch and by combine. Device memory, sized for up to
+/// maxTokens tokens; made by Buffer::newHandle (outside any graph capture).
+class DispatchHandle {
+ public:
+  DispatchHandle() = default;
+  int maxTokens() const { return maxTokens_; }
+  /// Tokens of the dispatch that filled it, hidden size and top-k; -1 until filled.
+  int numTokens() const { return numTokens_; }
+  int hidden() const { return hidden_; }
+  int numTopk() const { return numTopk_; }
+  /// Rows received: known on the host after dispatchPrepare, -1 after dispatchWorst (device only).
+  int numRecvTokens() const { return numRecvTokens_; }
+
+ private:
+  friend class Buffer;
+  std::shared_ptr<void> memory_;  // device: sendPos [maxTokens, R] | matrix [R, R] | numRecv | valid
+  const Buffer* owner_ = nullptr;
+  int maxTokens_ = 0;
+  int numTokens_ = -1;
+  int hidden_ = -1;
+  int numTopk_ = -1;
+  int numRecvTokens_ = -1;
+};
+
+class Buffer {
+ public:
+  /// Collective over every rank of `context` (all must reach one another on the direct path; one GPU may serve
+  /// several ranks). `nvlBytes`: GPU memory each rank lends its peers' stores; `rdmaBytes`: reserved for the
+  /// network path (ranks on other hosts), 0 while every rank is on the direct path.
+  Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes = 0, const Config& config = Config());
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  int rank() const { return rank_; }
+  int numRanks() const { return numRanks_; }
+  const Config& config() const { return config_; }
+  /// Most tokens one rank may dispatch with these shapes (every rank sending all of them to one rank still fits).
+  int maxTokensPerRank(int hidden, int numTopk, DType dtype) const;
+
+  DispatchHandle newHandle(int maxTokens) const;
+
+  /// DeepEP's get_dispatch_layout: tokens per rank [R], tokens per expert [E], is_token_in_rank [N, R] (bool), on
+  /// `stream`. An expert id out of range is recorded (thrown by the next call that synchronises).
+  void getDispatchLayout(const int64_t* topkIdx, int numTokens, int numTopk, int numExperts, int32_t* numTokensPerRank,
+                         int32_t* numTokensPerExpert, bool* isTokenInRank, cudaStream_t stream);
+  /// Computes the routing of `in` into `handle` and exchanges the counts; waits for them on the host and returns
+  /// them. Throws for bad input on any rank (naming the rank and the value), before any token is sent.
+  DispatchCounts dispatchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment,
+                                 cudaStream_t stream, int32_t* numRecvTokensPerExpert = nullptr);
+  /// Sends the tokens along `handle`'s routing (of a dispatchPrepare on the same token count, or any earlier
+  /// dispatch: the cached form) into `out`. No host synchronisation.
+  void dispatch(const DispatchInputs& in, const DispatchHandle& handle, const DispatchOutputs& out,
+                cudaStream_t stream);
+  /// dispatchPrepare and dispatch without the host synchronisation: outputs hold `numWorstTokens` rows, the
+  /// received count and per-expert counts are written to out.numRecvTokens / out.numRecvTokensPerExpert.
+  void dispatchWorst(const DispatchInputs& in, DispatchHandle& handle, const DispatchOutputs& out, int numWorstTokens,
+                     int expertAlignment, cudaStream_t stream);
+  /// Sends every received row back to its source token, where they are summed (+ bias); uses `handle`'s routing.
+  void combine(const CombineInputs& in, const DispatchHandle& handle, const CombineOutputs& out, cudaStream_t stream);
+
+  /// Throws the first error a kernel of this Buffer recorded (gdx::Error naming rank, peer, value); no sync.
+  void checkErrors() const;
+
+ private:
+  struct Impl;
+  void checkDispatchInputs(const DispatchInputs& in, const DispatchHandle& handle, const char* op) const;
+  void launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment, int32_t* perExpert,
+                     int32_t* numRecv, cudaStream_t stream);
+
+  Context& context_;
+  Config config_;
+  int rank_ = 0;
+  int numRanks_ = 1;
+  size_t nvlBytes_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gdx::ep

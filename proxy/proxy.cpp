@@ -10,6 +10,7 @@
 #include "gdx/detail/signal_imm.hpp"
 #include "gdx/error.hpp"
 #include "proxy/completion_tracker.hpp"
+#include "proxy/trace.hpp"
 #include "proxy/write_merger.hpp"
 
 namespace gdx {
@@ -43,7 +44,38 @@ struct Proxy::Thread {
   std::atomic<uint64_t> commands{0}, bytes{0}, errors{0}, batches{0}, writes{0};
   Command batch[kBatch];
   Completion done[kBatch];
+  std::unique_ptr<TraceBuffer> trace;  // GDX_TRACE only
 };
+
+namespace {
+// The trace event of a command (pick-up or rejection) and of an operation posted.
+TraceEvent commandEvent(TraceKind kind, size_t ring, const Command& c, uint64_t position) {
+  TraceEvent e;
+  e.ns = nowNs();
+  e.kind = kind;
+  e.opcode = static_cast<uint8_t>(c.opcode());
+  e.ring = static_cast<uint16_t>(ring);
+  e.peer = static_cast<int32_t>(c.peer());
+  e.window = c.dstWindow();
+  e.offset = c.dstOffset();
+  e.bytes = c.size();
+  e.position = position;
+  return e;
+}
+TraceEvent postEvent(size_t ring, int peer, uint32_t window, uint64_t offset, uint64_t bytes, uint64_t cookie) {
+  TraceEvent e;
+  e.ns = nowNs();
+  e.kind = TraceKind::kPost;
+  e.opcode = 0xff;
+  e.ring = static_cast<uint16_t>(ring);
+  e.peer = peer;
+  e.window = window;
+  e.offset = offset;
+  e.bytes = bytes;
+  e.position = cookie;
+  return e;
+}
+}  // namespace
 
 // The operations of one drained batch. They all carry the cookie of the batch's completion-tracker entry, which
 // is opened after the batch with the number of operations the lane took: an operation the lane refused (it threw)
@@ -55,6 +87,7 @@ class Proxy::Posting {
   void write(WriteOp w) {
     w.cookie = cookie();
     t_.lane->post(w);
+    if (t_.trace) t_.trace->record(postEvent(ring_, w.peer, w.remoteWindow, w.remoteOffset, w.bytes, w.cookie));
     ++posted_;
     ++writes_;
     bytes_ += w.bytes;
@@ -62,11 +95,13 @@ class Proxy::Posting {
   void atomic(AtomicOp a) {
     a.cookie = cookie();
     t_.lane->postAtomic(a);
+    if (t_.trace) t_.trace->record(postEvent(ring_, a.peer, a.remoteWindow, a.remoteOffset, 8, a.cookie));
     ++posted_;
   }
   void message(MessageOp m) {
     m.cookie = cookie();
     t_.lane->postMessage(m);
+    if (t_.trace) t_.trace->record(postEvent(ring_, m.peer, 0, 0, m.bytes, m.cookie));
     ++posted_;
   }
   /// Opens the batch's entry: positions up to `endPos` are done once the posted operations complete.
@@ -94,6 +129,12 @@ Proxy::Options Proxy::Options::fromEnv() {
   o.ringCapacity = static_cast<uint64_t>(envInt("GDX_RING_SIZE", static_cast<int64_t>(o.ringCapacity)));
   o.maxInFlight = static_cast<size_t>(envInt("GDX_PROXY_MAX_INFLIGHT", static_cast<int64_t>(o.maxInFlight)));
   o.timeoutNs = defaultTimeoutNs();
+  o.trace = envString("GDX_TRACE", "");
+  const int64_t traceEvents = envInt("GDX_TRACE_EVENTS", static_cast<int64_t>(o.traceEvents));
+  if (traceEvents < 1 || traceEvents > (int64_t{1} << 24))
+    throw Error(ErrorCode::kInvalidArgument,
+                "GDX_TRACE_EVENTS=" + std::to_string(traceEvents) + " must be within 1 .. 16777216");
+  o.traceEvents = static_cast<size_t>(traceEvents);
   if (o.threads < 1 || o.ringsPerThread < 0 || o.ringsPerThread > 127 || o.deviceRingsPerThread > 127 ||
       o.maxInFlight < 1)
     throw Error(ErrorCode::kInvalidArgument,
@@ -103,7 +144,11 @@ Proxy::Options Proxy::Options::fromEnv() {
 }
 
 Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry& registry, const RelayRequests* relay)
-    : options_(options), transport_(transport), registry_(registry), relay_(relay) {
+    : options_(options),
+      transport_(transport),
+      registry_(registry),
+      relay_(relay),
+      tracePath_(gdx::tracePath(options.trace, registry.rank())) {
   if (transport_ && transport_->numLanes() < options_.threads)
     throw Error(ErrorCode::kInvalidArgument, "the transport has " + std::to_string(transport_->numLanes()) +
                                                  " lanes for " + std::to_string(options_.threads) + " proxy threads");
@@ -119,6 +164,7 @@ Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry&
       rings_.push_back(std::make_unique<CommandRing>(
           CommandRing::Options{options_.ringCapacity, options_.placement.numaNode, options_.timeoutNs, device}));
     }
+    if (!options_.trace.empty()) th->trace = std::make_unique<TraceBuffer>(options_.traceEvents);
     th->trackers.resize(th->ringIds.size());
     th->published.assign(th->ringIds.size(), 0);
     threads_.push_back(std::move(th));
@@ -149,6 +195,26 @@ void Proxy::stop() {
     if (t->thread.joinable()) t->thread.join();
   // Producers still waiting for space or completions learn that nobody will serve them.
   for (auto& r : rings_) r->setError(Status::kShutdown);
+  writeTrace();
+}
+
+void Proxy::writeTrace() const {
+  if (tracePath_.empty()) return;
+  std::vector<const TraceBuffer*> buffers;
+  for (const auto& t : threads_) buffers.push_back(t->trace.get());
+  try {
+    writeChromeTrace(tracePath_, registry_.rank(), buffers);
+    GDX_INFO("proxy trace written to " << tracePath_);
+  } catch (const std::exception& e) {
+    GDX_ERROR(e.what());
+  }
+}
+
+std::string Proxy::recentTrace(size_t perPeer) const {
+  if (tracePath_.empty()) return {};
+  std::vector<const TraceBuffer*> buffers;
+  for (const auto& t : threads_) buffers.push_back(t->trace.get());
+  return recentByPeer(buffers, perPeer);
 }
 
 void Proxy::recordError(const std::string& message) {
@@ -373,8 +439,10 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
     const Command& c = t.batch[i];
     const size_t slots = static_cast<size_t>(slotsFor(c.opcode()));  // the ring hands out whole pairs only
     const Command* second = slots == 2 ? &t.batch[i + 1] : nullptr;
+    const uint64_t position = ring.consumed() - n + i;
     i += slots;
     const std::string why = plainlyValid(c, second) ? std::string() : checkCommand(c, second);
+    if (t.trace) t.trace->record(commandEvent(why.empty() ? TraceKind::kPickup : TraceKind::kReject, r, c, position));
     if (!why.empty()) {
       t.errors.fetch_add(1, std::memory_order_relaxed);
       recordError("rank " + std::to_string(registry_.rank()) + " proxy thread " + std::to_string(t.index) + " ring " +
@@ -416,6 +484,17 @@ bool Proxy::reapCompletions(Thread& t, size_t* reaped) {
   for (size_t i = 0; i < m; ++i) {
     const size_t r = t.done[i].cookie >> kCookieRingShift;
     if (r >= t.trackers.size()) continue;
+    if (t.trace) {
+      TraceEvent e;
+      e.ns = nowNs();
+      e.kind = TraceKind::kComplete;
+      e.opcode = 0xff;
+      e.ring = static_cast<uint16_t>(r);
+      e.peer = t.done[i].peer;
+      e.status = static_cast<uint32_t>(t.done[i].status);
+      e.position = t.done[i].cookie;
+      t.trace->record(e);
+    }
     if (t.done[i].status != Status::kOk) {
       t.errors.fetch_add(1, std::memory_order_relaxed);
       recordError("rank " + std::to_string(registry_.rank()) + ": an operation to peer " +

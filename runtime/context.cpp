@@ -359,6 +359,10 @@ void Context::wait(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
                     std::to_string(id < options_.numSignals ? signalValue(id) : 0);
   std::string why = failure();
   if (!why.empty()) msg += "; " + why;
+  // With GDX_TRACE, the last commands to each peer go to the log: what was sent, posted and completed before the
+  // wait gave up is what a post-mortem needs first.
+  const std::string recent = proxy_->recentTrace(16);
+  if (!recent.empty()) GDX_ERROR(msg << "; traced proxy events (all in " << proxy_->tracePath() << "):" << recent);
   throw Error(errorCodeFor(s), msg);
 }
 

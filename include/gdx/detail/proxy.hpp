@@ -61,6 +61,8 @@ class Proxy {
     uint64_t ringCapacity = 4096;  ///< GDX_RING_SIZE
     size_t maxInFlight = 1024;     ///< operations posted and not completed, per thread (GDX_PROXY_MAX_INFLIGHT)
     uint64_t timeoutNs = kDefaultTimeoutNs;  ///< producers' and the drain's bound (GDX_TIMEOUT_MS)
+    std::string trace;                       ///< GDX_TRACE: where the trace goes ("%r": the rank); empty: none
+    size_t traceEvents = size_t{1} << 16;    ///< GDX_TRACE_EVENTS: events kept per proxy thread
     Placement placement;
     static Options fromEnv();
   };
@@ -90,6 +92,10 @@ class Proxy {
   void failAll(Status status, const std::string& why);
   /// The first error any proxy thread recorded, empty when none.
   std::string lastError() const;
+  /// Tracing (GDX_TRACE): the file the trace is written to when the proxy stops; empty when not tracing.
+  const std::string& tracePath() const { return tracePath_; }
+  /// The last `perPeer` traced events to each peer, a line each (empty when not tracing).
+  std::string recentTrace(size_t perPeer) const;
   const Options& options() const { return options_; }
 
  private:
@@ -118,6 +124,8 @@ class Proxy {
   std::vector<std::unique_ptr<Thread>> threads_;
   std::atomic<bool> stopping_{false};
   bool started_ = false;
+  std::string tracePath_;
+  void writeTrace() const;
   mutable std::mutex errorMutex_;
   std::string firstError_;
 };

@@ -56,8 +56,7 @@ std::string tracePath(const std::string& pattern, int rank) {
   if (at != std::string::npos) return path.replace(at, 2, r);
   const size_t slash = path.find_last_of('/');
   const size_t dot = path.find_last_of('.');
-  if (dot != std::string::npos && (slash == std::string::npos || dot > slash))
-    return path.insert(dot, ".rank" + r);
+  if (dot != std::string::npos && (slash == std::string::npos || dot > slash)) return path.insert(dot, ".rank" + r);
   return path + ".rank" + r;
 }
 
@@ -65,17 +64,19 @@ void writeChromeTrace(const std::string& path, int rank, const std::vector<const
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw Error(ErrorCode::kInvalidArgument, "GDX_TRACE: cannot write " + path);
   std::fprintf(f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
-  std::fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"gdx rank %d\"}}", rank, rank);
+  std::fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"gdx rank %d\"}}", rank,
+               rank);
   for (size_t t = 0; t < threads.size(); ++t) {
-    std::fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%zu,\"args\":{\"name\":\"proxy %zu\"}}",
+    std::fprintf(f,
+                 ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%zu,\"args\":{\"name\":\"proxy %zu\"}}",
                  rank, t, t);
     for (const TraceEvent& e : threads[t]->snapshot())
       std::fprintf(f,
                    ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%d,\"tid\":%zu,"
                    "\"args\":{\"ring\":%u,\"peer\":%d,\"window\":%u,\"offset\":%" PRIu64 ",\"bytes\":%" PRIu64
                    ",\"position\":%" PRIu64 ",\"status\":%u}}",
-                   eventName(e).c_str(), kindName(e.kind), static_cast<double>(e.ns) / 1000.0, rank, t, e.ring,
-                   e.peer, e.window, e.offset, e.bytes, e.position, e.status);
+                   eventName(e).c_str(), kindName(e.kind), static_cast<double>(e.ns) / 1000.0, rank, t, e.ring, e.peer,
+                   e.window, e.offset, e.bytes, e.position, e.status);
   }
   std::fprintf(f, "\n]}\n");
   if (std::fclose(f) != 0) throw Error(ErrorCode::kInvalidArgument, "GDX_TRACE: writing " + path + " failed");

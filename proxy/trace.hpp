@@ -17,10 +17,10 @@ namespace gdx {
 enum class TraceKind : uint8_t { kPickup, kPost, kComplete, kReject };
 
 struct TraceEvent {
-  uint64_t ns = 0;      ///< steady clock
+  uint64_t ns = 0;  ///< steady clock
   TraceKind kind = TraceKind::kPickup;
-  uint8_t opcode = 0;   ///< the command's Opcode (pick-up, reject); 0xff: a transport operation
-  uint16_t ring = 0;    ///< the ring's index in its proxy thread
+  uint8_t opcode = 0;  ///< the command's Opcode (pick-up, reject); 0xff: a transport operation
+  uint16_t ring = 0;   ///< the ring's index in its proxy thread
   int32_t peer = -1;
   uint32_t window = 0;  ///< destination window (pick-up, post)
   uint32_t status = 0;  ///< a Status (completion)

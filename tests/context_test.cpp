@@ -70,14 +70,16 @@ TEST(Context, ManyThreadsShareChannelsAndSignalsCountExactly) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
-TEST(Context, ConsecutivePutsOnFourRingsArriveBeforeTheirSignals) {
-  // 8 producer threads, each on ring t % 4 of 4 proxy threads: every round cuts a 4 KiB slot into eight puts that
-  // continue each other (the proxy merges them) and then signals; a checker compares each slot once its signal
-  // arrived, and at the end every byte.
-  const int code = soloRank([] {
+// 8 producer threads, each on ring t % 8 of 4 proxy threads with `ringsPerThread` rings each: every round cuts a 4 KiB
+// slot into eight puts that continue each other (the proxy merges them) and then signals; a checker compares each
+// slot once its signal arrived, and at the end every byte.
+int mergedPutsOnManyRings(int ringsPerThread) {
+  return soloRank([ringsPerThread] {
     ContextOptions options = ContextOptions::fromEnv();
     options.proxy.threads = 4;
+    options.proxy.ringsPerThread = ringsPerThread;
     Context ctx(options);
+    const int rings = ctx.proxy().numRings();
     constexpr int kThreads = 8, kRounds = 1000;  // each ring wraps several times
     constexpr size_t kSlot = 4096, kPiece = kSlot / 8;
     std::vector<unsigned char> src(size_t(kThreads) * kRounds * kSlot), dst(src.size(), 0xEE);
@@ -87,7 +89,7 @@ TEST(Context, ConsecutivePutsOnFourRingsArriveBeforeTheirSignals) {
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t)
       threads.emplace_back([&, t] {
-        Channel ch = ctx.channel(0, t % 4);
+        Channel ch = ctx.channel(0, t % rings);
         for (int r = 0; r < kRounds; ++r) {
           const size_t slot = (size_t(t) * kRounds + r) * kSlot;
           for (size_t p = 0; p < 8; ++p) ch.put(d, slot + p * kPiece, s, slot + p * kPiece, kPiece);
@@ -108,7 +110,14 @@ TEST(Context, ConsecutivePutsOnFourRingsArriveBeforeTheirSignals) {
     if (c.writes >= uint64_t(kThreads) * kRounds * 8) bad = 3;  // no puts were merged
     return bad;
   });
-  EXPECT_EQ(code, 0);
+}
+
+TEST(Context, ConsecutivePutsOnFourRingsArriveBeforeTheirSignals) {
+  EXPECT_EQ(mergedPutsOnManyRings(1), 0);
+}
+
+TEST(Context, ConsecutivePutsOnTwoRingsPerProxyThreadArriveBeforeTheirSignals) {
+  EXPECT_EQ(mergedPutsOnManyRings(2), 0);
 }
 
 TEST(Context, SignalSetAddAndLargeValuesAndAtomicAdd) {

@@ -1,6 +1,8 @@
 // GDX_TRACE: a world of one sends puts and signals to itself with tracing on; the file written when the Context
 // closes is valid JSON (checked by Python's json module) holding a pick-up, a post and a completion per operation,
 // bounded by GDX_TRACE_EVENTS; a wait that times out logs the last events per peer; a bad GDX_TRACE_EVENTS is refused.
+#include "proxy/trace.hpp"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,7 +15,6 @@
 
 #include "gdx/context.hpp"
 #include "gdx/error.hpp"
-#include "proxy/trace.hpp"
 #include "support/test_support.hpp"
 
 namespace gdx {

@@ -101,6 +101,11 @@ enum class Tuning {
   kBulk,     ///< data streams: TCP_NODELAY and large send/receive buffers
 };
 void tuneSocket(int fd, Tuning tuning);
+/// Makes a silent loss of the link (a cut cable, a host that vanished without a reset) an error on `fd` within about
+/// half of `timeoutNs` (at least 2 s): keepalive probes while the connection is idle, TCP_USER_TIMEOUT while data is
+/// unacknowledged. Whoever reads or writes the socket then sees the error and can fail that peer by name, instead of
+/// every wait on it running out with a timeout that names no one.
+void detectLinkLoss(int fd, uint64_t timeoutNs);
 
 /// A listening socket bound to `a` (SO_REUSEADDR, so a restarted job can listen while old connections sit in
 /// TIME_WAIT). An invalid one with `*err` set when bind() fails; other failures throw SystemError. The tuning is

@@ -92,6 +92,7 @@ void TcpTransport::openOutgoing(const std::vector<std::string>& addresses, uint6
           lastWhy = "rank " + std::to_string(p) + " at " + addresses[p] + ": " + why;
           break;
         }
+        net::detectLinkLoss(fd.get(), options_.timeoutNs);
         Hello hello;
         hello.rank = rank_;
         hello.worldSize = world_;
@@ -207,6 +208,7 @@ void TcpTransport::acceptorLoop() {
         p.fd.reset(fd);
         try {
           net::tuneSocket(fd, net::Tuning::kBulk);
+          net::detectLinkLoss(fd, options_.timeoutNs);
         } catch (const std::exception& e) {
           GDX_WARN("TCP transport rank " << rank_ << ": dropping a connection: " << e.what());
           continue;

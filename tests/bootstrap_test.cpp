@@ -420,6 +420,21 @@ TEST(Bootstrap, RankThatNeverArrivesTimesOutEveryoneNamingIt) {
   EXPECT_EQ(test::waitChild(r1, 30), 0);
 }
 
+// A rank refused for a stated reason (here a wrong job secret) and therefore missing: the ranks that joined are told
+// the reason with the timeout, not only that the rank did not join.
+TEST(Bootstrap, ARefusedRankIsNamedWithTheReasonToTheOthers) {
+  int port = test::freePort();
+  const int kTimeoutMs = 2000;
+  auto joined = [] { return expectJoinFails(ErrorCode::kTimeout, "claiming rank 2 was refused: wrong job secret"); };
+  pid_t r0 = spawnRank(0, 3, port, "s", kTimeoutMs, joined);
+  pid_t r1 = spawnRank(1, 3, port, "s", kTimeoutMs, joined);
+  pid_t r2 = spawnRank(2, 3, port, "not-the-secret", kTimeoutMs,
+                       [] { return expectJoinFails(ErrorCode::kProtocol, "refused: wrong job secret"); });
+  EXPECT_EQ(test::waitChild(r0, 30), 0);
+  EXPECT_EQ(test::waitChild(r1, 30), 0);
+  EXPECT_EQ(test::waitChild(r2, 30), 0);
+}
+
 // While ranks are missing, rank 0's rendezvous server names them every few seconds (WARN once the wait is long), so
 // a job that waits for a rank that was never started says so before its timeout.
 TEST(Bootstrap, ServerNamesTheMissingRanksWhileItWaits) {

@@ -82,6 +82,7 @@ struct RendezvousServer::Impl {
   std::vector<std::unique_ptr<Conn>> conns;
   std::vector<Conn*> byRank;
   std::vector<char> hasJoined;
+  std::vector<std::string> refusals;  // per rank: why the last connection claiming it was refused (empty: none)
   std::vector<std::string> hostnames;
   std::vector<char> departed;
   int joinedCount = 0;
@@ -102,6 +103,7 @@ struct RendezvousServer::Impl {
     size_t n = static_cast<size_t>(cfg.worldSize);
     byRank.assign(n, nullptr);
     hasJoined.assign(n, 0);
+    refusals.assign(n, std::string());
     hostnames.assign(n, "");
     departed.assign(n, 0);
     roundBlobs.assign(n, "");
@@ -269,6 +271,11 @@ struct RendezvousServer::Impl {
     GDX_WARN("rendezvous server at " << where << ": refused connection from " << c.peer
                                      << (claimedRank >= 0 ? " (claims rank " + std::to_string(claimedRank) + ")" : "")
                                      << ": " << reason);
+    // Kept for the job's error if that rank then never joins: the ranks that did join are told why, not only that
+    // it is missing.
+    if (claimedRank >= 0 && claimedRank < static_cast<long>(refusals.size()) && !hasJoined[claimedRank])
+      refusals[claimedRank] =
+          "a connection from " + c.peer + " claiming rank " + std::to_string(claimedRank) + " was refused: " + reason;
     Writer w;
     w.str(reason);
     enqueue(c, std::make_shared<const std::string>(encodeFrame(MsgType::kRefuse, w.out())));
@@ -483,8 +490,11 @@ struct RendezvousServer::Impl {
                      "enter allGather/barrier #" + std::to_string(nextSeq), false);
     if (phase == Phase::kJoining && now >= joinDeadline) {
       std::vector<int> missing = ranksWhere(hasJoined, false);
+      std::string why;
+      for (int r : missing)
+        if (!refusals[r].empty()) why += "; " + refusals[r];
       abortJob(ErrorCode::kTimeout, rankList(missing) + " of " + std::to_string(cfg.worldSize) +
-                                        " did not join within " + std::to_string(timeoutMs) + " ms");
+                                        " did not join within " + std::to_string(timeoutMs) + " ms" + why);
     }
     if (phase == Phase::kRunning && roundCount > 0 && now >= roundDeadline) {
       std::vector<int> missing = ranksWhere(submitted, false);

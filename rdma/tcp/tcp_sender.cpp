@@ -2,6 +2,8 @@
 // sockets to the peer, TcpLane::postAtomic() and postMessage() send an atomic or a control message as one message
 // on the next socket; one sender thread per socket hands its chunks to the kernel in order (a chunk of a GPU window
 // staged through the thread's pinned buffer first).
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -49,6 +51,7 @@ void TcpLane::post(const WriteOp& op) {
     if (local->kind == MemoryKind::kCuda) cudaDevice = local->device;
   }
   if (!admitOp(op.cookie, op.peer)) return;
+  const common::FaultAction fault = t_.fault_.next(op.peer);
 
   const uint64_t chunk = t_.options_.chunkBytes;
   const uint64_t chunks = (op.bytes + chunk - 1) / chunk;
@@ -84,6 +87,7 @@ void TcpLane::post(const WriteOp& op) {
         h.chunkOffset = i * chunk;
         h.chunkBytes = static_cast<uint32_t>(std::min(chunk, op.bytes - h.chunkOffset));
         tx.queue.push_back(TxItem{h, src + h.chunkOffset, state, cudaDevice});
+        if (i == 0) tx.queue.back().fault = fault;  // a write's fault strikes its first chunk
       }
     }
     tx.cv.notify_one();
@@ -124,6 +128,7 @@ void TcpLane::queueInline(const MessageHeader& h, int peer, uint64_t cookie, con
   state->peer = peer;
   TxItem item{h, nullptr, state};
   std::memcpy(item.inlined, payload, h.chunkBytes);
+  item.fault = t_.fault_.next(peer);
   // Any socket keeps the order (the receiver sequences by seq); the next one in turn spreads the load.
   const uint32_t s = nextSocket_[peer];
   nextSocket_[peer] = (s + 1) % static_cast<uint32_t>(t_.sockets_);
@@ -202,6 +207,8 @@ void TcpTransport::senderLoop(TxSocket& s) {
       status = Status::kShutdown;
     else if (s.broken || peerState_[s.peer].load() != kPeerOk)
       status = failedStatus(s.peer);
+    else if (item.fault != common::FaultAction::kNone)
+      status = sendFaulty(s, item, staging);
     else
       status = sendChunk(s, item, staging);
     if (status == Status::kOk && peerState_[s.peer].load() == kPeerFailed) status = Status::kPeerFailed;
@@ -244,6 +251,29 @@ Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, common::CudaStag
   why << "sending a chunk of " << describe(item.header) << " to peer " << s.peer << " on lane " << s.lane << " socket "
       << s.index << " failed after " << io.done << " bytes: " << io.describe();
   return onSendFailure(s, io, why.str());
+}
+
+// GDX_FAULT's chosen chunk (rdma/common/fault.hpp).
+Status TcpTransport::sendFaulty(TxSocket& s, TxItem item, common::CudaStaging& staging) {
+  const std::string what = fault_.plan().describe() + ": " + describe(item.header);
+  switch (item.fault) {
+    case common::FaultAction::kDrop: GDX_WARN("TCP transport rank " << rank_ << ": " << what); return Status::kOk;
+    case common::FaultAction::kDelay:
+      GDX_WARN("TCP transport rank " << rank_ << ": " << what);
+      std::this_thread::sleep_for(std::chrono::milliseconds(fault_.plan().delayMs));
+      return sendChunk(s, item, staging);
+    case common::FaultAction::kCorrupt:
+      GDX_WARN("TCP transport rank " << rank_ << ": " << what);
+      item.header.magic ^= 0x5a5a5a5au;
+      return sendChunk(s, item, staging);
+    case common::FaultAction::kClose:
+      ::shutdown(s.fd.get(), SHUT_RDWR);
+      s.broken = true;
+      failPeer(s.peer, what + ": the connection was shut down");
+      return Status::kPeerFailed;
+    case common::FaultAction::kNone: break;
+  }
+  return sendChunk(s, item, staging);
 }
 
 Status TcpTransport::onSendFailure(TxSocket& s, const IoStatus& io, const std::string& why) {

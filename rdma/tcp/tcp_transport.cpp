@@ -30,6 +30,7 @@ TcpTransportOptions TcpTransportOptions::fromEnv(int rank, int worldSize, const 
                                                  std::to_string(tcp::kMaxChunkBytes) + "]");
   o.chunkBytes = static_cast<size_t>(chunk);
   o.bindAddress = envString("GDX_TCP_BIND_ADDR", "");
+  o.fault = envString("GDX_FAULT", "");
   o.timeoutNs = defaultTimeoutNs();
   return o;
 }
@@ -41,7 +42,13 @@ std::unique_ptr<Transport> makeTcpTransport(const TcpTransportOptions& options) 
 namespace tcp {
 
 TcpTransport::TcpTransport(const TcpTransportOptions& options)
-    : options_(options), rank_(options.rank), world_(options.worldSize), sockets_(options.socketsPerPeer) {
+    : options_(options),
+      rank_(options.rank),
+      world_(options.worldSize),
+      sockets_(options.socketsPerPeer),
+      fault_(common::FaultPlan::parse(options.fault, options.worldSize)) {
+  if (fault_.plan().action != common::FaultAction::kNone)
+    GDX_WARN("TCP transport rank " << rank_ << ": will " << fault_.plan().describe());
   std::ostringstream bad;
   if (world_ < 1)
     bad << "world size " << world_ << " must be at least 1";

@@ -35,6 +35,7 @@
 #include "gdx/detail/transport.hpp"
 #include "rdma/common/cuda_staging.hpp"
 #include "rdma/common/delivery.hpp"
+#include "rdma/common/fault.hpp"
 #include "rdma/common/window_table.hpp"
 #include "rdma/socket.hpp"
 #include "rdma/tcp/rx_order.hpp"
@@ -59,6 +60,7 @@ struct TxItem {
   OpState* op = nullptr;
   int cudaDevice = -1;  ///< >= 0: `data` lies in a GPU window on this device and is staged before it is sent
   uint8_t inlined[kMaxMessageBytes] = {};  ///< an atomic's operand or a control message (header.chunkBytes bytes)
+  common::FaultAction fault = common::FaultAction::kNone;  ///< GDX_FAULT's action on this chunk
 };
 
 /// One connection of a (lane, peer) pair: socket `index` of the lane's sockets to or from `peer`.
@@ -159,6 +161,7 @@ class TcpTransport : public common::TransportBase {
   // Data path (tcp_sender.cpp, tcp_receiver.cpp).
   void senderLoop(TxSocket& s);
   Status sendChunk(TxSocket& s, const TxItem& item, common::CudaStaging& staging);
+  Status sendFaulty(TxSocket& s, TxItem item, common::CudaStaging& staging);
   Status onSendFailure(TxSocket& s, const net::IoStatus& io, const std::string& why);
   void sayGoodbye(TxSocket& s);
   void receiverLoop(RxSocket& s);
@@ -170,6 +173,7 @@ class TcpTransport : public common::TransportBase {
   Status failedStatus(int peer) const;
 
   const TcpTransportOptions options_;
+  common::FaultInjector fault_;
   const int rank_;
   const int world_;
   const int sockets_;

@@ -166,7 +166,8 @@ struct TcpTransportOptions {
   std::string bindAddress = "";  ///< interface address to listen on; empty: the one MASTER_ADDR routes from
   std::string secret;            ///< the job secret; a connection that does not present it is refused
   uint64_t timeoutNs = kDefaultTimeoutNs;
-  /// Fills the fields above from GDX_TCP_SOCKETS / GDX_TCP_CHUNK / GDX_TCP_BIND_ADDR and GDX_TIMEOUT_MS.
+  std::string fault;  ///< GDX_FAULT: a fault to inject for tests (rdma/common/fault.hpp); empty: none
+  /// Fills the fields above from GDX_TCP_SOCKETS / GDX_TCP_CHUNK / GDX_TCP_BIND_ADDR, GDX_TIMEOUT_MS and GDX_FAULT.
   static TcpTransportOptions fromEnv(int rank, int worldSize, const std::string& secret);
 };
 

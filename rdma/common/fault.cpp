@@ -37,8 +37,8 @@ FaultPlan FaultPlan::parse(const std::string& spec, int worldSize) {
   FaultPlan p;
   if (spec.empty()) return p;
   auto bad = [&](const std::string& why) {
-    return Error(ErrorCode::kInvalidArgument, "GDX_FAULT=" + spec + ": " + why +
-                                                  " (ACTION:PEER:N[:MS], ACTION one of drop, delay, corrupt, close)");
+    return Error(ErrorCode::kInvalidArgument,
+                 "GDX_FAULT=" + spec + ": " + why + " (ACTION:PEER:N[:MS], ACTION one of drop, delay, corrupt, close)");
   };
   std::vector<std::string> parts;
   std::stringstream ss(spec);
@@ -68,8 +68,8 @@ FaultPlan FaultPlan::parse(const std::string& spec, int worldSize) {
 }
 
 std::string FaultPlan::describe() const {
-  std::string s = std::string(faultName(action)) + " operation " + std::to_string(atOperation) + " to peer " +
-                  std::to_string(peer);
+  std::string s =
+      std::string(faultName(action)) + " operation " + std::to_string(atOperation) + " to peer " + std::to_string(peer);
   if (action == FaultAction::kDelay) s += " by " + std::to_string(delayMs) + " ms";
   return s + " (GDX_FAULT)";
 }

@@ -43,10 +43,10 @@ namespace tcp {
 
 TcpTransport::TcpTransport(const TcpTransportOptions& options)
     : options_(options),
+      fault_(common::FaultPlan::parse(options.fault, options.worldSize)),
       rank_(options.rank),
       world_(options.worldSize),
-      sockets_(options.socketsPerPeer),
-      fault_(common::FaultPlan::parse(options.fault, options.worldSize)) {
+      sockets_(options.socketsPerPeer) {
   if (fault_.plan().action != common::FaultAction::kNone)
     GDX_WARN("TCP transport rank " << rank_ << ": will " << fault_.plan().describe());
   std::ostringstream bad;

@@ -4,10 +4,12 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
@@ -48,6 +50,33 @@ void VerbsLane::failedNow(uint64_t cookie, int peer) {
   done_.push_back(Completion{cookie, t_.stopping_.load() ? Status::kShutdown : Status::kPeerFailed, peer});
 }
 
+bool VerbsLane::injectFault(int peer, uint64_t cookie, common::FaultAction* action) {
+  *action = t_.fault_.next(peer);
+  if (*action == common::FaultAction::kNone) return false;
+  GDX_WARN(who() << ": " << t_.fault_.plan().describe());
+  switch (*action) {
+    case common::FaultAction::kDrop:
+      inFlight_.fetch_add(1, std::memory_order_relaxed);
+      done_.push_back(Completion{cookie, Status::kOk, peer});
+      return true;
+    case common::FaultAction::kDelay:
+      std::this_thread::sleep_for(std::chrono::milliseconds(t_.fault_.plan().delayMs));
+      return false;
+    case common::FaultAction::kClose: {
+      ibv_qp_attr attr{};
+      attr.qp_state = IBV_QPS_ERR;
+      if (ibv_modify_qp(qps_[peer].qp.get(), &attr, IBV_QP_STATE) != 0)
+        GDX_WARN(who() << ": GDX_FAULT could not move the queue pair to peer " << peer << " to the error state");
+      return false;  // the operation is posted into the failed queue pair and completes with an error
+    }
+    default: return false;
+  }
+}
+
+// A local key no memory region has: the work request fails with a local protection error and takes the queue pair
+// to the error state, as a damaged request would.
+constexpr uint32_t kCorruptKeyMask = 0x5a5a5a5au;
+
 void VerbsLane::finishWr(uint32_t i, Status status) {
   OpSlot& op = ops_[i];
   if (status != Status::kOk && op.status == Status::kOk) op.status = status;
@@ -83,6 +112,9 @@ void VerbsLane::post(const WriteOp& op) {
     rkey = remoteKey.rkey;
   }
   if (t_.failed(op.peer) || t_.stopping_.load(std::memory_order_relaxed)) return failedNow(op.cookie, op.peer);
+  common::FaultAction fault;
+  if (injectFault(op.peer, op.cookie, &fault)) return;
+  if (fault == common::FaultAction::kCorrupt) lkey ^= kCorruptKeyMask;
   if (localStaged || remoteKey.staged) {
     const uint64_t n = (op.bytes + kStageSlotBytes - 1) / kStageSlotBytes;
     const uint32_t id = newOp(op.cookie, op.peer, static_cast<uint32_t>(n * (remoteKey.staged ? 2 : 1)));
@@ -123,6 +155,8 @@ void VerbsLane::postAtomic(const AtomicOp& op) {
                            "the word is not 8-byte aligned in memory (the window starts at an unaligned address)");
   }
   if (t_.failed(op.peer) || t_.stopping_.load(std::memory_order_relaxed)) return failedNow(op.cookie, op.peer);
+  common::FaultAction fault;
+  if (injectFault(op.peer, op.cookie, &fault)) return;
   w.op = newOp(op.cookie, op.peer, 1);
   if (t_.nativeAtomics_ && op.kind == SignalOp::kAdd) {
     w.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -133,6 +167,7 @@ void VerbsLane::postAtomic(const AtomicOp& op) {
     const ControlRecord record{op.remoteWindow, static_cast<uint32_t>(op.kind), op.remoteOffset, op.value, 0, 0};
     setSend(w, &record, sizeof record);
   }
+  if (fault == common::FaultAction::kCorrupt) w.local.lkey ^= kCorruptKeyMask;
   qps_[op.peer].backlog.push_back(w);
   flush(op.peer);
 }
@@ -145,9 +180,12 @@ void VerbsLane::postMessage(const MessageOp& op) {
   record.bytes = op.bytes;
   record.kind = kControlMessage;
   std::memcpy(record.data, op.data, op.bytes);
+  common::FaultAction fault;
+  if (injectFault(op.peer, op.cookie, &fault)) return;
   PendingWr w;
   w.op = newOp(op.cookie, op.peer, 1);
   setSend(w, &record, kMessageHeaderBytes + op.bytes);  // only the message's own bytes travel
+  if (fault == common::FaultAction::kCorrupt) w.local.lkey ^= kCorruptKeyMask;
   qps_[op.peer].backlog.push_back(w);
   flush(op.peer);
 }

@@ -20,6 +20,7 @@ VerbsTransportOptions VerbsTransportOptions::fromEnv(int rank, int worldSize) {
   o.worldSize = worldSize;
   o.lanes = static_cast<int>(envInt("GDX_PROXY_THREADS", o.lanes));
   o.hca = envString("GDX_IB_HCA", "");
+  o.fault = envString("GDX_FAULT", "");
   o.gidIndex = static_cast<int>(envInt("GDX_IB_GID_INDEX", o.gidIndex));
   o.serviceLevel = static_cast<int>(envInt("GDX_IB_SL", o.serviceLevel));
   o.trafficClass = static_cast<int>(envInt("GDX_IB_TC", o.trafficClass));
@@ -41,7 +42,13 @@ std::unique_ptr<Transport> makeVerbsTransport(const VerbsTransportOptions& optio
 namespace verbs {
 
 VerbsTransport::VerbsTransport(const VerbsTransportOptions& o)
-    : options_(o), rank_(o.rank), world_(o.worldSize), rxCopier_(o.timeoutNs) {
+    : options_(o),
+      rank_(o.rank),
+      world_(o.worldSize),
+      fault_(common::FaultPlan::parse(o.fault, o.worldSize)),
+      rxCopier_(o.timeoutNs) {
+  if (fault_.plan().action != common::FaultAction::kNone)
+    GDX_WARN("verbs transport rank " << rank_ << ": will " << fault_.plan().describe());
   if (world_ < 1 || rank_ < 0 || rank_ >= world_)
     throw Error(ErrorCode::kInvalidArgument, "verbs transport: rank " + std::to_string(rank_) + " of world " +
                                                  std::to_string(world_) + " is not valid");

@@ -78,6 +78,7 @@
 #include "gdx/detail/transport.hpp"
 #include "rdma/common/cuda_staging.hpp"
 #include "rdma/common/delivery.hpp"
+#include "rdma/common/fault.hpp"
 #include "rdma/common/window_table.hpp"
 #include "rdma/verbs/verbs_resources.hpp"
 
@@ -217,6 +218,10 @@ class VerbsLane : public TransportLane {
   uint32_t newOp(uint64_t cookie, int peer, uint32_t workRequests);
   void finishWr(uint32_t op, Status status);
   void failedNow(uint64_t cookie, int peer);
+  /// GDX_FAULT's action on this operation to `peer`, applied where it can be here: a drop completes it at once
+  /// (true: nothing else to do), a delay sleeps, a close forces the peer's queue pair into the error state; a
+  /// corrupt is left to the caller (it damages the operation's local key).
+  bool injectFault(int peer, uint64_t cookie, common::FaultAction* action);
   void flush(int peer);
   void failBacklog(int peer);
   /// Reaps the send CQ, then watchPeers(): makes progress on every QP of the lane.
@@ -328,6 +333,7 @@ class VerbsTransport : public common::TransportBase {
   int sendDepth_ = 0;
   int recvDepth_ = 0;
   bool nativeAtomics_ = false;
+  common::FaultInjector fault_;  // GDX_FAULT (declared after options_: built from them)
   std::string address_;
 
   // Verbs objects in creation order (destroyed in reverse): device, PD, channel, receive CQ, receive buffer and

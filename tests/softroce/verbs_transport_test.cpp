@@ -18,6 +18,7 @@
 #include "gdx/context.hpp"
 #include "gdx/detail/transport.hpp"
 #include "gdx/error.hpp"
+#include "support/fault_job.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 
@@ -602,6 +603,27 @@ TEST(VerbsContext, TwoRanksRandomDataSignalsCountedAndSetOverStagedVerbs) {
   auto codes = test::runRanks(
       2, [](int rank) { return contextRandomDataAndSignals(rank, true); }, 240);
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// GDX_FAULT over verbs (rdma/common/fault.hpp; tests/fault_injection_test.cpp has the TCP forms): rank 0's third
+// operation to rank 1 is delayed, dropped, posted with a damaged key, or posted into a queue pair forced into the error
+// state, and both ranks must end as tests/support/fault_job.hpp describes.
+TEST(VerbsFault, ADelayedWriteArrivesLateAndIntact) {
+  setenv("GDX_IB_TIMEOUT", "12", 1);
+  EXPECT_EQ(test::runFaultJob("verbs", "delay:1:3:400", test::FaultExpect::kDelivered, false, 400),
+            (std::vector<int>{0, 0}));
+}
+TEST(VerbsFault, ADroppedWriteEndsTheWaitWithATimeoutNamingTheSignal) {
+  setenv("GDX_IB_TIMEOUT", "12", 1);
+  EXPECT_EQ(test::runFaultJob("verbs", "drop:1:3", test::FaultExpect::kTimeout), (std::vector<int>{0, 0}));
+}
+TEST(VerbsFault, ADamagedKeyFailsThePeerOnBothSides) {
+  setenv("GDX_IB_TIMEOUT", "12", 1);
+  EXPECT_EQ(test::runFaultJob("verbs", "corrupt:1:3", test::FaultExpect::kPeerFailed), (std::vector<int>{0, 0}));
+}
+TEST(VerbsFault, AQueuePairForcedIntoTheErrorStateFailsThePeerOnBothSides) {
+  setenv("GDX_IB_TIMEOUT", "12", 1);
+  EXPECT_EQ(test::runFaultJob("verbs", "close:1:3", test::FaultExpect::kPeerFailed), (std::vector<int>{0, 0}));
 }
 
 TEST(VerbsContext, PeerKilledMidTransferEndsTheSurvivorsWait) {

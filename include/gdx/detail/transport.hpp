@@ -193,6 +193,7 @@ struct VerbsTransportOptions {
   /// GDX_IB_FORCE_STAGING (testing): host windows are staged like GPU windows that cannot be registered, so the
   /// staging protocol runs without a GPU.
   bool stageAllWindows = false;
+  std::string fault;  ///< GDX_FAULT: a fault to inject for tests (rdma/common/fault.hpp); empty: none
   uint64_t timeoutNs = kDefaultTimeoutNs;
   /// Fills the fields above from the GDX_IB_* variables and GDX_TIMEOUT_MS (lanes from GDX_PROXY_THREADS).
   static VerbsTransportOptions fromEnv(int rank, int worldSize);

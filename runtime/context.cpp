@@ -190,6 +190,7 @@ void Context::init() {
 }
 
 Context::~Context() {
+  link_->closing.store(true, std::memory_order_release);  // no new Window or Channel use from here on
   drainRings("closing the context", true);
   {
     // Waits for Window and Channel calls in progress; later ones find the Context gone.

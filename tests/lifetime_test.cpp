@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -115,6 +116,35 @@ TEST(Lifetime, WindowAndChannelUsedOrDestroyedAfterTheirContextThrowOrDoNothing)
               CHILD_CHECK(throwsNaming([&] { w.peerData(0); }, ErrorCode::kShutdown, {"window 0", "Context is gone"}));
               w = Window();  // destroying it now does nothing
               ch.reset();
+              return 0;
+            }),
+            0);
+}
+
+TEST(Lifetime, ThreadsUsingAChannelWhileItsContextIsDestroyedGetAnErrorNotACrash) {
+  EXPECT_EQ(soloRank([] {
+              std::vector<unsigned char> buf(1 << 16);
+              Window w;
+              std::optional<Channel> ch;
+              std::atomic<int> shutdowns{0}, others{0};
+              std::vector<std::thread> threads;
+              {
+                Context ctx;
+                w = ctx.registerWindow(buf.data(), buf.size());
+                ch.emplace(ctx.channel(0));
+                for (int t = 0; t < 3; ++t)
+                  threads.emplace_back([&, t] {
+                    try {
+                      for (;;) ch->put(w, 32768 + 1024 * t, w, 1024 * t, 1024);
+                    } catch (const Error& e) {
+                      ++(e.code() == ErrorCode::kShutdown ? shutdowns : others);
+                      if (e.code() != ErrorCode::kShutdown) std::fprintf(stderr, "unexpected: %s\n", e.what());
+                    }
+                  });
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+              }  // destroyed while the threads keep putting
+              for (auto& th : threads) th.join();
+              CHILD_CHECK(shutdowns == 3 && others == 0);
               return 0;
             }),
             0);

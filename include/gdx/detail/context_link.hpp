@@ -6,6 +6,7 @@
 // apart: a Window of one Context handed to a Channel of another is refused by comparing links.
 #pragma once
 
+#include <atomic>
 #include <shared_mutex>
 #include <string>
 
@@ -20,13 +21,16 @@ namespace detail {
 struct ContextLink {
   std::shared_mutex mutex;
   Context* context = nullptr;  // null once the Context is destroyed; read and written under `mutex`
-  int rank = -1;               // the Context's rank, kept for messages after it is gone
+  // Set first by ~Context, before it waits for the write lock: new uses fail at once, so threads that keep using a
+  // Channel cannot hold the read lock forever (the lock lets readers in while a writer waits).
+  std::atomic<bool> closing{false};
+  int rank = -1;  // the Context's rank, kept for messages after it is gone
 };
 
 /// Throws gdx::Error(kShutdown): `what` (the window or channel and the operation) found its Context gone.
 [[noreturn]] inline void throwContextGone(const ContextLink& link, const std::string& what) {
   throw Error(ErrorCode::kShutdown, "rank " + std::to_string(link.rank) + ": " + what +
-                                        ": its Context is gone (destroyed before this object was used)");
+                                        ": its Context is gone (destroyed or being destroyed)");
 }
 
 /// Holds the link's read lock for as long as the caller uses the Context; the Context cannot go away meanwhile.
@@ -36,7 +40,7 @@ class ContextUse {
   explicit ContextUse(ContextLink* link) {
     if (!link) return;
     lock_ = std::shared_lock<std::shared_mutex>(link->mutex);
-    context_ = link->context;
+    context_ = link->closing.load(std::memory_order_acquire) ? nullptr : link->context;
   }
   explicit operator bool() const { return context_ != nullptr; }
   Context& operator*() const { return *context_; }

@@ -124,14 +124,19 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.hostCounts), (1 + kMaxExperts) * 4, cudaHostAllocMapped));
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.hostCountsDev), m.hostCounts, 0));
   GDX_CUDA_CHECK(cudaDeviceSynchronize());
-  m.window = context.registerWindow(m.memory, nvlBytes, MemoryKind::kCuda);
+  m.window = context.registerWindow(m.memory, nvlBytes, MemoryKind::kCuda, "gdx::ep::Buffer");
   // Every rank learns whether every rank reaches every other directly, so that all of them throw alike.
   std::string missing;
   for (int p = 0; p < numRanks_; ++p) {
     m.team.base[p] = static_cast<char*>(m.window.peerData(p));
     if (!m.team.base[p]) missing += (missing.empty() ? "" : ",") + std::to_string(p);
   }
-  std::vector<std::string> all = context.bootstrap().allGather(missing);
+  // Peers store at the same offsets of every rank's buffer: the sizes must match, which the tag checks.
+  CollectiveTag tag;
+  tag.kind = "ep::Buffer: direct reach";
+  tag.size = nvlBytes;
+  tag.sameSize = true;
+  std::vector<std::string> all = context.bootstrap().allGather(missing, tag);
   for (int r = 0; r < numRanks_; ++r)
     if (!all[r].empty())
       invalid(rank_, "rank " + std::to_string(r) + " cannot reach rank(s) " + all[r] +
@@ -148,7 +153,9 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
 Buffer::~Buffer() {
   try {
     cudaDeviceSynchronize();
-    context_.barrier();  // no peer stores into the memory any more once everyone is here
+    CollectiveTag tag;
+    tag.kind = "ep::Buffer teardown";
+    context_.bootstrap().allGather(std::string(), tag);  // no peer stores into the memory any more once all are here
   } catch (const std::exception& e) {
     GDX_WARN("gdx::ep rank " << rank_ << ": barrier at Buffer teardown failed: " << e.what());
   }

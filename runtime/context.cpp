@@ -40,6 +40,12 @@ void decodeWindowRecord(const std::string& blob, int peer, uint32_t* id, uint64_
   if (direct) *direct = blob.substr(16 + keyBytes);
 }
 
+CollectiveTag tagged(const char* kind) {
+  CollectiveTag tag;
+  tag.kind = kind;
+  return tag;
+}
+
 }  // namespace
 
 ContextOptions ContextOptions::fromEnv() {
@@ -72,6 +78,7 @@ Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options
   if (options_.numSignals == 0 || options_.numSignals > kMaxSignals)
     throw Error(ErrorCode::kInvalidArgument, "GDX_NUM_SIGNALS must be in 1.." + std::to_string(kMaxSignals));
   bootstrap_ = std::make_unique<Bootstrap>(bootstrap);
+  link_->rank = bootstrap_->rank();
   try {
     init();
   } catch (...) {
@@ -130,7 +137,7 @@ void Context::init() {
   transport_->setImmHandler([this](const RemoteWrite& w) { onImm(w); });
   transport_->setMessageHandler([this](const RemoteMessage& m) { onMessage(m); });
   transport_->setPeerFailureHandler([this](int peer, const std::string& why) { onPeerFailure(peer, why); });
-  std::vector<std::string> addresses = bootstrap_->allGather(transport_->localAddress());
+  std::vector<std::string> addresses = bootstrap_->allGather(transport_->localAddress(), tagged("Context: addresses"));
   transport_->connect(addresses, options_.proxy.threads);
 
   registry_ = std::make_unique<WindowRegistry>(rank, world, kMaxWindows);
@@ -144,7 +151,8 @@ void Context::init() {
     std::string key = transport_->registerWindow(kSignalWindowId, signals_->data(), signalBytes, MemoryKind::kHost);
     registry_->addLocal(kSignalWindowId, signals_->data(), signalBytes, MemoryKind::kHost);
     windowInUse_[kSignalWindowId] = true;
-    std::vector<std::string> all = bootstrap_->allGather(encodeWindowRecord(kSignalWindowId, signalBytes, key));
+    std::vector<std::string> all =
+        bootstrap_->allGather(encodeWindowRecord(kSignalWindowId, signalBytes, key), tagged("Context: signals"));
     for (int p = 0; p < world; ++p) {
       uint32_t id;
       uint64_t bytes;
@@ -170,6 +178,10 @@ void Context::init() {
     }
   }
   bootstrap_->barrier();
+  {
+    std::unique_lock<std::shared_mutex> lock(link_->mutex);
+    link_->context = this;
+  }
   GDX_INFO("context ready: rank " << rank << " of " << world << ", transport " << transport_->name()
                                   << (options_.transport == "tcp"
                                           ? " (" + std::to_string(options_.tcpSockets) + " sockets per peer)"
@@ -178,10 +190,17 @@ void Context::init() {
 }
 
 Context::~Context() {
+  link_->closing.store(true, std::memory_order_release);  // no new Window or Channel use from here on
+  drainRings("closing the context", true);
+  {
+    // Waits for Window and Channel calls in progress; later ones find the Context gone.
+    std::unique_lock<std::shared_mutex> lock(link_->mutex);
+    link_->context = nullptr;
+  }
   shutdownThreads();
 }
 
-Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
+Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const std::string& name) {
   if (!base || bytes == 0)
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": cannot register an empty window");
   uint32_t id = kMaxUserWindows;
@@ -206,9 +225,12 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
     windowInUse_[id] = false;
     throw;
   }
-  Window window(this, id, base, bytes, kind);
+  Window window(link_, id, base, bytes, kind, name);
+  CollectiveTag tag = tagged("registerWindow");
+  tag.size = bytes;
+  tag.name = name;
   std::vector<std::string> all =
-      bootstrap_->allGather(encodeWindowRecord(id, bytes, key, direct_->windowBlob(base, bytes, kind)));
+      bootstrap_->allGather(encodeWindowRecord(id, bytes, key, direct_->windowBlob(base, bytes, kind)), tag);
   direct_->addLocal(id, base, bytes, kind);
   for (int p = 0; p < worldSize(); ++p) {
     uint32_t peerId;
@@ -229,6 +251,8 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind) {
 }
 
 void Context::deregister(uint32_t id) noexcept {
+  // Commands naming the window may still be in the rings (puts not flushed): let them finish first.
+  drainRings("destroying window " + std::to_string(id), false);
   try {
     direct_->removeLocal(id);
     registry_->removeLocal(id);
@@ -264,7 +288,7 @@ Channel Context::makeChannel(int peer, int ringIndex, int forwardTo) {
   if (ringIndex >= proxy_->numRings())
     throw Error(ErrorCode::kInvalidArgument, "ring " + std::to_string(ringIndex) + " does not exist (" +
                                                  std::to_string(proxy_->numRings()) + " rings)");
-  return Channel(this, peer, ringIndex, proxy_->ring(ringIndex).hostHandle(), forwardTo);
+  return Channel(link_, peer, ringIndex, proxy_->ring(ringIndex).hostHandle(), forwardTo);
 }
 
 ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forwardTo) {

@@ -17,6 +17,14 @@
 
 namespace gdx {
 
+namespace {
+CollectiveTag directPathTag() {
+  CollectiveTag tag;
+  tag.kind = "Context: direct path";
+  return tag;
+}
+}  // namespace
+
 #if defined(GDX_HAVE_CUDA)
 namespace {
 
@@ -72,7 +80,8 @@ DirectPaths::DirectPaths(Bootstrap& bootstrap, const GpuInfo& gpu, uint32_t numS
       mine.hasGpu = 0;  // no IPC (e.g. a GPU that does not support it): nobody reaches this rank directly
     }
   }
-  std::vector<std::string> all = bootstrap.allGather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
+  std::vector<std::string> all =
+      bootstrap.allGather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine), directPathTag());
   if (!gpu.present()) return;
   const bool enabled = envInt("GDX_DIRECT", 1) != 0;
   DeviceGuard guard(device_);
@@ -123,7 +132,7 @@ DirectPaths::DirectPaths(Bootstrap& bootstrap, const GpuInfo& gpu, uint32_t numS
 #else
   (void)gpu;
   (void)numSignals;
-  bootstrap.allGather(std::string());
+  bootstrap.allGather(std::string(), directPathTag());
 #endif
 }
 

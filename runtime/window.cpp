@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "gdx/context.hpp"
+#include "gdx/detail/context_link.hpp"
 
 namespace gdx {
 
@@ -17,28 +18,49 @@ Window::Window(Window&& o) noexcept {
 Window& Window::operator=(Window&& o) noexcept {
   if (this != &o) {
     reset();
-    context_ = std::exchange(o.context_, nullptr);
+    link_ = std::move(o.link_);
+    o.link_.reset();
     id_ = o.id_;
     base_ = o.base_;
     bytes_ = o.bytes_;
     kind_ = o.kind_;
+    name_ = std::move(o.name_);
   }
   return *this;
 }
 
+// After the Context is gone there is nothing left to deregister: ~Context released the transport's registrations
+// with everything else, so this is a no-op then.
 void Window::reset() noexcept {
-  if (context_) context_->deregister(id_);
-  context_ = nullptr;
+  if (!link_) return;
+  {
+    detail::ContextUse use(link_.get());
+    if (use) use->deregister(id_);
+  }
+  link_.reset();
+}
+
+bool Window::valid() const {
+  return static_cast<bool>(detail::ContextUse(link_.get()));
+}
+
+std::string Window::describe() const {
+  return "window " + std::to_string(id_) + (name_.empty() ? std::string() : " ('" + name_ + "')");
 }
 
 size_t Window::remoteSize(int peer) const {
-  return context_ ? context_->registry_->remoteBytes(peer, id_) : 0;
+  if (!link_) return 0;
+  detail::ContextUse use(link_.get());
+  if (!use) detail::throwContextGone(*link_, describe() + ": remoteSize");
+  return use->registry_->remoteBytes(peer, id_);
 }
 
 void* Window::peerData(int peer) const {
-  if (!context_) return nullptr;
-  if (peer == context_->rank()) return kind_ == MemoryKind::kCuda ? base_ : nullptr;
-  return context_->directWindowBase(peer, id_);
+  if (!link_) return nullptr;
+  detail::ContextUse use(link_.get());
+  if (!use) detail::throwContextGone(*link_, describe() + ": peerData");
+  if (peer == use->rank()) return kind_ == MemoryKind::kCuda ? base_ : nullptr;
+  return use->directWindowBase(peer, id_);
 }
 
 }  // namespace gdx

@@ -33,7 +33,7 @@ HEADER_LAYERS = {
     "detail/copy_device.hpp": "device",
     "detail/transport.hpp": "rdma", "detail/bootstrap.hpp": "rdma",
     "detail/proxy.hpp": "proxy", "detail/placement.hpp": "proxy",
-    "detail/direct_device.hpp": "runtime",
+    "detail/direct_device.hpp": "runtime", "detail/context_link.hpp": "runtime",
     # the MoE layer
     "ep/buffer.hpp": "ep",
 }

@@ -8,11 +8,16 @@
 // the destination's host: every put lands first in the relay's copy of the destination window (same id, same
 // offset; symmetric windows), the relay's PeerCopyQueue forwards it over NVLink into the destination's window and
 // then updates the destination's signal, in the order the channel issued them. atomicAdd is not relayed.
+//
+// A Channel may outlive its Context (it holds a shared link, detail/context_link.hpp): every operation on it then
+// throws gdx::Error(kShutdown) naming the channel and saying the Context is gone. Windows must belong to the
+// Channel's own Context; one of another Context is refused with kInvalidArgument (window ids alone would match).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "gdx/detail/ring_device.hpp"
 #include "gdx/window.hpp"
@@ -21,6 +26,10 @@ namespace gdx {
 
 class Context;
 struct SignalUpdateArgs;
+namespace detail {
+struct ContextLink;
+class ContextUse;
+}  // namespace detail
 
 class Channel {
  public:
@@ -49,16 +58,24 @@ class Channel {
 
  private:
   friend class Context;
-  Channel(Context* context, int peer, int ringIndex, RingDeviceHandle ring, int forwardTo = -1);
-  void pushPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes,
-               const SignalUpdateArgs* signal);
-  void push(const Command& c);
+  Channel(std::shared_ptr<detail::ContextLink> link, int peer, int ringIndex, RingDeviceHandle ring,
+          int forwardTo = -1);
+  /// "channel to peer 1 on ring 0", for messages.
+  std::string describe() const;
+  /// The Context, held for the caller's operation; throws kShutdown naming the channel when it is gone.
+  detail::ContextUse use(const char* operation) const;
+  void pushPut(Context& context, const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
+               uint64_t bytes, const SignalUpdateArgs* signal);
+  void push(Context& context, const Command& c);
   void notePosition(uint64_t pos);
-  void checkPut(const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset, uint64_t bytes) const;
-  void checkSignal(uint32_t signalId) const;
-  [[noreturn]] void fail(Status status, const char* operation) const;
+  void checkPut(Context& context, const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
+                uint64_t bytes) const;
+  void checkSignal(Context& context, uint32_t signalId) const;
+  /// Throws when `w` is not registered or belongs to another Context.
+  void checkWindow(const Window& w, const std::string& where) const;
+  [[noreturn]] void fail(Context& context, Status status, const char* operation) const;
 
-  Context* context_;
+  std::shared_ptr<detail::ContextLink> link_;
   int peer_;
   int ringIndex_;
   int forwardTo_;  // a relayed channel's destination (the relay is peer_); -1: not relayed

@@ -30,6 +30,7 @@
 #include "gdx/channel.hpp"
 #include "gdx/channel_device.hpp"
 #include "gdx/detail/bootstrap.hpp"
+#include "gdx/detail/context_link.hpp"
 #include "gdx/detail/gpu.hpp"
 #include "gdx/detail/host_buffer.hpp"
 #include "gdx/detail/proxy.hpp"
@@ -70,9 +71,11 @@ class Context {
   Transport& transport() { return *transport_; }
   const ContextOptions& options() const { return options_; }
 
-  /// Collective: every rank registers its windows in the same order (sizes may differ). Throws when the
-  /// ranks disagree on the id, when the memory range is empty or when all window ids are in use.
-  Window registerWindow(void* base, size_t bytes, MemoryKind kind = MemoryKind::kHost);
+  /// Collective: every rank registers its windows in the same order (sizes may differ). The ranks check the call
+  /// against each other (bootstrap.hpp's CollectiveTag): a rank in another collective (a barrier), at another window
+  /// id, or with another non-empty `name` makes the call throw kInvalidArgument on every rank, naming both sides.
+  /// Throws too when the memory range is empty or when all window ids are in use.
+  Window registerWindow(void* base, size_t bytes, MemoryKind kind = MemoryKind::kHost, const std::string& name = {});
   /// A channel to `peer` on ring `ringIndex` (-1: spread channels over the rings by peer).
   Channel channel(int peer, int ringIndex = -1);
   /// The device handle of a channel to `peer` on device ring `ringIndex` (-1: by peer), for kernels. Needs a GPU.
@@ -107,6 +110,7 @@ class Context {
   Status waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs = 0) const;
   /// Why the job is broken (a failed peer), empty while healthy.
   std::string failure() const;
+  /// Collective; checked against the other ranks' calls like registerWindow.
   void barrier() { bootstrap_->barrier(); }
 
  private:
@@ -114,6 +118,9 @@ class Context {
   friend class Channel;
   void init();
   void shutdownThreads() noexcept;
+  /// Waits (bounded) until the commands already in the host rings completed; logs at ERROR what was lost, naming
+  /// `occasion`. `closing` (~Context): also reports rings that had failed, for callers that never flushed.
+  void drainRings(const std::string& occasion, bool closing) noexcept;
   void deregister(uint32_t id) noexcept;
   /// Window::peerData for another rank: the direct path's mapping of `peer`'s window `id`, null when none.
   void* directWindowBase(int peer, uint32_t id) const;
@@ -125,6 +132,8 @@ class Context {
   void onPeerFailure(int peer, const std::string& why);
 
   ContextOptions options_;
+  // Shared with every Window and Channel handed out; cleared by ~Context (detail/context_link.hpp).
+  std::shared_ptr<detail::ContextLink> link_ = std::make_shared<detail::ContextLink>();
   std::unique_ptr<Bootstrap> bootstrap_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<WindowRegistry> registry_;

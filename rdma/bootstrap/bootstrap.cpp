@@ -11,6 +11,7 @@
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
+#include "rdma/bootstrap/collective_tag.hpp"
 #include "rdma/bootstrap/frame_io.hpp"
 #include "rdma/bootstrap/protocol.hpp"
 #include "rdma/bootstrap/server.hpp"
@@ -202,32 +203,60 @@ struct Bootstrap::Impl {
     }
   }
 
-  std::vector<std::string> allGather(const std::string& mine) {
+  std::vector<std::string> allGather(const std::string& mine, const CollectiveTag& tag) {
     if (failure) throw *failure;
     if (mine.size() > kMaxBlobBytes)
       throw Error(ErrorCode::kInvalidArgument, who() + "allGather blob of " + std::to_string(mine.size()) +
                                                    " bytes exceeds the limit of " + std::to_string(kMaxBlobBytes));
+    std::string tagged;
+    try {
+      tagged = encodeTagged(tag, mine);
+    } catch (const Error& e) {
+      throw Error(e.code(), who() + e.what());
+    }
     uint64_t n = ++seq;
     Writer prefix;
     prefix.u64(n);
     Deadline sendDeadline = deadlineIn(cfg.timeoutNs);
     std::string what = "allGather/barrier #" + std::to_string(n);
-    send(MsgType::kGather, prefix.out(), mine, sendDeadline, what.c_str());
-    uint64_t maxPayload = 12 + static_cast<uint64_t>(cfg.worldSize) * (8 + kMaxBlobBytes);
+    send(MsgType::kGather, prefix.out(), tagged, sendDeadline, what.c_str());
+    uint64_t maxPayload = 12 + static_cast<uint64_t>(cfg.worldSize) * (8 + kMaxTagBytes + kMaxBlobBytes);
     Frame f = receive(MsgType::kGatherResult, maxPayload, sendDeadline + graceNs(cfg.timeoutNs),
                       "the other ranks in " + what);
+    std::vector<std::string> all(static_cast<size_t>(cfg.worldSize));
+    std::vector<CollectiveTag> tags(all.size());
     try {
       Reader r(f.payload, "gather result");
       if (r.u64() != n) throw Error(ErrorCode::kProtocol, "gather result for another call");
       if (static_cast<int>(r.u32()) != cfg.worldSize)
         throw Error(ErrorCode::kProtocol, "gather result of another size");
-      std::vector<std::string> all(static_cast<size_t>(cfg.worldSize));
-      for (std::string& b : all) b = r.bytes(r.u64());
+      for (int p = 0; p < cfg.worldSize; ++p) decodeTagged(r.bytes(r.u64()), p, &tags[p], &all[p]);
       if (!r.done()) throw Error(ErrorCode::kProtocol, "trailing bytes in the gather result");
-      return all;
     } catch (const Error& e) {
       if (failure) throw;
       fail(ErrorCode::kProtocol, std::string("bad answer to ") + what + ": " + e.what());
+    }
+    checkTags(n, tags);
+    return all;
+  }
+
+  // Every rank compares all tags against rank 0's and against the first named one (names are optional, so a
+  // comparison with rank 0 alone would miss two ranks that named the window differently when rank 0 did not):
+  // every rank reports the same pair. Not a failure of the job: every rank throws in the same round, and the
+  // sequence numbers stay in step.
+  void checkTags(uint64_t n, const std::vector<CollectiveTag>& tags) const {
+    size_t named = 0;
+    while (named < tags.size() && tags[named].name.empty()) ++named;
+    for (size_t p = 1; p < tags.size(); ++p) {
+      size_t other = 0;
+      std::string why = tagMismatch(tags[0], tags[p]);
+      if (why.empty() && named < p) why = tagMismatch(tags[other = named], tags[p]);
+      if (why.empty()) continue;
+      throw Error(ErrorCode::kInvalidArgument,
+                  who() + "collective call #" + std::to_string(n) + " does not match across ranks (" + why +
+                      "): rank " + std::to_string(other) + " called " + describeTag(tags[other]) + " but rank " +
+                      std::to_string(p) + " called " + describeTag(tags[p]) +
+                      " (collective calls must be made in the same order on every rank)");
     }
   }
 
@@ -285,12 +314,14 @@ const std::string& Bootstrap::localIp() const {
   return impl_->localIp;
 }
 
-std::vector<std::string> Bootstrap::allGather(const std::string& mine) {
-  return impl_->allGather(mine);
+std::vector<std::string> Bootstrap::allGather(const std::string& mine, const CollectiveTag& tag) {
+  return impl_->allGather(mine, tag);
 }
 
 void Bootstrap::barrier() {
-  impl_->allGather(std::string());
+  CollectiveTag tag;
+  tag.kind = "barrier";
+  impl_->allGather(std::string(), tag);
 }
 
 }  // namespace gdx

@@ -10,7 +10,9 @@
 //   kWelcome       server -> client  u32 worldSize, worldSize x str hostname (indexed by rank); all joined
 //   kRefuse        server -> client  str reason; the server then closes the connection
 //   kAbort         server -> client  u32 ErrorCode, str message; the job is over (timeout, dead rank, misuse)
-//   kGather        client -> server  u64 sequence number (1, 2, ...), then the blob (the rest of the payload)
+//   kGather        client -> server  u64 sequence number (1, 2, ...), then the blob (the rest of the payload): the
+//                                    caller's bytes behind a collective tag (collective_tag.hpp) that the server
+//                                    passes on untouched and the clients check against each other
 //   kGatherResult  server -> client  u64 sequence number, u32 n, n x (u64 length + bytes), indexed by rank
 //   kGoodbye       client -> server  (empty) the rank leaves cleanly; its EOF that follows is no failure
 //
@@ -34,8 +36,10 @@ constexpr size_t kHeaderBytes = 16;
 constexpr uint64_t kMaxBlobBytes = 64ull << 20;
 /// Largest frame the server accepts before the hello is authenticated: a stranger cannot make it allocate much.
 constexpr uint64_t kMaxHelloBytes = 64 << 10;
-/// Largest frame the server accepts from a joined rank.
-constexpr uint64_t kMaxClientFrameBytes = kMaxBlobBytes + 8;
+/// Largest collective tag in front of a blob (collective_tag.hpp).
+constexpr uint64_t kMaxTagBytes = 512;
+/// Largest frame the server accepts from a joined rank: sequence number, tag, blob.
+constexpr uint64_t kMaxClientFrameBytes = kMaxBlobBytes + kMaxTagBytes + 8;
 
 enum class MsgType : uint16_t {
   kHello = 1,

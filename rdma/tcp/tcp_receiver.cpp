@@ -1,9 +1,10 @@
 // Receive side of the TCP transport: one thread per incoming socket. Every header is checked completely
 // (format, lane, chunk length, window, range, ordering state) before a single payload byte is received, and
-// the payload then goes straight into the window; anything malformed fails the peer instead. An atomic is
-// checked the same way and performed by whichever receiver thread of its direction completes the messages
-// before it (RxOrder); a control message names no window and is delivered the same way. A chunk for a GPU window is
-// received into the thread's pinned staging buffer and copied to the GPU before it counts as placed.
+// the payload then goes straight into the window (under the window table's read lock, so that a window cannot be
+// deregistered and its memory freed while a chunk is being received into it); anything malformed fails the peer
+// instead. An atomic is checked the same way and performed by whichever receiver thread of its direction completes
+// the messages before it (RxOrder); a control message names no window and is delivered the same way. A chunk for a
+// GPU window is received into the thread's pinned staging buffer and copied to the GPU before it counts as placed.
 #include <sys/socket.h>
 
 #include <cstring>
@@ -66,8 +67,12 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
   const bool deferred = atomic || control;
   char* dst = nullptr;
   int cudaDevice = -1;  // >= 0: dst is GPU memory of this device
+  // Held until the payload is in the window: deregisterWindow() takes this lock exclusively, so it waits for a chunk
+  // being received into the window, and a chunk that comes after it finds the window gone and is refused. Memory
+  // is never written after its window was deregistered.
+  std::shared_lock<std::shared_mutex> windowLock(windows_.mutex(), std::defer_lock);
   if (!control) {
-    std::shared_lock<std::shared_mutex> lock(windows_.mutex());
+    windowLock.lock();
     const common::LocalWindow* window = windows_.local(h.window);
     if (!window)
       return fail(describe(h) + " names window " + std::to_string(h.window) + ", which is not registered here");
@@ -113,6 +118,8 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
     bad = order.admit(h, reinterpret_cast<uint64_t*>(dst), payload);
     if (!bad.empty()) return fail(describe(h) + ": " + bad);
   }
+  // The handlers below may call back into the transport (a relay sends); they run without the window lock.
+  if (windowLock.owns_lock()) windowLock.unlock();
   order.placed(h, [&](const RxOrder::Message& m) {
     if (m.atomic) {
       uint64_t operand;

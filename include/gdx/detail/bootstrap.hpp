@@ -34,6 +34,16 @@ struct BootstrapConfig {
   static BootstrapConfig fromEnv();
 };
 
+/// What one collective call is. Every allGather round carries the caller's tag; the ranks compare them and a round
+/// whose tags do not match (another kind, another non-empty name, another size where sizes must be equal) throws
+/// gdx::Error(kInvalidArgument) on every rank, naming the sequence number and both sides.
+struct CollectiveTag {
+  std::string kind = "allGather";  ///< the call: "barrier", "registerWindow", ... (at most 64 bytes)
+  uint64_t size = 0;               ///< a window's bytes, for messages; compared only with sameSize
+  bool sameSize = false;           ///< the sizes of all ranks must be equal
+  std::string name;                ///< optional (at most 256 bytes); compared where both ranks gave one
+};
+
 class Bootstrap {
  public:
   /// Joins the job: rank 0 starts the rendezvous server, every rank connects and waits until all have
@@ -56,8 +66,11 @@ class Bootstrap {
   /// The address MASTER_ADDR is reached from (the local interface the rendezvous connection uses).
   const std::string& localIp() const;
 
-  /// Every rank contributes a blob; every rank gets all blobs, indexed by rank. Bounded by the timeout.
-  std::vector<std::string> allGather(const std::string& mine);
+  /// Every rank contributes a blob; every rank gets all blobs, indexed by rank. Bounded by the timeout. The ranks'
+  /// tags are checked against each other (CollectiveTag); a mismatch throws kInvalidArgument on every rank and the
+  /// job goes on (the next round is checked afresh).
+  std::vector<std::string> allGather(const std::string& mine, const CollectiveTag& tag = CollectiveTag{});
+  /// allGather of nothing, tagged "barrier".
   void barrier();
 
  private:

@@ -1,0 +1,119 @@
+// Collective consistency with real processes: ranks whose collective calls do not match (a window registered
+// against a barrier, windows registered in another order, sizes that must be equal and are not) fail on every rank
+// with both sides named, and the job goes on afterwards.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "gdx/context.hpp"
+#include "gdx/detail/bootstrap.hpp"
+#include "gdx/error.hpp"
+#include "support/test_support.hpp"
+
+namespace gdx {
+namespace {
+
+using test::runRanks;
+
+#define CHILD_CHECK(cond)                                                                                 \
+  do {                                                                                                    \
+    if (!(cond)) {                                                                                        \
+      std::fprintf(stderr, "child %d: check failed at %s:%d: %s\n", getpid(), __FILE__, __LINE__, #cond); \
+      return 1;                                                                                           \
+    }                                                                                                     \
+  } while (0)
+
+// True when f() throws gdx::Error(kInvalidArgument) with a message containing every one of `parts`.
+template <typename F>
+bool refusedNaming(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "child %d: got the expected error: %s\n", getpid(), e.what());
+    bool ok = e.code() == ErrorCode::kInvalidArgument;
+    for (const std::string& p : parts)
+      if (std::string(e.what()).find(p) == std::string::npos) {
+        std::fprintf(stderr, "child %d: the error does not name '%s'\n", getpid(), p.c_str());
+        ok = false;
+      }
+    return ok;
+  }
+  std::fprintf(stderr, "child %d: no error thrown\n", getpid());
+  return false;
+}
+
+TEST(Collective, RegisterWindowAgainstABarrierFailsOnEveryRankNamingBothSides) {
+  auto codes = runRanks(2, [](int rank) {
+    std::vector<unsigned char> src(4096, static_cast<unsigned char>(rank + 1)), dst(4096, 0);
+    Context ctx;
+    CHILD_CHECK(refusedNaming(
+        [&] {
+          if (rank == 0)
+            ctx.registerWindow(src.data(), src.size(), MemoryKind::kHost, "src");
+          else
+            ctx.barrier();
+        },
+        {"rank " + std::to_string(rank) + ":", "collective call #",
+         "rank 0 called registerWindow of 4096 bytes named 'src'", "rank 1 called barrier"}));
+    // Nothing was half done: the job goes on, and the window id rank 0 took is free again.
+    ctx.barrier();
+    Window s = ctx.registerWindow(src.data(), src.size(), MemoryKind::kHost, "src");
+    Window d = ctx.registerWindow(dst.data(), dst.size(), MemoryKind::kHost, "dst");
+    CHILD_CHECK(s.id() == 0 && d.id() == 1);
+    Channel ch = ctx.channel(1 - rank);
+    ch.putWithSignal(d, 0, s, 0, src.size(), 0, 1);
+    ctx.wait(0, 1);
+    ch.flush();
+    CHILD_CHECK(dst[0] == 2 - rank && dst[4095] == 2 - rank);
+    ctx.barrier();
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST(Collective, WindowsRegisteredInAnotherOrderAreRefusedByTheirNames) {
+  auto codes = runRanks(3, [](int rank) {
+    std::vector<unsigned char> a(1024), b(2048);
+    Context ctx;
+    // Rank 0 gives no names; ranks 1 and 2 name their windows in opposite orders.
+    const std::string first = rank == 0 ? "" : rank == 1 ? "a" : "b";
+    CHILD_CHECK(
+        refusedNaming([&] { ctx.registerWindow(a.data(), rank == 2 ? b.size() : a.size(), MemoryKind::kHost, first); },
+                      {"different names", "rank 1 called registerWindow of 1024 bytes named 'a'",
+                       "rank 2 called registerWindow of 2048 bytes named 'b'"}));
+    // Unnamed windows of different sizes in the same order are fine (sizes may differ between ranks).
+    Window w = ctx.registerWindow(rank == 1 ? b.data() : a.data(), rank == 1 ? b.size() : a.size());
+    CHILD_CHECK(w.remoteSize(1) == b.size() && w.remoteSize(0) == a.size());
+    ctx.barrier();
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+TEST(Collective, SizesThatMustMatchAndDoNotAreNamedWithTheSequenceNumber) {
+  auto codes = runRanks(2, [](int rank) {
+    Bootstrap b(BootstrapConfig::fromEnv());
+    b.barrier();  // #1
+    CollectiveTag tag;
+    tag.kind = "symmetric buffer";
+    tag.size = rank == 0 ? 4096 : 8192;
+    tag.sameSize = true;
+    CHILD_CHECK(refusedNaming([&] { b.allGather("x", tag); },
+                              {"collective call #2", "different sizes", "rank 0 called symmetric buffer of 4096 bytes",
+                               "rank 1 called symmetric buffer of 8192 bytes"}));
+    tag.size = 4096;
+    std::vector<std::string> all = b.allGather(std::to_string(rank), tag);  // #3: matches
+    CHILD_CHECK(all.size() == 2 && all[0] == "0" && all[1] == "1");
+    b.barrier();
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+}  // namespace
+}  // namespace gdx

@@ -228,12 +228,10 @@ void detectLinkLoss(int fd, uint64_t timeoutNs) {
   const int idle = static_cast<int>(std::max<uint64_t>(budgetMs / 2000, 1));
   const int interval = static_cast<int>(std::max<uint64_t>((budgetMs / 1000 - static_cast<uint64_t>(idle)) / 3, 1));
   const int probes = 3, one = 1;
-  const unsigned userTimeoutMs = static_cast<unsigned>(std::min<uint64_t>(budgetMs, 0x7fffffff));
   GDX_SYS_CHECK(::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) == 0);
   GDX_SYS_CHECK(::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) == 0);
   GDX_SYS_CHECK(::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval) == 0);
   GDX_SYS_CHECK(::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes) == 0);
-  GDX_SYS_CHECK(::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeoutMs, sizeof userTimeoutMs) == 0);
 }
 
 UniqueFd listenAt(const SockAddr& a, Tuning tuning, int* err) {

@@ -101,10 +101,12 @@ enum class Tuning {
   kBulk,     ///< data streams: TCP_NODELAY and large send/receive buffers
 };
 void tuneSocket(int fd, Tuning tuning);
-/// Makes a silent loss of the link (a cut cable, a host that vanished without a reset) an error on `fd` within about
-/// half of `timeoutNs` (at least 2 s): keepalive probes while the connection is idle, TCP_USER_TIMEOUT while data is
-/// unacknowledged. Whoever reads or writes the socket then sees the error and can fail that peer by name, instead of
-/// every wait on it running out with a timeout that names no one.
+/// Makes a silent loss of the link (a cut cable, a host that vanished without a reset) an error on an idle `fd`
+/// within about half of `timeoutNs` (at least 2 s), with keepalive probes. (A socket with unacknowledged data is the
+/// sender's to bound: its stall limit of `timeoutNs` reports "no progress", which names the cause better than the
+/// kernel's TCP_USER_TIMEOUT would; that option would also stretch or cut short the keepalive probing.) Whoever reads
+/// the socket then sees the error and can fail that peer by name, instead of every wait on it running out with a
+/// timeout that names no one.
 void detectLinkLoss(int fd, uint64_t timeoutNs);
 
 /// A listening socket bound to `a` (SO_REUSEADDR, so a restarted job can listen while old connections sit in

@@ -267,9 +267,10 @@ Status TcpTransport::sendFaulty(TxSocket& s, TxItem item, common::CudaStaging& s
       item.header.magic ^= 0x5a5a5a5au;
       return sendChunk(s, item, staging);
     case common::FaultAction::kClose:
-      ::shutdown(s.fd.get(), SHUT_RDWR);
+      // The peer is failed first, so that the cause kept is the fault, not the closed connection it leads to.
       s.broken = true;
       failPeer(s.peer, what + ": the connection was shut down");
+      ::shutdown(s.fd.get(), SHUT_RDWR);
       return Status::kPeerFailed;
     case common::FaultAction::kNone: break;
   }

@@ -59,8 +59,8 @@ std::vector<int> runFaultJob(const std::string& transport, const std::string& fa
     }
     try {
       ctx.wait(0, kPuts);
-      const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-                               .count();
+      const long long ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
       if (expect != Expect::kDelivered) return 20;
       if (std::memcmp(dst.data(), src.data(), dst.size()) != 0) return 21;
       if (ms < minMs) return 22;
@@ -84,6 +84,5 @@ std::vector<int> runFaultJob(const std::string& transport, const std::string& fa
     _exit(0);
   });
 }
-
 
 }  // namespace gdx::test

@@ -27,9 +27,9 @@ VerbsTransportOptions VerbsTransportOptions::fromEnv(int rank, int worldSize) {
   o.recvDepth = static_cast<int>(envInt("GDX_IB_RECV_DEPTH", o.recvDepth));
   o.timeout = static_cast<int>(envInt("GDX_IB_TIMEOUT", o.timeout));
   o.retryCount = static_cast<int>(envInt("GDX_IB_RETRY_CNT", o.retryCount));
-  o.nativeAtomics = envInt("GDX_IB_NATIVE_ATOMICS", 0) != 0;
+  o.nativeAtomics = envBool("GDX_IB_NATIVE_ATOMICS", false);
   o.signalEvery = static_cast<int>(envInt("GDX_IB_SIGNAL_EVERY", o.signalEvery));
-  o.stageAllWindows = envInt("GDX_IB_FORCE_STAGING", 0) != 0;
+  o.stageAllWindows = envBool("GDX_IB_FORCE_STAGING", false);
   o.timeoutNs = defaultTimeoutNs();
   return o;
 }

@@ -63,6 +63,9 @@ class Proxy {
     uint64_t timeoutNs = kDefaultTimeoutNs;  ///< producers' and the drain's bound (GDX_TIMEOUT_MS)
     Placement placement;
     static Options fromEnv();
+    /// Throws gdx::Error(kInvalidArgument) naming the variable of the first field out of range, and when the rings
+    /// could not fit in this machine's memory; a Context calls it before it joins the job.
+    void validate() const;
   };
 
   /// `transport` may be null: the proxy then completes every valid command without moving data (the null

@@ -1,5 +1,7 @@
 #include "gdx/context.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -57,6 +59,29 @@ ContextOptions ContextOptions::fromEnv() {
 
 namespace {
 
+// The TCP transport opens, and serves with a thread each, one socket per (lane, peer, socket index) in each
+// direction. Settings that need more descriptors or threads than this process may have can never connect: say so
+// with the variables that ask for them, rather than failing (or stalling) in the middle of connecting.
+void checkTcpResources(int world, const ContextOptions& options) {
+  const uint64_t sockets = 2ull * static_cast<uint64_t>(options.proxy.threads) * static_cast<uint64_t>(world) *
+                           static_cast<uint64_t>(options.tcpSockets);
+  const uint64_t headroom = 64;  // the bootstrap, the listener, the program's own files
+  auto refuse = [&](const char* what, uint64_t limit, const char* limitName) {
+    throw Error(ErrorCode::kInvalidArgument, "GDX_PROXY_THREADS=" + std::to_string(options.proxy.threads) +
+                                                 " x GDX_TCP_SOCKETS=" + std::to_string(options.tcpSockets) + " x " +
+                                                 std::to_string(world) + " ranks need " + std::to_string(sockets) +
+                                                 " " + what + " (one per lane, rank and socket, each way)" +
+                                                 " but this process may have " + std::to_string(limit) + " (" +
+                                                 limitName + "); lower GDX_PROXY_THREADS or GDX_TCP_SOCKETS");
+  };
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY && sockets + headroom > files.rlim_cur)
+    refuse("sockets", files.rlim_cur, "RLIMIT_NOFILE");
+  rlimit tasks{};
+  if (getrlimit(RLIMIT_NPROC, &tasks) == 0 && tasks.rlim_cur != RLIM_INFINITY && sockets + headroom > tasks.rlim_cur)
+    refuse("threads", tasks.rlim_cur, "RLIMIT_NPROC");
+}
+
 // What can be known to be wrong before joining the job, checked before joining it: a rank that fails here would
 // otherwise leave the others waiting at the rendezvous until their timeout, or fail only after it.
 void checkBeforeJoining(const BootstrapConfig& bootstrap, const ContextOptions& options) {
@@ -80,6 +105,7 @@ void checkBeforeJoining(const BootstrapConfig& bootstrap, const ContextOptions& 
   if (options.transport != "tcp" && options.transport != "loopback" && options.transport != "verbs")
     invalid("GDX_TRANSPORT='" + options.transport + "' is not a known value; allowed: tcp, verbs, loopback");
   options.proxy.validate();
+  if (options.transport == "tcp") checkTcpResources(bootstrap.worldSize, options);
 }
 
 }  // namespace

@@ -136,12 +136,13 @@ TEST(Config, OutOfRangeNamesTheVariableTheValueAndTheBounds) {
     const char* value;
     const char* bounds;
   };
-  for (const Case& c : {Case{"GDX_PROXY_THREADS", "1000", "[1, 64]"}, Case{"GDX_PROXY_THREADS", "0", "[1, 64]"},
-                        Case{"GDX_TCP_SOCKETS", "65", "[1, 64]"}, Case{"GDX_TIMEOUT_MS", "86400001", "86400000]"},
-                        Case{"GDX_TIMEOUT_MS", "-5", "[1, "}, Case{"GDX_BOOTSTRAP_TIMEOUT_MS", "0", "[1, "},
-                        Case{"GDX_TCP_CHUNK", "1073741825", "1073741824]"}, Case{"GDX_IB_SL", "16", "[0, 15]"},
-                        Case{"GDX_RING_SIZE", "33554432", "16777216]"}, Case{"GDX_MASTER_PORT", "70000", "65535]"},
-                        Case{"GDX_COPY_QUEUE_BLOCKS", "4096", "[1, 1024]"}, Case{"GDX_RINGS_PER_THREAD", "128", "127]"}}) {
+  for (const Case& c :
+       {Case{"GDX_PROXY_THREADS", "1000", "[1, 64]"}, Case{"GDX_PROXY_THREADS", "0", "[1, 64]"},
+        Case{"GDX_TCP_SOCKETS", "65", "[1, 64]"}, Case{"GDX_TIMEOUT_MS", "86400001", "86400000]"},
+        Case{"GDX_TIMEOUT_MS", "-5", "[1, "}, Case{"GDX_BOOTSTRAP_TIMEOUT_MS", "0", "[1, "},
+        Case{"GDX_TCP_CHUNK", "1073741825", "1073741824]"}, Case{"GDX_IB_SL", "16", "[0, 15]"},
+        Case{"GDX_RING_SIZE", "33554432", "16777216]"}, Case{"GDX_MASTER_PORT", "70000", "65535]"},
+        Case{"GDX_COPY_QUEUE_BLOCKS", "4096", "[1, 1024]"}, Case{"GDX_RINGS_PER_THREAD", "128", "127]"}}) {
     env.set(c.name, c.value);
     const std::string m = invalidMessage([&] { envInt(c.name, 0); });
     EXPECT_TRUE(has(m, std::string(c.name) + "='" + c.value + "'")) << m;
@@ -323,10 +324,10 @@ TEST(Config, ContextRefusesABadVariableBeforeJoiningTheJob) {
   };
   // Rank 0 would serve the rendezvous, rank 1 would keep connecting to it: neither may get that far.
   for (int rank : {0, 1})
-    for (const Case& c : {Case{"GDX_RING_SIZE", "3000"}, Case{"GDX_NUM_SIGNALS", "4294967297"},
-                          Case{"GDX_PROXY_THREADS", "1000"}, Case{"GDX_LOG_LEVEL", "verbose"},
-                          Case{"GDX_TRANSPORT", "foo"}, Case{"GDX_TCP_CHUNK", "abc"}, Case{"GDX_IB_SL", "16"},
-                          Case{"GDX_COPY_QUEUE_CHUNK", "1000"}})
+    for (const Case& c :
+         {Case{"GDX_RING_SIZE", "3000"}, Case{"GDX_NUM_SIGNALS", "4294967297"}, Case{"GDX_PROXY_THREADS", "1000"},
+          Case{"GDX_LOG_LEVEL", "verbose"}, Case{"GDX_TRANSPORT", "foo"}, Case{"GDX_TCP_CHUNK", "abc"},
+          Case{"GDX_IB_SL", "16"}, Case{"GDX_COPY_QUEUE_CHUNK", "1000"}})
       EXPECT_EQ(contextRefusesBeforeJoining(rank, c.name, c.value), 0) << "rank " << rank << " " << c.name;
 }
 
@@ -360,6 +361,15 @@ TEST(Config, ContextRefusesBadOptionsSetInCodeBeforeJoining) {
     o = ContextOptions::fromEnv();
     o.numSignals = 0;
     expectRefused(o, "GDX_NUM_SIGNALS=0");
+    // Within every bound alone, too many sockets together for this process's descriptor limit.
+    rlimit files{};
+    getrlimit(RLIMIT_NOFILE, &files);
+    files.rlim_cur = 1024;
+    if (setrlimit(RLIMIT_NOFILE, &files) != 0) return 2;
+    o = ContextOptions::fromEnv();
+    o.proxy.threads = 64;
+    o.tcpSockets = 8;
+    expectRefused(o, "GDX_PROXY_THREADS=64 x GDX_TCP_SOCKETS=8 x 2 ranks need 2048 sockets");
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return failures == 0 && s < 2.0 ? 0 : 1;
   });

@@ -42,13 +42,13 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options)
   else if (rank_ < 0 || rank_ >= world_)
     bad << "rank " << rank_ << " is outside the world of " << world_;
   else if (sockets_ < 1 || sockets_ > 64)
-    bad << "socketsPerPeer " << sockets_ << " must be in [1, 64]";
+    bad << "socketsPerPeer (GDX_TCP_SOCKETS) " << sockets_ << " must be in [1, 64]";
   else if (options.chunkBytes < 1 || options.chunkBytes > kMaxChunkBytes)
-    bad << "chunkBytes " << options.chunkBytes << " must be in [1, " << kMaxChunkBytes << "]";
+    bad << "chunkBytes (GDX_TCP_CHUNK) " << options.chunkBytes << " must be in [1, " << kMaxChunkBytes << "]";
   else if (options.timeoutNs == 0)
-    bad << "timeoutNs must be positive";
+    bad << "timeoutNs (GDX_TIMEOUT_MS) must be positive";
   else if (options.secret.size() > kMaxSecretBytes)
-    bad << "the job secret is longer than " << kMaxSecretBytes;
+    bad << "the job secret (GDX_JOB_SECRET) is longer than " << kMaxSecretBytes;
   if (!bad.str().empty()) throw Error(ErrorCode::kInvalidArgument, "TCP transport: " + bad.str());
 
   int port = 0;

@@ -46,10 +46,13 @@ VerbsTransport::VerbsTransport(const VerbsTransportOptions& o)
     throw Error(ErrorCode::kInvalidArgument, "verbs transport: rank " + std::to_string(rank_) + " of world " +
                                                  std::to_string(world_) + " is not valid");
   if (o.lanes < 1 || o.lanes > 64)
-    throw Error(ErrorCode::kInvalidArgument, who() + ": lanes " + std::to_string(o.lanes) + " not in [1, 64]");
+    throw Error(ErrorCode::kInvalidArgument,
+                who() + ": lanes (GDX_PROXY_THREADS) " + std::to_string(o.lanes) + " not in [1, 64]");
   if (o.sendDepth < 1 || o.recvDepth < 1 || o.signalEvery < 1 || o.timeoutNs == 0)
     throw Error(ErrorCode::kInvalidArgument,
-                who() + ": sendDepth, recvDepth, signalEvery and timeoutNs must be positive");
+                who() + ": sendDepth " + std::to_string(o.sendDepth) + " (GDX_IB_SEND_DEPTH), recvDepth " +
+                    std::to_string(o.recvDepth) + " (GDX_IB_RECV_DEPTH), signalEvery " + std::to_string(o.signalEvery) +
+                    " (GDX_IB_SIGNAL_EVERY) and timeoutNs (GDX_TIMEOUT_MS) must be positive");
   peerFailed_.reset(new std::atomic<bool>[world_]);
   for (int p = 0; p < world_; ++p) peerFailed_[p].store(false);
   windows_.setPeers(world_);

@@ -133,7 +133,8 @@ int64_t parseInt(const EnvVar& var, const char* v) {
   const bool hex = digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X');
   // strtoll skips leading spaces and takes a sign after "0x"; neither is a number as written here.
   const char* first = hex ? digits + 2 : digits;
-  const bool digitFirst = hex ? std::isxdigit(static_cast<unsigned char>(*first)) : std::isdigit(*first);
+  const bool digitFirst =
+      hex ? std::isxdigit(static_cast<unsigned char>(*first)) : std::isdigit(static_cast<unsigned char>(*first));
   errno = 0;
   char* end = nullptr;
   const long long x = digitFirst ? std::strtoll(v, &end, hex ? 16 : 10) : 0;

@@ -4,19 +4,28 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <string>
+
+#include "gdx/config.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx {
 namespace {
 std::atomic<int> gRank{-1};
 
 LogLevel parseLevel() {
-  const char* v = std::getenv("GDX_LOG_LEVEL");
-  if (!v) return LogLevel::kWarn;
-  if (!strcasecmp(v, "ERROR")) return LogLevel::kError;
-  if (!strcasecmp(v, "INFO")) return LogLevel::kInfo;
-  if (!strcasecmp(v, "DEBUG") || !strcasecmp(v, "TRACE")) return LogLevel::kDebug;
+  std::string v;
+  try {
+    v = envChoice("GDX_LOG_LEVEL", "WARN");
+  } catch (const Error& e) {
+    // Logging may start in a destructor or a thread, where throwing is no option: say it once and log warnings.
+    // A Context refuses the value before it joins (checkEnvironment).
+    std::fprintf(stderr, "[gdx WARN pid %d] %s; logging at WARN\n", getpid(), e.what());
+    return LogLevel::kWarn;
+  }
+  if (v == "ERROR") return LogLevel::kError;
+  if (v == "INFO") return LogLevel::kInfo;
+  if (v == "DEBUG" || v == "TRACE") return LogLevel::kDebug;
   return LogLevel::kWarn;
 }
 const char* levelName(LogLevel l) {

@@ -64,11 +64,10 @@ float timeMs(cudaStream_t s, int iters, const std::function<void()>& call) {
 
 // One rank: every (tokens, dtype) case; rank 0 writes "moe TOKENS DTYPE OP US BYTES" lines (means over the ranks).
 int rankMain(const Options& o, const std::string& resultsPath) {
-  if (!std::getenv("GDX_CUDA_DEVICE")) {
-    const char* lr = std::getenv("GDX_LOCAL_RANK");
+  if (!envFirstSet({"GDX_CUDA_DEVICE"})) {
     int gpus = 1;
     cudaGetDeviceCount(&gpus);
-    setenv("GDX_CUDA_DEVICE", std::to_string((lr ? std::atoi(lr) : 0) % std::max(gpus, 1)).c_str(), 1);
+    setenv("GDX_CUDA_DEVICE", std::to_string(envInt("GDX_LOCAL_RANK", 0) % std::max(gpus, 1)).c_str(), 1);
   }
   Context ctx;
   const int R = ctx.worldSize(), me = ctx.rank();

@@ -89,10 +89,8 @@ double timeGBps(uint64_t bytes, F&& launch) {
 
 // One rank. Rank 0 measures; rank 1 takes part in the latency ping-pong. Results as "kind bytes value" lines.
 int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
-  if (!std::getenv("GDX_CUDA_DEVICE")) {
-    const char* lr = std::getenv("GDX_LOCAL_RANK");
-    setenv("GDX_CUDA_DEVICE", lr ? lr : "0", 1);
-  }
+  if (!envFirstSet({"GDX_CUDA_DEVICE"}))
+    setenv("GDX_CUDA_DEVICE", std::to_string(envInt("GDX_LOCAL_RANK", 0)).c_str(), 1);
   Context ctx;
   const int rank = ctx.rank(), peer = 1 - rank;
   if (ctx.worldSize() != 2) throw Error(ErrorCode::kInvalidArgument, "benchmark_nvlink needs exactly 2 ranks");

@@ -43,11 +43,17 @@ copy_queue::Shared& sharedOf(const std::unique_ptr<HostBuffer>& b) {
 
 PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(device), options_(options) {
   if (options_.blocks == 0 || options_.blocks > 1024)
-    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: blocks must be in 1..1024");
-  if (options_.capacity < 2) throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: capacity must be at least 2");
+    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: blocks (GDX_COPY_QUEUE_BLOCKS) " +
+                                                 std::to_string(options_.blocks) + " must be in 1..1024");
+  if (options_.capacity < 2)
+    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: capacity (GDX_COPY_QUEUE_DEPTH) " +
+                                                 std::to_string(options_.capacity) + " must be at least 2");
   if (options_.chunkBytes < 16 || options_.chunkBytes % 16 != 0 || options_.chunkBytes > (uint64_t{1} << 31))
-    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: chunkBytes must be a multiple of 16 in 16..2 GiB");
-  if (options_.timeoutNs == 0) throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: timeoutNs must be positive");
+    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: chunkBytes (GDX_COPY_QUEUE_CHUNK) " +
+                                                 std::to_string(options_.chunkBytes) +
+                                                 " must be a multiple of 16 in 16..2 GiB");
+  if (options_.timeoutNs == 0)
+    throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: timeoutNs (GDX_TIMEOUT_MS) must be positive");
   DeviceGuard guard(device_);
   // A persistent kernel whose blocks were not all resident would wait for itself.
   const unsigned resident = copy_queue::maxCopyBlocks(device_);

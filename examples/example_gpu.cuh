@@ -36,7 +36,8 @@ inline int gpuCount() {
 /// when set, else the local rank modulo the GPUs of the host, as torchrun programs do with LOCAL_RANK. So two
 /// ranks use two GPUs where there are two, and share GPU 0 where there is one.
 inline int selectGpu() {
-  const int local = std::atoi(gdx::envFirst({"GDX_LOCAL_RANK", "LOCAL_RANK"}, "0").c_str());
+  const char* localVar = gdx::envFirstSet({"GDX_LOCAL_RANK", "LOCAL_RANK"});
+  const int local = localVar ? static_cast<int>(gdx::envInt(localVar, 0)) : 0;
   const int device = static_cast<int>(gdx::envInt("GDX_CUDA_DEVICE", local % gpuCount()));
   cudaCheck(cudaSetDevice(device), "cudaSetDevice");
   return device;

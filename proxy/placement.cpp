@@ -74,10 +74,19 @@ Placement placementForNode(int node) {
 }
 
 Placement defaultPlacement() {
-  int64_t node = envInt("GDX_NUMA_NODE", -1);
-  Placement p = placementForNode(node >= 0 ? static_cast<int>(node) : currentNumaNode());
-  p.reason += node >= 0 ? " (GDX_NUMA_NODE)" : " (the node of the calling thread)";
-  return p;
+  const int64_t node = envInt("GDX_NUMA_NODE", -1);
+  if (node < 0) {
+    Placement p = placementForNode(currentNumaNode());
+    p.reason += " (the node of the calling thread)";
+    return p;
+  }
+  try {
+    Placement p = placementForNode(static_cast<int>(node));
+    p.reason += " (GDX_NUMA_NODE)";
+    return p;
+  } catch (const Error& e) {
+    throw Error(e.code(), "GDX_NUMA_NODE=" + std::to_string(node) + ": " + e.what());
+  }
 }
 
 void pinCurrentThread(const Placement& placement) {

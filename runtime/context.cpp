@@ -1,5 +1,7 @@
 #include "gdx/context.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -49,21 +51,76 @@ CollectiveTag tagged(const char* kind) {
 }  // namespace
 
 ContextOptions ContextOptions::fromEnv() {
+  // Every variable first, so that one message lists all that are wrong, not only the first one read.
+  checkEnvironment();
   ContextOptions o;
   o.proxy = Proxy::Options::fromEnv();
   o.proxy.placement = defaultPlacement();
-  o.numSignals = static_cast<uint32_t>(envInt("GDX_NUM_SIGNALS", o.numSignals));
-  o.transport = envString("GDX_TRANSPORT", o.transport);
+  o.numSignals = static_cast<uint32_t>(envInt("GDX_NUM_SIGNALS", o.numSignals));  // at most kMaxSignals
+  o.transport = envChoice("GDX_TRANSPORT", o.transport);
   o.tcpSockets = static_cast<int>(envInt("GDX_TCP_SOCKETS", o.tcpSockets));
   o.timeoutNs = defaultTimeoutNs();
   return o;
 }
 
+namespace {
+
+// The TCP transport opens, and serves with a thread each, one socket per (lane, peer, socket index) in each
+// direction. Settings that need more descriptors or threads than this process may have can never connect: say so
+// with the variables that ask for them, rather than failing (or stalling) in the middle of connecting.
+void checkTcpResources(int world, const ContextOptions& options) {
+  const uint64_t sockets = 2ull * static_cast<uint64_t>(options.proxy.threads) * static_cast<uint64_t>(world) *
+                           static_cast<uint64_t>(options.tcpSockets);
+  const uint64_t headroom = 64;  // the bootstrap, the listener, the program's own files
+  auto refuse = [&](const char* what, uint64_t limit, const char* limitName) {
+    throw Error(ErrorCode::kInvalidArgument, "GDX_PROXY_THREADS=" + std::to_string(options.proxy.threads) +
+                                                 " x GDX_TCP_SOCKETS=" + std::to_string(options.tcpSockets) + " x " +
+                                                 std::to_string(world) + " ranks need " + std::to_string(sockets) +
+                                                 " " + what + " (one per lane, rank and socket, each way)" +
+                                                 " but this process may have " + std::to_string(limit) + " (" +
+                                                 limitName + "); lower GDX_PROXY_THREADS or GDX_TCP_SOCKETS");
+  };
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY && sockets + headroom > files.rlim_cur)
+    refuse("sockets", files.rlim_cur, "RLIMIT_NOFILE");
+  rlimit tasks{};
+  if (getrlimit(RLIMIT_NPROC, &tasks) == 0 && tasks.rlim_cur != RLIM_INFINITY && sockets + headroom > tasks.rlim_cur)
+    refuse("threads", tasks.rlim_cur, "RLIMIT_NPROC");
+}
+
+// What can be known to be wrong before joining the job, checked before joining it: a rank that fails here would
+// otherwise leave the others waiting at the rendezvous until their timeout, or fail only after it.
+void checkBeforeJoining(const BootstrapConfig& bootstrap, const ContextOptions& options) {
+  // Variables read later (by the transport, the proxy, the copy queue) are checked now as well.
+  checkEnvironment();
+  auto invalid = [](const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); };
+  if (options.timeoutNs == 0) invalid("ContextOptions::timeoutNs (GDX_TIMEOUT_MS) must be positive");
+  if (bootstrap.worldSize > static_cast<int>(kMaxPeers))
+    invalid("world size " + std::to_string(bootstrap.worldSize) + " exceeds the " + std::to_string(kMaxPeers) +
+            " ranks a command can address");
+  if (options.numSignals == 0 || options.numSignals > kMaxSignals)
+    invalid("GDX_NUM_SIGNALS=" + std::to_string(options.numSignals) + " is out of range; allowed: [1, " +
+            std::to_string(kMaxSignals) + "]");
+  if (options.tcpSockets < 1 || options.tcpSockets > 64)
+    invalid("GDX_TCP_SOCKETS=" + std::to_string(options.tcpSockets) + " is out of range; allowed: [1, 64]");
+  if (options.transport == "loopback" && bootstrap.worldSize != 1)
+    invalid("GDX_TRANSPORT=loopback needs a world of one rank, not " + std::to_string(bootstrap.worldSize));
+#if !defined(GDX_HAVE_VERBS)
+  if (options.transport == "verbs") invalid("GDX_TRANSPORT=verbs: gdx was built without libibverbs");
+#endif
+  if (options.transport != "tcp" && options.transport != "loopback" && options.transport != "verbs")
+    invalid("GDX_TRANSPORT='" + options.transport + "' is not a known value; allowed: tcp, verbs, loopback");
+  options.proxy.validate();
+  if (options.transport == "tcp") checkTcpResources(bootstrap.worldSize, options);
+}
+
+}  // namespace
+
 Context::Context(const ContextOptions& options) : Context(BootstrapConfig::fromEnv(), options) {}
 
 Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options) : options_(options) {
-  if (options_.timeoutNs == 0) throw Error(ErrorCode::kInvalidArgument, "ContextOptions::timeoutNs must be positive");
   options_.proxy.timeoutNs = options_.timeoutNs;
+  checkBeforeJoining(bootstrap, options_);
   gpu_ = selectGpu();
   // The GPU decides where proxy threads and rings live unless GDX_NUMA_NODE says otherwise.
   if (gpu_.present() && envInt("GDX_NUMA_NODE", -1) < 0) {
@@ -75,8 +132,6 @@ Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options
   }
   if (options_.proxy.placement.reason.empty()) options_.proxy.placement = defaultPlacement();
   if (options_.proxy.deviceRingsPerThread < 0) options_.proxy.deviceRingsPerThread = gpu_.present() ? 1 : 0;
-  if (options_.numSignals == 0 || options_.numSignals > kMaxSignals)
-    throw Error(ErrorCode::kInvalidArgument, "GDX_NUM_SIGNALS must be in 1.." + std::to_string(kMaxSignals));
   bootstrap_ = std::make_unique<Bootstrap>(bootstrap);
   link_->rank = bootstrap_->rank();
   try {
@@ -104,9 +159,6 @@ void Context::shutdownThreads() noexcept {
 
 void Context::init() {
   const int rank = bootstrap_->rank(), world = bootstrap_->worldSize();
-  if (world > static_cast<int>(kMaxPeers))
-    throw Error(ErrorCode::kInvalidArgument,
-                "world size " + std::to_string(world) + " exceeds " + std::to_string(kMaxPeers) + " ranks");
   if (options_.transport == "tcp") {
     TcpTransportOptions t = TcpTransportOptions::fromEnv(rank, world, bootstrap_->secret());
     t.socketsPerPeer = options_.tcpSockets;
@@ -114,9 +166,6 @@ void Context::init() {
     t.timeoutNs = options_.timeoutNs;
     transport_ = makeTcpTransport(t);
   } else if (options_.transport == "loopback") {
-    if (world != 1)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "GDX_TRANSPORT=loopback needs a world of one rank, not " + std::to_string(world));
     LoopbackTransportOptions l = LoopbackTransportOptions::fromEnv();
     l.timeoutNs = options_.timeoutNs;
     transport_ = makeLoopbackTransport(l);

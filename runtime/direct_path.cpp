@@ -83,7 +83,7 @@ DirectPaths::DirectPaths(Bootstrap& bootstrap, const GpuInfo& gpu, uint32_t numS
   std::vector<std::string> all =
       bootstrap.allGather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine), directPathTag());
   if (!gpu.present()) return;
-  const bool enabled = envInt("GDX_DIRECT", 1) != 0;
+  const bool enabled = envBool("GDX_DIRECT", true);
   DeviceGuard guard(device_);
   for (int p : bootstrap.hostRanks()) {
     if (p == rank_) continue;

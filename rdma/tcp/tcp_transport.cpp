@@ -20,15 +20,9 @@ TcpTransportOptions TcpTransportOptions::fromEnv(int rank, int worldSize, const 
   o.rank = rank;
   o.worldSize = worldSize;
   o.secret = secret;
-  int64_t sockets = envInt("GDX_TCP_SOCKETS", 4);
-  if (sockets < 1 || sockets > 64)
-    throw Error(ErrorCode::kInvalidArgument, "GDX_TCP_SOCKETS=" + std::to_string(sockets) + " must be in [1, 64]");
-  o.socketsPerPeer = static_cast<int>(sockets);
-  int64_t chunk = envInt("GDX_TCP_CHUNK", 1 << 20);
-  if (chunk < 1 || static_cast<uint64_t>(chunk) > tcp::kMaxChunkBytes)
-    throw Error(ErrorCode::kInvalidArgument, "GDX_TCP_CHUNK=" + std::to_string(chunk) + " must be in [1, " +
-                                                 std::to_string(tcp::kMaxChunkBytes) + "]");
-  o.chunkBytes = static_cast<size_t>(chunk);
+  // envInt holds both to the table's bounds, which are the constructor's ([1, 64], [1, tcp::kMaxChunkBytes]).
+  o.socketsPerPeer = static_cast<int>(envInt("GDX_TCP_SOCKETS", 4));
+  o.chunkBytes = static_cast<size_t>(envInt("GDX_TCP_CHUNK", 1 << 20));
   o.bindAddress = envString("GDX_TCP_BIND_ADDR", "");
   o.fault = envString("GDX_FAULT", "");
   o.timeoutNs = defaultTimeoutNs();
@@ -55,13 +49,13 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options)
   else if (rank_ < 0 || rank_ >= world_)
     bad << "rank " << rank_ << " is outside the world of " << world_;
   else if (sockets_ < 1 || sockets_ > 64)
-    bad << "socketsPerPeer " << sockets_ << " must be in [1, 64]";
+    bad << "socketsPerPeer (GDX_TCP_SOCKETS) " << sockets_ << " must be in [1, 64]";
   else if (options.chunkBytes < 1 || options.chunkBytes > kMaxChunkBytes)
-    bad << "chunkBytes " << options.chunkBytes << " must be in [1, " << kMaxChunkBytes << "]";
+    bad << "chunkBytes (GDX_TCP_CHUNK) " << options.chunkBytes << " must be in [1, " << kMaxChunkBytes << "]";
   else if (options.timeoutNs == 0)
-    bad << "timeoutNs must be positive";
+    bad << "timeoutNs (GDX_TIMEOUT_MS) must be positive";
   else if (options.secret.size() > kMaxSecretBytes)
-    bad << "the job secret is longer than " << kMaxSecretBytes;
+    bad << "the job secret (GDX_JOB_SECRET) is longer than " << kMaxSecretBytes;
   if (!bad.str().empty()) throw Error(ErrorCode::kInvalidArgument, "TCP transport: " + bad.str());
 
   int port = 0;

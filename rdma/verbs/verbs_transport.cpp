@@ -28,9 +28,9 @@ VerbsTransportOptions VerbsTransportOptions::fromEnv(int rank, int worldSize) {
   o.recvDepth = static_cast<int>(envInt("GDX_IB_RECV_DEPTH", o.recvDepth));
   o.timeout = static_cast<int>(envInt("GDX_IB_TIMEOUT", o.timeout));
   o.retryCount = static_cast<int>(envInt("GDX_IB_RETRY_CNT", o.retryCount));
-  o.nativeAtomics = envInt("GDX_IB_NATIVE_ATOMICS", 0) != 0;
+  o.nativeAtomics = envBool("GDX_IB_NATIVE_ATOMICS", false);
   o.signalEvery = static_cast<int>(envInt("GDX_IB_SIGNAL_EVERY", o.signalEvery));
-  o.stageAllWindows = envInt("GDX_IB_FORCE_STAGING", 0) != 0;
+  o.stageAllWindows = envBool("GDX_IB_FORCE_STAGING", false);
   o.timeoutNs = defaultTimeoutNs();
   return o;
 }
@@ -53,10 +53,13 @@ VerbsTransport::VerbsTransport(const VerbsTransportOptions& o)
     throw Error(ErrorCode::kInvalidArgument, "verbs transport: rank " + std::to_string(rank_) + " of world " +
                                                  std::to_string(world_) + " is not valid");
   if (o.lanes < 1 || o.lanes > 64)
-    throw Error(ErrorCode::kInvalidArgument, who() + ": lanes " + std::to_string(o.lanes) + " not in [1, 64]");
+    throw Error(ErrorCode::kInvalidArgument,
+                who() + ": lanes (GDX_PROXY_THREADS) " + std::to_string(o.lanes) + " not in [1, 64]");
   if (o.sendDepth < 1 || o.recvDepth < 1 || o.signalEvery < 1 || o.timeoutNs == 0)
     throw Error(ErrorCode::kInvalidArgument,
-                who() + ": sendDepth, recvDepth, signalEvery and timeoutNs must be positive");
+                who() + ": sendDepth " + std::to_string(o.sendDepth) + " (GDX_IB_SEND_DEPTH), recvDepth " +
+                    std::to_string(o.recvDepth) + " (GDX_IB_RECV_DEPTH), signalEvery " + std::to_string(o.signalEvery) +
+                    " (GDX_IB_SIGNAL_EVERY) and timeoutNs (GDX_TIMEOUT_MS) must be positive");
   peerFailed_.reset(new std::atomic<bool>[world_]);
   for (int p = 0; p < world_; ++p) peerFailed_[p].store(false);
   windows_.setPeers(world_);

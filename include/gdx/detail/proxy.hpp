@@ -65,6 +65,9 @@ class Proxy {
     size_t traceEvents = size_t{1} << 16;    ///< GDX_TRACE_EVENTS: events kept per proxy thread
     Placement placement;
     static Options fromEnv();
+    /// Throws gdx::Error(kInvalidArgument) naming the variable of the first field out of range, and when the rings
+    /// could not fit in this machine's memory; a Context calls it before it joins the job.
+    void validate() const;
   };
 
   /// `transport` may be null: the proxy then completes every valid command without moving data (the null

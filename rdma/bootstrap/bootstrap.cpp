@@ -95,9 +95,11 @@ struct Bootstrap::Impl {
     send(MsgType::kHello, encodeHello(hello), "", answerDeadline, "hello");
     Frame f = receive(MsgType::kWelcome, kMaxHelloBytes + 256ull * static_cast<uint64_t>(cfg.worldSize), answerDeadline,
                       "the other ranks to join");
-    Reader r(f.payload, "welcome");
-    if (static_cast<int>(r.u32()) != cfg.worldSize) fail(ErrorCode::kProtocol, "welcome names another world size");
-    for (int i = 0; i < cfg.worldSize; ++i) hostnames.push_back(r.str());
+    try {
+      hostnames = decodeWelcome(f.payload, static_cast<uint32_t>(cfg.worldSize));
+    } catch (const Error& e) {
+      fail(ErrorCode::kProtocol, std::string("bad welcome from the rendezvous server at ") + master + ": " + e.what());
+    }
     for (int i = 0; i < cfg.worldSize; ++i)
       if (hostnames[i] == hello.hostname) hostRanks.push_back(i);
     // An emulated host's local rank counts its own ranks only (LOCAL_RANK counts those of the whole machine).
@@ -187,18 +189,12 @@ struct Bootstrap::Impl {
   // Throws when `f` is a refusal or an abort; returns otherwise.
   void onServerVerdict(const Frame& f) {
     if (f.type == MsgType::kRefuse) {
-      std::string reason = Reader(f.payload, "refuse").str();
+      std::string reason = decodeRefuse(f.payload);
       fail(ErrorCode::kProtocol, "the rendezvous server at " + master + " refused: " + reason);
     }
     if (f.type == MsgType::kAbort) {
-      Reader r(f.payload, "abort");
-      uint32_t code = r.u32();
-      std::string message = r.str();
-      ErrorCode ec = code >= static_cast<uint32_t>(ErrorCode::kInvalidArgument) &&
-                             code <= static_cast<uint32_t>(ErrorCode::kShutdown)
-                         ? static_cast<ErrorCode>(code)
-                         : ErrorCode::kPeerFailed;
-      fail(ec, message);
+      Abort a = decodeAbort(f.payload);
+      fail(a.code, a.message);
     }
   }
 
@@ -217,14 +213,7 @@ struct Bootstrap::Impl {
     Frame f = receive(MsgType::kGatherResult, maxPayload, sendDeadline + graceNs(cfg.timeoutNs),
                       "the other ranks in " + what);
     try {
-      Reader r(f.payload, "gather result");
-      if (r.u64() != n) throw Error(ErrorCode::kProtocol, "gather result for another call");
-      if (static_cast<int>(r.u32()) != cfg.worldSize)
-        throw Error(ErrorCode::kProtocol, "gather result of another size");
-      std::vector<std::string> all(static_cast<size_t>(cfg.worldSize));
-      for (std::string& b : all) b = r.bytes(r.u64());
-      if (!r.done()) throw Error(ErrorCode::kProtocol, "trailing bytes in the gather result");
-      return all;
+      return decodeGatherResult(f.payload, n, static_cast<uint32_t>(cfg.worldSize));
     } catch (const Error& e) {
       if (failure) throw;
       fail(ErrorCode::kProtocol, std::string("bad answer to ") + what + ": " + e.what());

@@ -230,14 +230,9 @@ struct RendezvousServer::Impl {
   void parseFrames(Conn& c) {
     while (!c.dead && !c.draining && c.in.size() >= kHeaderBytes) {
       FrameHeader h = decodeHeader(reinterpret_cast<const unsigned char*>(c.in.data()));
-      if (h.magic != kMagic) return reject(c, "not a gdx bootstrap client (bad magic)");
-      if (h.version != kProtocolVersion)
-        return reject(c, "bootstrap protocol version " + std::to_string(h.version) + ", the server speaks " +
-                             std::to_string(kProtocolVersion));
-      uint64_t limit = c.rank < 0 ? kMaxHelloBytes : kMaxClientFrameBytes;
-      if (h.length > limit)
-        return reject(c, std::string(msgTypeName(h.type)) + " message of " + std::to_string(h.length) +
-                             " bytes exceeds the limit of " + std::to_string(limit));
+      const uint64_t limit = c.rank < 0 ? kMaxHelloBytes : kMaxClientFrameBytes;
+      std::string bad = checkFrameHeader(h, limit);
+      if (!bad.empty()) return reject(c, bad);
       if (c.in.size() < kHeaderBytes + h.length) {
         c.in.reserve(kHeaderBytes + h.length);  // a large blob: grow once, not by doubling
         return;
@@ -269,9 +264,7 @@ struct RendezvousServer::Impl {
     GDX_WARN("rendezvous server at " << where << ": refused connection from " << c.peer
                                      << (claimedRank >= 0 ? " (claims rank " + std::to_string(claimedRank) + ")" : "")
                                      << ": " << reason);
-    Writer w;
-    w.str(reason);
-    enqueue(c, std::make_shared<const std::string>(encodeFrame(MsgType::kRefuse, w.out())));
+    enqueue(c, std::make_shared<const std::string>(encodeFrame(MsgType::kRefuse, encodeRefuse(reason))));
     startDraining(c, deadlineIn(kRefusalLingerNs));
   }
 
@@ -307,10 +300,7 @@ struct RendezvousServer::Impl {
   }
 
   void welcomeAll() {
-    Writer w;
-    w.u32(static_cast<uint32_t>(cfg.worldSize));
-    for (const std::string& h : hostnames) w.str(h);
-    auto frame = std::make_shared<const std::string>(encodeFrame(MsgType::kWelcome, w.out()));
+    auto frame = std::make_shared<const std::string>(encodeFrame(MsgType::kWelcome, encodeWelcome(hostnames)));
     phase = Phase::kRunning;
     for (Conn* c : byRank) enqueue(*c, frame);
   }
@@ -411,9 +401,7 @@ struct RendezvousServer::Impl {
     phase = Phase::kAborted;
     std::string message = "bootstrap at " + where + " aborted the job: " + why;
     GDX_WARN("rendezvous server: " << message);
-    Writer w;
-    w.u32(static_cast<uint32_t>(code)).str(message);
-    auto frame = std::make_shared<const std::string>(encodeFrame(MsgType::kAbort, w.out()));
+    auto frame = std::make_shared<const std::string>(encodeFrame(MsgType::kAbort, encodeAbort(code, message)));
     lingerDeadline = deadlineIn(std::min<uint64_t>(cfg.timeoutNs, kAbortLingerCapNs));
     listener.reset();  // late ranks now fail to connect instead of joining a dead job
     for (auto& c : conns) {

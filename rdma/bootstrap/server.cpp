@@ -311,8 +311,7 @@ struct RendezvousServer::Impl {
     if (type == MsgType::kGather && phase == Phase::kRunning) {
       if (payload.size() < 8)
         return abortJob(ErrorCode::kProtocol, "rank " + std::to_string(r) + " sent a truncated gather");
-      uint64_t seq = Reader(payload, "gather").u64();
-      payload.erase(0, 8);
+      auto [seq, blob] = decodeGather(payload);
       std::string call = "allGather/barrier #" + std::to_string(seq);
       if (seq != nextSeq || submitted[r])
         return abortJob(ErrorCode::kProtocol, "rank " + std::to_string(r) + " called " + call +
@@ -323,7 +322,7 @@ struct RendezvousServer::Impl {
                                                     rankList(ranksWhere(departed, true)) +
                                                     " already left the job (destroyed its Bootstrap)");
       if (roundCount == 0) roundDeadline = deadlineIn(cfg.timeoutNs);
-      roundBlobs[r] = std::move(payload);
+      roundBlobs[r] = std::move(blob);
       submitted[r] = 1;
       if (++roundCount == cfg.worldSize) completeRound();
       return;

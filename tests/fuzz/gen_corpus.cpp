@@ -151,8 +151,14 @@ void runtimeSeeds() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR   (writes seed-* files under CORPUS_DIR/<target>/)\n", argv[0]);
+  const char* usage = "usage: %s CORPUS_DIR   (writes seed-* files under CORPUS_DIR/<target>/)\n";
+  if (argc == 2 && std::strcmp(argv[1], "--help") == 0) {
+    std::printf(usage, argv[0]);
+    return 0;
+  }
+  if (argc != 2 || argv[1][0] == '-') {
+    if (argc >= 2 && argv[1][0] == '-') std::fprintf(stderr, "unknown flag %s\n", argv[1]);
+    std::fprintf(stderr, usage, argv[0]);
     return 2;
   }
   root = argv[1];

@@ -6,9 +6,10 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CMAKE_FLAGS ?=
+FUZZ_SECONDS ?= 600
 RUN_ARGS ?= --json $(BUILD)/benchmark_local.json
 
-.PHONY: all deps configure test test-unit test-rdma test-gpu bench bench-gpu run plots install format clean
+.PHONY: all deps configure test test-unit test-rdma test-gpu bench bench-gpu run plots install format clean fuzz
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
@@ -37,6 +38,14 @@ test-gpu: all
 # GPU benchmarks: benchmark_local's GPU mode (table on stdout, JSON beside it).
 bench-gpu: all
 	NCCL_NVLS_ENABLE=0 $(BUILD)/benchmarks/benchmark_local --mode gpu --json $(BUILD)/benchmark_local_gpu.json
+
+# Every fuzz target (tests/fuzz/) for FUZZ_SECONDS each, from the checked-in corpus; `make test` runs each for 10 s.
+# Needs clang (install-deps.sh installs it); without it the targets are not built and this says so.
+fuzz: all
+	@for t in $$(cat $(BUILD)/tests/fuzz/targets.txt); do \
+	  tests/fuzz/run_fuzz.sh $(BUILD)/tests/fuzz/$$t tests/fuzz/corpus/$$t $(FUZZ_SECONDS); rc=$$?; \
+	  if [ $$rc = 77 ]; then echo "make fuzz: $$t skipped"; elif [ $$rc != 0 ]; then exit $$rc; fi; \
+	done
 
 bench: all
 	$(BUILD)/benchmarks/bench_ring --benchmark_out=$(BUILD)/bench_ring.json --benchmark_out_format=json

@@ -15,32 +15,10 @@
 #include "gdx/error.hpp"
 #include "runtime/direct_path.hpp"
 #include "runtime/relay.hpp"
+#include "runtime/window_record.hpp"
 
 namespace gdx {
 namespace {
-
-// A window's registration record as exchanged through the bootstrap: id, size, transport key, and what the
-// direct path needs (a CUDA IPC handle; empty for host windows).
-std::string encodeWindowRecord(uint32_t id, uint64_t bytes, const std::string& key, const std::string& direct = {}) {
-  std::string out(16, '\0');
-  const uint32_t keyBytes = static_cast<uint32_t>(key.size());
-  std::memcpy(&out[0], &id, 4);
-  std::memcpy(&out[4], &bytes, 8);
-  std::memcpy(&out[12], &keyBytes, 4);
-  return out + key + direct;
-}
-
-void decodeWindowRecord(const std::string& blob, int peer, uint32_t* id, uint64_t* bytes, std::string* key,
-                        std::string* direct = nullptr) {
-  uint32_t keyBytes = 0;
-  if (blob.size() >= 16) std::memcpy(&keyBytes, blob.data() + 12, 4);
-  if (blob.size() < 16 || blob.size() - 16 < keyBytes)
-    throw Error(ErrorCode::kProtocol, "window record from rank " + std::to_string(peer) + " is truncated");
-  std::memcpy(id, blob.data(), 4);
-  std::memcpy(bytes, blob.data() + 4, 8);
-  *key = blob.substr(16, keyBytes);
-  if (direct) *direct = blob.substr(16 + keyBytes);
-}
 
 CollectiveTag tagged(const char* kind) {
   CollectiveTag tag;
@@ -203,12 +181,9 @@ void Context::init() {
     std::vector<std::string> all =
         bootstrap_->allGather(encodeWindowRecord(kSignalWindowId, signalBytes, key), tagged("Context: signals"));
     for (int p = 0; p < world; ++p) {
-      uint32_t id;
-      uint64_t bytes;
-      std::string k;
-      decodeWindowRecord(all[p], p, &id, &bytes, &k);
-      transport_->addRemoteWindow(p, id, bytes, k);
-      registry_->addRemote(p, id, bytes);
+      WindowRecord r = decodeWindowRecord(all[p], p);
+      transport_->addRemoteWindow(p, r.id, r.bytes, r.key);
+      registry_->addRemote(p, r.id, r.bytes);
     }
   }
   direct_ = std::make_unique<DirectPaths>(*bootstrap_, gpu_, options_.numSignals);
@@ -282,10 +257,11 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
       bootstrap_->allGather(encodeWindowRecord(id, bytes, key, direct_->windowBlob(base, bytes, kind)), tag);
   direct_->addLocal(id, base, bytes, kind);
   for (int p = 0; p < worldSize(); ++p) {
-    uint32_t peerId;
-    uint64_t peerBytes;
-    std::string peerKey, peerDirect;
-    decodeWindowRecord(all[p], p, &peerId, &peerBytes, &peerKey, &peerDirect);
+    WindowRecord r = decodeWindowRecord(all[p], p);
+    const uint32_t peerId = r.id;
+    const uint64_t peerBytes = r.bytes;
+    const std::string& peerKey = r.key;
+    const std::string& peerDirect = r.direct;
     if (peerId != id)
       throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + " registered window " +
                                                    std::to_string(id) + " while rank " + std::to_string(p) +

@@ -91,6 +91,8 @@ DirectPaths::DirectPaths(Bootstrap& bootstrap, const GpuInfo& gpu, uint32_t numS
     if (all[p].size() != sizeof r)
       throw Error(ErrorCode::kProtocol, "direct-path record from rank " + std::to_string(p) + " is truncated");
     std::memcpy(&r, all[p].data(), sizeof r);
+    // The bus id is read as a C string (CUDA, the log): a record without its terminator must not run past it.
+    r.busId[sizeof r.busId - 1] = '\0';
     if (!r.hasGpu) {
       GDX_INFO("peer " << p << ": proxy path (no GPU reachable through CUDA IPC there)");
       continue;

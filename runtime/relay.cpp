@@ -10,16 +10,6 @@
 
 namespace gdx {
 
-std::string decodeForward(const RemoteMessage& m, ForwardRequest* out) {
-  if (m.bytes != sizeof(ForwardRequest)) return "a control message of " + std::to_string(m.bytes) + " bytes";
-  std::memcpy(out, m.data, sizeof *out);
-  if (out->magic != ForwardRequest::kMagic) return "a control message of unknown kind";
-  if (out->hasSignal > 1 || out->signalOp > static_cast<uint8_t>(SignalOp::kSet))
-    return "a forward request with signal operation " + std::to_string(out->hasSignal) + "/" +
-           std::to_string(out->signalOp);
-  return {};
-}
-
 Relay::Relay(const Bootstrap& bootstrap, const WindowRegistry& registry, const DirectPaths& direct, const GpuInfo& gpu,
              uint64_t timeoutNs)
     : bootstrap_(bootstrap), registry_(registry), direct_(direct), device_(gpu.device), timeoutNs_(timeoutNs) {}
@@ -86,20 +76,9 @@ MessageOp Relay::request(const Command& first, const Command& second) const {
   return m;
 }
 
-std::string Relay::resolve(const ForwardRequest& f, Target* out) const {
-  return direct_.withPeerTable(f.destination, [&](const DirectPeer* d) -> std::string {
-    if (!d) return "rank " + std::to_string(f.destination) + " is not reached directly from this GPU";
-    if (f.window >= kMaxWindows || !d->localBase[f.window] || !d->peerBase[f.window])
-      return "window " + std::to_string(f.window) + " is not a GPU window on both ranks";
-    const uint64_t limit = std::min(d->localBytes[f.window], d->peerBytes[f.window]);
-    if (f.offset > limit || f.bytes > limit - f.offset)
-      return "range past the end of the window (" + std::to_string(limit) + " bytes)";
-    if (f.signalId >= d->peerNumSignals) return "signal id out of range";
-    out->src = d->localBase[f.window] + f.offset;
-    out->dst = d->peerBase[f.window] + f.offset;
-    out->signal = d->peerSignals + f.signalId;
-    return {};
-  });
+std::string Relay::resolve(const ForwardRequest& f, ForwardTarget* out) const {
+  return direct_.withPeerTable(f.destination,
+                               [&](const DirectPeer* d) -> std::string { return resolveForward(f, d, out); });
 }
 
 // The sender checked everything it could; what only this rank can know (a destination it reaches directly, its
@@ -107,7 +86,7 @@ std::string Relay::resolve(const ForwardRequest& f, Target* out) const {
 void Relay::onMessage(const RemoteMessage& m) {
   ForwardRequest f;
   std::string why = decodeForward(m, &f);
-  Target t;
+  ForwardTarget t;
   if (why.empty()) why = resolve(f, &t);
   if (why.empty()) {
     try {

@@ -23,29 +23,11 @@
 #include "gdx/detail/transport.hpp"
 #include "gdx/detail/window_registry.hpp"
 #include "gdx/peer_copy_queue.hpp"
+#include "runtime/forward_request.hpp"
 
 namespace gdx {
 
 class DirectPaths;
-
-/// The control message a relay receives for every forwarded operation.
-struct ForwardRequest {
-  static constexpr uint32_t kMagic = 0x46574431;  // "FWD1"
-  uint32_t magic = kMagic;
-  uint32_t window = 0;  ///< window id, at the relay and at the destination
-  uint64_t offset = 0;
-  uint64_t bytes = 0;  ///< 0: only the signal
-  uint64_t value = 0;
-  int32_t destination = -1;  ///< the rank the relay forwards to
-  uint32_t signalId = 0;
-  uint8_t hasSignal = 0;  ///< 1: raise signalId at the destination after the data
-  uint8_t signalOp = 0;   ///< a SignalOp
-  uint8_t pad[6] = {};
-};
-static_assert(sizeof(ForwardRequest) <= kMaxMessageBytes, "a forward request fits in one control message");
-
-/// Empty when `m` is a well-formed forward request (then *out holds it), else why not.
-std::string decodeForward(const RemoteMessage& m, ForwardRequest* out);
 
 class Relay final : public RelayRequests {
  public:
@@ -67,14 +49,8 @@ class Relay final : public RelayRequests {
   PeerCopyQueue* forwarder();
 
  private:
-  /// Where a forwarded range goes: this rank's window as the GPU addresses it, the destination's mapped window, and
-  /// the destination's device signal word. Empty when the direct path serves it, else why not.
-  struct Target {
-    const void* src = nullptr;
-    void* dst = nullptr;
-    uint64_t* signal = nullptr;
-  };
-  std::string resolve(const ForwardRequest& f, Target* out) const;
+  /// Where a forwarded range goes (resolveForward()); empty when the direct path serves it, else why not.
+  std::string resolve(const ForwardRequest& f, ForwardTarget* out) const;
 
   const Bootstrap& bootstrap_;
   const WindowRegistry& registry_;

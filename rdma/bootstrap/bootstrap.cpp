@@ -96,9 +96,11 @@ struct Bootstrap::Impl {
     send(MsgType::kHello, encodeHello(hello), "", answerDeadline, "hello");
     Frame f = receive(MsgType::kWelcome, kMaxHelloBytes + 256ull * static_cast<uint64_t>(cfg.worldSize), answerDeadline,
                       "the other ranks to join");
-    Reader r(f.payload, "welcome");
-    if (static_cast<int>(r.u32()) != cfg.worldSize) fail(ErrorCode::kProtocol, "welcome names another world size");
-    for (int i = 0; i < cfg.worldSize; ++i) hostnames.push_back(r.str());
+    try {
+      hostnames = decodeWelcome(f.payload, static_cast<uint32_t>(cfg.worldSize));
+    } catch (const Error& e) {
+      fail(ErrorCode::kProtocol, std::string("bad welcome from the rendezvous server at ") + master + ": " + e.what());
+    }
     for (int i = 0; i < cfg.worldSize; ++i)
       if (hostnames[i] == hello.hostname) hostRanks.push_back(i);
     // An emulated host's local rank counts its own ranks only (LOCAL_RANK counts those of the whole machine).
@@ -188,18 +190,12 @@ struct Bootstrap::Impl {
   // Throws when `f` is a refusal or an abort; returns otherwise.
   void onServerVerdict(const Frame& f) {
     if (f.type == MsgType::kRefuse) {
-      std::string reason = Reader(f.payload, "refuse").str();
+      std::string reason = decodeRefuse(f.payload);
       fail(ErrorCode::kProtocol, "the rendezvous server at " + master + " refused: " + reason);
     }
     if (f.type == MsgType::kAbort) {
-      Reader r(f.payload, "abort");
-      uint32_t code = r.u32();
-      std::string message = r.str();
-      ErrorCode ec = code >= static_cast<uint32_t>(ErrorCode::kInvalidArgument) &&
-                             code <= static_cast<uint32_t>(ErrorCode::kShutdown)
-                         ? static_cast<ErrorCode>(code)
-                         : ErrorCode::kPeerFailed;
-      fail(ec, message);
+      Abort a = decodeAbort(f.payload);
+      fail(a.code, a.message);
     }
   }
 
@@ -226,12 +222,8 @@ struct Bootstrap::Impl {
     std::vector<std::string> all(static_cast<size_t>(cfg.worldSize));
     std::vector<CollectiveTag> tags(all.size());
     try {
-      Reader r(f.payload, "gather result");
-      if (r.u64() != n) throw Error(ErrorCode::kProtocol, "gather result for another call");
-      if (static_cast<int>(r.u32()) != cfg.worldSize)
-        throw Error(ErrorCode::kProtocol, "gather result of another size");
-      for (int p = 0; p < cfg.worldSize; ++p) decodeTagged(r.bytes(r.u64()), p, &tags[p], &all[p]);
-      if (!r.done()) throw Error(ErrorCode::kProtocol, "trailing bytes in the gather result");
+      std::vector<std::string> raw = decodeGatherResult(f.payload, n, static_cast<uint32_t>(cfg.worldSize));
+      for (int p = 0; p < cfg.worldSize; ++p) decodeTagged(raw[p], p, &tags[p], &all[p]);
     } catch (const Error& e) {
       if (failure) throw;
       fail(ErrorCode::kProtocol, std::string("bad answer to ") + what + ": " + e.what());

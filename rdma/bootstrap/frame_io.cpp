@@ -37,17 +37,8 @@ FrameIo recvFrame(int fd, Frame& out, uint64_t maxPayload, Deadline deadline) {
   FrameIo s = outcome(net::recvFull(fd, header, kHeaderBytes, until(deadline)), "recv");
   if (s != FrameIo::kOk) return s;
   FrameHeader h = decodeHeader(header);
-  if (h.magic != kMagic)
-    throw Error(ErrorCode::kProtocol,
-                "the rendezvous peer is not a gdx bootstrap (bad magic " + std::to_string(h.magic) + ")");
-  if (h.version != kProtocolVersion)
-    throw Error(ErrorCode::kProtocol, "the rendezvous peer speaks bootstrap protocol version " +
-                                          std::to_string(h.version) + ", this build speaks " +
-                                          std::to_string(kProtocolVersion));
-  if (h.length > maxPayload)
-    throw Error(ErrorCode::kProtocol, std::string("bootstrap ") + msgTypeName(h.type) + " message of " +
-                                          std::to_string(h.length) + " bytes exceeds the limit of " +
-                                          std::to_string(maxPayload));
+  std::string bad = checkFrameHeader(h, maxPayload);
+  if (!bad.empty()) throw Error(ErrorCode::kProtocol, "the rendezvous peer sent " + bad);
   out.type = h.type;
   out.payload.assign(h.length, '\0');
   return outcome(net::recvFull(fd, out.payload.data(), h.length, until(deadline)), "recv");

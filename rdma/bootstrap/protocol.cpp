@@ -42,6 +42,17 @@ FrameHeader decodeHeader(const unsigned char in[kHeaderBytes]) {
   return h;
 }
 
+std::string checkFrameHeader(const FrameHeader& h, uint64_t maxPayload) {
+  if (h.magic != kMagic) return "not a gdx bootstrap frame (bad magic " + std::to_string(h.magic) + ")";
+  if (h.version != kProtocolVersion)
+    return "bootstrap protocol version " + std::to_string(h.version) + ", this build speaks " +
+           std::to_string(kProtocolVersion);
+  if (h.length > maxPayload)
+    return std::string("bootstrap ") + msgTypeName(h.type) + " message of " + std::to_string(h.length) +
+           " bytes exceeds the limit of " + std::to_string(maxPayload);
+  return "";
+}
+
 std::string encodeFrame(MsgType type, const std::string& payload) {
   unsigned char header[kHeaderBytes];
   FrameHeader h;
@@ -122,6 +133,78 @@ Hello decodeHello(const std::string& payload) {
   h.secret = r.str();
   h.hostname = r.str();
   return h;
+}
+
+std::string encodeWelcome(const std::vector<std::string>& hostnames) {
+  Writer w;
+  w.u32(static_cast<uint32_t>(hostnames.size()));
+  for (const std::string& h : hostnames) w.str(h);
+  return std::move(w.out());
+}
+
+std::vector<std::string> decodeWelcome(const std::string& payload, uint32_t worldSize) {
+  Reader r(payload, "welcome");
+  if (r.u32() != worldSize) throw Error(ErrorCode::kProtocol, "welcome names another world size");
+  std::vector<std::string> hostnames;
+  // Not reserved from worldSize: the payload's own length bounds how many names it can hold.
+  for (uint32_t i = 0; i < worldSize; ++i) hostnames.push_back(r.str());
+  if (!r.done()) throw Error(ErrorCode::kProtocol, "trailing bytes in the welcome");
+  return hostnames;
+}
+
+std::string encodeRefuse(const std::string& reason) {
+  Writer w;
+  w.str(reason);
+  return std::move(w.out());
+}
+
+std::string decodeRefuse(const std::string& payload) {
+  return Reader(payload, "refuse").str();
+}
+
+std::string encodeAbort(ErrorCode code, const std::string& message) {
+  Writer w;
+  w.u32(static_cast<uint32_t>(code)).str(message);
+  return std::move(w.out());
+}
+
+Abort decodeAbort(const std::string& payload) {
+  Reader r(payload, "abort");
+  uint32_t code = r.u32();
+  Abort a;
+  a.message = r.str();
+  if (code >= static_cast<uint32_t>(ErrorCode::kInvalidArgument) && code <= static_cast<uint32_t>(ErrorCode::kShutdown))
+    a.code = static_cast<ErrorCode>(code);
+  return a;
+}
+
+std::string encodeGather(uint64_t seq, const std::string& blob) {
+  Writer w;
+  w.u64(seq).raw(blob);
+  return std::move(w.out());
+}
+
+std::pair<uint64_t, std::string> decodeGather(const std::string& payload) {
+  Reader r(payload, "gather");
+  uint64_t seq = r.u64();
+  return {seq, r.rest()};
+}
+
+std::string encodeGatherResult(uint64_t seq, const std::vector<std::string>& blobs) {
+  Writer w;
+  w.u64(seq).u32(static_cast<uint32_t>(blobs.size()));
+  for (const std::string& b : blobs) w.u64(b.size()).raw(b);
+  return std::move(w.out());
+}
+
+std::vector<std::string> decodeGatherResult(const std::string& payload, uint64_t seq, uint32_t worldSize) {
+  Reader r(payload, "gather result");
+  if (r.u64() != seq) throw Error(ErrorCode::kProtocol, "gather result for another call");
+  if (r.u32() != worldSize) throw Error(ErrorCode::kProtocol, "gather result of another size");
+  std::vector<std::string> all;
+  for (uint32_t i = 0; i < worldSize; ++i) all.push_back(r.bytes(r.u64()));
+  if (!r.done()) throw Error(ErrorCode::kProtocol, "trailing bytes in the gather result");
+  return all;
 }
 
 bool constantTimeEqual(const std::string& a, const std::string& b) {

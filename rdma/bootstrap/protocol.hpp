@@ -24,6 +24,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gdx/error.hpp"
 
@@ -61,6 +63,9 @@ struct FrameHeader {
 
 void encodeHeader(const FrameHeader& h, unsigned char out[kHeaderBytes]);
 FrameHeader decodeHeader(const unsigned char in[kHeaderBytes]);
+/// "" when a peer's frame header may be acted on: the magic and version of this build, a payload of at most
+/// `maxPayload` bytes; else why not (the server refuses the connection or aborts the job, a client fails).
+std::string checkFrameHeader(const FrameHeader& h, uint64_t maxPayload);
 /// A whole frame (header + payload) in one buffer, for the small and the broadcast messages.
 std::string encodeFrame(MsgType type, const std::string& payload);
 
@@ -106,6 +111,25 @@ struct Hello {
 };
 std::string encodeHello(const Hello& h);
 Hello decodeHello(const std::string& payload);
+
+/// The server's answers, as encoded by the server and decoded by the clients. Each decoder throws gdx::Error(kProtocol)
+/// on a payload that ends early, has bytes left over or describes another world (`worldSize`, `seq`: what the client
+/// expects), so a client never acts on half a message.
+std::string encodeWelcome(const std::vector<std::string>& hostnames);
+std::vector<std::string> decodeWelcome(const std::string& payload, uint32_t worldSize);
+std::string encodeRefuse(const std::string& reason);
+std::string decodeRefuse(const std::string& payload);
+struct Abort {
+  ErrorCode code = ErrorCode::kPeerFailed;  ///< a code the sender named that is no ErrorCode becomes kPeerFailed
+  std::string message;
+};
+std::string encodeAbort(ErrorCode code, const std::string& message);
+Abort decodeAbort(const std::string& payload);
+/// kGather: the sequence number, then the blob. decodeGather() throws on a payload shorter than the number.
+std::string encodeGather(uint64_t seq, const std::string& blob);
+std::pair<uint64_t, std::string> decodeGather(const std::string& payload);
+std::string encodeGatherResult(uint64_t seq, const std::vector<std::string>& blobs);
+std::vector<std::string> decodeGatherResult(const std::string& payload, uint64_t seq, uint32_t worldSize);
 
 /// Compares two secrets in time that depends only on their lengths, not on where they first differ, so a
 /// stranger cannot learn the secret byte by byte from the server's response time.

@@ -232,14 +232,9 @@ struct RendezvousServer::Impl {
   void parseFrames(Conn& c) {
     while (!c.dead && !c.draining && c.in.size() >= kHeaderBytes) {
       FrameHeader h = decodeHeader(reinterpret_cast<const unsigned char*>(c.in.data()));
-      if (h.magic != kMagic) return reject(c, "not a gdx bootstrap client (bad magic)");
-      if (h.version != kProtocolVersion)
-        return reject(c, "bootstrap protocol version " + std::to_string(h.version) + ", the server speaks " +
-                             std::to_string(kProtocolVersion));
-      uint64_t limit = c.rank < 0 ? kMaxHelloBytes : kMaxClientFrameBytes;
-      if (h.length > limit)
-        return reject(c, std::string(msgTypeName(h.type)) + " message of " + std::to_string(h.length) +
-                             " bytes exceeds the limit of " + std::to_string(limit));
+      const uint64_t limit = c.rank < 0 ? kMaxHelloBytes : kMaxClientFrameBytes;
+      std::string bad = checkFrameHeader(h, limit);
+      if (!bad.empty()) return reject(c, bad);
       if (c.in.size() < kHeaderBytes + h.length) {
         c.in.reserve(kHeaderBytes + h.length);  // a large blob: grow once, not by doubling
         return;
@@ -276,9 +271,7 @@ struct RendezvousServer::Impl {
     if (claimedRank >= 0 && claimedRank < static_cast<long>(refusals.size()) && !hasJoined[claimedRank])
       refusals[claimedRank] =
           "a connection from " + c.peer + " claiming rank " + std::to_string(claimedRank) + " was refused: " + reason;
-    Writer w;
-    w.str(reason);
-    enqueue(c, std::make_shared<const std::string>(encodeFrame(MsgType::kRefuse, w.out())));
+    enqueue(c, std::make_shared<const std::string>(encodeFrame(MsgType::kRefuse, encodeRefuse(reason))));
     startDraining(c, deadlineIn(kRefusalLingerNs));
   }
 
@@ -314,10 +307,7 @@ struct RendezvousServer::Impl {
   }
 
   void welcomeAll() {
-    Writer w;
-    w.u32(static_cast<uint32_t>(cfg.worldSize));
-    for (const std::string& h : hostnames) w.str(h);
-    auto frame = std::make_shared<const std::string>(encodeFrame(MsgType::kWelcome, w.out()));
+    auto frame = std::make_shared<const std::string>(encodeFrame(MsgType::kWelcome, encodeWelcome(hostnames)));
     phase = Phase::kRunning;
     for (Conn* c : byRank) enqueue(*c, frame);
   }
@@ -328,8 +318,7 @@ struct RendezvousServer::Impl {
     if (type == MsgType::kGather && phase == Phase::kRunning) {
       if (payload.size() < 8)
         return abortJob(ErrorCode::kProtocol, "rank " + std::to_string(r) + " sent a truncated gather");
-      uint64_t seq = Reader(payload, "gather").u64();
-      payload.erase(0, 8);
+      auto [seq, blob] = decodeGather(payload);
       std::string call = "allGather/barrier #" + std::to_string(seq);
       if (seq != nextSeq || submitted[r])
         return abortJob(ErrorCode::kProtocol, "rank " + std::to_string(r) + " called " + call +
@@ -340,7 +329,7 @@ struct RendezvousServer::Impl {
                                                     rankList(ranksWhere(departed, true)) +
                                                     " already left the job (destroyed its Bootstrap)");
       if (roundCount == 0) roundDeadline = deadlineIn(cfg.timeoutNs);
-      roundBlobs[r] = std::move(payload);
+      roundBlobs[r] = std::move(blob);
       submitted[r] = 1;
       if (++roundCount == cfg.worldSize) completeRound();
       return;
@@ -418,9 +407,7 @@ struct RendezvousServer::Impl {
     phase = Phase::kAborted;
     std::string message = "bootstrap at " + where + " aborted the job: " + why;
     GDX_WARN("rendezvous server: " << message);
-    Writer w;
-    w.u32(static_cast<uint32_t>(code)).str(message);
-    auto frame = std::make_shared<const std::string>(encodeFrame(MsgType::kAbort, w.out()));
+    auto frame = std::make_shared<const std::string>(encodeFrame(MsgType::kAbort, encodeAbort(code, message)));
     lingerDeadline = deadlineIn(std::min<uint64_t>(cfg.timeoutNs, kAbortLingerCapNs));
     listener.reset();  // late ranks now fail to connect instead of joining a dead job
     for (auto& c : conns) {

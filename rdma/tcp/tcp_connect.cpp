@@ -245,12 +245,7 @@ void TcpTransport::handleHello(PendingHello& p) {
   };
 
   // Read only as far as the Hello (and then its secret) goes: anything after it belongs to the data stream.
-  size_t want = sizeof(Hello);
-  Hello hello;
-  if (p.buffer.size() >= sizeof(Hello)) {
-    std::memcpy(&hello, p.buffer.data(), sizeof hello);
-    want += hello.secretBytes;
-  }
+  const size_t want = helloBytesWanted(p.buffer);
   char tmp[512];
   size_t room = std::min(sizeof tmp, want - p.buffer.size());
   ssize_t r = ::recv(p.fd.get(), tmp, room, MSG_DONTWAIT);
@@ -260,24 +255,25 @@ void TcpTransport::handleHello(PendingHello& p) {
     return drop(std::string("receive failed: ") + std::strerror(errno));
   }
   p.buffer.append(tmp, static_cast<size_t>(r));
-  if (p.buffer.size() < sizeof(Hello)) return;
-  std::memcpy(&hello, p.buffer.data(), sizeof hello);
-  if (hello.magic != kHelloMagic) return drop("not a gdx TCP transport hello");
-  if (hello.version != kWireVersion) return drop("hello of wire version " + std::to_string(hello.version));
-  if (hello.secretBytes > kMaxSecretBytes) return refuse(HelloReply::kBadSecret, " (oversized)");
-  if (p.buffer.size() < sizeof(Hello) + hello.secretBytes) return;
-
-  std::string secret = p.buffer.substr(sizeof(Hello));
+  Hello hello;
+  std::string secret;
+  switch (parseHello(p.buffer, &hello, &secret)) {
+    case HelloParse::kIncomplete: return;
+    case HelloParse::kNotGdx: return drop("not a gdx TCP transport hello");
+    case HelloParse::kBadVersion: return drop("hello of wire version " + std::to_string(hello.version));
+    case HelloParse::kOversized: return refuse(HelloReply::kBadSecret, " (oversized)");
+    case HelloParse::kComplete: break;
+  }
   std::string claim = " (claims rank " + std::to_string(hello.rank) + " lane " + std::to_string(hello.lane) +
                       " socket " + std::to_string(hello.socketIndex) + ")";
-  if (secret != options_.secret) return refuse(HelloReply::kBadSecret, claim);
-  if (hello.worldSize != world_) return refuse(HelloReply::kWorldMismatch, claim);
-  if (hello.rank < 0 || hello.rank >= world_) return refuse(HelloReply::kBadRank, claim);
-  if (hello.lanes != static_cast<uint32_t>(numLanes_) || hello.lane >= hello.lanes)
-    return refuse(HelloReply::kBadLane, claim);
-  if (hello.socketsPerPeer != static_cast<uint32_t>(sockets_) || hello.socketIndex >= hello.socketsPerPeer)
-    return refuse(HelloReply::kBadSocket, claim);
-  if (hello.chunkBytes > options_.chunkBytes) return refuse(HelloReply::kChunkTooLarge, claim);
+  HelloExpectations expected;
+  expected.secret = options_.secret;
+  expected.worldSize = world_;
+  expected.lanes = static_cast<uint32_t>(numLanes_);
+  expected.socketsPerPeer = static_cast<uint32_t>(sockets_);
+  expected.chunkBytes = options_.chunkBytes;
+  HelloReply verdict = checkHello(hello, secret, expected);
+  if (verdict != HelloReply::kAccepted) return refuse(verdict, claim);
 
   size_t index = slot(static_cast<int>(hello.lane), hello.rank, static_cast<int>(hello.socketIndex));
   std::unique_lock<std::mutex> lock(rxMutex_);

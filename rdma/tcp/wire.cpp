@@ -1,5 +1,7 @@
 #include "rdma/tcp/wire.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
 
 namespace gdx::tcp {
@@ -16,6 +18,35 @@ const char* helloReplyName(HelloReply reply) {
     case HelloReply::kChunkTooLarge: return "sender's chunk size exceeds the receiver's";
   }
   return "unknown reply";
+}
+
+size_t helloBytesWanted(const std::string& buffer) {
+  if (buffer.size() < sizeof(Hello)) return sizeof(Hello);
+  Hello hello;
+  std::memcpy(&hello, buffer.data(), sizeof hello);
+  return sizeof(Hello) + std::min<size_t>(hello.secretBytes, kMaxSecretBytes);
+}
+
+HelloParse parseHello(const std::string& buffer, Hello* hello, std::string* secret) {
+  if (buffer.size() < sizeof(Hello)) return HelloParse::kIncomplete;
+  std::memcpy(hello, buffer.data(), sizeof *hello);
+  if (hello->magic != kHelloMagic) return HelloParse::kNotGdx;
+  if (hello->version != kWireVersion) return HelloParse::kBadVersion;
+  if (hello->secretBytes > kMaxSecretBytes) return HelloParse::kOversized;
+  if (buffer.size() < sizeof(Hello) + hello->secretBytes) return HelloParse::kIncomplete;
+  *secret = buffer.substr(sizeof(Hello), hello->secretBytes);
+  return HelloParse::kComplete;
+}
+
+HelloReply checkHello(const Hello& hello, const std::string& secret, const HelloExpectations& expected) {
+  if (secret != expected.secret) return HelloReply::kBadSecret;
+  if (hello.worldSize != expected.worldSize) return HelloReply::kWorldMismatch;
+  if (hello.rank < 0 || hello.rank >= expected.worldSize) return HelloReply::kBadRank;
+  if (hello.lanes != expected.lanes || hello.lane >= hello.lanes) return HelloReply::kBadLane;
+  if (hello.socketsPerPeer != expected.socketsPerPeer || hello.socketIndex >= hello.socketsPerPeer)
+    return HelloReply::kBadSocket;
+  if (hello.chunkBytes > expected.chunkBytes) return HelloReply::kChunkTooLarge;
+  return HelloReply::kAccepted;
 }
 
 std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk) {

@@ -55,6 +55,32 @@ enum class HelloReply : uint32_t {
 };
 const char* helloReplyName(HelloReply reply);
 
+/// How far the bytes an acceptor received so far (`buffer`, read no further than helloBytesWanted()) go towards a
+/// Hello.
+enum class HelloParse {
+  kIncomplete,  ///< more bytes are needed
+  kComplete,    ///< *hello and *secret hold it
+  kNotGdx,      ///< another magic: not a gdx connection (dropped without an answer)
+  kBadVersion,  ///< a gdx Hello of another wire version (dropped without an answer)
+  kOversized,   ///< a secret longer than kMaxSecretBytes (refused as kBadSecret)
+};
+HelloParse parseHello(const std::string& buffer, Hello* hello, std::string* secret);
+/// How many bytes the Hello that begins `buffer` has in all (its header, then its secret): the acceptor reads no
+/// further, since what follows belongs to the data stream.
+size_t helloBytesWanted(const std::string& buffer);
+
+/// What an acceptor expects of a complete Hello.
+struct HelloExpectations {
+  std::string secret;
+  int32_t worldSize = 0;
+  uint32_t lanes = 0;
+  uint32_t socketsPerPeer = 0;
+  uint64_t chunkBytes = 0;  ///< the receiver's: the sender's must not exceed it
+};
+/// kAccepted when the Hello belongs to this job and names a rank, lane and socket that exist; else why not (the
+/// secret first, so that a stranger learns nothing else about the job).
+HelloReply checkHello(const Hello& hello, const std::string& secret, const HelloExpectations& expected);
+
 /// The acceptor's answer to a Hello; on a refusal the connection is closed right after it.
 struct HelloAck {
   uint32_t magic = kAckMagic;
@@ -100,8 +126,9 @@ struct MessageHeader {
 static_assert(sizeof(MessageHeader) == 56 && std::is_trivially_copyable_v<MessageHeader>);
 
 /// Checks everything about a header that does not depend on the receiver's windows: magic, version, type,
-/// flags, lane, chunk length (<= maxChunk) and that the chunk lies inside its message; for an atomic its kind,
-/// size and alignment; for a control message its length. Returns "" when it is well formed, else what is wrong.
+/// flags, lane, a write's chunk length (<= maxChunk) and that the chunk lies inside its message (an atomic's operand
+/// and a control message are received inline, bounded by kMaxMessageBytes, whatever maxChunk is); for an atomic its
+/// kind, size and alignment; for a control message its length. Returns "" when it is well formed, else what is wrong.
 std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk);
 
 /// A short human-readable rendering of a header for error messages ("write {...}", "atomic {...}", "message {...}").

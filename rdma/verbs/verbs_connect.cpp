@@ -12,28 +12,6 @@
 
 namespace gdx::verbs {
 
-namespace {
-
-constexpr uint32_t kAddressMagic = 0x56584447;  // "GDXV"
-
-/// The start of the address blob; then an AddressEntry per (lane, peer), lane-major.
-struct AddressHeader {
-  uint32_t magic;
-  uint32_t rank;
-  uint32_t world;
-  uint32_t lanes;
-  uint16_t lid;
-  uint8_t mtu;
-  uint8_t ethernet;
-  uint8_t gid[16];
-};
-struct AddressEntry {
-  uint32_t qpn;
-  uint32_t psn;
-};
-
-}  // namespace
-
 VerbsLane::VerbsLane(VerbsTransport& t, int index) : t_(t), index_(index), copier_(t.options_.timeoutNs) {
   creditEnd_ = 64 + (static_cast<size_t>(t.world_) * kWordBytes + 63) / 64 * 64;
   const size_t bufferBytes = creditEnd_ + static_cast<size_t>(t.world_) * t.sendDepth_ * kControlSlotBytes;
@@ -78,13 +56,10 @@ std::string VerbsTransport::makeAddress() const {
   h.mtu = static_cast<uint8_t>(port_.mtu);
   h.ethernet = port_.ethernet ? 1 : 0;
   std::memcpy(h.gid, port_.gid.raw, 16);
-  std::string address(reinterpret_cast<const char*>(&h), sizeof h);
+  std::vector<AddressEntry> entries;
   for (int l = 0; l < options_.lanes; ++l)
-    for (int p = 0; p < world_; ++p) {
-      AddressEntry e{lanes_[l]->qp(p)->qp_num, lanes_[l]->psn(p)};
-      address.append(reinterpret_cast<const char*>(&e), sizeof e);
-    }
-  return address;
+    for (int p = 0; p < world_; ++p) entries.push_back(AddressEntry{lanes_[l]->qp(p)->qp_num, lanes_[l]->psn(p)});
+  return encodeAddress(h, entries.data(), entries.size());
 }
 
 void VerbsTransport::connect(const std::vector<std::string>& addresses, int lanes) {
@@ -100,15 +75,11 @@ void VerbsTransport::connect(const std::vector<std::string>& addresses, int lane
   connectStarted_ = true;
   std::vector<AddressHeader> headers(world_);
   for (int p = 0; p < world_; ++p) {
-    const std::string& a = addresses[p];
-    AddressHeader& h = headers[p];
-    if (a.size() >= sizeof h) std::memcpy(&h, a.data(), sizeof h);
-    if (a.size() < sizeof h || h.magic != kAddressMagic || h.rank != static_cast<uint32_t>(p) ||
-        h.world != static_cast<uint32_t>(world_) || h.lanes < static_cast<uint32_t>(lanes) ||
-        a.size() != sizeof h + size_t{h.lanes} * world_ * sizeof(AddressEntry) || (h.ethernet != 0) != port_.ethernet)
+    std::string bad = decodeAddress(addresses[p], p, world_, lanes, port_.ethernet, &headers[p]);
+    if (!bad.empty())
       throw Error(ErrorCode::kProtocol, who() + ": the address of rank " + std::to_string(p) +
                                             " is not a verbs address of this world with " + std::to_string(lanes) +
-                                            " lanes (" + std::to_string(a.size()) + " bytes)");
+                                            " lanes (" + std::to_string(addresses[p].size()) + " bytes: " + bad + ")");
   }
   for (int l = 0; l < lanes; ++l)
     for (int p = 0; p < world_; ++p) {
@@ -116,9 +87,7 @@ void VerbsTransport::connect(const std::vector<std::string>& addresses, int lane
       toInit(qp, port_.port);
       for (int s = 0; s < recvDepth_; ++s) postReceive(l, p, static_cast<uint32_t>(s));
       const AddressHeader& h = headers[p];
-      AddressEntry e;
-      std::memcpy(&e, addresses[p].data() + sizeof h + (size_t{static_cast<uint32_t>(l)} * world_ + rank_) * sizeof e,
-                  sizeof e);
+      AddressEntry e = addressEntry(addresses[p], l, world_, rank_);
       QpAddress remote;
       remote.qpn = e.qpn;
       remote.psn = e.psn;

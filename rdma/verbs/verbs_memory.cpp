@@ -128,11 +128,11 @@ void VerbsTransport::addRemoteWindow(int peer, uint32_t id, size_t bytes, const 
     throw Error(ErrorCode::kInvalidArgument,
                 who() + ": remote window " + std::to_string(id) + " of unknown peer " + std::to_string(peer));
   WindowKey k{};
-  if (key.size() == sizeof k) std::memcpy(&k, key.data(), sizeof k);
-  if (key.size() != sizeof k || k.bytes != bytes)
+  std::string bad = decodeWindowKey(key, bytes, &k);
+  if (!bad.empty())
     throw Error(ErrorCode::kInvalidArgument, who() + ": the key of window " + std::to_string(id) + " of rank " +
                                                  std::to_string(peer) + " is not a verbs key for " +
-                                                 std::to_string(bytes) + " bytes");
+                                                 std::to_string(bytes) + " bytes (" + bad + ")");
   RemoteWindow window;
   window.bytes = k.bytes;
   window.cuda = k.cuda != 0;

@@ -104,23 +104,15 @@ void VerbsTransport::onReceive(const ibv_wc& wc) {
 }
 
 std::string VerbsTransport::applySend(int lane, int peer, const char* data, uint32_t bytes) {
-  uint32_t kind = kNoOp;
-  if (bytes >= kMessageHeaderBytes) std::memcpy(&kind, data + offsetof(ControlRecord, kind), sizeof kind);
-  if (kind == kControlMessage) {
-    MessageRecord r{};
-    std::memcpy(&r, data, std::min<size_t>(bytes, sizeof r));
-    if (r.bytes == 0 || r.bytes > kMaxMessageBytes || bytes != kMessageHeaderBytes + r.bytes)
-      return "a message record claiming " + std::to_string(r.bytes) + " bytes";
-    deliver(peer, r);
-    return "";
-  }
-  if (bytes != sizeof(ControlRecord)) return "neither a control record nor a message";
-  ControlRecord r;
-  std::memcpy(&r, data, sizeof r);
-  if (r.kind == kControlStaged || r.kind == kControlStagedImm)
-    applyStaged(lane, peer, r);
+  SendRecord r;
+  std::string bad = decodeSend(data, bytes, &r);
+  if (!bad.empty()) return bad;
+  if (r.kind == SendRecord::Kind::kMessage)
+    deliver(peer, r.message);
+  else if (r.kind == SendRecord::Kind::kStaged)
+    applyStaged(lane, peer, r.control);
   else
-    applyControl(peer, r);
+    applyControl(peer, r.control);
   return "";
 }
 
@@ -146,10 +138,10 @@ void VerbsTransport::applyControl(int peer, const ControlRecord& r) {
       bad = "window " + std::to_string(r.window) + " is GPU memory";
     } else {
       bad = common::checkRange(r.offset, common::kAtomicWordBytes, w->bytes);
-      char* p = w->base + r.offset;
-      if (bad.empty() && reinterpret_cast<uintptr_t>(p) % common::kAtomicWordBytes != 0)
+      // The address is formed only once the range is known to lie in the window.
+      if (bad.empty() && reinterpret_cast<uintptr_t>(w->base + r.offset) % common::kAtomicWordBytes != 0)
         bad = "the word is not 8-byte aligned";
-      if (bad.empty()) word = reinterpret_cast<uint64_t*>(p);
+      if (bad.empty()) word = reinterpret_cast<uint64_t*>(w->base + r.offset);
     }
     if (word) {
       // Performed under the shared lock so the window cannot be deregistered meanwhile.

@@ -81,61 +81,19 @@
 #include "rdma/common/fault.hpp"
 #include "rdma/common/window_table.hpp"
 #include "rdma/verbs/verbs_resources.hpp"
+#include "rdma/verbs/verbs_wire.hpp"
 
 namespace gdx::verbs {
 
 /// A credit word of the staging area (and the size of the lane's credit-read targets).
 constexpr uint64_t kWordBytes = 8;
-/// A receive's buffer and a lane's control send slot: room for a ControlRecord or a MessageRecord.
-constexpr size_t kRecvSlotBytes = 128;
-constexpr size_t kControlSlotBytes = 128;
 constexpr uint32_t kMaxChunk = 1u << 30;
-constexpr uint32_t kStageSlots = 4;
-constexpr uint64_t kStageSlotBytes = 1 << 20;
 constexpr uint64_t kHeartbeatNs = 100ull * 1000 * 1000;
 /// A heartbeat unanswered this long (or timeoutNs / 4, if less) fails the peer: it is posted to an idle QP, so
 /// nothing queues before it, and some devices (Soft-RoCE) keep retrying a vanished peer far longer.
 constexpr uint64_t kHeartbeatTimeoutNs = 2000ull * 1000 * 1000;
 constexpr uint32_t kNoOp = 0xffffffffu;
 constexpr uint64_t kSeqMask = (uint64_t{1} << 40) - 1;
-
-/// A window's key as registerWindow() returns it.
-struct WindowKey {
-  uint64_t addr;
-  uint64_t bytes;
-  uint32_t rkey;
-  uint32_t cuda;
-  uint64_t stagingAddr;  ///< staged windows: the owner's receive staging area
-  uint32_t stagingRkey;
-  uint32_t stagingLanes;  ///< lanes the owner's staging area has rings for
-  uint32_t staged;
-  uint32_t reserved;
-};
-/// Control kinds: SignalOp values, then staged chunks.
-constexpr uint32_t kControlStaged = 2;
-constexpr uint32_t kControlStagedImm = 3;
-/// A software atomic or a staged chunk as it travels in an IBV_WR_SEND.
-struct ControlRecord {
-  uint32_t window;
-  uint32_t kind;
-  uint64_t offset;
-  uint64_t value;  ///< atomics: the operand; staged chunks: the byte count
-  uint32_t slot;   ///< staged chunks: the slot of the ring (lane, sender)
-  uint32_t imm;    ///< kControlStagedImm: the immediate announced once the chunk is in place
-};
-static_assert(sizeof(ControlRecord) <= kRecvSlotBytes && sizeof(ControlRecord) <= kControlSlotBytes, "slot size");
-/// The control kind of a MessageRecord.
-constexpr uint32_t kControlMessage = 4;
-/// A control message as it travels in an IBV_WR_SEND: the header and then only `bytes` bytes of data. `kind` lies
-/// where a ControlRecord has it, so the receiver tells the two apart by it (their lengths may coincide).
-struct MessageRecord {
-  uint32_t bytes;  ///< 1..kMaxMessageBytes
-  uint32_t kind;   ///< kControlMessage
-  uint8_t data[kMaxMessageBytes];
-};
-constexpr uint32_t kMessageHeaderBytes = offsetof(MessageRecord, data);
-static_assert(offsetof(MessageRecord, kind) == offsetof(ControlRecord, kind), "the kind must be where both have it");
-static_assert(sizeof(MessageRecord) <= kRecvSlotBytes && sizeof(MessageRecord) <= kControlSlotBytes, "slot size");
 
 /// Where the staging rings start in a receive staging area with rings for `lanes` lanes of a world of `world`: after
 /// its credit words, rounded up to a page.

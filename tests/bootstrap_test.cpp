@@ -30,15 +30,6 @@ long long msSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
 }
 
-// In a child process: report a failed check on stderr and make the child exit non-zero.
-#define CHILD_CHECK(cond)                                                                                 \
-  do {                                                                                                    \
-    if (!(cond)) {                                                                                        \
-      std::fprintf(stderr, "child %d: check failed at %s:%d: %s\n", getpid(), __FILE__, __LINE__, #cond); \
-      return 1;                                                                                           \
-    }                                                                                                     \
-  } while (0)
-
 // Every variable fromEnv reads. The guard clears them all (a CI launcher may have set some) and restores them.
 const char* const kEnvVars[] = {"GDX_RANK",
                                 "RANK",

@@ -20,14 +20,6 @@ namespace {
 
 using test::runRanks;
 
-#define CHILD_CHECK(cond)                                                                                 \
-  do {                                                                                                    \
-    if (!(cond)) {                                                                                        \
-      std::fprintf(stderr, "child %d: check failed at %s:%d: %s\n", getpid(), __FILE__, __LINE__, #cond); \
-      return 1;                                                                                           \
-    }                                                                                                     \
-  } while (0)
-
 // True when f() throws gdx::Error(kInvalidArgument) with a message containing every one of `parts`.
 template <typename F>
 bool refusedNaming(F&& f, std::initializer_list<std::string> parts) {

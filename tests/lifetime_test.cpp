@@ -27,15 +27,6 @@ namespace {
 
 using test::runRanks;
 
-// In a child process: report a failed check on stderr and make the child exit non-zero.
-#define CHILD_CHECK(cond)                                                                                 \
-  do {                                                                                                    \
-    if (!(cond)) {                                                                                        \
-      std::fprintf(stderr, "child %d: check failed at %s:%d: %s\n", getpid(), __FILE__, __LINE__, #cond); \
-      return 1;                                                                                           \
-    }                                                                                                     \
-  } while (0)
-
 // True when f() throws gdx::Error with `code` and a message containing every one of `parts`.
 template <typename F>
 bool throwsNaming(F&& f, ErrorCode code, std::initializer_list<const char*> parts) {

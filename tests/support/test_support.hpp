@@ -2,14 +2,25 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "gdx/error.hpp"
+
+/// In a child process (runRanks, runInChild): report a failed check on stderr and make the child exit non-zero.
+#define CHILD_CHECK(cond)                                                                                 \
+  do {                                                                                                    \
+    if (!(cond)) {                                                                                        \
+      std::fprintf(stderr, "child %d: check failed at %s:%d: %s\n", getpid(), __FILE__, __LINE__, #cond); \
+      return 1;                                                                                           \
+    }                                                                                                     \
+  } while (0)
 
 namespace gdx::test {
 

@@ -40,8 +40,8 @@ void WindowRegistry::addRemote(int peer, uint32_t id, size_t bytes) {
 }
 
 std::string WindowRegistry::checkLocal(uint32_t id, uint64_t offset, uint64_t bytes) const {
+  if (fitsLocal(id, offset, bytes)) return {};
   uint64_t size = id < maxWindows_ ? local_[id].bytes.load(std::memory_order_acquire) : 0;
-  if (size != 0 && rangeFits(offset, bytes, size)) return {};
   std::ostringstream os;
   if (size == 0)
     os << "local window " << id << " is not registered on rank " << rank_;
@@ -52,8 +52,8 @@ std::string WindowRegistry::checkLocal(uint32_t id, uint64_t offset, uint64_t by
 }
 
 std::string WindowRegistry::checkRemote(int peer, uint32_t id, uint64_t offset, uint64_t bytes) const {
+  if (fitsRemote(peer, id, offset, bytes)) return {};
   uint64_t size = remoteBytes(peer, id);
-  if (size != 0 && rangeFits(offset, bytes, size)) return {};
   std::ostringstream os;
   if (peer < 0 || peer >= worldSize_)
     os << "peer " << peer << " does not exist (world size " << worldSize_ << ")";
@@ -69,11 +69,6 @@ WindowInfo WindowRegistry::local(uint32_t id) const {
   if (id >= maxWindows_) return WindowInfo{};
   uint64_t size = local_[id].bytes.load(std::memory_order_acquire);
   return size ? WindowInfo{local_[id].base, size, local_[id].kind, true} : WindowInfo{};
-}
-
-size_t WindowRegistry::remoteBytes(int peer, uint32_t id) const {
-  if (peer < 0 || peer >= worldSize_ || id >= maxWindows_) return 0;
-  return remote_[size_t(peer) * maxWindows_ + id].load(std::memory_order_acquire);
 }
 
 }  // namespace gdx

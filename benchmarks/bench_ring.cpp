@@ -5,10 +5,8 @@
 #include <atomic>
 #include <thread>
 
-#include "gdx/detail/placement.hpp"
-#include "gdx/detail/proxy.hpp"
+#include "benchmarks/proxy_drain.hpp"
 #include "gdx/detail/ring.hpp"
-#include "gdx/detail/window_registry.hpp"
 
 namespace {
 
@@ -68,8 +66,8 @@ void BM_RingPushPair(benchmark::State& state) {
 }
 BENCHMARK(BM_RingPushPair)->ThreadRange(1, 8)->UseRealTime()->MinTime(0.5);
 
-// The consumer alone: a proxy thread with the null transport drains a ring filled beforehand, so the figure is
-// what one proxy thread can take out, check and complete per second when producers are never the limit.
+// The consumer alone (benchmarks/proxy_drain.hpp): what one proxy thread can take out, check and complete per second
+// when producers are never the limit.
 void BM_ProxyDrainNull(benchmark::State& state) {
   constexpr uint64_t kCommands = uint64_t{1} << 20;
   gdx::WindowRegistry registry(0, 2, gdx::kMaxWindows);
@@ -77,27 +75,17 @@ void BM_ProxyDrainNull(benchmark::State& state) {
   registry.addLocal(0, &fake, size_t{1} << 30, gdx::MemoryKind::kHost);
   registry.addRemote(1, 0, size_t{1} << 30);
   for (auto _ : state) {
-    state.PauseTiming();
-    gdx::Proxy::Options o;
-    o.ringCapacity = 2 * kCommands;
-    o.placement = gdx::defaultPlacement();
-    gdx::Proxy proxy(o, nullptr, registry);
-    gdx::RingDeviceHandle h = proxy.ring(0).hostHandle();
-    for (uint64_t i = 0; i < kCommands; ++i) {
-      if (h.push(gdx::Command::put(1, 0, 0, 0, (i % 4096) * 8, 8)) != gdx::Status::kOk)
-        state.SkipWithError("push failed");
+    try {
+      state.SetIterationTime(gdx::bench::drainFilledRingSeconds(registry, 1, kCommands));
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      break;
     }
-    state.ResumeTiming();
-    proxy.start();
-    if (h.waitCompleted(kCommands - 1) != gdx::Status::kOk) state.SkipWithError("drain failed");
-    state.PauseTiming();
-    proxy.stop();
-    state.ResumeTiming();
   }
   state.counters["commands/s"] =
       benchmark::Counter(static_cast<double>(state.iterations() * kCommands), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_ProxyDrainNull)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
+BENCHMARK(BM_ProxyDrainNull)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 
 #include "benchmarks/benchmark_local_gpu.hpp"
 #include "benchmarks/gpu_timing.cuh"
+#include "benchmarks/proxy_drain.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/channel_device.hpp"
@@ -189,23 +190,7 @@ RateLimits rawRateLimits(WindowRegistry& registry) {
   }
   {
     constexpr uint64_t kCommands = uint64_t{1} << 22;
-    Proxy::Options o = Proxy::Options::fromEnv();
-    o.threads = 1;
-    o.ringsPerThread = 1;
-    o.deviceRingsPerThread = 0;
-    o.ringCapacity = 2 * kCommands;
-    o.placement = defaultPlacement();
-    Proxy proxy(o, nullptr, registry);
-    RingDeviceHandle h = proxy.ring(0).hostHandle();
-    for (uint64_t i = 0; i < kCommands; ++i)
-      if (h.push(Command::put(0, 0, 0, 0, (i % 4096) * 8, 8)) != Status::kOk)
-        throw Error(ErrorCode::kInternal, "filling the ring failed");
-    auto t0 = std::chrono::steady_clock::now();
-    proxy.start();
-    if (h.waitCompleted(kCommands - 1) != Status::kOk)
-      throw Error(ErrorCode::kTimeout, "draining a filled ring: " + proxy.lastError());
-    l.drainedPerSec = kCommands / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    proxy.stop();
+    l.drainedPerSec = kCommands / drainFilledRingSeconds(registry, 0, kCommands);
   }
   return l;
 }
@@ -379,7 +364,7 @@ int runGpuMode(const GpuModeOptions& opt) {
   for (const SizeRow& r : sizes)
     std::printf("%12zu %16.2f %12.3f %14.3f\n", r.bytes, r.latencyUs, r.gbPerSec, r.memcpyGbPerSec);
   std::printf(
-      "null transport command rate (Mcommands/s), %d threads per block, each warp on ring warp %% threads;\n"
+      "null transport command rate (Mcommands/s), %d threads per block, each warp on ring warp %% rings;\n"
       "raw limits: 16-byte stores into host-mapped memory from 132 blocks %.1f M/s, one proxy thread draining a "
       "filled ring %.1f M/s\n%8s",
       kRateThreadsPerBlock, limits.storesPerSec / 1e6, limits.drainedPerSec / 1e6, "blocks");

@@ -51,7 +51,7 @@ struct Proxy::Thread {
 };
 
 namespace {
-// The trace event of a command (pick-up or rejection) and of an operation posted.
+// The trace events of a command (pick-up or rejection), of an operation posted and of a completion reaped.
 TraceEvent commandEvent(TraceKind kind, size_t ring, const Command& c, uint64_t position) {
   TraceEvent e;
   e.ns = nowNs();
@@ -76,6 +76,17 @@ TraceEvent postEvent(size_t ring, int peer, uint32_t window, uint64_t offset, ui
   e.offset = offset;
   e.bytes = bytes;
   e.position = cookie;
+  return e;
+}
+TraceEvent completionEvent(size_t ring, const Completion& c) {
+  TraceEvent e;
+  e.ns = nowNs();
+  e.kind = TraceKind::kComplete;
+  e.opcode = 0xff;
+  e.ring = static_cast<uint16_t>(ring);
+  e.peer = c.peer;
+  e.status = static_cast<uint32_t>(c.status);
+  e.position = c.cookie;
   return e;
 }
 }  // namespace
@@ -234,12 +245,16 @@ void Proxy::stop() {
   writeTrace();
 }
 
-void Proxy::writeTrace() const {
-  if (tracePath_.empty()) return;
+std::vector<const TraceBuffer*> Proxy::traceBuffers() const {
   std::vector<const TraceBuffer*> buffers;
   for (const auto& t : threads_) buffers.push_back(t->trace.get());
+  return buffers;
+}
+
+void Proxy::writeTrace() const {
+  if (tracePath_.empty()) return;
   try {
-    writeChromeTrace(tracePath_, registry_.rank(), buffers);
+    writeChromeTrace(tracePath_, registry_.rank(), traceBuffers());
     GDX_INFO("proxy trace written to " << tracePath_);
   } catch (const std::exception& e) {
     GDX_ERROR(e.what());
@@ -248,9 +263,7 @@ void Proxy::writeTrace() const {
 
 std::string Proxy::recentTrace(size_t perPeer) const {
   if (tracePath_.empty()) return {};
-  std::vector<const TraceBuffer*> buffers;
-  for (const auto& t : threads_) buffers.push_back(t->trace.get());
-  return recentByPeer(buffers, perPeer);
+  return recentByPeer(traceBuffers(), perPeer);
 }
 
 void Proxy::recordError(const std::string& message) {
@@ -520,17 +533,7 @@ bool Proxy::reapCompletions(Thread& t, size_t* reaped) {
   for (size_t i = 0; i < m; ++i) {
     const size_t r = t.done[i].cookie >> kCookieRingShift;
     if (r >= t.trackers.size()) continue;
-    if (t.trace) {
-      TraceEvent e;
-      e.ns = nowNs();
-      e.kind = TraceKind::kComplete;
-      e.opcode = 0xff;
-      e.ring = static_cast<uint16_t>(r);
-      e.peer = t.done[i].peer;
-      e.status = static_cast<uint32_t>(t.done[i].status);
-      e.position = t.done[i].cookie;
-      t.trace->record(e);
-    }
+    if (t.trace) t.trace->record(completionEvent(r, t.done[i]));
     if (t.done[i].status != Status::kOk) {
       t.errors.fetch_add(1, std::memory_order_relaxed);
       recordError("rank " + std::to_string(registry_.rank()) + ": an operation to peer " +

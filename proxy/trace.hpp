@@ -40,11 +40,6 @@ class TraceBuffer {
   }
   /// The events kept, oldest first.
   std::vector<TraceEvent> snapshot() const;
-  /// Events recorded in all (more than kept once the buffer wrapped).
-  uint64_t recorded() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return next_;
-  }
 
  private:
   mutable std::mutex mutex_;

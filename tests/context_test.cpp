@@ -21,11 +21,8 @@ namespace {
 
 using test::runRanks;
 
-// Runs `body` as the single rank of a world of one (the rank talks to itself through its own sockets).
-int soloRank(const std::function<int()>& body) {
-  auto codes = runRanks(1, [&](int) { return body(); });
-  return codes[0];
-}
+// A world of one: the rank talks to itself through its own sockets.
+using test::runSolo;
 
 TEST(Context, TwoRanksExchangeRandomDataUpTo64MiB) {
   auto codes = runRanks(2, [](int) { return test::exchangeRandomData(size_t{64} << 20); });
@@ -74,7 +71,7 @@ TEST(Context, ManyThreadsShareChannelsAndSignalsCountExactly) {
 // slot into eight puts that continue each other (the proxy merges them) and then signals; a checker compares each
 // slot once its signal arrived, and at the end every byte.
 int mergedPutsOnManyRings(int ringsPerThread) {
-  return soloRank([ringsPerThread] {
+  return runSolo([ringsPerThread] {
     ContextOptions options = ContextOptions::fromEnv();
     options.proxy.threads = 4;
     options.proxy.ringsPerThread = ringsPerThread;
@@ -158,7 +155,7 @@ TEST(Context, SignalSetAddAndLargeValuesAndAtomicAdd) {
 
 // Each case must throw kInvalidArgument before anything is enqueued, and leave the destination untouched.
 TEST(Context, BadArgumentsThrowAndSendNothing) {
-  int rc = soloRank([] {
+  int rc = runSolo([] {
     Context ctx;
     std::vector<unsigned char> src(1000, 1), dst(1000, 0);
     Window s = ctx.registerWindow(src.data(), src.size());
@@ -206,7 +203,7 @@ TEST(Context, BadArgumentsThrowAndSendNothing) {
 // Commands that bypass the host checks (as a kernel's would) are rejected by the proxy: not posted, counted,
 // reported through the ring's error word and the proxy's message.
 TEST(Context, ProxyRejectsInvalidCommandsFromTheRing) {
-  int rc = soloRank([] {
+  int rc = runSolo([] {
     Context ctx;
     std::vector<unsigned char> src(256, 9), dst(256, 0);
     Window s = ctx.registerWindow(src.data(), src.size());
@@ -247,7 +244,7 @@ TEST(Context, ProxyRejectsInvalidCommandsFromTheRing) {
 }
 
 TEST(Context, WaitTimesOutWithinItsBoundAndNamesTheSignal) {
-  int rc = soloRank([] {
+  int rc = runSolo([] {
     Context ctx;
     auto t0 = std::chrono::steady_clock::now();
     try {

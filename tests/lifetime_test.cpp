@@ -79,12 +79,10 @@ class CapturedStderr {
   std::string text_;
 };
 
-int soloRank(const std::function<int()>& body) {
-  return runRanks(1, [&](int) { return body(); })[0];
-}
+using test::runSolo;
 
 TEST(Lifetime, WindowAndChannelUsedOrDestroyedAfterTheirContextThrowOrDoNothing) {
-  EXPECT_EQ(soloRank([] {
+  EXPECT_EQ(runSolo([] {
               std::vector<unsigned char> buf(4096, 1);
               Window w;  // declared before the Context: destroyed after it
               std::optional<Channel> ch;
@@ -113,7 +111,7 @@ TEST(Lifetime, WindowAndChannelUsedOrDestroyedAfterTheirContextThrowOrDoNothing)
 }
 
 TEST(Lifetime, ThreadsUsingAChannelWhileItsContextIsDestroyedGetAnErrorNotACrash) {
-  EXPECT_EQ(soloRank([] {
+  EXPECT_EQ(runSolo([] {
               std::vector<unsigned char> buf(1 << 16);
               Window w;
               std::optional<Channel> ch;
@@ -142,7 +140,7 @@ TEST(Lifetime, ThreadsUsingAChannelWhileItsContextIsDestroyedGetAnErrorNotACrash
 }
 
 TEST(Lifetime, WindowOfAnotherContextIsRefused) {
-  EXPECT_EQ(soloRank([] {
+  EXPECT_EQ(runSolo([] {
               std::vector<unsigned char> a(4096), b(4096);
               Context first;
               BootstrapConfig other = BootstrapConfig::fromEnv();

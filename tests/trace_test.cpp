@@ -38,10 +38,8 @@ std::string scratch(const std::string& name) {
   return ::testing::TempDir() + "gdx_trace_" + std::to_string(getpid()) + "_" + name;
 }
 
-// Runs `body` as the single rank of a world of one, in a child process (a Context starts threads).
-int solo(const std::function<int()>& body) {
-  return test::runRanks(1, [&](int) { return body(); })[0];
-}
+// Each body runs as the single rank of a world of one, in a child process (a Context starts threads).
+using test::runSolo;
 
 TEST(Trace, PathPutsTheRankInEveryName) {
   EXPECT_EQ(tracePath("/tmp/t-%r.json", 3), "/tmp/t-3.json");
@@ -53,7 +51,7 @@ TEST(Trace, PathPutsTheRankInEveryName) {
 TEST(Trace, EveryOperationIsPickedUpPostedAndCompletedInValidJson) {
   const std::string pattern = scratch("ops_%r.json"), path = tracePath(pattern, 0);
   std::remove(path.c_str());
-  const int code = solo([&] {
+  const int code = runSolo([&] {
     setenv("GDX_TRACE", pattern.c_str(), 1);
     Context ctx;
     std::vector<unsigned char> src(1 << 16, 7), dst(1 << 16, 0);
@@ -81,7 +79,7 @@ TEST(Trace, EveryOperationIsPickedUpPostedAndCompletedInValidJson) {
 TEST(Trace, TheBufferKeepsTheNewestEventsOnly) {
   const std::string path = scratch("bounded.json");
   const std::string written = tracePath(path, 0);
-  const int code = solo([&] {
+  const int code = runSolo([&] {
     setenv("GDX_TRACE", path.c_str(), 1);
     setenv("GDX_TRACE_EVENTS", "50", 1);
     Context ctx;
@@ -103,7 +101,7 @@ TEST(Trace, TheBufferKeepsTheNewestEventsOnly) {
 
 TEST(Trace, AWaitThatTimesOutLogsTheLastEventsPerPeer) {
   const std::string path = scratch("timeout.json"), log = scratch("timeout.log");
-  const int code = solo([&] {
+  const int code = runSolo([&] {
     setenv("GDX_TRACE", path.c_str(), 1);
     // The log goes to stderr: keep it in a file to read it afterwards.
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -132,7 +130,7 @@ TEST(Trace, AWaitThatTimesOutLogsTheLastEventsPerPeer) {
 }
 
 TEST(Trace, AnEventCountOutOfRangeIsRefusedByName) {
-  const int code = solo([] {
+  const int code = runSolo([] {
     setenv("GDX_TRACE", "/dev/null", 1);
     setenv("GDX_TRACE_EVENTS", "0", 1);
     try {

@@ -101,6 +101,11 @@ std::vector<int> runRanks(int ranks, const std::function<int(int rank)>& body, i
       ranks, "127.0.0.1", [](int) {}, body, timeoutSec);
 }
 
+int runSolo(const std::function<int()>& body, int timeoutSec) {
+  return runRanks(
+      1, [&](int) { return body(); }, timeoutSec)[0];
+}
+
 std::vector<int> runRanksWith(int ranks, const std::string& masterAddr, const std::function<void(int rank)>& setup,
                               const std::function<int(int rank)>& body, int timeoutSec) {
   int port = freePort();

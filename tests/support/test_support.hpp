@@ -52,6 +52,8 @@ int waitChild(pid_t pid, int timeoutSec = 120);
 /// Runs `ranks` processes of `body(rank)` with GDX_RANK/GDX_WORLD_SIZE/GDX_MASTER_ADDR/GDX_MASTER_PORT/
 /// GDX_JOB_SECRET set for a fresh job, waits for all, and returns their exit codes.
 std::vector<int> runRanks(int ranks, const std::function<int(int rank)>& body, int timeoutSec = 300);
+/// Runs `body` as the single rank of a world of one (runRanks with one rank) and returns its exit code.
+int runSolo(const std::function<int()>& body, int timeoutSec = 300);
 /// runRanks with the master at `masterAddr` and `setup(rank)` run in each child first (entering a network
 /// namespace, setting extra variables).
 std::vector<int> runRanksWith(int ranks, const std::string& masterAddr, const std::function<void(int rank)>& setup,

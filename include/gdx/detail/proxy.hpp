@@ -27,6 +27,7 @@
 
 namespace gdx {
 
+class TraceBuffer;
 class WriteMerger;
 
 /// What the proxy does with relayed commands (a relayPut pair, or a putWithSignal or signal whose signal slot names a
@@ -128,6 +129,7 @@ class Proxy {
   std::atomic<bool> stopping_{false};
   bool started_ = false;
   std::string tracePath_;
+  std::vector<const TraceBuffer*> traceBuffers() const;
   void writeTrace() const;
   mutable std::mutex errorMutex_;
   std::string firstError_;

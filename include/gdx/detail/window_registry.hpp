@@ -23,6 +23,11 @@ struct WindowInfo {
   bool valid = false;
 };
 
+/// True when [offset, offset + bytes) fits in a window of `windowBytes`, without overflow.
+inline bool rangeFits(uint64_t offset, uint64_t bytes, uint64_t windowBytes) {
+  return offset <= windowBytes && bytes <= windowBytes - offset;
+}
+
 class WindowRegistry {
  public:
   WindowRegistry(int rank, int worldSize, uint32_t maxWindows);
@@ -37,22 +42,23 @@ class WindowRegistry {
   std::string checkRemote(int peer, uint32_t id, uint64_t offset, uint64_t bytes) const;
   /// The checks above without the message, inline for the proxy's per-command fast path.
   bool fitsLocal(uint32_t id, uint64_t offset, uint64_t bytes) const {
-    return id < maxWindows_ && fits(offset, bytes, local_[id].bytes.load(std::memory_order_acquire));
+    const uint64_t size = id < maxWindows_ ? local_[id].bytes.load(std::memory_order_acquire) : 0;
+    return size != 0 && rangeFits(offset, bytes, size);
   }
   bool fitsRemote(int peer, uint32_t id, uint64_t offset, uint64_t bytes) const {
-    return peer >= 0 && peer < worldSize_ && id < maxWindows_ &&
-           fits(offset, bytes, remote_[size_t(peer) * maxWindows_ + id].load(std::memory_order_acquire));
+    const uint64_t size = remoteBytes(peer, id);
+    return size != 0 && rangeFits(offset, bytes, size);
   }
   WindowInfo local(uint32_t id) const;
-  size_t remoteBytes(int peer, uint32_t id) const;
+  size_t remoteBytes(int peer, uint32_t id) const {
+    if (peer < 0 || peer >= worldSize_ || id >= maxWindows_) return 0;
+    return remote_[size_t(peer) * maxWindows_ + id].load(std::memory_order_acquire);
+  }
 
   int rank() const { return rank_; }
   int worldSize() const { return worldSize_; }
 
  private:
-  static bool fits(uint64_t offset, uint64_t bytes, uint64_t size) {
-    return size != 0 && offset <= size && bytes <= size - offset;
-  }
   int rank_;
   int worldSize_;
   uint32_t maxWindows_;
@@ -65,10 +71,5 @@ class WindowRegistry {
   std::unique_ptr<LocalEntry[]> local_;
   std::unique_ptr<std::atomic<uint64_t>[]> remote_;  // [peer * maxWindows + id] -> bytes; 0 = not registered
 };
-
-/// Empty when [offset, offset + bytes) fits in a window of `windowBytes`, without overflow.
-inline bool rangeFits(uint64_t offset, uint64_t bytes, uint64_t windowBytes) {
-  return offset <= windowBytes && bytes <= windowBytes - offset;
-}
 
 }  // namespace gdx

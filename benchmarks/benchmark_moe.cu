@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "benchmarks/cli.hpp"
+#include "benchmarks/nccl_peer.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/context.hpp"
@@ -250,22 +251,9 @@ int byHand(char** argv, int ranks, const Options& o, const std::string& json, bo
   }
   std::remove(results.c_str());
   if (nccl) {
-    const std::string script = "/tmp/gdx_moe_nccl_" + std::to_string(getpid()) + ".py";
-    std::ofstream(script) << kNcclScript;
-    std::string cmd = "NCCL_NVLS_ENABLE=0 python3 " + script + " " + std::to_string(ranks) + " " +
-                      std::to_string(freeLoopbackPort()) + " " + std::to_string(o.iters);
-    for (auto& [key, v] : r) cmd += " " + key + "=" + std::to_string(static_cast<long long>(v.second));
-    std::fprintf(stderr, "NCCL through PyTorch: all_to_all_single of the same bytes per rank\n");
-    if (FILE* p = popen(cmd.c_str(), "r")) {
-      std::string all;
-      char line[512];
-      while (fgets(line, sizeof line, p)) all += line;
-      const int prc = pclose(p);
-      std::istringstream in(all);
-      readLines(in);
-      if (prc != 0) std::fprintf(stderr, "NCCL script exited with %d (results so far kept)\n", prc);
-    }
-    std::remove(script.c_str());
+    std::string args = std::to_string(ranks) + " " + std::to_string(freeLoopbackPort()) + " " + std::to_string(o.iters);
+    for (auto& [key, v] : r) args += " " + key + "=" + std::to_string(static_cast<long long>(v.second));
+    runNcclPeer("moe", kNcclScript, args, readLines);  // all_to_all_single of the same bytes per rank
   }
   const std::string date = isoDateUtc();
   std::printf(

@@ -24,6 +24,7 @@
 
 #include "benchmarks/cli.hpp"
 #include "benchmarks/gpu_timing.cuh"
+#include "benchmarks/nccl_peer.hpp"
 #include "benchmarks/nvlink_latency.cuh"
 #include "benchmarks/nvlink_report.hpp"
 #include "benchmarks/run_info.hpp"
@@ -391,22 +392,9 @@ int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const st
   }
   std::remove(results.c_str());
   if (nccl) {
-    std::string script = "/tmp/gdx_nccl_" + std::to_string(getpid()) + ".py";
-    std::ofstream(script) << kNcclScript;
-    std::string cmd = "NCCL_NVLS_ENABLE=0 python3 " + script + " " + std::to_string(freeLoopbackPort());
-    for (uint64_t s : sizesUpTo(maxBytes)) cmd += " " + std::to_string(s);
-    std::fprintf(stderr, "NCCL through PyTorch: %s\n", cmd.c_str());
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p) {
-      std::string all;
-      char buf[512];
-      while (fgets(buf, sizeof buf, p)) all += buf;
-      int prc = pclose(p);
-      std::istringstream in(all);
-      readLines(in);
-      if (prc != 0) std::fprintf(stderr, "NCCL script exited with %d (results so far kept)\n", prc);
-    }
-    std::remove(script.c_str());
+    std::string args = std::to_string(freeLoopbackPort());
+    for (uint64_t s : sizesUpTo(maxBytes)) args += " " + std::to_string(s);
+    runNcclPeer("nvlink", kNcclScript, args, readLines);
   }
   const std::string date = isoDateUtc();
   std::printf("benchmark_nvlink: 2 x %s, %s, path to the peer: %s\n", gpu.c_str(), date.c_str(),

@@ -76,14 +76,15 @@ PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(devic
                 "PeerCopyQueue: capacity * blocks must be at most 2^24 (device " + std::to_string(device_) + ")");
   const copy_queue::DeviceLayout layout = copy_queue::deviceLayout(options_.capacity, uint64_t{1} << workShift_);
   GDX_CUDA_CHECK(cudaMalloc(&state_, layout.total));
-  GDX_CUDA_CHECK(cudaMemset(state_, 0, layout.total));
   cudaStream_t stream = nullptr;
   GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
+  // On the queue's own stream, so the launches that read the counters come after it; a device-wide synchronise
+  // here would wait for whatever else runs on the GPU (a kernel waiting for this queue's transfers: a deadlock).
+  GDX_CUDA_CHECK(cudaMemsetAsync(state_, 0, layout.total, stream));
   cudaEvent_t event = nullptr;
   GDX_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   finished_ = event;
-  GDX_CUDA_CHECK(cudaDeviceSynchronize());  // the memset is done before the first launch reads the counters
   idle_ = std::thread([this] { idleLoop(); });
 }
 

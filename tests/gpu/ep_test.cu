@@ -27,7 +27,9 @@ struct Dev {
   void* p = nullptr;
   size_t bytes;
   explicit Dev(size_t n) : bytes(std::max<size_t>(n, 16)) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0xEE, bytes) != cudaSuccess)
+    // Synchronised: the poison is on the legacy stream, the calls under test on a non-blocking one.
+    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0xEE, bytes) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess)
       ADD_FAILURE() << "cudaMalloc";
   }
   ~Dev() { cudaFree(p); }

@@ -8,7 +8,8 @@
 //    position p lives in slot p & (capacity - 1) and belongs to lap p / capacity.
 //  * `tail` counts slots the consumer has taken out; only the consumer writes it (release). A producer may
 //    write position p only once p < tail + capacity. Producers keep `cachedTail`, a copy of tail next to head,
-//    and re-read the real tail (over PCIe, for a GPU) only when the ring looks full.
+//    and re-read the real tail (over PCIe, for a GPU) only when the ring looks full; on the GPU one waiting
+//    thread per ring at a time reads it (the word after cachedTail is that reader's lock, zero when free).
 //  * A command is published by storing both of its 8-byte words with the lap bit (bit 63 of each word) set to
 //    ((p / capacity) + 1) & 1, after a release fence. Slots start zeroed, so the first lap publishes lap bit 1
 //    and a stale command from the previous lap never looks valid. Both words carry the bit, so a consumer
@@ -59,6 +60,34 @@ struct RingDeviceHandle {
 
   GDX_HOST_DEVICE_INLINE static uint64_t lapOf(uint64_t pos, uint64_t capacity) { return ((pos / capacity) + 1) & 1; }
 
+#if GDX_DEVICE_COMPILE
+  // The error word and the clock are read every this many spins (+1) of a full-ring wait: on the GPU the error
+  // word is a read over PCIe, and thousands of waiting warps must not flood it.
+  static constexpr uint64_t kErrorCheckEvery = 255;
+#else
+  static constexpr uint64_t kErrorCheckEvery = 15;
+#endif
+
+  /// Reads the consumer's tail into cachedTail and returns the newest tail known (`seen` if none is newer).
+  /// On the GPU only one waiting thread per ring reads it (the word after cachedTail is its lock): when a
+  /// kernel's thousands of warps wait for space at once, their reads over PCIe would queue behind each other
+  /// and every one of them would see the tail microseconds late, while the consumer waits in order for the
+  /// slots they reserved. The others watch cachedTail, which stays in GPU memory.
+  GDX_HOST_DEVICE_INLINE uint64_t refreshTail(uint64_t seen) const {
+#if GDX_DEVICE_COMPILE
+    unsigned long long* reader = reinterpret_cast<unsigned long long*>(cachedTail + 1);
+    if (atomicLoad(reader, kRelaxed) != 0 || atomicCAS(reader, 0ull, 1ull) != 0ull) return seen;
+    const uint64_t t = atomicLoad(tail, kAcquire);
+    atomicFetchMax(cachedTail, t, kRelaxed);
+    atomicStore(reader, 0ull, kRelease);
+    return t > seen ? t : seen;
+#else
+    const uint64_t t = atomicLoad(tail, kAcquire);
+    if (t > seen) atomicFetchMax(cachedTail, t, kRelaxed);
+    return t > seen ? t : seen;
+#endif
+  }
+
   /// Reserves `n` consecutive positions; returns the first in *pos. Waits (bounded) until they are free.
   /// On the device, the threads of a warp that reserve on the same ring at the same time are served by one
   /// atomic on head (warp aggregation), which is what lets many warps reach tens of millions of commands/s.
@@ -85,12 +114,9 @@ struct RingDeviceHandle {
     for (uint64_t spins = 0;; ++spins) {
       // Another producer may have refreshed the cached copy already; only then pay for reading the real tail.
       uint64_t t = atomicLoad(cachedTail, kRelaxed);
-      if (last >= t + capacity) {
-        t = atomicLoad(tail, kAcquire);
-        if (last < t + capacity) atomicFetchMax(cachedTail, t, kRelaxed);
-      }
+      if (last >= t + capacity) t = refreshTail(t);
       if (last < t + capacity) return Status::kOk;
-      if ((spins & 15) == 0) {
+      if ((spins & kErrorCheckEvery) == 0) {
         uint32_t e = atomicLoad(error, kRelaxed);
         if (e != 0) return static_cast<Status>(e);
         uint64_t now = nowNs();

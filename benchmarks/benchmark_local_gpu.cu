@@ -166,7 +166,7 @@ int perThreadFor(int blocks) {
 }
 
 struct RateRow {
-  int proxyThreads, blocks;
+  int proxyThreads, ringsPerThread, blocks;
   double commandsPerSec;
   double commandsPerBatch;  ///< how many commands the proxy threads found per poll, on average
 };
@@ -195,17 +195,21 @@ RateLimits rawRateLimits(WindowRegistry& registry) {
   return l;
 }
 
-std::vector<RateRow> nullTransportRates(WindowRegistry& registry) {
+// Rings per proxy thread in the rate tables: one (the default of a Context) and several, so a many-producer kernel's
+// warps share each ring with fewer others.
+constexpr int kRateRingsPerThread[] = {1, 4};
+
+std::vector<RateRow> nullTransportRates(WindowRegistry& registry, int ringsPerThread) {
   std::vector<RateRow> rows;
   uint32_t* status = nullptr;
   GDX_CUDA_CHECK(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped));
   RingDeviceHandle* devRings = nullptr;
-  GDX_CUDA_CHECK(cudaMalloc(&devRings, 8 * sizeof(RingDeviceHandle)));
+  GDX_CUDA_CHECK(cudaMalloc(&devRings, 8 * ringsPerThread * sizeof(RingDeviceHandle)));
   for (int threads : {1, 2, 4, 8}) {
     Proxy::Options o = Proxy::Options::fromEnv();
     o.threads = threads;
     o.ringsPerThread = 0;
-    o.deviceRingsPerThread = 1;
+    o.deviceRingsPerThread = ringsPerThread;
     o.ringCapacity = 8192;
     o.placement = defaultPlacement();
     Proxy proxy(o, nullptr, registry);
@@ -232,7 +236,7 @@ std::vector<RateRow> nullTransportRates(WindowRegistry& registry) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (*status != 0) throw Error(ErrorCode::kInternal, std::string("push failed: ") + statusName(Status(*status)));
       const ProxyCounters after = proxy.totalCounters();
-      rows.push_back(RateRow{threads, blocks, total / s,
+      rows.push_back(RateRow{threads, ringsPerThread, blocks, total / s,
                              double(after.commands - before.commands) / double(after.batches - before.batches)});
     }
     proxy.stop();
@@ -350,7 +354,11 @@ int runGpuMode(const GpuModeOptions& opt) {
   registry.addLocal(0, &fake, size_t{1} << 30, MemoryKind::kHost);
   registry.addRemote(0, 0, size_t{1} << 30);
   const RateLimits limits = rawRateLimits(registry);
-  std::vector<RateRow> rates = nullTransportRates(registry);
+  std::vector<RateRow> rates;
+  for (int rings : kRateRingsPerThread) {
+    std::vector<RateRow> r = nullTransportRates(registry, rings);
+    rates.insert(rates.end(), r.begin(), r.end());
+  }
 
   std::printf("benchmark_local (GPU mode): kernel -> ring -> proxy -> %s transport -> same GPU\n",
               transportName.c_str());
@@ -366,18 +374,21 @@ int runGpuMode(const GpuModeOptions& opt) {
   std::printf(
       "null transport command rate (Mcommands/s), %d threads per block, each warp on ring warp %% rings;\n"
       "raw limits: 16-byte stores into host-mapped memory from 132 blocks %.1f M/s, one proxy thread draining a "
-      "filled ring %.1f M/s\n%8s",
-      kRateThreadsPerBlock, limits.storesPerSec / 1e6, limits.drainedPerSec / 1e6, "blocks");
-  for (int t : {1, 2, 4, 8}) std::printf(" %8s", ("proxy" + std::to_string(t)).c_str());
-  std::printf("   (commands per poll, proxy1/2/4/8)\n");
-  for (int b : kRateBlocks) {
-    std::printf("%8d", b);
-    for (const RateRow& r : rates)
-      if (r.blocks == b) std::printf(" %8.1f", r.commandsPerSec / 1e6);
-    std::printf("  ");
-    for (const RateRow& r : rates)
-      if (r.blocks == b) std::printf(" %5.0f", r.commandsPerBatch);
-    std::printf("\n");
+      "filled ring %.1f M/s\n",
+      kRateThreadsPerBlock, limits.storesPerSec / 1e6, limits.drainedPerSec / 1e6);
+  for (int rings : kRateRingsPerThread) {
+    std::printf("%d device ring(s) per proxy thread\n%8s", rings, "blocks");
+    for (int t : {1, 2, 4, 8}) std::printf(" %8s", ("proxy" + std::to_string(t)).c_str());
+    std::printf("   (commands per poll, proxy1/2/4/8)\n");
+    for (int b : kRateBlocks) {
+      std::printf("%8d", b);
+      for (const RateRow& r : rates)
+        if (r.blocks == b && r.ringsPerThread == rings) std::printf(" %8.1f", r.commandsPerSec / 1e6);
+      std::printf("  ");
+      for (const RateRow& r : rates)
+        if (r.blocks == b && r.ringsPerThread == rings) std::printf(" %5.0f", r.commandsPerBatch);
+      std::printf("\n");
+    }
   }
   std::ofstream out(opt.json);
   out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"gpu\",\"transport\":\"" << transportName << "\""
@@ -391,7 +402,8 @@ int runGpuMode(const GpuModeOptions& opt) {
         << ",\"gb_per_s\":" << sizes[i].gbPerSec << ",\"cuda_memcpy_gb_per_s\":" << sizes[i].memcpyGbPerSec << "}";
   out << "],\"null_transport_rate\":[";
   for (size_t i = 0; i < rates.size(); ++i)
-    out << (i ? "," : "") << "{\"proxy_threads\":" << rates[i].proxyThreads << ",\"blocks\":" << rates[i].blocks
+    out << (i ? "," : "") << "{\"proxy_threads\":" << rates[i].proxyThreads
+        << ",\"rings_per_thread\":" << rates[i].ringsPerThread << ",\"blocks\":" << rates[i].blocks
         << ",\"commands_per_s\":" << rates[i].commandsPerSec << ",\"commands_per_poll\":" << rates[i].commandsPerBatch
         << "}";
   out << "]}\n";

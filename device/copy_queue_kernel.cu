@@ -346,6 +346,11 @@ unsigned maxCopyBlocks(int device) {
   return static_cast<unsigned>(perSm * sms > 1 ? perSm * sms - 1 : 1);
 }
 
+cudaError_t loadKernel() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, copyQueueKernel);
+}
+
 cudaError_t launchKernel(const KernelParams& params, unsigned copyBlocks, cudaStream_t stream) {
   copyQueueKernel<<<copyBlocks + 1, kCopyThreads, 0, stream>>>(params);
   return cudaGetLastError();

@@ -155,6 +155,9 @@ struct KernelParams {
 #if defined(GDX_HAVE_CUDA)
 /// Launches the persistent kernel: block 0 polls and signals, `copyBlocks` blocks of kCopyThreads copy.
 cudaError_t launchKernel(const KernelParams& params, unsigned copyBlocks, cudaStream_t stream);
+/// Loads the kernel's code now. With CUDA's lazy loading (the default) the first launch would load it, and loading
+/// may wait for the kernels running on the device, such as one waiting for this queue's transfers: a deadlock.
+cudaError_t loadKernel();
 /// The most copy blocks that are resident together with the control block on `device` (the current device).
 unsigned maxCopyBlocks(int device);
 #endif

@@ -82,6 +82,7 @@ PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(devic
   // On the queue's own stream, so the launches that read the counters come after it; a device-wide synchronise
   // here would wait for whatever else runs on the GPU (a kernel waiting for this queue's transfers: a deadlock).
   GDX_CUDA_CHECK(cudaMemsetAsync(state_, 0, layout.total, stream));
+  GDX_CUDA_CHECK(copy_queue::loadKernel());
   cudaEvent_t event = nullptr;
   GDX_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   finished_ = event;

@@ -97,6 +97,11 @@ TEST(CommandPath, DISABLED_MergedPutsFromWarpsOnEveryRingAreInPlaceWhenTheirSign
     cudaStream_t checker, sender;
     GDX_TEST_CUDA(cudaStreamCreateWithFlags(&checker, cudaStreamNonBlocking));
     GDX_TEST_CUDA(cudaStreamCreateWithFlags(&sender, cudaStreamNonBlocking));
+    // Both kernels loaded before either runs: with lazy loading, the sender's first launch could otherwise wait for
+    // the checker, which waits for the sender.
+    cudaFuncAttributes attributes;
+    GDX_TEST_CUDA(cudaFuncGetAttributes(&attributes, checkSlots));
+    GDX_TEST_CUDA(cudaFuncGetAttributes(&attributes, sendSlots));
     checkSlots<<<1, kCheckers * 32, 0, checker>>>(ctx.deviceChannel(0), static_cast<const uint64_t*>(dst),
                                                   static_cast<const uint64_t*>(src), mismatches, status + 1);
     sendSlots<<<kBlocks, kThreads, 0, sender>>>(devHandles, numRings, d.id(), s.id(), status);

@@ -91,7 +91,7 @@ const EnvVar kVariables[] = {
     // Proxy.
     {"GDX_PROXY_THREADS", kInt, 1, 64, 0, nullptr, "1", "proxy threads (each with its own transport lane)"},
     {"GDX_RINGS_PER_THREAD", kInt, 0, 127, 0, nullptr, "1", "command rings per proxy thread"},
-    {"GDX_DEVICE_RINGS_PER_THREAD", kInt, 0, 127, 0, nullptr, "1 with a GPU, else 0",
+    {"GDX_DEVICE_RINGS_PER_THREAD", kInt, 0, 127, 0, nullptr, "4 with a GPU, else 0",
      "command rings for GPU producers per proxy thread"},
     {"GDX_RING_SIZE", kInt, 2, int64_t{1} << 24, kEnvPowerOfTwo, nullptr, "4096", "slots per command ring"},
     {"GDX_PROXY_MAX_INFLIGHT", kInt, 1, 1 << 20, 0, nullptr, "1024", "operations in flight per proxy thread"},

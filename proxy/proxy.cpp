@@ -216,6 +216,16 @@ Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry&
     th->published.assign(th->ringIds.size(), 0);
     threads_.push_back(std::move(th));
   }
+  // Ring i of each kind is served by thread i % threads: a kernel that spreads its warps over the rings
+  // (warp % numDeviceRings()) keeps every proxy thread busy even when it has fewer warps than rings.
+  auto interleave = [&](std::vector<int>& ids, int perThread) {
+    std::vector<int> byIndex;
+    for (int r = 0; r < perThread; ++r)
+      for (int t = 0; t < options_.threads; ++t) byIndex.push_back(ids[static_cast<size_t>(t) * perThread + r]);
+    ids = byIndex;
+  };
+  interleave(hostRings_, options_.ringsPerThread);
+  interleave(deviceRings_, std::max(options_.deviceRingsPerThread, 0));
 }
 
 Proxy::~Proxy() {

@@ -109,7 +109,10 @@ Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options
     }
   }
   if (options_.proxy.placement.reason.empty()) options_.proxy.placement = defaultPlacement();
-  if (options_.proxy.deviceRingsPerThread < 0) options_.proxy.deviceRingsPerThread = gpu_.present() ? 1 : 0;
+  // Several rings per thread with a GPU: a ring's producers are served in reservation order, so a thousand warps
+  // on one ring wait for each other; four rings per thread keep a many-block kernel at the consumer's rate.
+  if (options_.proxy.deviceRingsPerThread < 0)
+    options_.proxy.deviceRingsPerThread = gpu_.present() ? kDefaultDeviceRingsPerThread : 0;
   bootstrap_ = std::make_unique<Bootstrap>(bootstrap);
   link_->rank = bootstrap_->rank();
   try {

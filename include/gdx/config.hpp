@@ -67,6 +67,8 @@ void checkEnvironment();
 
 /// GDX_TIMEOUT_MS's default: the bound of every wait gdx makes, in nanoseconds (30 s).
 constexpr uint64_t kDefaultTimeoutNs = uint64_t{30000} * 1000000;
+/// Command rings for GPU producers per proxy thread when a GPU is present (GDX_DEVICE_RINGS_PER_THREAD).
+constexpr int kDefaultDeviceRingsPerThread = 4;
 /// The longest timeout a variable may set: a day, in milliseconds.
 constexpr int64_t kMaxTimeoutMs = int64_t{24} * 3600 * 1000;
 

@@ -55,11 +55,7 @@ __global__ void checkSlots(ChannelDeviceHandle ch, const uint64_t* dst, const ui
     }
 }
 
-// Disabled: on 2 x H200 (2026-11-23, TCP to itself, host-mapped windows) the sender finished and flushed without
-// error, but the checker timed out waiting for warp 0's round-10 signal and that slot's data never arrived; the same
-// pattern from host threads (Context.ConsecutivePutsOnFourRingsArriveBeforeTheirSignals) passes. Run it with
-// --gtest_also_run_disabled_tests while looking for the cause.
-TEST(CommandPath, DISABLED_MergedPutsFromWarpsOnEveryRingAreInPlaceWhenTheirSignalIsSeen) {
+TEST(CommandPath, MergedPutsFromWarpsOnEveryRingAreInPlaceWhenTheirSignalIsSeen) {
   GDX_SKIP_WITHOUT_GPU();
   test::soloJobEnv();
   setenv("GDX_DIRECT", "0", 1);  // the proxy path, even to this GPU

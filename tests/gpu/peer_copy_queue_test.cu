@@ -183,14 +183,16 @@ TEST(PeerCopyQueue, SignalIsNeverSeenBeforeItsData) {
   counts[0] = counts[1] = 0;
   cudaStream_t watch = nullptr;
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&watch, cudaStreamNonBlocking));
-  watchKernel<<<1, 512, 0, watch>>>(signal, dst, expected, kTransfers, 99, counts, counts + 1);
-  GDX_TEST_CUDA(cudaGetLastError());
   {
     PeerCopyQueue::Options o;
     o.blocks = 32;
     o.capacity = 128;
     o.chunkBytes = 32 * 1024;
+    // Made (and its kernel loaded) before the watcher runs: loading a kernel may wait for the kernels running on
+    // the device, and on one GPU the watcher runs there until the queue's transfers arrive.
     PeerCopyQueue q(0, o);
+    watchKernel<<<1, 512, 0, watch>>>(signal, dst, expected, kTransfers, 99, counts, counts + 1);
+    GDX_TEST_CUDA(cudaGetLastError());
     for (const Expected& e : plan) q.submit(src + e.srcOff, dst + e.dstOff, e.bytes, signal, 1);
     q.waitCompleted(kTransfers);
   }

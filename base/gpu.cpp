@@ -1,6 +1,7 @@
 #include "gdx/detail/gpu.hpp"
 
 #include <cctype>
+#include <cstdlib>
 
 #include "gdx/config.hpp"
 #include "gdx/detail/log.hpp"
@@ -15,6 +16,11 @@ namespace gdx {
 GpuInfo selectGpu() {
   GpuInfo info;
 #if defined(GDX_HAVE_CUDA)
+  // Streams share the device's hardware work queues (8 by default): the proxy's staging copies could then wait in
+  // a queue behind an application kernel that is itself queued behind a kernel waiting for those copies, a
+  // deadlock. With the most queues (32) the few streams of a process get a queue each. Only takes effect when
+  // this is the process's first use of CUDA (otherwise the launcher should export it); a value set wins.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();

@@ -4,7 +4,9 @@
 // and dtype (BF16, FP8 with scales): the mean time of the timed calls (cached form: the handle of a prepare reused;
 // after warm-up), GB/s counted as DeepEP does (received rows x hidden x 2 for BF16, x (1 + 4/128) for FP8; combine
 // as BF16), and the SMs the kernels use. Table on stdout, JSON with --json.
-//   benchmark_moe [--json PATH] [--ranks N] [--tokens LIST] [--iters N] [--sms N] [--no-nccl]
+// With --hosts N the ranks form N emulated hosts (GDX_HOSTS): ranks on other hosts are reached through the proxy and
+// the transport (TCP here), which is how the internode path is measured on one machine.
+//   benchmark_moe [--json PATH] [--ranks N] [--hosts N] [--tokens LIST] [--iters N] [--sms N] [--no-nccl]
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -77,7 +79,10 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   cfg.numSms = o.sms;
   if (o.threads > 0) cfg.numThreads = o.threads;
   const size_t nvlBytes = size_t(maxTokens) * R * (kHidden * 2 + 128) + (size_t(8) << 20);
-  ep::Buffer buf(ctx, nvlBytes, 0, cfg);
+  int remote = 0;
+  for (int p = 0; p < R; ++p) remote += p != me && !ctx.isDirect(p);
+  const size_t stageBytes = size_t(maxTokens) * (kHidden * 2 + 256) + (size_t(1) << 20);
+  ep::Buffer buf(ctx, nvlBytes, remote * stageBytes, cfg);
   cudaStream_t stream;
   GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   void *x, *scales, *topk, *weights, *recvX, *recvScales, *recvIdx, *recvW, *combined;
@@ -109,7 +114,8 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   GDX_CUDA_CHECK(cudaDeviceSynchronize());
   std::ostringstream out;
   if (me == 0)
-    out << "gpu " << ctx.gpu().name << "\nranks " << R << "\nsms " << cfg.numSms << " " << cfg.numThreads << "\n";
+    out << "gpu " << ctx.gpu().name << "\nranks " << R << "\nremote " << remote << "\nsms " << cfg.numSms << " "
+        << cfg.numThreads << "\n";
   {  // warm-up: clocks, first launches, first touch of the peers' mappings
     const int n = o.tokens.front();
     ep::DispatchInputs in{x,     nullptr,  static_cast<int64_t*>(topk), static_cast<float*>(weights), n, kHidden,
@@ -210,17 +216,19 @@ if __name__ == "__main__":
     mp.spawn(run, args=(world, port, iters, cases), nprocs=world)
 )PY";
 
-int byHand(char** argv, int ranks, const Options& o, const std::string& json, bool nccl) {
+int byHand(char** argv, int ranks, int hosts, const Options& o, const std::string& json, bool nccl) {
   const std::string results = "/tmp/gdx_moe_" + std::to_string(getpid()) + ".txt";
   setenv("GDX_MOE_RESULTS", results.c_str(), 1);
   setenv("NCCL_NVLS_ENABLE", "0", 1);
+  if (hosts > 1) setenv("GDX_HOSTS", std::to_string(hosts).c_str(), 1);
   const int rc = runSelfAsJob(ranks, argv);
+  unsetenv("GDX_HOSTS");  // not for the NCCL peer
   if (rc != 0) {
     std::fprintf(stderr, "benchmark_moe: a rank failed (%d)\n", rc);
     return rc;
   }
   std::string gpu = "?";
-  int sms = 0, threads = 0;
+  int sms = 0, threads = 0, remote = 0;
   std::map<std::string, std::pair<double, double>> r;  // "tokens dtype op" -> (us, bytes)
   std::map<std::string, double> peer;                  // same key -> NCCL us
   auto readLines = [&](std::istream& in) {
@@ -232,6 +240,8 @@ int byHand(char** argv, int ranks, const Options& o, const std::string& json, bo
       if (kind == "gpu") {
         std::getline(ls, gpu);
         if (!gpu.empty() && gpu[0] == ' ') gpu.erase(0, 1);
+      } else if (kind == "remote") {
+        ls >> remote;
       } else if (kind == "sms") {
         ls >> sms >> threads;
       } else if (kind == "moe") {
@@ -257,17 +267,18 @@ int byHand(char** argv, int ranks, const Options& o, const std::string& json, bo
   }
   const std::string date = isoDateUtc();
   std::printf(
-      "benchmark_moe: %d x %s, %s; hidden %d, top-%d of %d experts, %d SMs x %d threads per kernel, mean of "
-      "%d calls\n",
-      ranks, gpu.c_str(), date.c_str(), kHidden, kTopk, kExperts, sms, threads, o.iters);
+      "benchmark_moe: %d ranks on %s, %d host(s) (%d rank(s) through the proxy per rank), %s; hidden %d, top-%d "
+      "of %d experts, %d SMs x %d threads per kernel, mean of %d calls\n",
+      ranks, gpu.c_str(), std::max(hosts, 1), remote, date.c_str(), kHidden, kTopk, kExperts, sms, threads, o.iters);
   std::printf("%8s %6s %9s %10s %9s %11s %10s %8s\n", "tokens", "dtype", "op", "us", "GB/s", "NCCL us", "NCCL GB/s",
               "speedup");
   std::ostringstream js;
   js << "{\n  \"benchmark\": \"moe\",\n  \"gpu\": " << jsonString(gpu)
      << ",\n  \"machine\": " << jsonString(std::to_string(ranks) + " x " + gpu + ", " + hostName())
-     << ",\n  \"date\": " << jsonString(date) << ",\n  \"ranks\": " << ranks << ",\n  \"hidden\": " << kHidden
-     << ",\n  \"topk\": " << kTopk << ",\n  \"experts\": " << kExperts << ",\n  \"sms\": " << sms
-     << ",\n  \"threads\": " << threads << ",\n  \"results\": [";
+     << ",\n  \"date\": " << jsonString(date) << ",\n  \"ranks\": " << ranks << ",\n  \"hosts\": " << std::max(hosts, 1)
+     << ",\n  \"remote_ranks_per_rank\": " << remote << ",\n  \"hidden\": " << kHidden << ",\n  \"topk\": " << kTopk
+     << ",\n  \"experts\": " << kExperts << ",\n  \"sms\": " << sms << ",\n  \"threads\": " << threads
+     << ",\n  \"results\": [";
   bool first = true;
   for (int n : o.tokens)
     for (const char* dt : {"bf16", "fp8"})
@@ -294,10 +305,12 @@ int byHand(char** argv, int ranks, const Options& o, const std::string& json, bo
 }  // namespace gdx::bench
 
 int main(int argc, char** argv) {
+  // Before the first CUDA call of this process and of the ranks it starts, as gdx's Context would (gpu.cpp).
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   gdx::bench::Options o;
   std::string json;
   bool nccl = true;
-  int ranks = 0;
+  int ranks = 0, hosts = 0;
   const int parsed = gdx::bench::parseFlags(
       argc, argv,
       "MoE dispatch and combine (gdx::ep::Buffer, normal mode, NVLink) between the GPUs of one host, one process a\n"
@@ -306,6 +319,8 @@ int main(int argc, char** argv) {
       {{"--json", "FILE", "where the results go (default: none)", [&](const std::string& v) { json = v; }},
        {"--ranks", "N", "ranks (default: the GPUs, at least 2; ranks share GPUs when there are fewer)",
         [&](const std::string& v) { ranks = int(gdx::bench::parseCount(v)); }},
+       {"--hosts", "N", "emulated hosts (GDX_HOSTS): ranks on other hosts through the proxy (default: one host)",
+        [&](const std::string& v) { hosts = int(gdx::bench::parseCount(v)); }},
        {"--tokens", "LIST", "tokens per rank, comma-separated (default 128,256,512,1024,2048,4096)",
         [&](const std::string& v) {
           o.tokens.clear();
@@ -332,7 +347,7 @@ int main(int argc, char** argv) {
         return 2;
       }
       if (ranks == 0) ranks = std::max(2, std::min(gpus, gdx::ep::kMaxRanks));
-      return gdx::bench::byHand(argv, ranks, o, json, nccl);
+      return gdx::bench::byHand(argv, ranks, hosts, o, json, nccl);
     }
     const char* results = std::getenv("GDX_MOE_RESULTS");
     return gdx::bench::rankMain(o, results ? results : "/dev/stdout");

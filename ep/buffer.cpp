@@ -75,7 +75,18 @@ struct Buffer::Impl {
   int32_t* hostCounts = nullptr;
   int32_t* hostCountsDev = nullptr;
   Team team{};
+  ChannelDeviceHandle* net = nullptr;  // device copy of the handles to remote ranks (team.net)
   bool broken = false;
+
+  // Frees what the constructor got so far too (it may throw half-way).
+  ~Impl() {
+    window = Window();
+    if (memory) cudaFree(memory);
+    if (state) cudaFree(state);
+    if (report) cudaFreeHost(report);
+    if (hostCounts) cudaFreeHost(hostCounts);
+    if (net) cudaFree(net);
+  }
 
   // Throws the recorded error, if any. Recoverable ones (bad input, found before anything was sent) are cleared so
   // the Buffer goes on; a timeout or a failed peer leaves it unusable.
@@ -104,17 +115,16 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
       numRanks_(context.worldSize()),
       nvlBytes_(nvlBytes),
       impl_(std::make_unique<Impl>()) {
-  (void)rdmaBytes;
   if (!context.gpu().present()) invalid(rank_, "needs a GPU");
-  if (numRanks_ > kMaxRanks)
-    invalid(rank_, std::to_string(numRanks_) + " ranks, at most " + std::to_string(kMaxRanks) + " on the direct path");
-  if (nvlBytes <= kCtrlBytes + 4096) invalid(rank_, "nvlBytes " + std::to_string(nvlBytes) + " is too small");
+  if (numRanks_ > kMaxRanks) invalid(rank_, std::to_string(numRanks_) + " ranks, at most " + std::to_string(kMaxRanks));
+  if (nvlBytes <= kCtrlBytes + 4096 || nvlBytes % 16 != 0)
+    invalid(rank_, "nvlBytes " + std::to_string(nvlBytes) + " is too small or not a multiple of 16");
   if (config.numSms < 1 || config.numThreads < 64 || config.numThreads > 1024 || config.numThreads % 32 != 0)
     invalid(rank_, "config: numSms " + std::to_string(config.numSms) + ", numThreads " +
                        std::to_string(config.numThreads) + " (numThreads: a multiple of 32 in [64, 1024])");
   Impl& m = *impl_;
   GDX_CUDA_CHECK(cudaSetDevice(context.gpu().device));
-  GDX_CUDA_CHECK(cudaMalloc(&m.memory, nvlBytes));
+  GDX_CUDA_CHECK(cudaMalloc(&m.memory, nvlBytes + rdmaBytes));
   GDX_CUDA_CHECK(cudaMemset(m.memory, 0, kCtrlBytes));
   GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.state), sizeof(State)));
   GDX_CUDA_CHECK(cudaMemset(m.state, 0, sizeof(State)));
@@ -124,30 +134,64 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.hostCounts), (1 + kMaxExperts) * 4, cudaHostAllocMapped));
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.hostCountsDev), m.hostCounts, 0));
   GDX_CUDA_CHECK(cudaDeviceSynchronize());
-  m.window = context.registerWindow(m.memory, nvlBytes, MemoryKind::kCuda, "gdx::ep::Buffer");
-  // Every rank learns whether every rank reaches every other directly, so that all of them throw alike.
-  std::string missing;
+  m.window = context.registerWindow(m.memory, nvlBytes + rdmaBytes, MemoryKind::kCuda, "gdx::ep::Buffer");
+  // Ranks this one does not reach on the direct path are reached through the proxy (its staging areas).
   for (int p = 0; p < numRanks_; ++p) {
     m.team.base[p] = static_cast<char*>(m.window.peerData(p));
-    if (!m.team.base[p]) missing += (missing.empty() ? "" : ",") + std::to_string(p);
+    if (!m.team.base[p]) m.team.remoteMask |= 1u << p;
   }
+  numRemote_ = __builtin_popcount(m.team.remoteMask);
   // Peers store at the same offsets of every rank's buffer: the sizes must match, which the tag checks.
   CollectiveTag tag;
-  tag.kind = "ep::Buffer: direct reach";
+  tag.kind = "ep::Buffer: sizes and reach";
   tag.size = nvlBytes;
   tag.sameSize = true;
-  std::vector<std::string> all = context.bootstrap().allGather(missing, tag);
+  const std::string mine = std::to_string(rdmaBytes) + "/" + std::to_string(m.team.remoteMask);
+  std::vector<std::string> all = context.bootstrap().allGather(mine, tag);
   for (int r = 0; r < numRanks_; ++r)
-    if (!all[r].empty())
-      invalid(rank_, "rank " + std::to_string(r) + " cannot reach rank(s) " + all[r] +
-                         " on the direct path (CUDA IPC); ranks on other hosts are not supported by this Buffer yet");
+    if (all[r].substr(0, all[r].find('/')) != std::to_string(rdmaBytes))
+      invalid(rank_, "rank " + std::to_string(r) + " made its Buffer with rdmaBytes " +
+                         all[r].substr(0, all[r].find('/')) + ", this rank with " + std::to_string(rdmaBytes));
   m.team.rank = rank_;
   m.team.numRanks = numRanks_;
   m.team.state = m.state;
   m.team.report = m.reportDev;
   m.team.failure = context.deviceChannel(rank_).failure;
   m.team.timeoutNs = context.options().timeoutNs;
+  m.team.window = m.window.id();
+  if (numRemote_ > 0) connectRemote(rdmaBytes);
   context.barrier();
+}
+
+// The staging areas, the proxied channels and the flag signals of the ranks on other hosts.
+void Buffer::connectRemote(size_t rdmaBytes) {
+  Impl& m = *impl_;
+  stageBytes_ = rdmaBytes / numRemote_ / 16 * 16;
+  if (stageBytes_ < kCtrlBytes + 4096)
+    invalid(rank_, std::to_string(numRemote_) + " ranks are on other hosts (reached through the proxy): rdmaBytes " +
+                       std::to_string(rdmaBytes) + " must hold a staging area of at least " +
+                       std::to_string(kCtrlBytes + 4096) + " bytes for each");
+  const uint32_t flagSignals = 3 * kMaxRanks;
+  if (context_.numSignals() < flagSignals + 1)
+    invalid(rank_, "ranks on other hosts need the top " + std::to_string(flagSignals) +
+                       " signal ids, GDX_NUM_SIGNALS is " + std::to_string(context_.numSignals()));
+  m.team.signalBase = context_.numSignals() - flagSignals;
+  for (uint32_t i = 0; i < flagSignals; ++i) context_.setSignal(m.team.signalBase + i, 0);  // a previous Buffer's
+  std::vector<ChannelDeviceHandle> net(kMaxRanks);
+  uint64_t offset = nvlBytes_;
+  for (int r = 0; r < numRanks_; ++r) {
+    if (!((m.team.remoteMask >> r) & 1u)) continue;
+    m.team.stage[r] = static_cast<char*>(m.memory) + offset;
+    m.team.stageOffset[r] = offset;
+    offset += stageBytes_;
+    net[r] = context_.deviceChannel(r, r % context_.numDeviceRings());
+    m.team.netSignals = net[r].signals;
+  }
+  GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.net), kMaxRanks * sizeof(ChannelDeviceHandle)));
+  GDX_CUDA_CHECK(cudaMemcpy(m.net, net.data(), kMaxRanks * sizeof(ChannelDeviceHandle), cudaMemcpyHostToDevice));
+  m.team.net = m.net;
+  GDX_INFO("gdx::ep rank " << rank_ << ": " << numRemote_ << " rank(s) on other hosts through the proxy, "
+                           << stageBytes_ << " bytes of staging each, flag signals " << m.team.signalBase << "..");
 }
 
 Buffer::~Buffer() {
@@ -159,18 +203,16 @@ Buffer::~Buffer() {
   } catch (const std::exception& e) {
     GDX_WARN("gdx::ep rank " << rank_ << ": barrier at Buffer teardown failed: " << e.what());
   }
-  Impl& m = *impl_;
-  m.window = Window();
-  if (m.memory) cudaFree(m.memory);
-  if (m.state) cudaFree(m.state);
-  if (m.report) cudaFreeHost(m.report);
-  if (m.hostCounts) cudaFreeHost(m.hostCounts);
+  impl_.reset();
 }
 
 int Buffer::maxTokensPerRank(int hidden, int numTopk, DType dtype) const {
   const uint64_t row =
       std::max<uint64_t>(dispatchRow(hidden, numTopk, dtype).rowBytes, combineRowBytes(hidden, numTopk));
-  return static_cast<int>((nvlBytes_ - kCtrlBytes) / row / numRanks_);
+  uint64_t rows = (nvlBytes_ - kCtrlBytes) / row / numRanks_;
+  // A rank stages at most all of its tokens (dispatch) or all it got from one rank (combine) for a remote rank.
+  if (numRemote_ > 0) rows = std::min<uint64_t>(rows, (stageBytes_ - kCtrlBytes) / row);
+  return static_cast<int>(rows);
 }
 
 DispatchHandle Buffer::newHandle(int maxTokens) const {
@@ -204,7 +246,8 @@ void Buffer::checkDispatchInputs(const DispatchInputs& in, const DispatchHandle&
   if (in.numTokens > maxTokens)
     invalid(rank_, o + std::to_string(in.numTokens) + " tokens, more than the buffer holds (" +
                        std::to_string(maxTokens) + " per rank with hidden " + std::to_string(in.hidden) + ", " +
-                       std::to_string(numRanks_) + " ranks, nvlBytes " + std::to_string(nvlBytes_) + ")");
+                       std::to_string(numRanks_) + " ranks, nvlBytes " + std::to_string(nvlBytes_) +
+                       (numRemote_ ? ", staging " + std::to_string(stageBytes_) + " per remote rank" : "") + ")");
   if (in.numTokens > 0 && (!in.x || reinterpret_cast<uintptr_t>(in.x) % 16 != 0))
     invalid(rank_, o + "x must be a 16-byte aligned device pointer");
   if (in.numTokens > 0 && in.dtype == DType::kFloat8E4M3 && !in.xScales)

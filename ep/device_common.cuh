@@ -56,26 +56,90 @@ __device__ inline bool waitFlag(const Team& t, uint64_t* flag, uint64_t want, Wa
   }
 }
 
-/// Threads 0..R-1 each wait for one rank's flag `field` (arrive, countsReady or dataDone) to reach `e`; `skipSelf`
-/// leaves this rank's own entry out. True on every thread of the block when all arrived.
-__device__ inline bool waitAll(const Team& t, uint64_t (Ctrl::*field)[kMaxRanks], uint64_t e, WaitKind where,
-                               bool skipSelf) {
+__device__ inline bool isRemote(const Team& t, int r) {
+  return (t.remoteMask >> r) & 1u;
+}
+/// Where this rank's stores meant for rank r's Ctrl go: r's Ctrl itself (direct path) or the staging copy.
+__device__ inline Ctrl* ctrlFor(const Team& t, int r) {
+  return reinterpret_cast<Ctrl*>(isRemote(t, r) ? t.stage[r] : t.base[r]);
+}
+/// Where this rank's rows for rank r start: at `atPeer` rows into r's rows (direct path) or at the staging rows.
+__device__ inline char* rowsFor(const Team& t, int r, int atPeer, uint32_t rowBytes) {
+  return isRemote(t, r) ? t.stage[r] + kCtrlBytes : rowsOf(t, r) + int64_t(atPeer) * rowBytes;
+}
+__device__ inline uint32_t flagSignal(const Team& t, FlagKind kind, int sender) {
+  return t.signalBase + uint32_t(kind) * kMaxRanks + uint32_t(sender);
+}
+__device__ inline uint64_t* ctrlFlag(Ctrl* c, FlagKind kind, int sender) {
+  return kind == kFlagArrive   ? &c->arrive[sender]
+         : kind == kFlagCounts ? &c->countsReady[sender]
+                               : &c->dataDone[sender];
+}
+
+/// Puts `bytes` at `offset` of this rank's staging area for remote rank r to `dstOffset` of r's window, then sets
+/// r's flag `kind` of this rank to e (bytes may be 0: the flag alone). A refused command is reported, not hung on.
+__device__ inline bool putToRemote(const Team& t, int r, uint64_t dstOffset, uint64_t offset, uint64_t bytes,
+                                   FlagKind kind, uint64_t e) {
+  ChannelDeviceHandle ch = t.net[r];
+  const Status s = ch.putWithSignal(t.window, dstOffset, t.window, t.stageOffset[r] + offset, bytes,
+                                    flagSignal(t, kind, t.rank), e, SignalOp::kSet);
+  if (s == Status::kOk) return true;
+  report(t, kPeerFailed,
+         kind == kFlagArrive   ? kWaitArrive
+         : kind == kFlagCounts ? kWaitCounts
+                               : kWaitData,
+         r, static_cast<int64_t>(e), static_cast<int64_t>(s), e);
+  return false;
+}
+
+/// Puts only the fields at [offset, offset + bytes) of this rank's Ctrl-shaped staging for r (no flag).
+__device__ inline bool putCtrlToRemote(const Team& t, int r, uint64_t offset, uint64_t bytes) {
+  ChannelDeviceHandle ch = t.net[r];
+  const Status s = ch.put(t.window, offset, t.window, t.stageOffset[r] + offset, bytes);
+  if (s == Status::kOk) return true;
+  report(t, kPeerFailed, kWaitCounts, r, 0, static_cast<int64_t>(s), 0);
+  return false;
+}
+
+/// Threads 0..R-1 each wait for one rank's flag `kind` (arrive, countsReady or dataDone) to reach `e`: the Ctrl
+/// word a direct peer stores, the signal a remote peer raises. `skipSelf` leaves this rank's own entry out. True on
+/// every thread of the block when all arrived.
+__device__ inline bool waitAll(const Team& t, FlagKind kind, uint64_t e, WaitKind where, bool skipSelf) {
   bool ok = true;
   const int s = threadIdx.x;
-  if (s < t.numRanks && !(skipSelf && s == t.rank)) ok = waitFlag(t, &(ctrlOf(t, t.rank)->*field)[s], e, where, s, e);
+  if (s < t.numRanks && !(skipSelf && s == t.rank)) {
+    uint64_t* flag = isRemote(t, s) ? const_cast<uint64_t*>(&t.netSignals[flagSignal(t, kind, s)])
+                                    : ctrlFlag(ctrlOf(t, t.rank), kind, s);
+    ok = waitFlag(t, flag, e, where, s, e);
+  }
   return !__syncthreads_or(!ok);
 }
 
 /// The barrier that opens an operation: block 0 tells every rank this one arrived at epoch e, every block waits
 /// for all ranks. True when every rank arrived.
 __device__ inline bool openOp(const Team& t, uint64_t e) {
-  if (blockIdx.x == 0 && threadIdx.x < t.numRanks) atomicStore(&ctrlOf(t, threadIdx.x)->arrive[t.rank], e, kRelease);
-  return waitAll(t, &Ctrl::arrive, e, kWaitArrive, false);
+  bool ok = true;
+  if (blockIdx.x == 0 && threadIdx.x < t.numRanks) {
+    const int r = threadIdx.x;
+    if (isRemote(t, r))
+      ok = putToRemote(t, r, 0, 0, 0, kFlagArrive, e);
+    else
+      atomicStore(&ctrlOf(t, r)->arrive[t.rank], e, kRelease);
+  }
+  if (__syncthreads_or(!ok)) return false;
+  return waitAll(t, kFlagArrive, e, kWaitArrive, false);
 }
 
+/// Bytes of this rank's rows for each remote rank in the current operation, and where they go in its window.
+struct NetRows {
+  uint64_t dstOffset[kMaxRanks];
+  uint64_t bytes[kMaxRanks];
+};
+
 /// Called by every block once its stores to the peers are issued; the last block to get here tells every other
-/// rank that this rank's rows of epoch e are in place.
-__device__ inline void signalSent(const Team& t, uint64_t e) {
+/// rank that this rank's rows of epoch e are in place: a release store for a direct peer, the put of the staged
+/// rows with the flag as its signal for a remote one (`net`; may be null when there is no remote rank).
+__device__ inline void signalSent(const Team& t, uint64_t e, const NetRows* net) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();  // this block's stores (ordered before by the barrier) reach the peers first
@@ -83,8 +147,13 @@ __device__ inline void signalSent(const Team& t, uint64_t e) {
     if (old == gridDim.x - 1) {
       t.state->sendBlocks = 0;
       __threadfence_system();  // every block's stores, seen through the counter, before the flags
-      for (int d = 0; d < t.numRanks; ++d)
-        if (d != t.rank) atomicStore(&ctrlOf(t, d)->dataDone[t.rank], e, kRelease);
+      for (int d = 0; d < t.numRanks; ++d) {
+        if (d == t.rank) continue;
+        if (isRemote(t, d))
+          putToRemote(t, d, kCtrlBytes + net->dstOffset[d], kCtrlBytes, net->bytes[d], kFlagData, e);
+        else
+          atomicStore(&ctrlOf(t, d)->dataDone[t.rank], e, kRelease);
+      }
     }
   }
 }

@@ -102,20 +102,31 @@ __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, Prepare
 
   bool ok = openOp(t, e);
   if (ok) {
-    for (int i = threadIdx.x; i < R * R; i += blockDim.x) ctrlOf(t, i / R)->counts[me][i % R] = perRank[i % R];
+    for (int i = threadIdx.x; i < R * R; i += blockDim.x) ctrlFor(t, i / R)->counts[me][i % R] = perRank[i % R];
     for (int i = threadIdx.x; i < R * epr; i += blockDim.x)
-      ctrlOf(t, i / epr)->expertCounts[me][i % epr] = perExpert[(i / epr) * epr + i % epr];
+      ctrlFor(t, i / epr)->expertCounts[me][i % epr] = perExpert[(i / epr) * epr + i % epr];
     if (threadIdx.x < R) {
-      Ctrl* c = ctrlOf(t, threadIdx.x);
+      Ctrl* c = ctrlFor(t, threadIdx.x);
       c->status[me] = bad ? kBadExpert : kNone;
       c->statusValue[me] = bad ? badValue : 0;
     }
     __syncthreads();
+    bool sent = true;
     if (threadIdx.x < R) {
+      const int d = threadIdx.x;
       __threadfence_system();
-      atomicStore(&ctrlOf(t, threadIdx.x)->countsReady[me], e, kRelease);
+      if (isRemote(t, d)) {  // this rank's fields of d's Ctrl, from the staging copy; the flag rides on the last
+        const uint64_t statusValueAt = offsetof(Ctrl, statusValue) + uint64_t(me) * 8;
+        sent =
+            putCtrlToRemote(t, d, offsetof(Ctrl, counts) + uint64_t(me) * kMaxRanks * 4, uint64_t(R) * 4) &&
+            putCtrlToRemote(t, d, offsetof(Ctrl, expertCounts) + uint64_t(me) * kMaxExperts * 4, uint64_t(epr) * 4) &&
+            putCtrlToRemote(t, d, offsetof(Ctrl, status) + uint64_t(me) * 4, 4) &&
+            putToRemote(t, d, statusValueAt, statusValueAt, 8, kFlagCounts, e);
+      } else {
+        atomicStore(&ctrlOf(t, d)->countsReady[me], e, kRelease);
+      }
     }
-    ok = waitAll(t, &Ctrl::countsReady, e, kWaitCounts, false);
+    ok = !__syncthreads_or(!sent) && waitAll(t, kFlagCounts, e, kWaitCounts, false);
   }
   if (ok) {
     Ctrl* mine = ctrlOf(t, me);
@@ -200,10 +211,15 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
   const int lane = threadIdx.x & 31, numWarps = blockDim.x >> 5;
   const int gw = blockIdx.x * numWarps + (threadIdx.x >> 5), W = gridDim.x * numWarps;
   __shared__ Offsets o;
+  __shared__ NetRows net;
   __shared__ int valid;
   if (threadIdx.x == 0) {
     valid = *a.handle.valid;
     computeOffsets(t, a.handle.matrix, o, false);
+    for (int d = 0; d < R; ++d) {  // this rank's rows for d: contiguous from atPeer[d] in d's rows
+      net.dstOffset[d] = uint64_t(o.atPeer[d]) * a.row.rowBytes;
+      net.bytes[d] = uint64_t(a.handle.matrix[me * R + d]) * a.row.rowBytes;
+    }
     const int total = o.inPrefix[R];
     if (blockIdx.x == 0 && a.out.numRecvTokens) *a.out.numRecvTokens = total;
     if (valid && blockIdx.x == 0 && total > a.out.capacity) report(t, kRecvCapacity, 0, me, total, a.out.capacity, e);
@@ -246,7 +262,7 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
         }
         if (lane == 0 && a.out.recvSrcIdx) a.out.recvSrcIdx[row] = tok;
       } else {
-        char* dst = rowsOf(t, d) + int64_t(o.atPeer[d] + pos) * a.row.rowBytes;
+        char* dst = rowsFor(t, d, o.atPeer[d], a.row.rowBytes) + int64_t(pos) * a.row.rowBytes;
         warpCopy16FromInput(dst, src, xb, lane);
         if (nScales)
           warpCopyFloats(reinterpret_cast<float*>(dst + a.row.scaleOffset), a.xScales + int64_t(tok) * nScales, nScales,
@@ -255,8 +271,8 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
       }
     }
   }
-  signalSent(t, e);
-  if (!waitAll(t, &Ctrl::dataDone, e, kWaitData, true)) {
+  signalSent(t, e, &net);
+  if (!waitAll(t, kFlagData, e, kWaitData, true)) {
     finishOp(t);
     return;
   }
@@ -302,10 +318,16 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
   const int lane = threadIdx.x & 31, numWarps = blockDim.x >> 5;
   const int gw = blockIdx.x * numWarps + (threadIdx.x >> 5), W = gridDim.x * numWarps;
   __shared__ Offsets o;
+  __shared__ NetRows net;
   __shared__ int valid;
+  const uint32_t rowBytes = combineRowBytes(a.hidden, K);
   if (threadIdx.x == 0) {
     valid = *a.handle.valid;
     computeOffsets(t, a.handle.matrix, o, true);
+    for (int s = 0; s < R; ++s) {  // the rows received from s go back contiguous from atPeer[s] in s's rows
+      net.dstOffset[s] = uint64_t(o.atPeer[s]) * rowBytes;
+      net.bytes[s] = uint64_t(o.inPrefix[s + 1] - o.inPrefix[s]) * rowBytes;
+    }
   }
   __syncthreads();
   if (!valid || !openOp(t, e)) {
@@ -313,19 +335,19 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
     return;
   }
   const uint32_t xb = static_cast<uint32_t>(a.hidden) * 2;
-  const uint32_t rowBytes = combineRowBytes(a.hidden, K), weightsOffset = align16(xb);
+  const uint32_t weightsOffset = align16(xb);
   const int total = o.inPrefix[R];
   for (int row = gw; row < total; row += W) {
     int s = 0;
     while (row >= o.inPrefix[s + 1]) ++s;
     if (s == me) continue;
-    char* dst = rowsOf(t, s) + int64_t(o.atPeer[s] + row - o.inPrefix[s]) * rowBytes;
+    char* dst = rowsFor(t, s, o.atPeer[s], rowBytes) + int64_t(row - o.inPrefix[s]) * rowBytes;
     warpCopy16FromInput(dst, a.x + int64_t(row) * xb, xb, lane);
     if (a.topkWeights && lane < K)
       reinterpret_cast<float*>(dst + weightsOffset)[lane] = a.topkWeights[int64_t(row) * K + lane];
   }
-  signalSent(t, e);
-  if (!waitAll(t, &Ctrl::dataDone, e, kWaitData, true)) {
+  signalSent(t, e, &net);
+  if (!waitAll(t, kFlagData, e, kWaitData, true)) {
     finishOp(t);
     return;
   }

@@ -3,7 +3,8 @@
 //
 // Every rank's window (GPU memory, IPC-mapped by every peer) is laid out alike:
 //   [0, kCtrlBytes)   Ctrl: flags and counts the peers store into
-//   [kCtrlBytes, end) rows: dispatch rows (x | scales | meta) or combine rows (x | weights), each 16-byte aligned
+//   [kCtrlBytes, nvlBytes) rows: dispatch rows (x | scales | meta) or combine rows (x | weights), each 16-byte aligned
+//   [nvlBytes, end)   staging areas, one per rank on another host (Team), when there are such ranks
 //
 // Synchronisation. Every operation (a prepare, a dispatch, a combine) has an epoch e = state.seq + 1, the same on
 // every rank because the ranks make the same calls in the same order; its last kernel bumps state.seq. Its first
@@ -18,6 +19,7 @@
 
 #include <cstdint>
 
+#include "gdx/channel_device.hpp"
 #include "gdx/device.hpp"
 #include "gdx/ep/buffer.hpp"
 
@@ -67,15 +69,34 @@ struct State {
   uint32_t reportClaim;  // 1 once a kernel wrote the Report (the host clears it with the Report)
 };
 
+/// The flags of an operation: which Ctrl field a peer on the direct path stores, and which signal (kSet to the
+/// epoch) a peer on another host raises instead.
+enum FlagKind : int { kFlagArrive = 0, kFlagCounts = 1, kFlagData = 2 };
+
 /// What the kernels of one rank need to reach the others.
+///
+/// Ranks on other hosts (remoteMask) are reached through the proxy: whatever this rank would store into such a
+/// peer's window (its Ctrl fields, its rows) it stores into its own staging area for that peer instead (stage[r]: a
+/// Ctrl-shaped block, then rows from 0), and one thread then puts the area's bytes to where they belong in the
+/// peer's window, with the flag as the put's signal (signal id signalBase + kind * kMaxRanks + sender, set to the
+/// epoch). A signal is never seen before the data of the channel's earlier puts (channel_device.hpp), so the peer
+/// that sees the flag sees the rows. The staging area is free again at the next operation: its barrier is passed
+/// only once every peer received (and so the transport finished reading) what the previous operation sent.
 struct Team {
-  char* base[kMaxRanks];  // each rank's window as this process addresses it (own one included)
+  char* base[kMaxRanks];  // each rank's window as this process addresses it (own one included); null: remote
   int rank;
   int numRanks;
   State* state;
   Report* report;           // host-mapped
   const uint32_t* failure;  // the context's failure word (a Status), host-mapped
   uint64_t timeoutNs;
+  uint32_t remoteMask;              // bit r: rank r is on another host (through the proxy)
+  uint32_t window;                  // the Buffer's window id (the same on every rank)
+  uint32_t signalBase;              // first of the 3 * kMaxRanks signal ids the flags of remote peers use
+  char* stage[kMaxRanks];           // remote r: this rank's staging area for r (device memory, in the window)
+  uint64_t stageOffset[kMaxRanks];  // its offset in the window
+  const ChannelDeviceHandle* net;   // device array [kMaxRanks]: the proxied channel to each remote rank
+  const uint64_t* netSignals;       // this rank's signal array (what remote peers' signals raise)
 };
 
 /// A handle's device memory, carved from one allocation.

@@ -1,6 +1,7 @@
-// gdx::ep::Buffer on two ranks (two GPUs, or one GPU serving both): layout, dispatch (prepare + send, the cached
-// form, the numWorstTokens form) and combine over the direct path, checked against a reference built from every
-// rank's all-gathered top-k; bad inputs; a peer that dies mid-dispatch. The test re-executes itself once per rank.
+// gdx::ep::Buffer on two ranks (two GPUs, or one GPU serving both) over the direct path, and on four ranks as two
+// emulated hosts of two (GDX_HOSTS=2: ranks on the other host through the proxy and TCP): layout, dispatch (prepare
+// + send, the cached form, the numWorstTokens form) and combine, checked against a reference built from every rank's
+// all-gathered top-k; bad inputs; a peer that dies mid-dispatch. The test re-executes itself once per rank.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,7 +21,7 @@ namespace gdx {
 namespace {
 
 using namespace test::ep;
-constexpr int kRanks = 2;
+int kRanks = 2;  // the job's ranks (set from the Context in a child)
 
 // Device memory of `bytes` (at least 16), filled with 0xEE so that rows nobody wrote are seen.
 struct Dev {
@@ -314,13 +315,24 @@ void badInputs(Context& ctx, ep::Buffer& buf, cudaStream_t stream) {
   ctx.barrier();
 }
 
+// Ranks this one reaches through the proxy (on another emulated host).
+int remoteRanks(const Context& ctx) {
+  int remote = 0;
+  for (int p = 0; p < ctx.worldSize(); ++p) remote += p != ctx.rank() && !ctx.isDirect(p);
+  if (std::getenv("GDX_HOSTS")) EXPECT_GT(remote, 0) << "emulated hosts, yet every rank is on the direct path";
+  return remote;
+}
+
 void childMain() {
   Context ctx;
-  ASSERT_EQ(ctx.worldSize(), kRanks);
+  kRanks = ctx.worldSize();
+  const int remote = remoteRanks(ctx);
+  if (remote)  // every rank refuses alike, and a Buffer made afterwards works
+    expectThrowContaining([&] { ep::Buffer tooSmall(ctx, size_t(16) << 20, 4096); }, "rdmaBytes 4096", "staging");
   cudaStream_t stream;
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    ep::Buffer buf(ctx, size_t(256) << 20);
+    ep::Buffer buf(ctx, size_t(256) << 20, size_t(remote) * (64 << 20));
     for (const Case& c : cases()) runCase(ctx, buf, c, stream);
     badInputs(ctx, buf, stream);
     runCase(ctx, buf, cases()[0], stream);  // still works after the refused calls
@@ -334,7 +346,7 @@ void peerDiesMain() {
   Context ctx;
   cudaStream_t stream;
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ep::Buffer buf(ctx, size_t(64) << 20);
+  ep::Buffer buf(ctx, size_t(64) << 20, size_t(remoteRanks(ctx)) * (16 << 20));
   ctx.barrier();
   if (ctx.rank() == 1) std::_Exit(0);
   Case c{"peer dies", 64, 2048, 4, 16, false};
@@ -367,11 +379,13 @@ int gpuCount() {
   return n;
 }
 
-void runRanks(const std::string& mode, const std::string& timeoutMs) {
+void runRanks(const std::string& mode, const std::string& timeoutMs, int ranks = 2, int hosts = 0) {
   const int gpus = gpuCount();
-  test::spawnRanks(kRanks, "EpChild.Run", "ep-test", [&](int r) {
-    return std::vector<std::string>{"GDX_CUDA_DEVICE=" + std::to_string(r % gpus), "GDX_EP_CHILD=" + mode,
-                                    "GDX_TIMEOUT_MS=" + timeoutMs, "GDX_LOG_LEVEL=WARN"};
+  test::spawnRanks(ranks, "EpChild.Run", "ep-test", [&](int r) {
+    std::vector<std::string> env{"GDX_CUDA_DEVICE=" + std::to_string(r % gpus), "GDX_EP_CHILD=" + mode,
+                                 "GDX_TIMEOUT_MS=" + timeoutMs, "GDX_LOG_LEVEL=WARN"};
+    if (hosts) env.push_back("GDX_HOSTS=" + std::to_string(hosts));
+    return env;
   });
 }
 
@@ -383,6 +397,17 @@ TEST(Ep, TwoRanksDispatchAndCombineMatchTheReference) {
 TEST(Ep, PeerThatDiesEndsTheDispatchWithAnError) {
   GDX_SKIP_WITHOUT_GPU();
   runRanks("peer-dies", "5000");
+}
+
+// Two emulated hosts of two ranks: each rank reaches one rank on the direct path and two through the proxy (TCP).
+TEST(Ep, TwoEmulatedHostsDispatchAndCombineMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("cases", "60000", 4, 2);
+}
+
+TEST(Ep, PeerOnAnotherHostThatDiesEndsTheDispatchWithAnError) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("peer-dies", "5000", 4, 2);
 }
 
 }  // namespace

@@ -2,7 +2,10 @@
 // Raw device pointers and a cudaStream_t, no framework: a thin Python layer gives it DeepEP's `Buffer` names
 // (get_dispatch_layout, dispatch, combine) and tensor shapes. Every rank of the job holds one Buffer, created
 // collectively from its Context; its GPU memory is registered as a window once, and kernels store tokens straight
-// into the peers' IPC-mapped copies of it (the direct path, NVLink) with 16-byte vector stores, no proxy.
+// into the peers' IPC-mapped copies of it (the direct path, NVLink) with 16-byte vector stores, no proxy. Ranks on
+// other hosts are reached through the proxy: the kernels store their rows for such a rank into a staging area of
+// their own window, and one put-with-signal per remote rank and operation carries them (RDMA or TCP). Each token
+// goes once to each remote rank that needs it (not yet once per host with an NVLink relay there).
 //
 // One call sequence per step, the same on every rank and on one stream per rank (each call's kernels start with a
 // barrier among the ranks, which is what lets a rank reuse its buffer):
@@ -135,9 +138,12 @@ class DispatchHandle {
 
 class Buffer {
  public:
-  /// Collective over every rank of `context` (all must reach one another on the direct path; one GPU may serve
-  /// several ranks). `nvlBytes`: GPU memory each rank lends its peers' stores; `rdmaBytes`: reserved for the
-  /// network path (ranks on other hosts), 0 while every rank is on the direct path.
+  /// Collective over every rank of `context` (one GPU may serve several ranks). `nvlBytes`: GPU memory each rank
+  /// lends its peers' stores (the rows it receives, from every rank). `rdmaBytes`: staging for the ranks on other
+  /// hosts (those not reached on the direct path), split evenly among them; 0 when every rank is on the direct
+  /// path, otherwise at least (number of remote ranks) x (36 KiB of counts + the rows this rank sends one rank). Both
+  /// must be the same on every rank. With ranks on other hosts the Buffer uses the top 3 x kMaxRanks signal ids of the
+  /// Context (GDX_NUM_SIGNALS) for its flags: leave them to it.
   Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes = 0, const Config& config = Config());
   ~Buffer();
   Buffer(const Buffer&) = delete;
@@ -178,12 +184,15 @@ class Buffer {
   void checkDispatchInputs(const DispatchInputs& in, const DispatchHandle& handle, const char* op) const;
   void launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment, int32_t* perExpert,
                      int32_t* numRecv, cudaStream_t stream);
+  void connectRemote(size_t rdmaBytes);
 
   Context& context_;
   Config config_;
   int rank_ = 0;
   int numRanks_ = 1;
   size_t nvlBytes_ = 0;
+  size_t stageBytes_ = 0;  // per rank on another host
+  int numRemote_ = 0;      // ranks on other hosts
   std::unique_ptr<Impl> impl_;
 };
 

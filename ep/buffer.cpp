@@ -76,12 +76,17 @@ struct Buffer::Impl {
   int32_t* hostCountsDev = nullptr;
   Team team{};
   ChannelDeviceHandle* net = nullptr;  // device copy of the handles to remote ranks (team.net)
+  Window stagingWindow;                // host memory: the receive mirror, then what this rank sends (protocol.hpp)
+  char* staging = nullptr;
+  char* stagingDev = nullptr;  // its device address
   bool broken = false;
 
   // Frees what the constructor got so far too (it may throw half-way).
   ~Impl() {
     window = Window();
+    stagingWindow = Window();
     if (memory) cudaFree(memory);
+    if (staging) cudaFreeHost(staging);
     if (state) cudaFree(state);
     if (report) cudaFreeHost(report);
     if (hostCounts) cudaFreeHost(hostCounts);
@@ -124,7 +129,7 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
                        std::to_string(config.numThreads) + " (numThreads: a multiple of 32 in [64, 1024])");
   Impl& m = *impl_;
   GDX_CUDA_CHECK(cudaSetDevice(context.gpu().device));
-  GDX_CUDA_CHECK(cudaMalloc(&m.memory, nvlBytes + rdmaBytes));
+  GDX_CUDA_CHECK(cudaMalloc(&m.memory, nvlBytes));
   GDX_CUDA_CHECK(cudaMemset(m.memory, 0, kCtrlBytes));
   GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.state), sizeof(State)));
   GDX_CUDA_CHECK(cudaMemset(m.state, 0, sizeof(State)));
@@ -134,7 +139,7 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.hostCounts), (1 + kMaxExperts) * 4, cudaHostAllocMapped));
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.hostCountsDev), m.hostCounts, 0));
   GDX_CUDA_CHECK(cudaDeviceSynchronize());
-  m.window = context.registerWindow(m.memory, nvlBytes + rdmaBytes, MemoryKind::kCuda, "gdx::ep::Buffer");
+  m.window = context.registerWindow(m.memory, nvlBytes, MemoryKind::kCuda, "gdx::ep::Buffer");
   // Ranks this one does not reach on the direct path are reached through the proxy (its staging areas).
   for (int p = 0; p < numRanks_; ++p) {
     m.team.base[p] = static_cast<char*>(m.window.peerData(p));
@@ -178,10 +183,21 @@ void Buffer::connectRemote(size_t rdmaBytes) {
   m.team.signalBase = context_.numSignals() - flagSignals;
   for (uint32_t i = 0; i < flagSignals; ++i) context_.setSignal(m.team.signalBase + i, 0);  // a previous Buffer's
   std::vector<ChannelDeviceHandle> net(kMaxRanks);
+  // Host memory the kernels write over PCIe: the proxy sends from it without a CUDA copy (TCP, verbs without
+  // GPUDirect), so a send never waits for a GPU copy engine behind the application's queued kernels.
+  // The ranks on other hosts store into the receive mirror, host memory too: the proxy places what arrives without
+  // a CUDA copy, and the kernels read it over PCIe.
+  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.staging), nvlBytes_ + rdmaBytes, cudaHostAllocMapped));
+  std::memset(m.staging, 0, kCtrlBytes);
+  GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.stagingDev), m.staging, 0));
+  m.stagingWindow =
+      context_.registerWindow(m.staging, nvlBytes_ + rdmaBytes, MemoryKind::kHost, "gdx::ep::Buffer network");
+  m.team.stageWindow = m.stagingWindow.id();
+  m.team.mirror = m.stagingDev;
   uint64_t offset = nvlBytes_;
   for (int r = 0; r < numRanks_; ++r) {
     if (!((m.team.remoteMask >> r) & 1u)) continue;
-    m.team.stage[r] = static_cast<char*>(m.memory) + offset;
+    m.team.stage[r] = m.stagingDev + offset;
     m.team.stageOffset[r] = offset;
     offset += stageBytes_;
     net[r] = context_.deviceChannel(r, r % context_.numDeviceRings());

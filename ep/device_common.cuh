@@ -67,6 +67,14 @@ __device__ inline Ctrl* ctrlFor(const Team& t, int r) {
 __device__ inline char* rowsFor(const Team& t, int r, int atPeer, uint32_t rowBytes) {
   return isRemote(t, r) ? t.stage[r] + kCtrlBytes : rowsOf(t, r) + int64_t(atPeer) * rowBytes;
 }
+/// Where the Ctrl fields and the rows that rank s sent this rank are: this rank's window (direct path) or, for a
+/// rank on another host, the receive mirror in host memory.
+__device__ inline const Ctrl* recvCtrl(const Team& t, int s) {
+  return reinterpret_cast<const Ctrl*>(isRemote(t, s) ? t.mirror : t.base[t.rank]);
+}
+__device__ inline const char* recvRows(const Team& t, int s) {
+  return (isRemote(t, s) ? t.mirror : t.base[t.rank]) + kCtrlBytes;
+}
 __device__ inline uint32_t flagSignal(const Team& t, FlagKind kind, int sender) {
   return t.signalBase + uint32_t(kind) * kMaxRanks + uint32_t(sender);
 }
@@ -81,7 +89,7 @@ __device__ inline uint64_t* ctrlFlag(Ctrl* c, FlagKind kind, int sender) {
 __device__ inline bool putToRemote(const Team& t, int r, uint64_t dstOffset, uint64_t offset, uint64_t bytes,
                                    FlagKind kind, uint64_t e) {
   ChannelDeviceHandle ch = t.net[r];
-  const Status s = ch.putWithSignal(t.window, dstOffset, t.window, t.stageOffset[r] + offset, bytes,
+  const Status s = ch.putWithSignal(t.stageWindow, dstOffset, t.stageWindow, t.stageOffset[r] + offset, bytes,
                                     flagSignal(t, kind, t.rank), e, SignalOp::kSet);
   if (s == Status::kOk) return true;
   report(t, kPeerFailed,
@@ -95,7 +103,7 @@ __device__ inline bool putToRemote(const Team& t, int r, uint64_t dstOffset, uin
 /// Puts only the fields at [offset, offset + bytes) of this rank's Ctrl-shaped staging for r (no flag).
 __device__ inline bool putCtrlToRemote(const Team& t, int r, uint64_t offset, uint64_t bytes) {
   ChannelDeviceHandle ch = t.net[r];
-  const Status s = ch.put(t.window, offset, t.window, t.stageOffset[r] + offset, bytes);
+  const Status s = ch.put(t.stageWindow, offset, t.stageWindow, t.stageOffset[r] + offset, bytes);
   if (s == Status::kOk) return true;
   report(t, kPeerFailed, kWaitCounts, r, 0, static_cast<int64_t>(s), 0);
   return false;

@@ -129,29 +129,29 @@ __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, Prepare
     ok = !__syncthreads_or(!sent) && waitAll(t, kFlagCounts, e, kWaitCounts, false);
   }
   if (ok) {
-    Ctrl* mine = ctrlOf(t, me);
     __shared__ int valid;
     if (threadIdx.x == 0) {
       valid = 1;
       for (int s = 0; s < R && valid; ++s) {
-        if (mine->status[s] == kNone) continue;
+        const Ctrl* from = recvCtrl(t, s);
+        if (from->status[s] == kNone) continue;
         valid = 0;
         if (s == me)
-          report(t, mine->status[s], 0, s, mine->statusValue[s], a.numExperts, e);
+          report(t, from->status[s], 0, s, from->statusValue[s], a.numExperts, e);
         else
-          report(t, kPeerError, 0, s, mine->status[s], mine->statusValue[s], e);
+          report(t, kPeerError, 0, s, from->status[s], from->statusValue[s], e);
       }
       int32_t n = 0;
-      for (int s = 0; s < R; ++s) n += mine->counts[s][me];
+      for (int s = 0; s < R; ++s) n += recvCtrl(t, s)->counts[s][me];
       *a.handle.numRecv = n;
       *a.handle.valid = valid;
       if (a.numRecvOut) *a.numRecvOut = n;
       a.hostCounts[0] = n;
     }
-    for (int i = threadIdx.x; i < R * R; i += blockDim.x) a.handle.matrix[i] = mine->counts[i / R][i % R];
+    for (int i = threadIdx.x; i < R * R; i += blockDim.x) a.handle.matrix[i] = recvCtrl(t, i / R)->counts[i / R][i % R];
     for (int j = threadIdx.x; j < epr; j += blockDim.x) {
       int32_t n = 0;
-      for (int s = 0; s < R; ++s) n += mine->expertCounts[s][j];
+      for (int s = 0; s < R; ++s) n += recvCtrl(t, s)->expertCounts[s][j];
       if (a.alignment > 1) n = (n + a.alignment - 1) / a.alignment * a.alignment;
       if (a.perExpertOut) a.perExpertOut[j] = n;
       a.hostCounts[1 + j] = n;
@@ -277,11 +277,12 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
     return;
   }
   // The peers' rows, from this rank's buffer into the outputs (this rank's own rows are there already).
-  const char* rows = rowsOf(t, me);
   const int end = min(o.inPrefix[R], cap);
   for (int row = gw; row < end; row += W) {
     if (row >= o.inPrefix[me] && row < o.inPrefix[me + 1]) continue;
-    const char* r = rows + int64_t(row) * a.row.rowBytes;
+    int s = 0;
+    while (row >= o.inPrefix[s + 1]) ++s;
+    const char* r = recvRows(t, s) + int64_t(row) * a.row.rowBytes;
     warpCopy16(static_cast<char*>(a.out.recvX) + int64_t(row) * xb, r, xb, lane);
     if (nScales && a.out.recvXScales)
       warpCopyFloats(a.out.recvXScales + int64_t(row) * nScales, reinterpret_cast<const float*>(r + a.row.scaleOffset),
@@ -351,7 +352,6 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
     finishOp(t);
     return;
   }
-  const char* rows = rowsOf(t, me);
   const uint32_t vecs = xb / 16;
   for (int tok = gw; tok < a.numTokens; tok += W) {
     const char* src[kMaxRanks];
@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
         src[n] = a.x + int64_t(o.inPrefix[me] + pos) * xb;
         wsrc[n] = a.topkWeights ? a.topkWeights + int64_t(o.inPrefix[me] + pos) * K : nullptr;
       } else {
-        const char* r = rows + int64_t(o.ownPrefix[d] + pos) * rowBytes;
+        const char* r = recvRows(t, d) + int64_t(o.ownPrefix[d] + pos) * rowBytes;
         src[n] = r;
         wsrc[n] = reinterpret_cast<const float*>(r + weightsOffset);
       }

@@ -4,7 +4,9 @@
 // Every rank's window (GPU memory, IPC-mapped by every peer) is laid out alike:
 //   [0, kCtrlBytes)   Ctrl: flags and counts the peers store into
 //   [kCtrlBytes, nvlBytes) rows: dispatch rows (x | scales | meta) or combine rows (x | weights), each 16-byte aligned
-//   [nvlBytes, end)   staging areas, one per rank on another host (Team), when there are such ranks
+// and, when some ranks are on other hosts, a second window of host memory holds what goes over the network (Team):
+//   [0, nvlBytes)     the receive mirror: Ctrl and rows as above, stored by the ranks on other hosts
+//   [nvlBytes, end)   send staging (rdmaBytes): one area per rank on another host
 //
 // Synchronisation. Every operation (a prepare, a dispatch, a combine) has an epoch e = state.seq + 1, the same on
 // every rank because the ranks make the same calls in the same order; its last kernel bumps state.seq. Its first
@@ -92,9 +94,11 @@ struct Team {
   uint64_t timeoutNs;
   uint32_t remoteMask;              // bit r: rank r is on another host (through the proxy)
   uint32_t window;                  // the Buffer's window id (the same on every rank)
+  uint32_t stageWindow;             // the staging window's id (host memory, the same on every rank)
   uint32_t signalBase;              // first of the 3 * kMaxRanks signal ids the flags of remote peers use
-  char* stage[kMaxRanks];           // remote r: this rank's staging area for r (device memory, in the window)
-  uint64_t stageOffset[kMaxRanks];  // its offset in the window
+  char* mirror;                     // the receive mirror (host-mapped), null without remote ranks
+  char* stage[kMaxRanks];           // remote r: this rank's staging area for r (host-mapped)
+  uint64_t stageOffset[kMaxRanks];  // its offset in the staging window
   const ChannelDeviceHandle* net;   // device array [kMaxRanks]: the proxied channel to each remote rank
   const uint64_t* netSignals;       // this rank's signal array (what remote peers' signals raise)
 };

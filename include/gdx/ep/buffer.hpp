@@ -3,9 +3,11 @@
 // (get_dispatch_layout, dispatch, combine) and tensor shapes. Every rank of the job holds one Buffer, created
 // collectively from its Context; its GPU memory is registered as a window once, and kernels store tokens straight
 // into the peers' IPC-mapped copies of it (the direct path, NVLink) with 16-byte vector stores, no proxy. Ranks on
-// other hosts are reached through the proxy: the kernels store their rows for such a rank into a staging area of
-// their own window, and one put-with-signal per remote rank and operation carries them (RDMA or TCP). Each token
-// goes once to each remote rank that needs it (not yet once per host with an NVLink relay there).
+// other hosts are reached through the proxy: the kernels store their rows for such a rank into a staging area in
+// pinned host memory, one put-with-signal per remote rank and operation carries them (RDMA or TCP) into the
+// receiver's mirror of its window, also in host memory, and its kernels read them from there over PCIe: no CUDA copy
+// is ever issued by the proxy, so it cannot wait behind the application's queued kernels. Each token goes once to each
+// remote rank that needs it (not yet once per host with an NVLink relay there).
 //
 // One call sequence per step, the same on every rank and on one stream per rank (each call's kernels start with a
 // barrier among the ranks, which is what lets a rank reuse its buffer):
@@ -140,7 +142,8 @@ class Buffer {
  public:
   /// Collective over every rank of `context` (one GPU may serve several ranks). `nvlBytes`: GPU memory each rank
   /// lends its peers' stores (the rows it receives, from every rank). `rdmaBytes`: staging for the ranks on other
-  /// hosts (those not reached on the direct path), split evenly among them; 0 when every rank is on the direct
+  /// hosts (those not reached on the direct path), split evenly among them, in pinned host memory together with a
+  /// host copy of the nvlBytes layout that those ranks store into; 0 when every rank is on the direct
   /// path, otherwise at least (number of remote ranks) x (36 KiB of counts + the rows this rank sends one rank). Both
   /// must be the same on every rank. With ranks on other hosts the Buffer uses the top 3 x kMaxRanks signal ids of the
   /// Context (GDX_NUM_SIGNALS) for its flags: leave them to it.

@@ -256,6 +256,63 @@ TEST(Bootstrap, AllGatherFourRanks) {
             std::vector<int>(4, 0));
 }
 
+// An external store carries the rendezvous port (as torch.distributed's store does for the Python package): rank 0
+// listens on an ephemeral port and publishes it through publishPort, here into a pipe the other ranks read.
+TEST(Bootstrap, EphemeralPortPublishedThroughAnExternalStore) {
+  constexpr int kWorld = 3;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::vector<int> rc = test::runRanks(
+      kWorld,
+      [&](int rank) {
+        BootstrapConfig c;
+        c.rank = rank;
+        c.worldSize = kWorld;
+        c.secret = "external-store-test";
+        c.timeoutNs = 10000ull * 1000000ull;
+        if (rank == 0) {
+          close(fds[0]);
+          c.masterPort = 0;
+          c.publishPort = [&](int port) {
+            for (int i = 1; i < kWorld; ++i)
+              if (write(fds[1], &port, sizeof port) != sizeof port) throw Error(ErrorCode::kSystem, "store write");
+          };
+        } else {
+          close(fds[1]);
+          int port = 0;
+          CHILD_CHECK(read(fds[0], &port, sizeof port) == sizeof port);
+          CHILD_CHECK(port > 0 && port < 65536);
+          c.masterPort = port;
+        }
+        Bootstrap b(c);
+        std::vector<std::string> got = b.allGather(std::to_string(rank * 7));
+        for (int r = 0; r < kWorld; ++r) CHILD_CHECK(got[r] == std::to_string(r * 7));
+        b.barrier();
+        return 0;
+      },
+      60);
+  close(fds[0]);
+  close(fds[1]);
+  EXPECT_EQ(rc, std::vector<int>(kWorld, 0));
+}
+
+TEST(BootstrapConfig, PortZeroNeedsRankZeroAndAPublishHook) {
+  BootstrapConfig c;
+  c.masterPort = 0;
+  c.worldSize = 2;
+  c.rank = 1;
+  c.publishPort = [](int) {};
+  try {
+    Bootstrap b(c);
+    FAIL() << "port 0 on rank 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("masterPort 0 is invalid (0 needs rank 0 and a publishPort hook)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // GDX_HOSTS=2 makes four ranks of this machine two emulated hosts of two ranks: each sees only its host's ranks as
 // local, with local ranks 0 and 1 (LOCAL_RANK, 0..3 here, counts the machine and is overridden); GDX_HOST_ID sets
 // one rank's host by hand.

@@ -44,7 +44,10 @@ void validate(const BootstrapConfig& c) {
   if (c.rank < 0 || c.rank >= c.worldSize)
     bad("rank " + std::to_string(c.rank) + " is out of range for world size " + std::to_string(c.worldSize));
   if (c.localRank < -1 || c.localRank >= c.worldSize) bad("localRank " + std::to_string(c.localRank) + " is invalid");
-  if (c.masterPort < 1 || c.masterPort > 65535) bad("masterPort " + std::to_string(c.masterPort) + " is invalid");
+  const bool ephemeral = c.masterPort == 0 && c.rank == 0 && c.publishPort;
+  if (!ephemeral && (c.masterPort < 1 || c.masterPort > 65535))
+    bad("masterPort " + std::to_string(c.masterPort) + " is invalid" +
+        (c.masterPort == 0 ? " (0 needs rank 0 and a publishPort hook)" : ""));
   if (c.masterAddr.empty()) bad("masterAddr is empty");
   if (c.timeoutNs == 0) bad("timeoutNs must be positive");
 }
@@ -83,6 +86,11 @@ struct Bootstrap::Impl {
   void join() {
     Deadline joinDeadline = deadlineIn(cfg.timeoutNs);
     if (cfg.rank == 0) server = std::make_unique<RendezvousServer>(cfg);
+    if (cfg.masterPort == 0) {  // ephemeral (validate): the server chose the port, the store tells the others
+      cfg.masterPort = server->port();
+      master = net::hostPort(cfg.masterAddr, cfg.masterPort);
+      cfg.publishPort(cfg.masterPort);
+    }
     connectToMaster(joinDeadline);
     localIp = net::localAddress(fd.get());
 

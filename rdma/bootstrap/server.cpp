@@ -1,5 +1,6 @@
 #include "rdma/bootstrap/server.hpp"
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -504,6 +505,7 @@ struct RendezvousServer::Impl {
 
 RendezvousServer::RendezvousServer(const BootstrapConfig& config) : impl_(std::make_unique<Impl>(config)) {
   impl_->listen();
+  if (config.masterPort == 0) impl_->where = net::hostPort(config.masterAddr, port());  // messages name the real port
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
 
@@ -511,6 +513,14 @@ RendezvousServer::~RendezvousServer() {
   impl_->stopRequested.store(true);
   impl_->wake.wake();
   if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int RendezvousServer::port() const {
+  sockaddr_storage a{};
+  socklen_t n = sizeof a;
+  GDX_SYS_CHECK(::getsockname(impl_->listener.get(), reinterpret_cast<sockaddr*>(&a), &n) == 0);
+  return a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port)
+                                 : ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
 }
 
 bool RendezvousServer::waitFinished(uint64_t ns) {

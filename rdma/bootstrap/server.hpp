@@ -22,6 +22,8 @@ class RendezvousServer {
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
 
+  /// The port it listens on (the one chosen by the kernel when config.masterPort was 0).
+  int port() const;
   /// Waits up to `ns` for the server to finish on its own: every rank said goodbye, or the job was aborted and
   /// the ranks were told. False on timeout.
   bool waitFinished(uint64_t ns);

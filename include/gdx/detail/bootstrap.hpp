@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,11 @@ struct BootstrapConfig {
   /// another host, though on this machine: hostRanks(), the direct path and relays see them as remote, so their
   /// traffic takes the proxy and the transport. The local rank is then the rank's index among its host's ranks.
   int emulatedHost = -1;
+  /// Hook for an external key-value store that carries the rendezvous address (torch.distributed's store, from the
+  /// Python package): with masterPort 0, rank 0 listens on an ephemeral port of masterAddr and calls
+  /// publishPort(port) before it waits for the other ranks, which must learn the port through the store and join
+  /// with it as their masterPort. Saves picking a free port in advance (and the race of doing so).
+  std::function<void(int port)> publishPort;
 
   /// Reads GDX_RANK / RANK, GDX_WORLD_SIZE / WORLD_SIZE, GDX_LOCAL_RANK / LOCAL_RANK, GDX_MASTER_ADDR /
   /// MASTER_ADDR, GDX_MASTER_PORT / MASTER_PORT (GDX_ variables win), GDX_JOB_SECRET (else a secret derived

@@ -6,6 +6,13 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CMAKE_FLAGS ?=
+# The interpreter the Python package (python/) is built for, installed into and tested with: the first of Debian's
+# /usr/bin/python3 and the python3 on PATH (a pyenv one, say) whose headers (Python.h) exist. Override with
+# `make PYTHON=/path/to/python3`; on a machine without python3-dev / pybind11-dev, pass carried headers with
+# CMAKE_FLAGS='-DPython3_INCLUDE_DIR=... -DGDX_PYBIND11_INCLUDE=...' (else the extension is skipped, with a message).
+PYTHON ?= $(shell for p in /usr/bin/python3 $$(command -v python3); do \
+  $$p -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  2>/dev/null && { echo $$p; break; }; done)
 FUZZ_SECONDS ?= 600
 RUN_ARGS ?= --json $(BUILD)/benchmark_local.json
 
@@ -19,7 +26,7 @@ deps:
 
 configure: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
-	  $(if $(NVCC),-DCMAKE_CUDA_COMPILER=$(NVCC)) $(CMAKE_FLAGS) >/dev/null
+	  $(if $(NVCC),-DCMAKE_CUDA_COMPILER=$(NVCC)) $(if $(PYTHON),-DPython3_EXECUTABLE=$(PYTHON)) $(CMAKE_FLAGS) >/dev/null
 
 # Every test: unit, multi-process, network namespaces, Soft-RoCE (where the machine allows each).
 test: all

@@ -134,6 +134,20 @@ def _store_of(group: Any) -> Any:
     return pg_map[group][1]
 
 
+def _group_tag(group: Any) -> str:
+    """A name of `group` that every member computes alike, so that groups sharing one store (older torch hands every
+    group the default store) get keys of their own."""
+    import torch.distributed as dist
+    c10d = dist.distributed_c10d
+    if group is None:
+        group = dist.group.WORLD
+    name = getattr(group, "group_name", None) or getattr(c10d, "_pg_names", {}).get(group)
+    if name:
+        return str(name)
+    ranks = getattr(c10d, "_pg_group_ranks", {}).get(group)
+    return "ranks-" + "-".join(str(r) for r in sorted(ranks)) if ranks else "world"
+
+
 def _master_address(explicit: Optional[str]) -> str:
     if explicit:
         return explicit
@@ -169,7 +183,7 @@ class Context:
         """
         import torch.distributed as dist
         return cls.from_store(_store_of(group), dist.get_rank(group), dist.get_world_size(group),
-                              master_addr=master_addr, timeout=timeout, key=group)
+                              master_addr=master_addr, timeout=timeout, prefix=f"gdx/{_group_tag(group)}", key=group)
 
     @classmethod
     def from_store(cls, store: Any, rank: int, world_size: int, *, master_addr: Optional[str] = None,

@@ -39,8 +39,9 @@ void bindEp(py::module_& m) {
   ep.attr("MAX_EXPERTS") = ep::kMaxExperts;
   ep.attr("MAX_TOPK") = ep::kMaxTopk;
   ep.attr("FP8_SCALE_BLOCK") = ep::kFp8ScaleBlock;
-  py::enum_<ep::DType>(ep, "DType").value("bfloat16", ep::DType::kBFloat16).value("float8_e4m3",
-                                                                                  ep::DType::kFloat8E4M3);
+  py::enum_<ep::DType>(ep, "DType")
+      .value("bfloat16", ep::DType::kBFloat16)
+      .value("float8_e4m3", ep::DType::kFloat8E4M3);
 
   py::class_<ep::Config>(ep, "Config")
       .def(py::init<>())
@@ -121,17 +122,14 @@ void bindEp(py::module_& m) {
           },
           py::arg("inputs"), py::arg("handle"), py::arg("expert_alignment"), py::arg("stream"),
           py::arg("num_recv_tokens_per_expert") = 0)
-      .def("dispatch",
-           [](ep::Buffer& b, const ep::DispatchInputs& in, const ep::DispatchHandle& h, const ep::DispatchOutputs& o,
-              uintptr_t stream) { b.dispatch(in, h, o, streamFrom(stream)); })
+      .def("dispatch", [](ep::Buffer& b, const ep::DispatchInputs& in, const ep::DispatchHandle& h,
+                          const ep::DispatchOutputs& o, uintptr_t stream) { b.dispatch(in, h, o, streamFrom(stream)); })
       .def("dispatch_worst",
            [](ep::Buffer& b, const ep::DispatchInputs& in, ep::DispatchHandle& h, const ep::DispatchOutputs& o,
-              int numWorst, int alignment, uintptr_t stream) {
-             b.dispatchWorst(in, h, o, numWorst, alignment, streamFrom(stream));
-           })
-      .def("combine",
-           [](ep::Buffer& b, const ep::CombineInputs& in, const ep::DispatchHandle& h, const ep::CombineOutputs& o,
-              uintptr_t stream) { b.combine(in, h, o, streamFrom(stream)); })
+              int numWorst, int alignment,
+              uintptr_t stream) { b.dispatchWorst(in, h, o, numWorst, alignment, streamFrom(stream)); })
+      .def("combine", [](ep::Buffer& b, const ep::CombineInputs& in, const ep::DispatchHandle& h,
+                         const ep::CombineOutputs& o, uintptr_t stream) { b.combine(in, h, o, streamFrom(stream)); })
       .def("check_errors", &ep::Buffer::checkErrors);
 }
 

@@ -108,14 +108,13 @@ void bindHostApi(py::module_& m) {
           [](Channel& c, const PyWindow& dst, uint64_t dstOffset, const PyWindow& src, uint64_t srcOffset,
              uint64_t bytes) { c.put(dst.window, dstOffset, src.window, srcOffset, bytes); },
           py::call_guard<py::gil_scoped_release>())
-      .def(
-          "put_with_signal",
-          [](Channel& c, const PyWindow& dst, uint64_t dstOffset, const PyWindow& src, uint64_t srcOffset,
-             uint64_t bytes, uint32_t signal, uint64_t value, const std::string& op) {
-            const SignalOp o = signalOpFrom(op);
-            py::gil_scoped_release release;
-            c.putWithSignal(dst.window, dstOffset, src.window, srcOffset, bytes, signal, value, o);
-          })
+      .def("put_with_signal",
+           [](Channel& c, const PyWindow& dst, uint64_t dstOffset, const PyWindow& src, uint64_t srcOffset,
+              uint64_t bytes, uint32_t signal, uint64_t value, const std::string& op) {
+             const SignalOp o = signalOpFrom(op);
+             py::gil_scoped_release release;
+             c.putWithSignal(dst.window, dstOffset, src.window, srcOffset, bytes, signal, value, o);
+           })
       .def("signal",
            [](Channel& c, uint32_t signal, uint64_t value, const std::string& op) {
              const SignalOp o = signalOpFrom(op);
@@ -157,8 +156,8 @@ void bindHostApi(py::module_& m) {
             c->context = std::make_unique<Context>(b, ContextOptions::fromEnv());
             return c;
           },
-          py::arg("rank"), py::arg("world_size"), py::arg("local_rank"), py::arg("master_addr"),
-          py::arg("master_port"), py::arg("secret"), py::arg("timeout_ms"), py::arg("publish_port"))
+          py::arg("rank"), py::arg("world_size"), py::arg("local_rank"), py::arg("master_addr"), py::arg("master_port"),
+          py::arg("secret"), py::arg("timeout_ms"), py::arg("publish_port"))
       .def_property_readonly("rank", [](const PyContext& c) { return c.get().rank(); })
       .def_property_readonly("world_size", [](const PyContext& c) { return c.get().worldSize(); })
       .def_property_readonly("local_rank", [](const PyContext& c) { return c.get().bootstrap().localRank(); })
@@ -186,10 +185,8 @@ void bindHostApi(py::module_& m) {
             return py::bytes(reinterpret_cast<const char*>(&h), sizeof h);
           },
           py::arg("peer"), py::arg("ring") = -1)
-      .def("wait",
-           [](const PyContext& c, uint32_t signal, uint64_t value, uint64_t timeoutMs) {
-             waitInterruptibly(c.get(), signal, value, timeoutMs * kMsNs);
-           })
+      .def("wait", [](const PyContext& c, uint32_t signal, uint64_t value,
+                      uint64_t timeoutMs) { waitInterruptibly(c.get(), signal, value, timeoutMs * kMsNs); })
       .def("signal_value", [](const PyContext& c, uint32_t signal) { return c.get().signalValue(signal); })
       .def("set_signal", [](PyContext& c, uint32_t signal, uint64_t value) { c.get().setSignal(signal, value); })
       .def("is_direct", [](const PyContext& c, int peer) { return c.get().isDirect(peer); })

@@ -1,0 +1,386 @@
+"""gdx.ep.Buffer: DeepEP's Buffer names, argument order and return tuples over gdx::ep::Buffer (include/gdx/ep/).
+
+What differs from DeepEP, each on purpose:
+- The routing is computed by gdx from ``topk_idx`` inside dispatch: ``num_tokens_per_rank``, ``is_token_in_rank``
+  and ``num_tokens_per_expert`` (from get_dispatch_layout) are accepted and not needed.
+- Kernels run on the current stream (``torch.cuda.current_stream()``); ``previous_event`` is waited for first,
+  ``async_finish`` returns an event recorded after them; ``allocate_on_comm_stream`` is accepted and has no effect.
+- The kernel shape is the Buffer's (``Buffer.set_num_sms`` before constructing, or ``config=`` of the
+  constructor); a per-call ``config`` is accepted for compatibility and not applied.
+- The handle is a :class:`DispatchHandle` object (opaque, as users of DeepEP treat its tuple).
+"""
+
+from typing import Any, List, Optional, Tuple, Union
+
+from .. import _gdx
+from ..context import Context
+from ..errors import InvalidArgumentError
+
+
+def _torch():
+    import torch  # lazily: importing gdx never imports torch
+    return torch
+
+
+def _native_ep():
+    if not _gdx.ep_available():
+        raise NotImplementedError("gdx.ep needs a build of gdx with CUDA (nvcc was not found when it was built)")
+    return _gdx.ep
+
+
+_LOW_LATENCY = ("gdx.ep: the low-latency mode ({what}) is not implemented yet; use the normal mode "
+                "(Buffer(group, num_nvl_bytes), dispatch, combine)")
+
+
+class Config:
+    """DeepEP's Config(num_sms, nvl send/recv chunks, rdma send/recv chunks). gdx uses ``num_sms`` (blocks of the
+    dispatch and combine kernels) and ``num_threads`` (threads per block, a multiple of 32); the chunk sizes are
+    kept for compatibility and not used (gdx's kernels size their chunks from the buffer)."""
+
+    def __init__(self, num_sms: int = 24, num_max_nvl_chunked_send_tokens: int = 6,
+                 num_max_nvl_chunked_recv_tokens: int = 256, num_max_rdma_chunked_send_tokens: int = 6,
+                 num_max_rdma_chunked_recv_tokens: int = 256, *, num_threads: Optional[int] = None):
+        self.num_sms = num_sms
+        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
+        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
+        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
+        self.num_max_rdma_chunked_recv_tokens = num_max_rdma_chunked_recv_tokens
+        self.num_threads = num_threads
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """NVLink buffer bytes for up to 4096 tokens per rank of `hidden_bytes` each (top-k up to 16, FP8 scales
+        included), every rank able to send all of them to one rank."""
+        row = hidden_bytes + hidden_bytes // 64 + 16 * 12 + 64
+        return ((row * 4096 * num_ranks + (1 << 20)) + 127) // 128 * 128
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """0: gdx's normal mode does not use an RDMA buffer within one host."""
+        return 0
+
+    def _native(self, num_ranks: int):
+        c = _native_ep().Config.for_ranks(num_ranks)
+        c.num_sms = self.num_sms
+        if self.num_threads is not None:
+            c.num_threads = self.num_threads
+        return c
+
+    def __repr__(self) -> str:
+        return f"gdx.ep.Config(num_sms={self.num_sms}, num_threads={self.num_threads})"
+
+
+class EventOverlap:
+    """DeepEP's EventOverlap: a CUDA event (None unless the call had async_finish) and the tensors to keep alive
+    until it completed. ``current_stream_wait()`` makes the current stream wait for it; as a context manager
+    (``with event:``) it does so on exit."""
+
+    def __init__(self, event: Any = None, extra_tensors: Optional[Tuple] = None):
+        self.event = event
+        self.extra_tensors = extra_tensors
+
+    def current_stream_wait(self) -> None:
+        if self.event is None:
+            raise InvalidArgumentError("EventOverlap.current_stream_wait: no event (the call had async_finish=False)")
+        _torch().cuda.current_stream().wait_event(self.event)
+
+    def __enter__(self) -> "EventOverlap":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.event is not None:
+            self.current_stream_wait()
+
+
+class DispatchHandle:
+    """The routing of one dispatch (which token went to which rank and row): pass it to combine, or to dispatch for
+    the cached form. ``num_recv_tokens`` is None after a num_worst_tokens dispatch (the count is on the device)."""
+
+    def __init__(self, buffer: "Buffer", native: Any, num_tokens: int, hidden: int, num_recv_tokens: Optional[int],
+                 recv_src_idx: Any, num_worst_tokens: int):
+        self._buffer = buffer
+        self._native = native
+        self.num_tokens = num_tokens
+        self.hidden = hidden
+        self.num_recv_tokens = num_recv_tokens
+        self.recv_src_idx = recv_src_idx  #: [rows] int32: each received row's token index on its source rank
+        self.num_worst_tokens = num_worst_tokens
+
+    @property
+    def rows(self) -> int:
+        """Rows of the received tensors (the received count, or num_worst_tokens)."""
+        return self.num_worst_tokens if self.num_worst_tokens else self.num_recv_tokens
+
+
+class Buffer:
+    """MoE dispatch/combine buffers over the ranks of `group` (a torch.distributed group, or a gdx.Context), all on
+    one host and reaching one another over NVLink (at most 8). Collective.
+
+    num_nvl_bytes: GPU memory each rank lends its peers (Config.get_nvl_buffer_size_hint); num_rdma_bytes: for the
+    internode path, which gdx does not have yet (must be 0 unless every rank is on this host; then it is ignored).
+    Call ``torch.cuda.set_device(local_rank)`` before making it: its GPU is the current one.
+    """
+
+    num_sms: int = 24
+
+    def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
+                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
+                 allow_mnnvl: bool = False, explicitly_destroy: bool = False, *, config: Optional[Config] = None):
+        if low_latency_mode:
+            raise NotImplementedError(_LOW_LATENCY.format(what="low_latency_mode=True"))
+        native_ep = _native_ep()
+        self._context = group if isinstance(group, Context) else Context.from_process_group(group)
+        self.group = group
+        self.rank = self._context.rank
+        self.group_size = self._context.world_size
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+        self.explicitly_destroy = explicitly_destroy
+        cfg = (config or Config(Buffer.num_sms))._native(self.group_size)
+        self.runtime = native_ep.Buffer(self._context._native, num_nvl_bytes, num_rdma_bytes, cfg)
+        self._handles: dict = {}  # free native handles by capacity, reused in stream order
+
+    # ---- DeepEP's static helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        """Blocks of the dispatch and combine kernels of Buffers made afterwards."""
+        if new_num_sms <= 0:
+            raise InvalidArgumentError(f"set_num_sms: {new_num_sms} must be positive")
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An event recorded on the current stream."""
+        torch = _torch()
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream())
+        return EventOverlap(event)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        raise NotImplementedError(_LOW_LATENCY.format(what="get_low_latency_rdma_size_hint"))
+
+    def destroy(self) -> None:
+        """Frees the buffer now (DeepEP's explicitly_destroy); collective."""
+        self.runtime = None
+        self._handles.clear()
+
+    # ---- layout ------------------------------------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """Returns (num_tokens_per_rank [R] int32, None (no RDMA ranks), num_tokens_per_expert [E] int32,
+        is_token_in_rank [N, R] bool, event), as DeepEP."""
+        torch = _torch()
+        stream = self._begin(previous_event)
+        topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
+        n, k = topk_idx.shape
+        dev = topk_idx.device
+        per_rank = torch.empty(self.group_size, dtype=torch.int32, device=dev)
+        per_expert = torch.empty(num_experts, dtype=torch.int32, device=dev)
+        in_rank = torch.empty((n, self.group_size), dtype=torch.bool, device=dev)
+        self.runtime.get_dispatch_layout(topk_idx.data_ptr(), n, k, num_experts, per_rank.data_ptr(),
+                                         per_expert.data_ptr(), in_rank.data_ptr(), stream.cuda_stream)
+        return per_rank, None, per_expert, in_rank, self._end(stream, async_finish, (topk_idx,))
+
+    # ---- dispatch ----------------------------------------------------------------------------------------------
+    def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[DispatchHandle] = None,
+                 num_tokens_per_rank=None, num_tokens_per_rdma_rank=None, is_token_in_rank=None,
+                 num_tokens_per_expert=None, topk_idx=None, topk_weights=None, expert_alignment: int = 1,
+                 num_worst_tokens: int = 0, config: Optional[Config] = None,
+                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                 allocate_on_comm_stream: bool = False):
+        """Sends each token to the ranks of its top-k experts. `x`: [N, hidden] bfloat16, or (float8_e4m3fn
+        [N, hidden], float32 scales [N, hidden / 128]). Returns (recv_x (a tuple for FP8), recv_topk_idx,
+        recv_topk_weights, num_recv_tokens_per_expert_list, handle, event), as DeepEP; the cached form (`handle`
+        given, no topk) returns (recv_x, None, None, None, None, event). recv_topk_idx holds local expert ids, -1
+        where the expert is on another rank. num_worst_tokens > 0: no host synchronisation, outputs of that many
+        rows, the list is empty."""
+        torch = _torch()
+        ep = _native_ep()
+        stream = self._begin(previous_event)
+        x, x_scales = x if isinstance(x, tuple) else (x, None)
+        inputs, n, hidden = self._inputs(x, x_scales, ep)
+        rows_needed = n
+        if handle is not None:
+            if topk_idx is not None or topk_weights is not None:
+                raise InvalidArgumentError("dispatch: the cached form (handle given) takes no topk_idx/topk_weights")
+            recv_x, recv_scales = self._alloc_recv(x, x_scales, handle.rows, hidden)
+            out = ep.DispatchOutputs()
+            out.capacity = handle.rows
+            out.recv_x = recv_x.data_ptr()
+            out.recv_x_scales = recv_scales.data_ptr() if recv_scales is not None else 0
+            self.runtime.dispatch(inputs, handle._native, out, stream.cuda_stream)
+            event = self._end(stream, async_finish, (x, x_scales, recv_x, recv_scales))
+            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
+
+        if topk_idx is None:
+            raise InvalidArgumentError("dispatch: topk_idx is required unless a handle is given")
+        topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
+        k = topk_idx.shape[1]
+        if topk_weights is not None:
+            topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
+        num_experts = self._num_experts(num_tokens_per_expert)
+        inputs.topk_idx = topk_idx.data_ptr()
+        inputs.topk_weights = topk_weights.data_ptr() if topk_weights is not None else 0
+        inputs.num_topk = k
+        inputs.num_experts = num_experts
+        native_handle = self._take_handle(rows_needed)
+        local_experts = num_experts // self.group_size if num_experts else 0
+        per_expert = torch.empty(max(local_experts, 1), dtype=torch.int32, device=x.device)
+        if num_worst_tokens > 0:
+            rows, counts = num_worst_tokens, []
+            num_recv = torch.empty(1, dtype=torch.int32, device=x.device)
+        else:
+            rows, counts = self.runtime.dispatch_prepare(inputs, native_handle, expert_alignment,
+                                                         stream.cuda_stream, per_expert.data_ptr())
+            num_recv = None
+        recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
+        recv_topk_idx = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+        recv_topk_weights = torch.empty((rows, k), dtype=torch.float32, device=x.device)
+        recv_src_idx = torch.empty(rows, dtype=torch.int32, device=x.device)
+        out = ep.DispatchOutputs()
+        out.capacity = rows
+        out.recv_x = recv_x.data_ptr()
+        out.recv_x_scales = recv_scales.data_ptr() if recv_scales is not None else 0
+        out.recv_topk_idx = recv_topk_idx.data_ptr()
+        out.recv_topk_weights = recv_topk_weights.data_ptr() if topk_weights is not None else 0
+        out.recv_src_idx = recv_src_idx.data_ptr()
+        if num_worst_tokens > 0:
+            out.num_recv_tokens_per_expert = per_expert.data_ptr()
+            out.num_recv_tokens = num_recv.data_ptr()
+            self.runtime.dispatch_worst(inputs, native_handle, out, num_worst_tokens, expert_alignment,
+                                        stream.cuda_stream)
+        else:
+            self.runtime.dispatch(inputs, native_handle, out, stream.cuda_stream)
+        handle = DispatchHandle(self, native_handle, n, hidden, None if num_worst_tokens else rows, recv_src_idx,
+                                num_worst_tokens)
+        self._recycle_later(handle)
+        event = self._end(stream, async_finish, (x, x_scales, topk_idx, topk_weights, recv_x, recv_scales))
+        return ((recv_x, recv_scales) if x_scales is not None else recv_x, recv_topk_idx,
+                recv_topk_weights if topk_weights is not None else None, list(counts), handle, event)
+
+    # ---- combine -----------------------------------------------------------------------------------------------
+    def combine(self, x, handle: DispatchHandle, topk_weights=None, bias=None, config: Optional[Config] = None,
+                previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                allocate_on_comm_stream: bool = False):
+        """Sends every received row back to its source token, where the rows are summed (plus `bias`: a tensor or
+        a pair, [N, hidden] bfloat16). `x`: [rows, hidden] bfloat16 in the received order. Returns (combined_x
+        [N, hidden], combined_topk_weights [N, k] or None, event), as DeepEP."""
+        torch = _torch()
+        ep = _native_ep()
+        if not isinstance(handle, DispatchHandle):
+            raise InvalidArgumentError("combine: handle must be the DispatchHandle a dispatch returned")
+        stream = self._begin(previous_event)
+        x = self._check(x, torch.bfloat16, 2, "x")
+        if x.shape[0] < (handle.rows or 0) or x.shape[1] != handle.hidden:
+            raise InvalidArgumentError(f"combine: x is {tuple(x.shape)}, the dispatch received "
+                                       f"[{handle.rows}, {handle.hidden}]")
+        cin = ep.CombineInputs()
+        cin.x = x.data_ptr()
+        combined_w = None
+        if topk_weights is not None:
+            topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
+            cin.topk_weights = topk_weights.data_ptr()
+            combined_w = torch.empty((handle.num_tokens, topk_weights.shape[1]), dtype=torch.float32,
+                                     device=x.device)
+        biases = bias if isinstance(bias, tuple) else (bias, None)
+        if biases[0] is not None:
+            cin.bias0 = self._check(biases[0], torch.bfloat16, 2, "bias").data_ptr()
+        if biases[1] is not None:
+            cin.bias1 = self._check(biases[1], torch.bfloat16, 2, "bias").data_ptr()
+        combined_x = torch.empty((handle.num_tokens, handle.hidden), dtype=torch.bfloat16, device=x.device)
+        cout = ep.CombineOutputs()
+        cout.combined_x = combined_x.data_ptr()
+        cout.combined_topk_weights = combined_w.data_ptr() if combined_w is not None else 0
+        self.runtime.combine(cin, handle._native, cout, stream.cuda_stream)
+        return combined_x, combined_w, self._end(stream, async_finish, (x, topk_weights, combined_x))
+
+    # ---- low-latency mode (not yet) ------------------------------------------------------------------------------
+    def clean_low_latency_buffer(self, *args, **kwargs) -> None:
+        raise NotImplementedError(_LOW_LATENCY.format(what="clean_low_latency_buffer"))
+
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             *args, return_recv_hook: bool = False, **kwargs):
+        raise NotImplementedError(_LOW_LATENCY.format(what="low_latency_dispatch"))
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, *args, return_recv_hook: bool = False,
+                            **kwargs):
+        raise NotImplementedError(_LOW_LATENCY.format(what="low_latency_combine"))
+
+    # ---- helpers -----------------------------------------------------------------------------------------------
+    def _begin(self, previous_event: Optional[EventOverlap]):
+        if self.runtime is None:
+            raise InvalidArgumentError("gdx.ep.Buffer: used after destroy()")
+        if previous_event is not None and previous_event.event is not None:
+            previous_event.current_stream_wait()
+        return _torch().cuda.current_stream()
+
+    def _end(self, stream, async_finish: bool, tensors: Tuple) -> EventOverlap:
+        if not async_finish:
+            return EventOverlap()
+        event = _torch().cuda.Event()
+        event.record(stream)
+        return EventOverlap(event, tuple(t for t in tensors if t is not None))
+
+    @staticmethod
+    def _check(t, dtype, ndim: int, what: str):
+        if t.dtype != dtype or t.dim() != ndim:
+            raise InvalidArgumentError(f"{what}: expected a {ndim}-d {dtype} tensor, got {t.dim()}-d {t.dtype}")
+        if not t.is_cuda:
+            raise InvalidArgumentError(f"{what}: expected a CUDA tensor, got one on {t.device}")
+        return t if t.is_contiguous() else t.contiguous()
+
+    def _inputs(self, x, x_scales, ep):
+        torch = _torch()
+        inputs = ep.DispatchInputs()
+        if x_scales is None:
+            x = self._check(x, torch.bfloat16, 2, "x")
+            inputs.dtype = ep.DType.bfloat16
+        else:
+            fp8 = getattr(torch, "float8_e4m3fn", None)
+            if fp8 is None or x.dtype != fp8:
+                raise InvalidArgumentError(f"x: an FP8 dispatch takes (float8_e4m3fn, float32 scales), got {x.dtype}")
+            x_scales = self._check(x_scales, torch.float32, 2, "x_scales")
+            inputs.dtype = ep.DType.float8_e4m3
+            inputs.x_scales = x_scales.data_ptr()
+        n, hidden = x.shape
+        inputs.x = x.data_ptr()
+        inputs.num_tokens = n
+        inputs.hidden = hidden
+        return inputs, n, hidden
+
+    def _num_experts(self, num_tokens_per_expert) -> int:
+        if num_tokens_per_expert is None:
+            raise InvalidArgumentError("dispatch: num_tokens_per_expert (from get_dispatch_layout) is required: "
+                                       "its length is the number of experts")
+        return int(num_tokens_per_expert.numel())
+
+    def _alloc_recv(self, x, x_scales, rows: int, hidden: int):
+        torch = _torch()
+        recv_x = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+        recv_scales = None
+        if x_scales is not None:
+            recv_scales = torch.empty((rows, x_scales.shape[1]), dtype=torch.float32, device=x.device)
+        return recv_x, recv_scales
+
+    def _take_handle(self, num_tokens: int):
+        capacity = 1 << max(num_tokens - 1, 0).bit_length()  # powers of two, so handles are reused across sizes
+        free = self._handles.get(capacity)
+        return free.pop() if free else self.runtime.new_handle(capacity)
+
+    def _recycle_later(self, handle: DispatchHandle) -> None:
+        import weakref
+        native, pool = handle._native, self._handles
+
+        def give_back(native=native, pool=pool):
+            pool.setdefault(native.max_tokens, []).append(native)
+
+        weakref.finalize(handle, give_back)

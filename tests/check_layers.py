@@ -10,6 +10,7 @@ a sibling on the same level (device and rdma do not know each other):
   2 proxy    proxy threads and their placement
   3 runtime  Context, Window, Channel, the direct path, the relay
   4 ep       MoE dispatch/combine (normal mode) on the public API
+  5 python   the Python package's extension (python/src/): bindings of every layer below
 
 A source file's layer is its top folder; a header under include/gdx/ gets its layer from HEADER_LAYERS below, so
 that a new header must be placed in a layer before the check passes.
@@ -18,7 +19,7 @@ import pathlib
 import re
 import sys
 
-LEVEL = {"base": 0, "device": 1, "rdma": 1, "proxy": 2, "runtime": 3, "ep": 4}
+LEVEL = {"base": 0, "device": 1, "rdma": 1, "proxy": 2, "runtime": 3, "ep": 4, "python": 5}
 
 HEADER_LAYERS = {
     # public

@@ -21,12 +21,14 @@ from .errors import InvalidArgumentError
 class Window:
     """Memory registered with a Context under an id that is the same on every rank.
 
-    Keeps the array it was made from alive. ``close()`` (or leaving a ``with`` block) deregisters it after the
-    operations already queued on it completed; the Context's ``close()`` does it for every window.
+    The Context holds it (and the array it was made from) until ``close()`` (or the end of a ``with`` block), which
+    deregisters it after the operations already queued on it completed; the Context's ``close()`` does it for every
+    window. So ``ctx.register_window(a)`` alone is enough: later calls may name the array `a` itself.
     """
 
-    def __init__(self, native: "_gdx._Window", array: Any, view: RawView):
+    def __init__(self, native: "_gdx._Window", array: Any, view: RawView, owner: Optional[dict] = None):
         self._native = native
+        self._owner = owner
         self.array = array  #: the object whose memory this is (kept alive while the window lives)
         self._view = view
 
@@ -42,6 +44,8 @@ class Window:
         return self._native.remote_size(peer)
 
     def close(self) -> None:
+        if self._owner is not None:
+            self._owner.pop(id(self), None)
         self._native.close()
 
     def __enter__(self) -> "Window":
@@ -168,7 +172,7 @@ class Context:
 
     def __init__(self, *, _native: Optional["_gdx._Context"] = None):
         self._native = _native if _native is not None else _gdx._Context()
-        self._windows: "weakref.WeakSet[Window]" = weakref.WeakSet()
+        self._windows: dict = {}  # id(Window) -> Window, held until closed
 
     # ---- joining -----------------------------------------------------------------------------------------------
     @classmethod
@@ -224,8 +228,9 @@ class Context:
         __array_interface__ or __dlpack__, or a writable buffer; contiguous, not empty). Collective: every rank
         registers its windows in the same order (sizes may differ); named windows are checked by name too."""
         view = raw_view(array, "register_window")
-        w = Window(self._native.register_window(view.ptr, view.nbytes, view.kind, name or ""), array, view)
-        self._windows.add(w)
+        w = Window(self._native.register_window(view.ptr, view.nbytes, view.kind, name or ""), array, view,
+                   self._windows)
+        self._windows[id(w)] = w
         return w
 
     def channel(self, peer: int, ring: int = -1) -> Channel:
@@ -271,6 +276,7 @@ class Context:
         """Leaves the job: deregisters the windows and closes the connections, after the puts already queued
         completed (bounded). Later calls on it, its windows and channels raise gdx.ShutdownError."""
         self._native.close()
+        self._windows.clear()
 
     def __enter__(self) -> "Context":
         return self
@@ -288,7 +294,7 @@ class Context:
         if isinstance(obj, Window):
             return obj._native, offset
         view = raw_view(obj, what)
-        for w in list(self._windows):
+        for w in list(self._windows.values()):
             if w.valid and w.ptr <= view.ptr and view.ptr + view.nbytes <= w.ptr + w.nbytes:
                 return w._native, offset + (view.ptr - w.ptr)
         raise InvalidArgumentError(

@@ -1,0 +1,148 @@
+"""GPU tests (label gpu): torch CUDA tensors as windows between two ranks (two GPUs, or one serving both), the
+device channel's bytes, and gdx.ep.Buffer checked the way DeepEP's intranode test checks its Buffer: the layout
+against a Python recomputation, rank-valued tokens, counts per rank and expert, combine against the reference sum.
+Skipped without torch, CUDA or a build of gdx with CUDA. Run: ctest -L gpu -R python (or make test-gpu)."""
+
+import pytest
+
+import gdx
+from conftest import free_port, run_ranks
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda_or_skip():
+    torch = pytest.importorskip("torch", reason="torch is not installed for this interpreter")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to torch")
+    return torch
+
+
+def _set_device(rank):
+    import torch
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    return torch
+
+
+def _cuda_windows(rank, world):
+    torch = _set_device(rank)
+    with gdx.Context() as ctx:
+        g = torch.Generator(device="cuda").manual_seed(500 + rank)
+        send = torch.randint(0, 256, (1 << 22,), dtype=torch.uint8, device="cuda", generator=g)
+        recv = torch.full((1 << 22,), 0xEE, dtype=torch.uint8, device="cuda")
+        ws, wr = ctx.register_window(send), ctx.register_window(recv)
+        assert ws.kind == "cuda"
+        ch = ctx.channel(1 - rank)
+        torch.cuda.synchronize()
+        ch.put_with_signal(wr, 0, ws, signal=0)
+        ctx.wait(0, 1, timeout=60)
+        ch.flush()
+        g = torch.Generator(device="cuda").manual_seed(500 + 1 - rank)
+        expected = torch.randint(0, 256, (1 << 22,), dtype=torch.uint8, device="cuda", generator=g)
+        assert torch.equal(recv.cpu(), expected.cpu()), f"rank {rank}: received bytes differ"
+
+        handle = ctx.device_channel(1 - rank)
+        assert len(handle) == gdx.DEVICE_CHANNEL_SIZE
+        off, size = gdx.DEVICE_CHANNEL_LAYOUT["peer"]
+        assert int.from_bytes(handle[off:off + size], "little") == 1 - rank
+        off, size = gdx.DEVICE_CHANNEL_LAYOUT["numSignals"]
+        assert int.from_bytes(handle[off:off + size], "little") == ctx.num_signals
+        ctx.barrier()
+
+
+def test_cuda_tensor_windows_and_device_channel():
+    _cuda_or_skip()
+    run_ranks(2, _cuda_windows)
+
+
+# ---- gdx.ep.Buffer -----------------------------------------------------------------------------------------------
+
+NUM_TOKENS, HIDDEN, NUM_EXPERTS, NUM_TOPK = 512, 2048, 16, 4
+
+
+def _routing(torch, rank, num_tokens):
+    g = torch.Generator().manual_seed(900 + rank)
+    scores = torch.rand((num_tokens, NUM_EXPERTS), generator=g)
+    topk_idx = torch.topk(scores, NUM_TOPK, dim=-1).indices.to(torch.int64)
+    topk_idx[torch.rand((num_tokens, NUM_TOPK), generator=g) < 0.1] = -1  # some slots select no expert
+    weights = torch.rand((num_tokens, NUM_TOPK), generator=g, dtype=torch.float32)
+    return topk_idx, weights
+
+
+def _ep_buffer(rank, world, store_port):
+    torch = _set_device(rank)
+    import torch.distributed as dist
+    from gdx.ep import Buffer, EventOverlap
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{store_port}", rank=rank, world_size=world)
+    try:
+        local = NUM_EXPERTS // world
+        cfg = Buffer.get_dispatch_config(world)
+        buf = Buffer(dist.group.WORLD, cfg.get_nvl_buffer_size_hint(HIDDEN * 2, world), 0)
+        with pytest.raises(NotImplementedError, match="low-latency"):
+            buf.low_latency_dispatch(None, None, 128, NUM_EXPERTS)
+
+        all_idx, all_w = zip(*[_routing(torch, r, NUM_TOKENS) for r in range(world)])
+        topk_idx, topk_w = all_idx[rank].cuda(), all_w[rank].cuda()
+        x = torch.ones((NUM_TOKENS, HIDDEN), dtype=torch.bfloat16, device="cuda") * rank
+
+        # Layout against a Python recomputation.
+        per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, NUM_EXPERTS)
+        idx = all_idx[rank]
+        ref_in_rank = torch.stack([((idx >= r * local) & (idx < (r + 1) * local)).any(1) for r in range(world)], 1)
+        assert per_rdma is None
+        assert torch.equal(in_rank.cpu(), ref_in_rank)
+        assert torch.equal(per_rank.cpu(), ref_in_rank.sum(0).to(torch.int32))
+        assert torch.equal(per_expert.cpu(), torch.stack([(idx == e).sum() for e in range(NUM_EXPERTS)]).int())
+
+        recv_x, recv_idx, recv_w, counts, handle, event = buf.dispatch(
+            x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+            topk_idx=topk_idx, topk_weights=topk_w, async_finish=True)
+        event.current_stream_wait()
+        torch.cuda.synchronize()
+
+        # Reference: rows by source rank, each source's tokens in order, those with an expert on this rank.
+        lo, hi = rank * local, (rank + 1) * local
+        src_rank, src_tok, ref_idx, ref_w = [], [], [], []
+        for s in range(world):
+            mine = (all_idx[s] >= lo) & (all_idx[s] < hi)
+            for t in torch.nonzero(mine.any(1)).flatten().tolist():
+                src_rank.append(s)
+                src_tok.append(t)
+                ref_idx.append(torch.where(mine[t], all_idx[s][t] - lo, torch.full_like(all_idx[s][t], -1)))
+                ref_w.append(torch.where(mine[t], all_w[s][t], torch.zeros_like(all_w[s][t])))
+        n = len(src_rank)
+        assert recv_x.shape == (n, HIDDEN) and handle.num_recv_tokens == n
+        assert torch.equal(recv_x.float().cpu(), torch.tensor(src_rank).float()[:, None].expand(n, HIDDEN))
+        assert torch.equal(handle.recv_src_idx.cpu(), torch.tensor(src_tok, dtype=torch.int32))
+        assert torch.equal(recv_idx.cpu(), torch.stack(ref_idx))
+        assert torch.equal(recv_w.cpu(), torch.stack(ref_w))
+        assert counts == [int((torch.stack(ref_idx) == e).sum()) for e in range(local)]
+
+        # Cached dispatch: the same rows again.
+        again, none_idx, none_w, none_counts, none_handle, _ = buf.dispatch(x, handle=handle)
+        assert none_idx is None and none_handle is None
+        assert torch.equal(again.cpu(), recv_x.cpu())
+
+        # Combine: every token comes back summed over the ranks it went to (DeepEP's check).
+        combined, combined_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
+        expected = x.float() * in_rank.sum(1, keepdim=True).float()
+        assert torch.equal(combined.float().cpu(), expected.cpu())
+        assert torch.allclose(combined_w.cpu(), topk_w.cpu() * (topk_idx.cpu() >= 0), atol=1e-6)
+
+        # num_worst_tokens: no host synchronisation; the first rows are the same.
+        worst = NUM_TOKENS * world
+        wx, _, _, wcounts, whandle, _ = buf.dispatch(x, topk_idx=topk_idx, topk_weights=topk_w,
+                                                     num_tokens_per_expert=per_expert, num_worst_tokens=worst)
+        assert wx.shape[0] == worst and wcounts == [] and whandle.num_recv_tokens is None
+        assert torch.equal(wx[:n].cpu(), recv_x.cpu())
+        assert isinstance(EventOverlap(), EventOverlap)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ep_buffer_like_deepep_intranode_test():
+    _cuda_or_skip()
+    if not gdx._gdx.ep_available():
+        pytest.skip("gdx was built without CUDA")
+    run_ranks(2, _ep_buffer, free_port())

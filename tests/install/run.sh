@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build tree BUILD_DIR into a scratch prefix, then builds tests/install/consumer.cpp against it twice —
 # with CMake's find_package(gdx) and with pkg-config gdx — and runs both programs without LD_LIBRARY_PATH.
-# Usage: run.sh BUILD_DIR
+# With PYTHON, also imports the installed Python package. Usage: run.sh BUILD_DIR [PYTHON]
 set -euo pipefail
 build=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,3 +24,10 @@ echo "pkg-config --cflags --libs gdx: $flags"
 # shellcheck disable=SC2086
 g++ -std=c++17 -O1 "$here/consumer.cpp" -o "$work/consumer-pc" $flags
 run "$work/consumer-pc"
+
+# The Python package, where the build has it: imported from the prefix, its extension finding libgdx by its rpath.
+ext=$(find "$work/prefix" -name '_gdx*.so' | head -n 1)
+if [ -n "$ext" ] && [ -n "${2:-}" ]; then
+  echo "== python: import gdx from $(dirname "$(dirname "$ext")")"
+  PYTHONPATH=$(dirname "$(dirname "$ext")") run "$2" -c 'import gdx, gdx.ep; print("gdx", gdx.__version__, gdx.__file__)'
+fi

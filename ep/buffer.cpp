@@ -243,6 +243,12 @@ DispatchHandle Buffer::newHandle(int maxTokens) const {
   return h;
 }
 
+const int32_t* Buffer::countsMatrix(const DispatchHandle& handle) const {
+  if (handle.owner_ != this || handle.numTokens_ < 0)
+    invalid(rank_, "countsMatrix: the handle was not made by this Buffer or no dispatch filled it");
+  return carveHandle(handle.memory_.get(), handle.maxTokens_).matrix;
+}
+
 void Buffer::checkErrors() const {
   impl_->raise(rank_, context_, nullptr);
 }

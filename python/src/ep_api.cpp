@@ -130,6 +130,8 @@ void bindEp(py::module_& m) {
               uintptr_t stream) { b.dispatchWorst(in, h, o, numWorst, alignment, streamFrom(stream)); })
       .def("combine", [](ep::Buffer& b, const ep::CombineInputs& in, const ep::DispatchHandle& h,
                          const ep::CombineOutputs& o, uintptr_t stream) { b.combine(in, h, o, streamFrom(stream)); })
+      .def("counts_matrix",
+           [](const ep::Buffer& b, const ep::DispatchHandle& h) { return addressOf(b.countsMatrix(h)); })
       .def("check_errors", &ep::Buffer::checkErrors);
 }
 

@@ -177,6 +177,15 @@ void runCase(Context& ctx, ep::Buffer& buf, const Case& c, cudaStream_t stream) 
   for (int& v : wantPerExpert) v = (v + c.alignment - 1) / c.alignment * c.alignment;
   EXPECT_EQ(counts.numRecvTokensPerExpert, wantPerExpert);
 
+  // The counts matrix (DeepEP's rank_prefix_matrix before its prefix sum): [s][d] = rows rank s sends to rank d.
+  std::vector<int32_t> matrix(size_t(kRanks) * kRanks, -1), wantMatrix(matrix.size(), 0);
+  GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+  GDX_TEST_CUDA(
+      cudaMemcpy(matrix.data(), buf.countsMatrix(h), matrix.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  for (int d = 0; d < kRanks; ++d)
+    for (const ExpectedRow& r : expectedRows(c, d, kRanks, allIdx)) ++wantMatrix[size_t(r.source) * kRanks + d];
+  EXPECT_EQ(matrix, wantMatrix) << "countsMatrix";
+
   Received first(c, numRecv, epr);
   buf.dispatch(in, h, first.out, stream);
   GDX_TEST_CUDA(cudaStreamSynchronize(stream));

@@ -129,16 +129,93 @@ def _ep_buffer(rank, world, store_port):
         assert torch.equal(combined.float().cpu(), expected.cpu())
         assert torch.allclose(combined_w.cpu(), topk_w.cpu() * (topk_idx.cpu() >= 0), atol=1e-6)
 
-        # num_worst_tokens: no host synchronisation; the first rows are the same.
+        # num_worst_tokens: no host synchronisation; the first rows are the same, the others select no expert.
         worst = NUM_TOKENS * world
-        wx, _, _, wcounts, whandle, _ = buf.dispatch(x, topk_idx=topk_idx, topk_weights=topk_w,
-                                                     num_tokens_per_expert=per_expert, num_worst_tokens=worst)
+        wx, widx, _, wcounts, whandle, _ = buf.dispatch(x, topk_idx=topk_idx, topk_weights=topk_w,
+                                                        num_tokens_per_expert=per_expert, num_worst_tokens=worst)
         assert wx.shape[0] == worst and wcounts == [] and whandle.num_recv_tokens is None
         assert torch.equal(wx[:n].cpu(), recv_x.cpu())
+        assert torch.equal(widx[:n].cpu(), recv_idx.cpu()) and bool((widx[n:] == -1).all())
         assert isinstance(EventOverlap(), EventOverlap)
+
+        # DeepEP's handle[0]: rank_prefix_matrix, [i][j] = tokens ranks 0..i send to rank j.
+        counts = torch.tensor([[int(((all_idx[s] >= r * local) & (all_idx[s] < (r + 1) * local)).any(1).sum())
+                                for r in range(world)] for s in range(world)], dtype=torch.int32)
+        assert torch.equal(handle[0].cpu(), counts.cumsum(0, dtype=torch.int32))
+        assert handle[3] is handle.recv_src_idx and handle[4] is in_rank
+        with pytest.raises(NotImplementedError, match="channel_prefix_matrix"):
+            handle[1]
+        _deepep_modes(torch, buf, rank, world, topk_idx, topk_w, per_rank, in_rank, per_expert)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _deepep_modes(torch, buf, rank, world, topk_idx, topk_w, per_rank, in_rank, per_expert):
+    """DeepEP's intranode loop: previous_event and async_finish on and off, random BF16, rank-valued BF16 and FP8
+    (rank-valued bytes with scales); received rows per source checked through handle[0] as DeepEP's check_data
+    does, combine against the reference sum."""
+    from gdx.ep import Buffer
+    g = torch.Generator(device="cuda").manual_seed(77 + rank)
+    x_rank = torch.ones((NUM_TOKENS, HIDDEN), dtype=torch.bfloat16, device="cuda") * rank
+    x_rand = torch.randn((NUM_TOKENS, HIDDEN), dtype=torch.bfloat16, device="cuda", generator=g)
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    x_fp8 = None
+    if fp8 is not None:  # rank r as e4m3 (exact for small integers), scales 1 .. 2 so they are checked too
+        scales = torch.rand((NUM_TOKENS, HIDDEN // 128), device="cuda", generator=g) + 1
+        x_fp8 = (x_rank.to(fp8), scales)
+    fanout = in_rank.sum(1, keepdim=True).float()
+    for previous in (False, True):
+        for async_finish in (False, True):
+            for current in (c for c in (x_rand, x_rank, x_fp8) if c is not None):
+                args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                            topk_idx=topk_idx, topk_weights=topk_w, async_finish=async_finish)
+                if previous:
+                    args["previous_event"] = Buffer.capture()
+                recv, recv_idx, recv_w, counts, handle, event = buf.dispatch(current, **args)
+                if async_finish:
+                    event.current_stream_wait()
+                prefix = handle[0].cpu()
+                rows = int(prefix[world - 1][rank])
+                recv_x = recv[0] if isinstance(recv, tuple) else recv
+                assert recv_x.shape[0] == rows == handle.num_recv_tokens
+                assert counts == [int((recv_idx == e).sum()) for e in range(NUM_EXPERTS // world)]
+                if current is not x_rand:  # DeepEP's check_data: rows of source i hold i
+                    got = recv_x.float().cpu()
+                    start = 0
+                    for i in range(world):
+                        end = int(prefix[i][rank])
+                        assert bool((got[start:end] == i).all()), f"rank {rank}: rows from rank {i} differ"
+                        start = end
+                if isinstance(recv, tuple):
+                    assert torch.equal(recv[1].cpu(), _rows_of(torch, current[1], handle, prefix, rank, world))
+                    continue  # combine is BF16 only
+                cargs = dict(topk_weights=recv_w, async_finish=async_finish)
+                if previous:
+                    cargs["previous_event"] = Buffer.capture()
+                combined, combined_w, event = buf.combine(recv_x, handle, **cargs)
+                if async_finish:
+                    event.current_stream_wait()
+                # Sums in f32 of BF16 rows: rank-valued rows are exact, random ones within DeepEP's calc_diff bound.
+                check = (combined.float() / fanout.clamp(min=1)).double() + 1  # + 1: DeepEP's calc_diff
+                ref = (current.float() * (fanout > 0)).double() + 1
+                diff = 1 - 2 * (check * ref).sum() / (check * check + ref * ref).sum()
+                assert float(diff) < 5e-6, f"rank {rank}: combine differs from the reference (calc_diff {diff})"
+
+
+def _rows_of(torch, per_token, handle, prefix, rank, world):
+    """The received rows `per_token` ([N, ...], each rank's own) must give: every source's rows of the tokens it
+    sent here, in order, found through recv_src_idx and handle[0]."""
+    import torch.distributed as dist
+    gathered = [None] * world
+    dist.all_gather_object(gathered, per_token.cpu())
+    src_idx = handle.recv_src_idx.cpu().long()
+    out, start = [], 0
+    for i in range(world):
+        end = int(prefix[i][rank])
+        out.append(gathered[i][src_idx[start:end]])
+        start = end
+    return torch.cat(out)
 
 
 def test_ep_buffer_like_deepep_intranode_test():

@@ -179,6 +179,11 @@ class Buffer {
   /// Sends every received row back to its source token, where they are summed (+ bias); uses `handle`'s routing.
   void combine(const CombineInputs& in, const DispatchHandle& handle, const CombineOutputs& out, cudaStream_t stream);
 
+  /// `handle`'s counts matrix in device memory, int32 [R, R] row-major: at [s * R + d] the tokens rank s sent to rank d
+  /// in the dispatch that filled the handle (written on that call's stream). DeepEP's rank_prefix_matrix is its prefix
+  /// sum over s. Throws for a handle this Buffer did not make or that no dispatch filled.
+  const int32_t* countsMatrix(const DispatchHandle& handle) const;
+
   /// Throws the first error a kernel of this Buffer recorded (gdx::Error naming rank, peer, value); no sync.
   void checkErrors() const;
 

@@ -7,7 +7,10 @@ What differs from DeepEP, each on purpose:
   ``async_finish`` returns an event recorded after them; ``allocate_on_comm_stream`` is accepted and has no effect.
 - The kernel shape is the Buffer's (``Buffer.set_num_sms`` before constructing, or ``config=`` of the
   constructor); a per-call ``config`` is accepted for compatibility and not applied.
-- The handle is a :class:`DispatchHandle` object (opaque, as users of DeepEP treat its tuple).
+- The handle is a :class:`DispatchHandle` object; indexed like DeepEP's tuple it gives ``handle[0]``
+  (rank_prefix_matrix), ``handle[3]`` (recv_src_idx) and ``handle[4]`` (is_token_in_rank, when given).
+- dispatch routes by expert, so it needs ``topk_idx`` (or a handle): DeepEP's form that routes by
+  ``is_token_in_rank`` alone raises gdx.InvalidArgumentError.
 """
 
 from typing import Any, List, Optional, Tuple, Union
@@ -90,12 +93,30 @@ class EventOverlap:
             self.current_stream_wait()
 
 
+_DEEPEP_HANDLE = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
+                  "is_token_in_rank (not given to this dispatch)", "send_head")
+
+
+class _DeviceInt32Matrix:
+    """[R, R] int32 device memory that torch.as_tensor takes (__cuda_array_interface__) without copying."""
+
+    def __init__(self, ptr: int, ranks: int):
+        self.__cuda_array_interface__ = {"shape": (ranks, ranks), "typestr": "<i4", "data": (ptr, True),
+                                         "version": 3, "strides": None}
+
+
 class DispatchHandle:
     """The routing of one dispatch (which token went to which rank and row): pass it to combine, or to dispatch for
-    the cached form. ``num_recv_tokens`` is None after a num_worst_tokens dispatch (the count is on the device)."""
+    the cached form. ``num_recv_tokens`` is None after a num_worst_tokens dispatch (the count is on the device).
+
+    Indexing it as DeepEP's intranode handle tuple gives what gdx has of it: ``handle[0]`` the rank_prefix_matrix
+    ([R, R] int32, [i][j]: tokens ranks 0..i send to rank j), ``handle[3]`` recv_src_idx, ``handle[4]``
+    is_token_in_rank (when the dispatch was given it); DeepEP's channel matrices and send_head (1, 2, 5) do not
+    exist in gdx's kernels and raise NotImplementedError.
+    """
 
     def __init__(self, buffer: "Buffer", native: Any, num_tokens: int, hidden: int, num_recv_tokens: Optional[int],
-                 recv_src_idx: Any, num_worst_tokens: int):
+                 recv_src_idx: Any, num_worst_tokens: int, is_token_in_rank: Any = None):
         self._buffer = buffer
         self._native = native
         self.num_tokens = num_tokens
@@ -103,6 +124,33 @@ class DispatchHandle:
         self.num_recv_tokens = num_recv_tokens
         self.recv_src_idx = recv_src_idx  #: [rows] int32: each received row's token index on its source rank
         self.num_worst_tokens = num_worst_tokens
+        self.is_token_in_rank = is_token_in_rank  #: [N, R] bool as given to dispatch, or None
+        self._rank_prefix_matrix = None
+
+    @property
+    def rank_prefix_matrix(self):
+        """[R, R] int32 on the GPU: [i][j] = tokens that ranks 0..i send to rank j (DeepEP's handle[0]); rows of
+        source i at rank j start at [i - 1][j]. Stream-ordered after the dispatch, computed on first use."""
+        if self._rank_prefix_matrix is None:
+            torch = _torch()
+            ranks = self._buffer.group_size
+            counts = torch.as_tensor(_DeviceInt32Matrix(self._buffer.runtime.counts_matrix(self._native), ranks),
+                                     device=self.recv_src_idx.device)
+            self._rank_prefix_matrix = counts.cumsum(0, dtype=torch.int32)  # a copy: the handle may be reused
+        return self._rank_prefix_matrix
+
+    def __getitem__(self, i: int):
+        if i == 0:
+            return self.rank_prefix_matrix
+        if i == 3:
+            return self.recv_src_idx
+        if i == 4 and self.is_token_in_rank is not None:
+            return self.is_token_in_rank
+        if i in (1, 2, 4, 5):
+            raise NotImplementedError(f"gdx.ep: handle[{i}] (DeepEP's "
+                                      f"{_DEEPEP_HANDLE[i]}) is not kept by gdx's dispatch; handle[0] "
+                                      "(rank_prefix_matrix) and handle[3] (recv_src_idx) are")
+        raise IndexError(f"gdx.ep: handle index {i} out of range (DeepEP's intranode handle has 6 entries)")
 
     @property
     def rows(self) -> int:
@@ -243,7 +291,9 @@ class Buffer:
                                                          stream.cuda_stream, per_expert.data_ptr())
             num_recv = None
         recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
-        recv_topk_idx = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+        # Rows past the received count (num_worst_tokens) select no expert, as DeepEP's do.
+        recv_topk_idx = (torch.full((rows, k), -1, dtype=torch.int64, device=x.device) if num_worst_tokens > 0 else
+                         torch.empty((rows, k), dtype=torch.int64, device=x.device))
         recv_topk_weights = torch.empty((rows, k), dtype=torch.float32, device=x.device)
         recv_src_idx = torch.empty(rows, dtype=torch.int32, device=x.device)
         out = ep.DispatchOutputs()
@@ -261,7 +311,7 @@ class Buffer:
         else:
             self.runtime.dispatch(inputs, native_handle, out, stream.cuda_stream)
         handle = DispatchHandle(self, native_handle, n, hidden, None if num_worst_tokens else rows, recv_src_idx,
-                                num_worst_tokens)
+                                num_worst_tokens, is_token_in_rank)
         self._recycle_later(handle)
         event = self._end(stream, async_finish, (x, x_scales, topk_idx, topk_weights, recv_x, recv_scales))
         return ((recv_x, recv_scales) if x_scales is not None else recv_x, recv_topk_idx,

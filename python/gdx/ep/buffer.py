@@ -175,6 +175,7 @@ class Buffer:
         if low_latency_mode:
             raise NotImplementedError(_LOW_LATENCY.format(what="low_latency_mode=True"))
         native_ep = _native_ep()
+        self._owns_context = not isinstance(group, Context)  # made from a torch group: closed by destroy()
         self._context = group if isinstance(group, Context) else Context.from_process_group(group)
         self.group = group
         self.rank = self._context.rank
@@ -217,9 +218,12 @@ class Buffer:
         raise NotImplementedError(_LOW_LATENCY.format(what="get_low_latency_rdma_size_hint"))
 
     def destroy(self) -> None:
-        """Frees the buffer now (DeepEP's explicitly_destroy); collective."""
+        """Frees the buffer now (DeepEP's explicitly_destroy), and the gdx.Context it made from the group (one it
+        was given stays open); collective."""
         self.runtime = None
         self._handles.clear()
+        if self._owns_context:
+            self._context.close()
 
     # ---- layout ------------------------------------------------------------------------------------------------
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,

@@ -159,11 +159,12 @@ class DispatchHandle:
 
 
 class Buffer:
-    """MoE dispatch/combine buffers over the ranks of `group` (a torch.distributed group, or a gdx.Context), all on
-    one host and reaching one another over NVLink (at most 8). Collective.
+    """MoE dispatch/combine buffers over the ranks of `group` (a torch.distributed group, or a gdx.Context): ranks
+    of one host over NVLink (at most 8 per host), others through the proxy (num_rdma_bytes). Collective.
 
-    num_nvl_bytes: GPU memory each rank lends its peers (Config.get_nvl_buffer_size_hint); num_rdma_bytes: for the
-    internode path, which gdx does not have yet (must be 0 unless every rank is on this host; then it is ignored).
+    num_nvl_bytes: GPU memory each rank lends its peers (Config.get_nvl_buffer_size_hint); num_rdma_bytes: the
+    window space staging rows for ranks on other hosts (gdx::ep::Buffer's rdmaBytes; 0 when every rank is on this
+    host).
     Call ``torch.cuda.set_device(local_rank)`` before making it: its GPU is the current one.
     """
 

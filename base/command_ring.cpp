@@ -18,7 +18,7 @@ constexpr size_t kCachedTailOffset = 1 * kLine;
 constexpr size_t kTailOffset = 2 * kLine;
 constexpr size_t kCompletedOffset = 3 * kLine;
 constexpr size_t kErrorOffset = 4 * kLine;
-constexpr size_t kControlBytes = 5 * kLine;
+constexpr size_t kControlBytes = 5 * kLine;  // the fault records follow
 
 uint64_t checkedCapacity(uint64_t c) {
   if (c < 2 || (c & (c - 1)) != 0)
@@ -30,7 +30,8 @@ uint64_t checkedCapacity(uint64_t c) {
 CommandRing::CommandRing(const Options& o)
     : capacity_(checkedCapacity(o.capacity)),
       timeoutNs_(o.timeoutNs),
-      memory_(capacity_ * sizeof(Command) + kControlBytes, o.numaNode, /*mapForGpu=*/true) {
+      memory_(capacity_ * sizeof(Command) + kControlBytes + size_t{o.numPeers} * sizeof(RingFault), o.numaNode,
+              /*mapForGpu=*/true) {
   auto* base = static_cast<char*>(memory_.data());
   slots_ = reinterpret_cast<Command*>(base);
   char* control = base + capacity_ * sizeof(Command);
@@ -39,6 +40,8 @@ CommandRing::CommandRing(const Options& o)
   tail_ = reinterpret_cast<uint64_t*>(control + kTailOffset);
   completed_ = reinterpret_cast<uint64_t*>(control + kCompletedOffset);
   error_ = reinterpret_cast<uint32_t*>(control + kErrorOffset);
+  faults_ = o.numPeers ? reinterpret_cast<RingFault*>(control + kControlBytes) : nullptr;
+  numPeers_ = o.numPeers;
   if (o.deviceProducers) {
 #if defined(GDX_HAVE_CUDA)
     if (!memory_.gpuMapped())
@@ -64,7 +67,8 @@ CommandRing::~CommandRing() {
 
 RingDeviceHandle CommandRing::hostHandle() const {
   if (deviceCounters_) throw Error(ErrorCode::kInvalidArgument, "this ring takes commands from GPU threads only");
-  return RingDeviceHandle{slots_, head_, cachedTail_, tail_, completed_, error_, capacity_, timeoutNs_};
+  return RingDeviceHandle{slots_, head_,     cachedTail_, tail_,   completed_,
+                          error_, capacity_, timeoutNs_,  faults_, numPeers_};
 }
 
 RingDeviceHandle CommandRing::deviceHandle() const {
@@ -77,7 +81,9 @@ RingDeviceHandle CommandRing::deviceHandle() const {
                           memory_.deviceAddressOf(completed_),
                           memory_.deviceAddressOf(error_),
                           capacity_,
-                          timeoutNs_};
+                          timeoutNs_,
+                          faults_ ? memory_.deviceAddressOf(faults_) : nullptr,
+                          numPeers_};
 }
 
 bool CommandRing::readSlot(uint64_t pos, Command* out) const {
@@ -116,7 +122,24 @@ void CommandRing::publishTail() {
 }
 
 void CommandRing::publishCompleted(uint64_t upTo) {
-  atomicStore(completed_, upTo, kRelease);
+  atomicStore(completed_, upTo | (hasFaults_ ? kCompletedHasFaults : 0), kRelease);
+}
+
+void CommandRing::recordFault(uint32_t peer, uint64_t position, Status status) {
+  if (peer >= numPeers_) {
+    setError(status);
+    return;
+  }
+  RingFault& f = faults_[peer];
+  // The status first, then the position (release): a flush that sees the position sees this status or a later one.
+  atomicStore(&f.status, static_cast<uint32_t>(status), kRelaxed);
+  if (position + 1 > atomicLoad(&f.lastFailed, kRelaxed)) atomicStore(&f.lastFailed, position + 1, kRelease);
+  hasFaults_ = true;
+}
+
+RingFault CommandRing::fault(uint32_t peer) const {
+  if (peer >= numPeers_) return RingFault{};
+  return RingFault{atomicLoad(&faults_[peer].lastFailed, kAcquire), atomicLoad(&faults_[peer].status, kRelaxed), 0};
 }
 
 void CommandRing::setError(Status status) {

@@ -161,7 +161,7 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   m.team.numRanks = numRanks_;
   m.team.state = m.state;
   m.team.report = m.reportDev;
-  m.team.failure = context.deviceChannel(rank_).failure;
+  m.team.failure = context.deviceFailureWord();  // any peer failed: a collective cannot go on
   m.team.timeoutNs = context.options().timeoutNs;
   m.team.window = m.window.id();
   if (numRemote_ > 0) connectRemote(rdmaBytes);

@@ -20,6 +20,11 @@ class CompletionTracker {
   /// The sequence number the next open() returns: operations may carry it before their entry is opened, as long
   /// as their completions are not counted before it is (the proxy thread posts a batch, then opens its entry).
   uint64_t nextSeq() const { return baseSeq_ + pending_.size(); }
+  /// The end position (exclusive) of entry `seq`, which must be open (an operation of it not yet completed).
+  uint64_t endOf(uint64_t seq) const {
+    const uint64_t i = seq - baseSeq_;
+    return i < pending_.size() ? pending_[i].endPos : done_;
+  }
   /// One operation of entry `seq` finished.
   void complete(uint64_t seq) {
     uint64_t i = seq - baseSeq_;

@@ -187,7 +187,8 @@ Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry&
       transport_(transport),
       registry_(registry),
       relay_(relay),
-      tracePath_(gdx::tracePath(options.trace, registry.rank())) {
+      tracePath_(gdx::tracePath(options.trace, registry.rank())),
+      peerErrors_(static_cast<size_t>(registry.worldSize())) {
   if (transport_ && transport_->numLanes() < options_.threads)
     throw Error(ErrorCode::kInvalidArgument, "the transport has " + std::to_string(transport_->numLanes()) +
                                                  " lanes for " + std::to_string(options_.threads) + " proxy threads");
@@ -202,7 +203,8 @@ Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry&
       th->ringIds.push_back(static_cast<int>(rings_.size()));
       try {
         rings_.push_back(std::make_unique<CommandRing>(
-            CommandRing::Options{options_.ringCapacity, options_.placement.numaNode, options_.timeoutNs, device}));
+            CommandRing::Options{options_.ringCapacity, options_.placement.numaNode, options_.timeoutNs, device,
+                                 static_cast<uint32_t>(registry_.worldSize())}));
       } catch (const Error& e) {
         // Out of (pinned, NUMA-local) memory, most likely: say which setting asked for it.
         throw Error(e.code(), "GDX_RING_SIZE=" + std::to_string(options_.ringCapacity) + ": ring " +
@@ -280,6 +282,29 @@ void Proxy::recordError(const std::string& message) {
   GDX_ERROR(message);
   std::lock_guard<std::mutex> lock(errorMutex_);
   if (firstError_.empty()) firstError_ = message;
+}
+
+void Proxy::recordError(uint32_t peer, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (firstError_.empty()) firstError_ = message;
+    if (peer < peerErrors_.size()) {
+      PeerErrors& e = peerErrors_[peer];
+      // Every operation to a dead peer fails the same way: the log says it once, not once per operation.
+      if (e.latest == message) return;
+      if (e.first.empty()) e.first = message;
+      e.latest = message;
+    }
+  }
+  GDX_ERROR(message);
+}
+
+std::string Proxy::peerError(int peer) const {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  if (peer < 0 || static_cast<size_t>(peer) >= peerErrors_.size()) return {};
+  const PeerErrors& e = peerErrors_[peer];
+  if (e.latest == e.first) return e.latest;
+  return e.latest + " (first error to peer " + std::to_string(peer) + ": " + e.first + ")";
 }
 
 void Proxy::failAll(Status status, const std::string& why) {
@@ -483,16 +508,17 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
   t.commands.fetch_add(n, std::memory_order_relaxed);
   Posting posting(t, r);
   WriteMerger merger;
-  // The transport refused what the registry allowed (a window deregistered meanwhile): the ring is failed, and
-  // the message names the command and how many puts were merged into the write that failed.
-  auto failed = [&](const Command& c, const std::exception& e) {
+  // The transport refused what the registry allowed (a window deregistered meanwhile): that command fails (and the
+  // puts merged with it: the message says how many), recorded as a fault of its peer at `last`, its last position.
+  auto failed = [&](const Command& c, uint64_t last, const std::exception& e) {
     t.errors.fetch_add(1, std::memory_order_relaxed);
     const uint32_t merged = merger.count();
     merger.take();
-    recordError("rank " + std::to_string(registry_.rank()) + " proxy thread " + std::to_string(t.index) + ": posting " +
-                describe(c) + (merged > 1 ? " (merged with " + std::to_string(merged - 1) + " puts before it)" : "") +
-                " failed: " + e.what());
-    ring.setError(Status::kProxyError);
+    recordError(c.peer(), "rank " + std::to_string(registry_.rank()) + " proxy thread " + std::to_string(t.index) +
+                              ": posting " + describe(c) +
+                              (merged > 1 ? " (merged with " + std::to_string(merged - 1) + " puts before it)" : "") +
+                              " failed: " + e.what());
+    ring.recordFault(c.peer(), last, Status::kProxyError);
   };
   for (size_t i = 0; i < n;) {
     const Command& c = t.batch[i];
@@ -503,10 +529,12 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
     const std::string why = plainlyValid(c, second) ? std::string() : checkCommand(c, second);
     if (t.trace) t.trace->record(commandEvent(why.empty() ? TraceKind::kPickup : TraceKind::kReject, r, c, position));
     if (!why.empty()) {
+      // This command fails alone: the ring and the other commands to the peer go on.
       t.errors.fetch_add(1, std::memory_order_relaxed);
-      recordError("rank " + std::to_string(registry_.rank()) + " proxy thread " + std::to_string(t.index) + " ring " +
-                  std::to_string(t.ringIds[r]) + ": rejected " + describe(c) + ": " + why);
-      ring.setError(Status::kProxyError);
+      recordError(c.peer(), "rank " + std::to_string(registry_.rank()) + " proxy thread " + std::to_string(t.index) +
+                                " ring " + std::to_string(t.ringIds[r]) + ": rejected " + describe(c) +
+                                " at ring position " + std::to_string(position) + ": " + why);
+      ring.recordFault(c.peer(), position + slots - 1, Status::kProxyError);
     }
     if (!t.lane) continue;  // null transport: valid commands complete at once
     try {
@@ -523,14 +551,14 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
       else
         postAtomic(posting, c);
     } catch (const std::exception& e) {
-      failed(c, e);
+      failed(c, position + slots - 1, e);
     }
   }
   if (t.lane) {
     try {
       postMerged(posting, merger);
     } catch (const std::exception& e) {
-      failed(t.batch[n - 1], e);
+      failed(t.batch[n - 1], ring.consumed() - 1, e);
     }
   }
   posting.close(ring.consumed());
@@ -545,10 +573,14 @@ bool Proxy::reapCompletions(Thread& t, size_t* reaped) {
     if (r >= t.trackers.size()) continue;
     if (t.trace) t.trace->record(completionEvent(r, t.done[i]));
     if (t.done[i].status != Status::kOk) {
+      // The operation belongs to a batch whose positions end at `last`: flushes of the peer's commands in it fail.
+      const uint32_t peer = static_cast<uint32_t>(t.done[i].peer);
+      const uint64_t last = t.trackers[r].endOf(t.done[i].cookie & kCookieSeqMask) - 1;
       t.errors.fetch_add(1, std::memory_order_relaxed);
-      recordError("rank " + std::to_string(registry_.rank()) + ": an operation to peer " +
-                  std::to_string(t.done[i].peer) + " completed with status '" + statusName(t.done[i].status) + "'");
-      rings_[t.ringIds[r]]->setError(t.done[i].status);
+      recordError(peer, "rank " + std::to_string(registry_.rank()) + ": operations to peer " + std::to_string(peer) +
+                            " on ring " + std::to_string(t.ringIds[r]) + " completed with status '" +
+                            statusName(t.done[i].status) + "'");
+      rings_[t.ringIds[r]]->recordFault(peer, last, t.done[i].status);
     }
     t.trackers[r].complete(t.done[i].cookie & kCookieSeqMask);
   }

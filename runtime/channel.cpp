@@ -9,13 +9,17 @@
 
 namespace gdx {
 Channel::Channel(std::shared_ptr<detail::ContextLink> link, int peer, int ringIndex, RingDeviceHandle ring,
-                 int forwardTo)
+                 const uint32_t* peerFailure, int forwardTo)
     : link_(std::move(link)),
       peer_(peer),
       ringIndex_(ringIndex),
       forwardTo_(forwardTo),
       ring_(ring),
-      lastPosition_(std::make_shared<std::atomic<int64_t>>(-1)) {}
+      peerFailure_(peerFailure),
+      positions_(std::make_shared<Positions>()) {
+  // Faults of commands other channels put on the ring before this one existed are not this channel's.
+  positions_->flushFrom.store(atomicLoad(ring_.head, kAcquire), std::memory_order_relaxed);
+}
 
 std::string Channel::describe() const {
   return "channel to peer " + std::to_string(peer_) +
@@ -44,20 +48,23 @@ void Channel::fail(Context& context, Status status, const char* operation) const
                     " on ring " + std::to_string(ringIndex_) + " returned '" + statusName(status) + "'";
   if (status == Status::kTimeout)
     msg += " after " + std::to_string(ring_.timeoutNs / 1000000) + " ms (ring completed " +
-           std::to_string(atomicLoad(ring_.completed, kAcquire)) + " of " +
-           std::to_string(atomicLoad(ring_.head, kRelaxed)) + " positions, consumed " +
-           std::to_string(atomicLoad(ring_.tail, kAcquire)) + ")";
-  std::string proxyError = context.proxy().lastError();
+           std::to_string(ring_.completedPositions()) + " of " + std::to_string(atomicLoad(ring_.head, kRelaxed)) +
+           " positions, consumed " + std::to_string(atomicLoad(ring_.tail, kAcquire)) + ")";
+  // This peer's errors only: another peer's failure is not why this channel failed.
+  std::string proxyError = context.proxy().peerError(peer_);
+  if (proxyError.empty() && ring_.error && atomicLoad(ring_.error, kAcquire) != 0)
+    proxyError = context.proxy().lastError();
   if (!proxyError.empty()) msg += "; proxy: " + proxyError;
-  std::string failure = context.failure();
+  std::string failure = context.failure(peer_);
   if (!failure.empty() && failure != proxyError) msg += "; " + failure;
   throw Error(errorCodeFor(status), msg);
 }
 
 void Channel::notePosition(uint64_t pos) {
   // Several threads may share this channel: flush() must cover the highest position any of them used.
-  int64_t prev = lastPosition_->load(std::memory_order_relaxed);
-  while (prev < static_cast<int64_t>(pos) && !lastPosition_->compare_exchange_weak(prev, static_cast<int64_t>(pos))) {
+  std::atomic<int64_t>& last = positions_->last;
+  int64_t prev = last.load(std::memory_order_relaxed);
+  while (prev < static_cast<int64_t>(pos) && !last.compare_exchange_weak(prev, static_cast<int64_t>(pos))) {
   }
 }
 
@@ -136,9 +143,18 @@ void Channel::atomicAdd(const Window& dst, uint64_t dstOffset, uint64_t value) {
 
 void Channel::flush() {
   detail::ContextUse context = use("flush");
-  int64_t pos = lastPosition_->load(std::memory_order_acquire);
+  const int64_t pos = positions_->last.load(std::memory_order_acquire);
   if (pos < 0) return;
-  Status s = ring_.waitCompleted(static_cast<uint64_t>(pos));
+  const uint64_t from = positions_->flushFrom.load(std::memory_order_acquire);
+  if (from > static_cast<uint64_t>(pos)) return;  // an earlier flush covered everything
+  Status s = ring_.waitCompleted(static_cast<uint64_t>(pos), from, static_cast<uint32_t>(peer_), peerFailure_);
+  if (s != Status::kTimeout) {
+    // Reported (or found fine) once: the next flush looks at later commands only.
+    std::atomic<uint64_t>& f = positions_->flushFrom;
+    uint64_t prev = f.load(std::memory_order_relaxed);
+    while (prev < static_cast<uint64_t>(pos) + 1 && !f.compare_exchange_weak(prev, static_cast<uint64_t>(pos) + 1)) {
+    }
+  }
   if (s != Status::kOk) fail(*context, s, "flush");
 }
 

@@ -115,6 +115,7 @@ Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options
     options_.proxy.deviceRingsPerThread = gpu_.present() ? kDefaultDeviceRingsPerThread : 0;
   bootstrap_ = std::make_unique<Bootstrap>(bootstrap);
   link_->rank = bootstrap_->rank();
+  peerFailure_.assign(static_cast<size_t>(bootstrap_->worldSize()), std::string());
   try {
     init();
   } catch (...) {
@@ -126,10 +127,6 @@ Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options
 }
 
 void Context::shutdownThreads() noexcept {
-  {
-    std::lock_guard<std::mutex> lock(failureMutex_);
-    liveProxy_ = nullptr;
-  }
   try {
     if (proxy_) proxy_->stop();
     if (transport_) transport_->shutdown();
@@ -172,10 +169,13 @@ void Context::init() {
 
   registry_ = std::make_unique<WindowRegistry>(rank, world, kMaxWindows);
   windowInUse_.assign(kMaxWindows, false);
-  // The signal array, then the failure word on its own line; both host-mapped so kernels can poll them.
+  // The signal array, then the failure word on its own line and the peers' words after it; all host-mapped so
+  // kernels can poll them.
   const size_t signalBytes = size_t{options_.numSignals} * 8;
-  signals_ = std::make_unique<HostBuffer>(signalBytes + 128, options_.proxy.placement.numaNode, true);
+  signals_ =
+      std::make_unique<HostBuffer>(signalBytes + 128 + size_t(world) * 4, options_.proxy.placement.numaNode, true);
   failed_ = reinterpret_cast<uint32_t*>(static_cast<char*>(signals_->data()) + signalBytes);
+  peerStatus_ = reinterpret_cast<uint32_t*>(static_cast<char*>(signals_->data()) + signalBytes + 128);
   // The signal array is a window like any other (remote atomics address it), under a reserved id.
   {
     std::string key = transport_->registerWindow(kSignalWindowId, signals_->data(), signalBytes, MemoryKind::kHost);
@@ -195,14 +195,15 @@ void Context::init() {
   proxy_->start();
   {
     // Under the same lock as onPeerFailure: a failure that came while connecting is applied now, one that
-    // comes later finds the proxy and the failure word in place.
+    // comes later finds the failure words in place.
     std::lock_guard<std::mutex> lock(failureMutex_);
-    liveProxy_ = proxy_.get();
     failureWord_ = failed_;
-    if (!failure_.empty()) {
-      atomicStore(failed_, static_cast<uint32_t>(Status::kPeerFailed), kRelease);
-      proxy_->failAll(Status::kPeerFailed, failure_);
-    }
+    peerWords_ = peerStatus_;
+    for (int p = 0; p < world; ++p)
+      if (!peerFailure_[p].empty()) {
+        atomicStore(failed_, static_cast<uint32_t>(Status::kPeerFailed), kRelease);
+        atomicStore(&peerStatus_[p], static_cast<uint32_t>(Status::kPeerFailed), kRelease);
+      }
   }
   bootstrap_->barrier();
   {
@@ -316,7 +317,7 @@ Channel Context::makeChannel(int peer, int ringIndex, int forwardTo) {
   if (ringIndex >= proxy_->numRings())
     throw Error(ErrorCode::kInvalidArgument, "ring " + std::to_string(ringIndex) + " does not exist (" +
                                                  std::to_string(proxy_->numRings()) + " rings)");
-  return Channel(link_, peer, ringIndex, proxy_->ring(ringIndex).hostHandle(), forwardTo);
+  return Channel(link_, peer, ringIndex, proxy_->ring(ringIndex).hostHandle(), &peerStatus_[peer], forwardTo);
 }
 
 ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forwardTo) {
@@ -330,7 +331,8 @@ ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forw
     throw Error(ErrorCode::kInvalidArgument, "device ring " + std::to_string(ringIndex) + " does not exist (" +
                                                  std::to_string(proxy_->numDeviceRings()) + " device rings)");
   auto* devSignals = static_cast<uint64_t*>(signals_->devicePtr());
-  auto* devFailure = signals_->deviceAddressOf(failed_);
+  // The handle watches the peer it sends to; a relayed one the relay, which its commands and waits go through.
+  auto* devFailure = signals_->deviceAddressOf(&peerStatus_[peer]);
   return ChannelDeviceHandle{proxy_->deviceRing(ringIndex).deviceHandle(), devSignals, devFailure, options_.numSignals,
                              static_cast<uint32_t>(peer), ~uint64_t{0},
                              // A relayed handle sends everything through the proxy to the relay.
@@ -377,7 +379,8 @@ void Context::setSignal(uint32_t id, uint64_t value) {
   direct_->writeSignal(id, value);
 }
 
-Status Context::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+template <typename Ended>
+Status Context::waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&& ended) const {
   if (id >= options_.numSignals) return Status::kInvalidArgument;
   uint64_t* word = static_cast<uint64_t*>(signals_->data()) + id;
   const uint64_t bound = timeoutNs ? timeoutNs : options_.timeoutNs;
@@ -391,8 +394,7 @@ Status Context::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) cons
       if (direct_->readSignal(id) >= value) return Status::kOk;
       lastDeviceRead = nowNs();
     }
-    uint32_t f = atomicLoad(failed_, kAcquire);
-    if (f != 0) return static_cast<Status>(f);
+    if (ended()) return Status::kPeerFailed;
     if ((spins & 63) == 0 && nowNs() - start > bound) return Status::kTimeout;
     if (spins > 100000)
       std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -401,18 +403,51 @@ Status Context::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) cons
   }
 }
 
+Status Context::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+  const int others = worldSize() - 1;
+  return waitLoop(id, value, timeoutNs,
+                  [&] { return others > 0 && failedPeers_.load(std::memory_order_acquire) >= others; });
+}
+
+Status Context::waitFromStatus(int peer, uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+  if (peer < 0 || peer >= worldSize()) return Status::kInvalidArgument;
+  const uint32_t* word = &peerStatus_[peer];
+  return waitLoop(id, value, timeoutNs, [&] { return atomicLoad(const_cast<uint32_t*>(word), kAcquire) != 0; });
+}
+
+std::string Context::waitError(const char* what, uint32_t id, uint64_t value, Status s, uint64_t startNs) const {
+  std::string msg = "rank " + std::to_string(rank()) + ": " + what + " for signal " + std::to_string(id) +
+                    " >= " + std::to_string(value) + " returned '" + statusName(s) + "' after " +
+                    std::to_string((nowNs() - startNs) / 1000000) + " ms; last value seen " +
+                    std::to_string(id < options_.numSignals ? signalValue(id) : 0);
+  // Every failed peer with its first cause: whichever of them was to raise the signal, the reason is here.
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  for (const std::string& f : peerFailure_)
+    if (!f.empty()) msg += "; " + f;
+  return msg;
+}
+
 void Context::wait(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
   const uint64_t start = nowNs();
   Status s = waitStatus(id, value, timeoutNs);
   if (s == Status::kOk) return;
-  std::string msg = "rank " + std::to_string(rank()) + ": wait for signal " + std::to_string(id) +
-                    " >= " + std::to_string(value) + " returned '" + statusName(s) + "' after " +
-                    std::to_string((nowNs() - start) / 1000000) + " ms; last value seen " +
-                    std::to_string(id < options_.numSignals ? signalValue(id) : 0);
-  std::string why = failure();
-  if (!why.empty()) msg += "; " + why;
+  std::string msg = waitError("wait", id, value, s, start);
   // With GDX_TRACE, the last commands to each peer go to the log: what was sent, posted and completed before the
   // wait gave up is what a post-mortem needs first.
+  const std::string recent = proxy_->recentTrace(16);
+  if (!recent.empty()) GDX_ERROR(msg << "; traced proxy events (all in " << proxy_->tracePath() << "):" << recent);
+  throw Error(errorCodeFor(s), msg);
+}
+
+void Context::waitFrom(int peer, uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+  if (peer < 0 || peer >= worldSize())
+    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": waitFrom peer " +
+                                                 std::to_string(peer) + " does not exist (world size " +
+                                                 std::to_string(worldSize()) + ")");
+  const uint64_t start = nowNs();
+  Status s = waitFromStatus(peer, id, value, timeoutNs);
+  if (s == Status::kOk) return;
+  std::string msg = waitError(("wait from peer " + std::to_string(peer)).c_str(), id, value, s, start);
   const std::string recent = proxy_->recentTrace(16);
   if (!recent.empty()) GDX_ERROR(msg << "; traced proxy events (all in " << proxy_->tracePath() << "):" << recent);
   throw Error(errorCodeFor(s), msg);
@@ -421,6 +456,20 @@ void Context::wait(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
 std::string Context::failure() const {
   std::lock_guard<std::mutex> lock(failureMutex_);
   return failure_;
+}
+
+std::string Context::failure(int peer) const {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  if (peer < 0 || static_cast<size_t>(peer) >= peerFailure_.size()) return {};
+  return peerFailure_[peer];
+}
+
+bool Context::peerFailed(int peer) const {
+  return peer >= 0 && peer < worldSize() && atomicLoad(&peerStatus_[peer], kAcquire) != 0;
+}
+
+const uint32_t* Context::deviceFailureWord() const {
+  return signals_->gpuMapped() ? signals_->deviceAddressOf(failed_) : nullptr;
 }
 
 void Context::onImm(const RemoteWrite& w) {
@@ -443,13 +492,20 @@ void Context::onMessage(const RemoteMessage& m) {
   if (relay_) relay_->onMessage(m);
 }
 
+// Only this peer's word is set: the proxy's rings go on, the transport completes the operations to the peer with
+// kPeerFailed (so flushes of its channels fail) and waits on it end; traffic to every other peer is untouched.
 void Context::onPeerFailure(int peer, const std::string& why) {
+  if (peer < 0 || peer >= worldSize()) return;
   std::string msg = "rank " + std::to_string(peer) + " failed: " + why;
   std::lock_guard<std::mutex> lock(failureMutex_);
   if (failure_.empty()) failure_ = msg;
-  // Before init() published the proxy and the failure word, it applies failure_ itself.
+  if (!peerFailure_[peer].empty()) return;  // the first cause is the one that explains the rest
+  peerFailure_[peer] = msg;
+  if (peer != rank()) failedPeers_.fetch_add(1, std::memory_order_release);
+  GDX_WARN("rank " << rank() << ": " << msg << "; operations to it fail, the other peers go on");
+  // Before init() published the words, it applies peerFailure_ itself.
   if (failureWord_) atomicStore(failureWord_, static_cast<uint32_t>(Status::kPeerFailed), kRelease);
-  if (liveProxy_) liveProxy_->failAll(Status::kPeerFailed, msg);
+  if (peerWords_) atomicStore(&peerWords_[peer], static_cast<uint32_t>(Status::kPeerFailed), kRelease);
 }
 
 }  // namespace gdx

@@ -37,6 +37,22 @@ std::string describeLost(const RingDeviceHandle& ring, uint64_t from, uint64_t t
 
 }  // namespace
 
+// A failed command fails only the flush that covers it; the caller that never flushed hears of it here.
+void Context::reportFaults(int ringIndex) const {
+  const CommandRing& ring = proxy_->ring(ringIndex);
+  for (int p = 0; p < worldSize(); ++p) {
+    const RingFault f = ring.fault(static_cast<uint32_t>(p));
+    if (f.lastFailed == 0) continue;
+    std::string why = proxy_->peerError(p);
+    const std::string peerFailed = failure(p);
+    if (!peerFailed.empty() && peerFailed != why) why += (why.empty() ? "" : "; ") + peerFailed;
+    GDX_ERROR("rank " << rank() << ": closing the context: commands to peer " << p << " on ring " << ringIndex
+                      << " failed (the last at ring position " << f.lastFailed - 1 << ", '"
+                      << statusName(static_cast<Status>(f.status)) << "'): " << why
+                      << "; operations issued through them may not have been delivered");
+  }
+}
+
 void Context::drainRings(const std::string& occasion, bool closing) noexcept {
   if (!proxy_) return;
   try {
@@ -45,11 +61,12 @@ void Context::drainRings(const std::string& occasion, bool closing) noexcept {
       const RingDeviceHandle ring = proxy_->ring(i).hostHandle();
       const uint64_t head = atomicLoad(ring.head, kAcquire);
       // Bounded by one timeout for all rings together: closing takes at most GDX_TIMEOUT_MS more.
-      while (atomicLoad(ring.completed, kAcquire) < head && atomicLoad(ring.error, kAcquire) == 0 &&
+      while (ring.completedPositions() < head && atomicLoad(ring.error, kAcquire) == 0 &&
              nowNs() - start < options_.timeoutNs)
         std::this_thread::sleep_for(std::chrono::microseconds(50));
-      const uint64_t completed = atomicLoad(ring.completed, kAcquire);
+      const uint64_t completed = ring.completedPositions();
       const uint32_t error = atomicLoad(ring.error, kAcquire);
+      if (closing) reportFaults(i);
       if (completed >= head && error == 0) continue;
       // A failed ring reported its error to flush() and wait(); only the closing context repeats it.
       if (error != 0 && !closing) continue;

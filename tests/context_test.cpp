@@ -200,8 +200,9 @@ TEST(Context, BadArgumentsThrowAndSendNothing) {
   EXPECT_EQ(rc, 0);
 }
 
-// Commands that bypass the host checks (as a kernel's would) are rejected by the proxy: not posted, counted,
-// reported through the ring's error word and the proxy's message.
+// Commands that bypass the host checks (as a kernel's would) are rejected by the proxy: not posted, counted, reported
+// in the proxy's message. (The one for a peer that does not exist, which no handle can make, breaks the whole ring:
+// its error word. Per-command reporting of the others is in peer_errors_test.cpp.)
 TEST(Context, ProxyRejectsInvalidCommandsFromTheRing) {
   int rc = runSolo([] {
     Context ctx;

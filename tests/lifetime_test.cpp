@@ -26,25 +26,7 @@ namespace gdx {
 namespace {
 
 using test::runRanks;
-
-// True when f() throws gdx::Error with `code` and a message containing every one of `parts`.
-template <typename F>
-bool throwsNaming(F&& f, ErrorCode code, std::initializer_list<const char*> parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    std::fprintf(stderr, "child %d: got the expected error: %s\n", getpid(), e.what());
-    if (e.code() != code) return false;
-    for (const char* p : parts)
-      if (std::string(e.what()).find(p) == std::string::npos) {
-        std::fprintf(stderr, "child %d: the error does not name '%s'\n", getpid(), p);
-        return false;
-      }
-    return true;
-  }
-  std::fprintf(stderr, "child %d: no error thrown\n", getpid());
-  return false;
-}
+using test::throwsNaming;
 
 // Sends this process's stderr (where gdx logs) to a file until restored, so the test can read what was logged.
 class CapturedStderr {

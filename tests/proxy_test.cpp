@@ -167,7 +167,10 @@ TEST_F(ProxyMerge, AnInvalidPutInsideARunIsRejectedAloneAndThePutsAroundItArrive
   const ProxyCounters c = proxy_->totalCounters();
   EXPECT_EQ(c.errors, 1u);
   EXPECT_EQ(c.writes, 2u) << "the puts before and after the rejected one should be one write each";
-  EXPECT_EQ(proxy_->ring(0).error(), Status::kProxyError);
+  // The rejected command fails alone: the ring works on, and the fault is recorded for its peer at its position.
+  EXPECT_EQ(proxy_->ring(0).error(), Status::kOk);
+  EXPECT_EQ(proxy_->ring(0).fault(0).lastFailed, 11u);
+  EXPECT_EQ(static_cast<Status>(proxy_->ring(0).fault(0).status), Status::kProxyError);
   EXPECT_NE(proxy_->lastError().find("outside"), std::string::npos) << proxy_->lastError();
 }
 

@@ -53,13 +53,16 @@ class Channel {
   /// Adds `value` to the 64-bit word at `dstOffset` (8-byte aligned) of the peer's window `dst`.
   void atomicAdd(const Window& dst, uint64_t dstOffset, uint64_t value);
   /// Waits (bounded) until every operation issued through this channel so far completed at the source;
-  /// throws gdx::Error naming the rank, peer and the proxy's error when one occurred.
+  /// throws gdx::Error naming the rank, peer and the proxy's error when one of them (since the channel's last
+  /// flush) was refused or failed, and kPeerFailed at once, with the peer's first failure, when the peer failed.
+  /// Errors are per channel and command: a flush after a failed one covers only later operations, which succeed
+  /// when they are valid; channels to other peers never see this peer's errors.
   void flush();
 
  private:
   friend class Context;
   Channel(std::shared_ptr<detail::ContextLink> link, int peer, int ringIndex, RingDeviceHandle ring,
-          int forwardTo = -1);
+          const uint32_t* peerFailure, int forwardTo = -1);
   /// "channel to peer 1 on ring 0", for messages.
   std::string describe() const;
   /// The Context, held for the caller's operation; throws kShutdown naming the channel when it is gone.
@@ -80,7 +83,13 @@ class Channel {
   int ringIndex_;
   int forwardTo_;  // a relayed channel's destination (the relay is peer_); -1: not relayed
   RingDeviceHandle ring_;
-  std::shared_ptr<std::atomic<int64_t>> lastPosition_;  // highest ring position this channel used; -1: none
+  const uint32_t* peerFailure_;  // the peer's failure word (the Context's host memory)
+  /// Shared by the copies of the channel (and the threads using them).
+  struct Positions {
+    std::atomic<int64_t> last{-1};       ///< highest ring position this channel used; -1: none
+    std::atomic<uint64_t> flushFrom{0};  ///< positions below were covered by a flush: their faults were reported
+  };
+  std::shared_ptr<Positions> positions_;
 };
 
 }  // namespace gdx

@@ -21,9 +21,14 @@
 // signal (updated by direct-path peers) reaches v: let each signal id be updated by peers of one kind.
 //
 // Status, not hangs: every call returns a Status. Enqueueing waits only when the ring is full; wait() and
-// flush() wait for the peer or the proxy. All of them are bounded by `ring.timeoutNs` (GDX_TIMEOUT_MS) and end
-// early with the proxy's status once the ring's error word or the context's failure word is set (a rejected
-// command: kProxyError; a failed peer: kPeerFailed). Nothing traps.
+// flush() wait for the peer or the proxy. All of them are bounded by `ring.timeoutNs` (GDX_TIMEOUT_MS). Errors are
+// per peer and per command, nothing traps:
+//  * A failed peer (its connection broke, it died) sets that peer's failure word: wait() and flush() of handles to
+//    it return kPeerFailed at once; handles to other peers, even on the same ring, go on.
+//  * A command the proxy refuses (a window or offset it does not know) fails alone: the flush() of this copy of the
+//    handle that covers it returns kProxyError (also when another command to the same peer on the same ring failed
+//    after it, see ring_device.hpp), and later commands and flushes work. The proxy's message says which command.
+//  * Only what breaks the ring itself (its proxy thread stopped, a producer left a hole) ends every wait on it.
 //
 // Ordering guarantees:
 //  * Before a put's command is published, the producing thread's earlier writes (the data it puts) are made
@@ -43,7 +48,8 @@
 // continue each other are sent as one transport write.
 // Warp-cooperative forms (…Warp) are called by every lane of a converged warp with the same arguments; one
 // elected lane enqueues and the others return kOk at once, so the warp need not wait for the ring (the elected
-// lane's return value is the enqueue status; flushWarp / waitWarp give every lane the ring's errors).
+// lane's return value is the enqueue status; flushWarp gives every lane the leader's command errors, waitWarp the
+// peer's failure).
 // Lanes are numbered by %laneid, so any block shape works.
 #pragma once
 
@@ -66,13 +72,15 @@ namespace gdx {
 struct ChannelDeviceHandle {
   RingDeviceHandle ring;
   uint64_t* signals;  ///< this rank's signal array as the GPU sees it
-  uint32_t* failure;  ///< the context's failure word (a Status), kOk while every peer is healthy
+  uint32_t* failure;  ///< `peer`'s failure word (a Status), kOk while it is healthy
   uint32_t numSignals;
   uint32_t peer;
   uint64_t lastPosition;     ///< highest ring position this copy of the handle used; ~0: none
   const DirectPeer* direct;  ///< device table of the direct path to `peer`; null: every operation is proxied
   uint64_t* deviceSignals;   ///< this rank's device signal array (direct-path updates land here); may be null
   int32_t forwardTo;         ///< relayed handle: the destination rank (`peer` is the relay); -1: not relayed
+  /// First ring position this copy used since its last flush (~0: none); flush() checks faults from there on.
+  mutable uint64_t flushFrom = ~uint64_t{0};
 
 #if defined(__CUDACC__)
   /// Direct-path addresses of a put: 1 with *d/*s set, 0 when the put must go through the proxy, -1 when the
@@ -124,7 +132,10 @@ struct ChannelDeviceHandle {
   GDX_HOST_DEVICE_INLINE Status enqueue(const Command& c) {
     uint64_t pos;
     Status s = ring.push(c, &pos);
-    if (s == Status::kOk) lastPosition = pos;
+    if (s == Status::kOk) {
+      lastPosition = pos;
+      if (flushFrom == ~uint64_t{0}) flushFrom = pos;
+    }
     return s;
   }
 
@@ -159,7 +170,7 @@ struct ChannelDeviceHandle {
   GDX_HOST_DEVICE_INLINE Status enqueuePut(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                            uint64_t srcOffset, uint64_t bytes, const SignalUpdateArgs* signal) {
     const PutTarget target{peer, forwardTo, dstWindow, dstOffset, srcWindow, srcOffset};
-    return pushPutCommands(ring, target, bytes, signal, &lastPosition);
+    return pushPutCommands(ring, target, bytes, signal, &lastPosition, &flushFrom);
   }
 
   /// The proxy path of put (withSignal false) and putWithSignal, for the cooperative forms once their direct path
@@ -268,10 +279,14 @@ struct ChannelDeviceHandle {
     }
   }
 
-  /// Waits until every operation this handle enqueued completed at the source (bounded).
+  /// Waits until every operation this handle enqueued completed at the source (bounded); kProxyError or the
+  /// transport's status when one of them (since this copy's last flush) was refused or failed, kPeerFailed at once
+  /// when the peer failed. Each failure is reported by one flush of the copy: the next flush looks at later commands.
   GDX_HOST_DEVICE_INLINE Status flush() const {
-    if (lastPosition == ~uint64_t{0}) return Status::kOk;
-    return ring.waitCompleted(lastPosition);
+    if (lastPosition == ~uint64_t{0} || flushFrom == ~uint64_t{0}) return Status::kOk;
+    const Status s = ring.waitCompleted(lastPosition, flushFrom, peer, failure);
+    if (s != Status::kTimeout) flushFrom = ~uint64_t{0};
+    return s;
   }
 
   /// Current value of this rank's signal `signalId`.
@@ -287,8 +302,8 @@ struct ChannelDeviceHandle {
     return __ffs(mask) - 1;
   }
   /// Runs `op` on the leader lane only. The other lanes do not wait for it and get kOk: the leader's return
-  /// value is the enqueue status, and a failure the proxy finds later reaches every lane through flushWarp or
-  /// waitWarp (the ring's error word is sticky).
+  /// value is the enqueue status, and a failure the proxy finds later reaches every lane through flushWarp (the
+  /// worst of the lanes' flushes: the leader's reports it).
   template <typename Op>
   GDX_DEVICE_INLINE static Status onLeader(Op&& op) {
     const unsigned mask = __activemask();

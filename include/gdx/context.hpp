@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "gdx/channel.hpp"
 #include "gdx/channel_device.hpp"
@@ -103,13 +104,26 @@ class Context {
   /// Sets local signal `id` (to re-arm it between rounds; only safe when no peer is updating it).
   void setSignal(uint32_t id, uint64_t value);
   /// Waits until local signal `id` >= `value`. Bounded by `timeoutNs` (0: the context's timeout); throws
-  /// gdx::Error(kTimeout) naming rank, signal, expected and last seen value, or kPeerFailed/kProtocol as soon
-  /// as a peer failed.
+  /// gdx::Error(kTimeout) naming rank, signal, expected and last seen value (and the peers that failed, if any).
+  /// A signal does not say who raises it, so a failed peer ends this wait early (kPeerFailed) only when no other
+  /// rank is left to raise it; waitFrom() names the peer and ends as soon as that one fails.
   void wait(uint32_t id, uint64_t value, uint64_t timeoutNs = 0) const;
   /// Like wait() but returns the status instead of throwing.
   Status waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs = 0) const;
-  /// Why the job is broken (a failed peer), empty while healthy.
+  /// wait() for a signal that `peer` raises: also throws kPeerFailed, naming the peer and its first failure, as soon
+  /// as that peer failed (and only that peer: waits on healthy peers go on).
+  void waitFrom(int peer, uint32_t id, uint64_t value, uint64_t timeoutNs = 0) const;
+  /// Like waitFrom() but returns the status instead of throwing (kInvalidArgument for a peer that does not exist).
+  Status waitFromStatus(int peer, uint32_t id, uint64_t value, uint64_t timeoutNs = 0) const;
+  /// Why the job is degraded (the first peer that failed and its cause), empty while every peer is healthy.
   std::string failure() const;
+  /// Why `peer` failed (its first failure), empty while it is healthy.
+  std::string failure(int peer) const;
+  /// Whether `peer` is known to have failed (its connection broke or it died).
+  bool peerFailed(int peer) const;
+  /// The word kernels of collective operations poll (ep::Buffer): kPeerFailed once any peer failed, as a device
+  /// address (host-mapped memory). Channels' device handles poll their own peer's word instead.
+  const uint32_t* deviceFailureWord() const;
   /// Collective; checked against the other ranks' calls like registerWindow.
   void barrier() { bootstrap_->barrier(); }
 
@@ -121,6 +135,8 @@ class Context {
   /// Waits (bounded) until the commands already in the host rings completed; logs at ERROR what was lost, naming
   /// `occasion`. `closing` (~Context): also reports rings that had failed, for callers that never flushed.
   void drainRings(const std::string& occasion, bool closing) noexcept;
+  /// Logs at ERROR the peers whose commands on host ring `ringIndex` failed (for ~Context).
+  void reportFaults(int ringIndex) const;
   void deregister(uint32_t id) noexcept;
   /// Window::peerData for another rank: the direct path's mapping of `peer`'s window `id`, null when none.
   void* directWindowBase(int peer, uint32_t id) const;
@@ -130,6 +146,11 @@ class Context {
   Channel makeChannel(int peer, int ringIndex, int forwardTo);
   ChannelDeviceHandle makeDeviceChannel(int peer, int ringIndex, int forwardTo);
   void onPeerFailure(int peer, const std::string& why);
+  /// The loop of waitStatus() and waitFromStatus(): `ended()` is checked with every poll of the signal.
+  template <typename Ended>
+  Status waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&& ended) const;
+  /// The message of a wait that returned `s` (names the peers that failed).
+  std::string waitError(const char* what, uint32_t id, uint64_t value, Status s, uint64_t startNs) const;
 
   ContextOptions options_;
   // Shared with every Window and Channel handed out; cleared by ~Context (detail/context_link.hpp).
@@ -144,14 +165,18 @@ class Context {
   // IPC mappings it writes through are released.
   std::unique_ptr<Relay> relay_;
   // What the transport's failure handler may touch, published by init() under failureMutex_.
-  Proxy* liveProxy_ = nullptr;
   uint32_t* failureWord_ = nullptr;
+  uint32_t* peerWords_ = nullptr;
   std::mutex windowMutex_;
   std::vector<bool> windowInUse_;
   GpuInfo gpu_;
-  uint32_t* failed_ = nullptr;  // a Status in host-mapped memory (kernels read it); kOk while all peers are healthy
+  // Host-mapped Status words (kernels read them): failed_ is set once any peer failed, peerStatus_[p] once peer p did.
+  uint32_t* failed_ = nullptr;
+  uint32_t* peerStatus_ = nullptr;
+  std::atomic<int> failedPeers_{0};  // other ranks that failed: when all did, nobody is left to raise a signal
   mutable std::mutex failureMutex_;
-  std::string failure_;
+  std::string failure_;                   // the first peer failure
+  std::vector<std::string> peerFailure_;  // by peer: its first failure, empty while healthy
 };
 
 }  // namespace gdx

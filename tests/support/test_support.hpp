@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,25 @@ ErrorCode errorCodeOf(F&& f) {
     return e.code();
   }
   return ErrorCode::kOk;
+}
+
+/// In a child process: true when f() throws gdx::Error with `code` and a message containing every one of `parts`.
+template <typename F>
+bool throwsNaming(F&& f, ErrorCode code, std::initializer_list<const char*> parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "child %d: got the expected error: %s\n", getpid(), e.what());
+    if (e.code() != code) return false;
+    for (const char* p : parts)
+      if (std::string(e.what()).find(p) == std::string::npos) {
+        std::fprintf(stderr, "child %d: the error does not name '%s'\n", getpid(), p);
+        return false;
+      }
+    return true;
+  }
+  std::fprintf(stderr, "child %d: no error thrown\n", getpid());
+  return false;
 }
 
 /// Fills `n` bytes with pseudo-random data from `seed` (xorshift; reproducible in every process).

@@ -6,9 +6,11 @@
 // the immediate; signal/atomicAdd -> one remote atomic; a relayed command -> the write to the relay, then the
 // relay's control message (RelayRequests)), publish the ring's tail, then reap lane completions
 // and advance each ring's in-order completion counter (what flush() waits on). A command that fails the check
-// is not posted: it is counted as an error, its message kept, and the ring's error word set, so producers'
-// waits return Status::kProxyError. Threads are pinned to the CPUs of one NUMA node and the rings' memory is
-// placed on that node.
+// is not posted: it is counted as an error, its message kept (per peer: peerError()), and recorded as a fault of
+// its peer at its ring position (ring_device.hpp), so the flush that covers it returns Status::kProxyError while
+// the ring, later commands and other peers' commands go on; an operation that completes with an error is recorded
+// the same way with the transport's status. Only a proxy thread that stops breaks its rings (their error word).
+// Threads are pinned to the CPUs of one NUMA node and the rings' memory is placed on that node.
 #pragma once
 
 #include <atomic>
@@ -92,10 +94,12 @@ class Proxy {
   int numThreads() const { return static_cast<int>(threads_.size()); }
   ProxyCounters counters(int thread) const;
   ProxyCounters totalCounters() const;
-  /// Sets every ring's error word (a failed peer, shutdown); the first message is kept for lastError().
+  /// Sets every ring's error word (the proxy cannot go on); the first message is kept for lastError().
   void failAll(Status status, const std::string& why);
   /// The first error any proxy thread recorded, empty when none.
   std::string lastError() const;
+  /// The latest error of a command to `peer` (and the first one, when they differ), empty when none.
+  std::string peerError(int peer) const;
   /// Tracing (GDX_TRACE): the file the trace is written to when the proxy stops; empty when not tracing.
   const std::string& tracePath() const { return tracePath_; }
   /// The last `perPeer` traced events to each peer, a line each (empty when not tracing).
@@ -118,6 +122,7 @@ class Proxy {
   void postRelayed(Posting& p, const Command& c, const Command& second);
   void postAtomic(Posting& p, const Command& c);
   void recordError(const std::string& message);
+  void recordError(uint32_t peer, const std::string& message);
 
   Options options_;
   Transport* transport_;
@@ -133,6 +138,10 @@ class Proxy {
   void writeTrace() const;
   mutable std::mutex errorMutex_;
   std::string firstError_;
+  struct PeerErrors {
+    std::string first, latest;
+  };
+  std::vector<PeerErrors> peerErrors_;  // by peer, under errorMutex_
 };
 
 }  // namespace gdx

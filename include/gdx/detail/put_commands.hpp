@@ -33,9 +33,12 @@ struct SignalUpdateArgs {
 };
 
 /// Pushes the commands of a put of `bytes` (bytes > 0) onto `ring`, with `signal` on the last piece when given.
-/// *lastPos is set to the ring position of every command pushed, so on an error it names the last one that was.
+/// *lastPos is set to the ring position of every command pushed, so on an error it names the last one that was;
+/// *firstPos (when given), if still ~0, to the first one (pieces are reserved one by one, so other producers'
+/// commands may lie between them: the first position cannot be computed from the last).
 GDX_HOST_DEVICE_INLINE Status pushPutCommands(const RingDeviceHandle& ring, const PutTarget& t, uint64_t bytes,
-                                              const SignalUpdateArgs* signal, uint64_t* lastPos) {
+                                              const SignalUpdateArgs* signal, uint64_t* lastPos,
+                                              uint64_t* firstPos = nullptr) {
   const uint64_t signalled = signal ? lastCommandOffset(bytes) : bytes;  // bytes sent before the signalled piece
   const bool relayed = t.forwardTo >= 0;
   for (uint64_t done = 0; done < signalled;) {
@@ -45,12 +48,15 @@ GDX_HOST_DEVICE_INLINE Status pushPutCommands(const RingDeviceHandle& ring, cons
     const Status s =
         relayed ? ring.pushPair(put, Command::relayTo(t.peer, t.forwardTo), lastPos) : ring.push(put, lastPos);
     if (s != Status::kOk) return s;
+    if (firstPos && *firstPos == ~uint64_t{0}) *firstPos = *lastPos - (relayed ? 1 : 0);
     done += n;
   }
   if (!signal) return Status::kOk;
-  return ring.pushPair(Command::put(t.peer, t.srcWindow, t.srcOffset + signalled, t.dstWindow, t.dstOffset + signalled,
-                                    bytes - signalled, Opcode::kPutWithSignal),
-                       Command::signal(t.peer, signal->id, signal->value, signal->op, t.forwardTo), lastPos);
+  const Status s = ring.pushPair(Command::put(t.peer, t.srcWindow, t.srcOffset + signalled, t.dstWindow,
+                                              t.dstOffset + signalled, bytes - signalled, Opcode::kPutWithSignal),
+                                 Command::signal(t.peer, signal->id, signal->value, signal->op, t.forwardTo), lastPos);
+  if (s == Status::kOk && firstPos && *firstPos == ~uint64_t{0}) *firstPos = *lastPos - 1;
+  return s;
 }
 
 }  // namespace gdx

@@ -1,6 +1,6 @@
 // CommandRing: the host object that owns one command ring (protocol in ring_device.hpp) and is its single
 // consumer. Producers get a RingDeviceHandle; the proxy thread that owns the ring calls poll(), publishTail(),
-// publishCompleted() and setError().
+// publishCompleted(), recordFault() and setError().
 #pragma once
 
 #include <cstddef>
@@ -21,6 +21,7 @@ class CommandRing {
     int numaNode = -1;                       ///< where the slots and counters live; -1: the calling thread's node
     uint64_t timeoutNs = kDefaultTimeoutNs;  ///< producers' wait bound (GDX_TIMEOUT_MS)
     bool deviceProducers = false;            ///< producers are GPU threads: head and cached tail live in device memory
+    uint32_t numPeers = 0;                   ///< ranks commands may name: one fault record each (ring_device.hpp)
   };
 
   explicit CommandRing(const Options& options);
@@ -46,7 +47,14 @@ class CommandRing {
   void publishTail();
   /// Declares positions [0, upTo) finished at the source (flush() waits on this).
   void publishCompleted(uint64_t upTo);
-  /// Sets the sticky error word unless one is set already; producers' waits return it from now on.
+  /// Records that the command to `peer` at `position` was refused or failed with `status` (not kOk), before its
+  /// position is declared completed: flushes of that peer's commands covering it return `status`. A peer outside
+  /// the ring's records (a command no Context could have made) fails the whole ring instead.
+  void recordFault(uint32_t peer, uint64_t position, Status status);
+  /// The record of `peer` (zero when none).
+  RingFault fault(uint32_t peer) const;
+  /// Sets the sticky error word unless one is set already; producers' waits return it from now on. Only for what
+  /// breaks the whole ring (ring_device.hpp): a failed command is recordFault()'s.
   void setError(Status status);
   Status error() const;
 
@@ -65,6 +73,9 @@ class CommandRing {
   uint64_t* tail_;
   uint64_t* completed_;
   uint32_t* error_;
+  RingFault* faults_;
+  uint32_t numPeers_;
+  bool hasFaults_ = false;              // some fault recorded: publishCompleted() sets kCompletedHasFaults
   uint64_t* deviceCounters_ = nullptr;  // [0]: head, [16]: cached tail (own 128-byte lines), device memory
   uint64_t localTail_ = 0;
 };

@@ -17,8 +17,16 @@
 //  * The consumer reads slot tail & (capacity - 1) with acquire loads until both lap bits match, takes the
 //    command out and later publishes the new tail. Slots are never cleared; the lap bit alternates.
 //  * `completed` counts positions whose operation finished at the source (the proxy advances it in order);
-//    flush() waits on it. `error` is the proxy's error word: non-zero means the proxy stopped accepting work
-//    and every bounded wait returns that Status instead of waiting out its timeout.
+//    flush() waits on it. A rejected or failed command also "completes" (its slot is free again); bit 63 of the
+//    word (kCompletedHasFaults) says that the proxy recorded at least one such command on this ring.
+//  * Faults are per command and per peer: `faults[peer]` holds the highest position of a command to that peer
+//    that the proxy refused (bad window, offset) or whose operation failed (the peer died), and why. A flush of
+//    the positions [from, to] of one peer fails when that position is >= from, so a bad command fails the flush
+//    that covers it and a later flush of later commands succeeds; other peers' flushes never look at it. (A later
+//    command to the same peer that failed before the flush looked also fails it: one record per peer cannot tell
+//    whether an earlier one of the range failed too, and reporting too much is safer than too little.)
+//  * `error` is the ring's own error word, for what breaks the whole ring: the proxy thread stopped (kShutdown,
+//    kProxyError) or a producer left a hole (below). Non-zero, every bounded wait on the ring returns it at once.
 // A producer that reserved a slot must publish it; a producer that times out waiting for space leaves a hole
 // that the consumer will wait on, which is why a full-ring timeout is reported as an error of the whole ring.
 #pragma once
@@ -48,15 +56,31 @@ GDX_HOST_DEVICE_INLINE void setErrorOnce(uint32_t* word, Status status) {
 #endif
 }
 
+/// The proxy's record of the failed commands to one peer on one ring (host memory, written by the consumer only).
+struct RingFault {
+  uint64_t lastFailed;  ///< highest position of a failed command to the peer, plus one; 0: none
+  uint32_t status;      ///< why that command failed (kProxyError: refused; else the transport's Status)
+  uint32_t reserved;
+};
+/// Set in `completed` once the ring holds any RingFault: only then does a flush read the peer's record.
+constexpr uint64_t kCompletedHasFaults = uint64_t{1} << 63;
+
 struct RingDeviceHandle {
   Command* slots;
   uint64_t* head;        ///< producers' reservation counter
   uint64_t* cachedTail;  ///< producers' last seen tail (same memory as head)
   uint64_t* tail;        ///< consumer-published tail (host memory)
   uint64_t* completed;   ///< positions completed at the source, in order (host memory)
-  uint32_t* error;       ///< proxy error word: a Status, kOk while healthy (host memory)
+  uint32_t* error;       ///< the ring's error word: a Status, kOk while the ring works (host memory)
   uint64_t capacity;     ///< power of two
   uint64_t timeoutNs;    ///< bound for every wait a producer makes
+  RingFault* faults;     ///< one record per peer (host memory); null for a ring made without peers
+  uint32_t numPeers;     ///< entries of `faults`
+
+  /// Positions completed so far (the count in `completed`, without its flag).
+  GDX_HOST_DEVICE_INLINE uint64_t completedPositions() const {
+    return atomicLoad(completed, kAcquire) & ~kCompletedHasFaults;
+  }
 
   GDX_HOST_DEVICE_INLINE static uint64_t lapOf(uint64_t pos, uint64_t capacity) { return ((pos / capacity) + 1) & 1; }
 
@@ -175,15 +199,35 @@ struct RingDeviceHandle {
     return Status::kOk;
   }
 
-  /// Waits (bounded) until every position <= pos completed at the source. The error word is checked first:
-  /// a rejected command also "completes", so once the ring has an error no flush reports success.
+  /// Waits (bounded) until every position <= pos completed at the source; kOk unless the ring's error word is set
+  /// (whatever the commands were).
   GDX_HOST_DEVICE_INLINE Status waitCompleted(uint64_t pos) const {
+    return waitCompleted(pos, ~uint64_t{0}, 0, nullptr);
+  }
+
+  /// A flush of one peer's commands: waits (bounded) until every position <= `to` completed at the source, then
+  /// returns kOk unless a command to `peer` at a position >= `from` failed (its RingFault's status; see the header
+  /// comment). Ends early with the ring's error, or with `*peerFailure` (the peer's failure word; may be null) once
+  /// that is set: a dead peer's operations are not waited for.
+  GDX_HOST_DEVICE_INLINE Status waitCompleted(uint64_t to, uint64_t from, uint32_t peer,
+                                              const uint32_t* peerFailure) const {
     uint64_t start = 0;
     for (uint64_t spins = 0;; ++spins) {
       uint32_t e = atomicLoad(error, kAcquire);
       if (e != 0) return static_cast<Status>(e);
-      if (atomicLoad(completed, kAcquire) > pos) return Status::kOk;
+      const uint64_t c = atomicLoad(completed, kAcquire);
+      if ((c & ~kCompletedHasFaults) > to) {
+        // The flag is in the word just read, so a ring without faults costs no further read.
+        if (!(c & kCompletedHasFaults) || !faults || peer >= numPeers) return Status::kOk;
+        const uint64_t failed = atomicLoad(&faults[peer].lastFailed, kAcquire);
+        if (failed > from) return static_cast<Status>(atomicLoad(&faults[peer].status, kRelaxed));
+        return Status::kOk;
+      }
       if ((spins & 63) == 0) {
+        if (peerFailure) {
+          const uint32_t f = atomicLoad(const_cast<uint32_t*>(peerFailure), kAcquire);
+          if (f != 0) return static_cast<Status>(f);
+        }
         uint64_t now = nowNs();
         if (start == 0) start = now;
         if (now - start > timeoutNs) return Status::kTimeout;

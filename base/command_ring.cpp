@@ -86,6 +86,28 @@ RingDeviceHandle CommandRing::deviceHandle() const {
                           numPeers_};
 }
 
+uint64_t CommandRing::reserved() const {
+  if (!deviceCounters_) return atomicLoad(head_, kAcquire);
+#if defined(GDX_HAVE_CUDA)
+  // Not the legacy default stream, which would wait for every kernel: one that is still producing into this ring
+  // (or waiting for it) must not make the read wait. Closing reports only, so a stream per call is fine.
+  cudaStream_t stream = nullptr;
+  GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  uint64_t head = 0;
+  cudaError_t rc = cudaMemcpyAsync(&head, deviceCounters_, sizeof head, cudaMemcpyDeviceToHost, stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  GDX_CUDA_CHECK(rc);
+  return head;
+#else
+  return 0;
+#endif
+}
+
+uint64_t CommandRing::completedPositions() const {
+  return atomicLoad(completed_, kAcquire) & ~kCompletedHasFaults;
+}
+
 bool CommandRing::readSlot(uint64_t pos, Command* out) const {
   const Command* slot = &slots_[pos & (capacity_ - 1)];
   Command c;

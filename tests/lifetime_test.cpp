@@ -1,7 +1,6 @@
 // Lifetimes with real processes: Windows and Channels that outlive their Context, a Window handed to another
 // Context's Channel, puts left unflushed when a Context is destroyed, and a window deregistered while a peer is
 // still writing into it.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -10,10 +9,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <initializer_list>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,39 +25,7 @@ namespace {
 using test::runRanks;
 using test::throwsNaming;
 
-// Sends this process's stderr (where gdx logs) to a file until restored, so the test can read what was logged.
-class CapturedStderr {
- public:
-  CapturedStderr() : path_("/tmp/gdx_lifetime_log_" + std::to_string(getpid())) {
-    std::fflush(stderr);
-    saved_ = dup(STDERR_FILENO);
-    int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    dup2(fd, STDERR_FILENO);
-    ::close(fd);
-  }
-  ~CapturedStderr() { restore(); }
-  // Restores stderr, copies what was captured to it and returns it.
-  std::string restore() {
-    if (saved_ < 0) return text_;
-    std::fflush(stderr);
-    dup2(saved_, STDERR_FILENO);
-    ::close(saved_);
-    saved_ = -1;
-    std::ifstream in(path_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text_ = ss.str();
-    std::remove(path_.c_str());
-    std::fprintf(stderr, "%s", text_.c_str());
-    return text_;
-  }
-
- private:
-  std::string path_;
-  int saved_ = -1;
-  std::string text_;
-};
-
+using test::CapturedStderr;
 using test::runSolo;
 
 TEST(Lifetime, WindowAndChannelUsedOrDestroyedAfterTheirContextThrowOrDoNothing) {
@@ -208,6 +173,36 @@ TEST(Lifetime, PutsLostWhenTheContextIsDestroyedAreLoggedNamingThePeer) {
       },
       120);
   EXPECT_EQ(codes, (std::vector<int>{0, 128 + SIGKILL}));
+}
+
+// A producer that reserved a ring position and never published it (a thread that stopped mid-command) holds up the
+// commands behind it: ~Context waits GDX_TIMEOUT_MS for them, then logs them with counts per peer and kind and the
+// unpublished position, and nothing of them is delivered.
+TEST(Lifetime, CommandsStuckBehindAnUnpublishedPositionAreLoggedWithCounts) {
+  EXPECT_EQ(
+      runSolo([] {
+        setenv("GDX_TIMEOUT_MS", "1000", 1);
+        std::vector<unsigned char> src(4096, 0x11), dst(4096, 0);
+        CapturedStderr log;
+        {
+          Window s, d;  // destroyed after the Context: only ~Context drains the ring
+          Context ctx;
+          s = ctx.registerWindow(src.data(), src.size());
+          d = ctx.registerWindow(dst.data(), dst.size());
+          Channel ch = ctx.channel(0, 0);
+          uint64_t hole = 0;
+          CHILD_CHECK(ctx.proxy().ring(0).hostHandle().reserve(1, &hole) == Status::kOk);
+          for (int i = 0; i < 3; ++i) ch.put(d, 64 * i, s, 0, 64);
+          ch.signal(0, 1);
+        }
+        const std::string text = log.restore();
+        CHILD_CHECK(text.find("closing the context: 5 command(s) on ring 0 did not complete") != std::string::npos);
+        CHILD_CHECK(text.find("to peer 0: 3 put 1 signalAdd") != std::string::npos);
+        CHILD_CHECK(text.find("1 reserved by a producer but never published") != std::string::npos);
+        for (unsigned char b : dst) CHILD_CHECK(b == 0);
+        return 0;
+      }),
+      0);
 }
 
 TEST(Lifetime, AWindowDeregisteredUnderIncomingWritesIsNeverWrittenAgain) {

@@ -132,11 +132,12 @@ class Context {
   friend class Channel;
   void init();
   void shutdownThreads() noexcept;
-  /// Waits (bounded) until the commands already in the host rings completed; logs at ERROR what was lost, naming
-  /// `occasion`. `closing` (~Context): also reports rings that had failed, for callers that never flushed.
+  /// Waits (bounded) until the commands already in the rings (host threads' and kernels') completed; logs at ERROR
+  /// what was lost, per ring, peer and kind, naming `occasion`. `closing` (~Context): also reports rings that had
+  /// failed, for callers that never flushed.
   void drainRings(const std::string& occasion, bool closing) noexcept;
-  /// Logs at ERROR the peers whose commands on host ring `ringIndex` failed (for ~Context).
-  void reportFaults(int ringIndex) const;
+  /// Logs at ERROR the peers whose commands on `ring` (called `ringName`) failed (for ~Context).
+  void reportFaults(const std::string& ringName, const CommandRing& ring) const;
   void deregister(uint32_t id) noexcept;
   /// Window::peerData for another rank: the direct path's mapping of `peer`'s window `id`, null when none.
   void* directWindowBase(int peer, uint32_t id) const;

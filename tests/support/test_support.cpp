@@ -1,6 +1,7 @@
 #include "support/test_support.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -12,7 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -126,6 +129,29 @@ std::vector<int> runRanksWith(int ranks, const std::string& masterAddr, const st
   std::vector<int> codes;
   for (pid_t p : pids) codes.push_back(waitChild(p, timeoutSec));
   return codes;
+}
+
+CapturedStderr::CapturedStderr() : path_("/tmp/gdx_captured_stderr_" + std::to_string(getpid())) {
+  std::fflush(stderr);
+  saved_ = dup(STDERR_FILENO);
+  int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  dup2(fd, STDERR_FILENO);
+  ::close(fd);
+}
+
+std::string CapturedStderr::restore() {
+  if (saved_ < 0) return text_;
+  std::fflush(stderr);
+  dup2(saved_, STDERR_FILENO);
+  ::close(saved_);
+  saved_ = -1;
+  std::ifstream in(path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  text_ = ss.str();
+  std::remove(path_.c_str());
+  std::fprintf(stderr, "%s", text_.c_str());
+  return text_;
 }
 
 }  // namespace gdx::test

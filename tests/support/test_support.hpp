@@ -79,4 +79,21 @@ int runSolo(const std::function<int()>& body, int timeoutSec = 300);
 std::vector<int> runRanksWith(int ranks, const std::string& masterAddr, const std::function<void(int rank)>& setup,
                               const std::function<int(int rank)>& body, int timeoutSec = 300);
 
+/// Sends this process's stderr (where gdx logs) to a file until restore() or destruction, so a test can read what
+/// was logged.
+class CapturedStderr {
+ public:
+  CapturedStderr();
+  ~CapturedStderr() { restore(); }
+  CapturedStderr(const CapturedStderr&) = delete;
+  CapturedStderr& operator=(const CapturedStderr&) = delete;
+  /// Restores stderr, copies what was captured to it and returns it (again on later calls).
+  std::string restore();
+
+ private:
+  std::string path_;
+  int saved_ = -1;
+  std::string text_;
+};
+
 }  // namespace gdx::test

@@ -58,6 +58,17 @@ class CommandRing {
   void setError(Status status);
   Status error() const;
 
+  // ---- observers, any thread (closing reports: what producers put in and what did not complete) ----
+  /// Positions producers reserved so far (the head). For a ring of GPU producers the head lives in device memory:
+  /// it is copied on a stream of its own that does not wait for other work, so a kernel still producing (or stuck)
+  /// does not hold the read up. Throws CudaError when the copy fails (the GPU is in an error state).
+  uint64_t reserved() const;
+  /// Positions completed at the source so far (without the fault flag).
+  uint64_t completedPositions() const;
+  /// The command at `pos` when a producer published it (its lap bits are current); false for a reserved position
+  /// whose producer has not published it yet.
+  bool published(uint64_t pos, Command* out) const { return readSlot(pos, out); }
+
   uint64_t capacity() const { return capacity_; }
   int numaNode() const { return memory_.numaNode(); }
 

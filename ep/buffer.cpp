@@ -95,14 +95,18 @@ struct Buffer::Impl {
 
   // Throws the recorded error, if any. Recoverable ones (bad input, found before anything was sent) are cleared so
   // the Buffer goes on; a timeout or a failed peer leaves it unusable.
-  void raise(int rank, Context& ctx, cudaStream_t stream) {
+  // Throws kShutdown first when the Context is gone: every operation calls this before it launches a kernel, whose
+  // rings and signals would be freed memory.
+  void raise(int rank, const std::shared_ptr<gdx::detail::ContextLink>& link, cudaStream_t stream) {
+    gdx::detail::ContextUse ctx(link.get());
+    if (!ctx) gdx::detail::throwContextGone(*link, "gdx::ep::Buffer");
     const uint32_t kind = atomicLoad(&report->kind, kAcquire);
     if (kind == kNone) return;
     Report r = *report;
     std::string msg = "gdx::ep rank " + std::to_string(rank) + ": " + describe(r);
     if (kind == kTimeout || kind == kPeerFailed) {
       broken = true;
-      const std::string f = ctx.failure();
+      const std::string f = ctx->failure();
       if (!f.empty()) msg += " (" + f + ")";
       msg += "; this Buffer is unusable now";
       throw Error(codeOf(kind), msg);
@@ -114,7 +118,7 @@ struct Buffer::Impl {
 };
 
 Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config& config)
-    : context_(context),
+    : context_(context.link()),
       config_(config),
       rank_(context.rank()),
       numRanks_(context.worldSize()),
@@ -215,7 +219,13 @@ Buffer::~Buffer() {
     cudaDeviceSynchronize();
     CollectiveTag tag;
     tag.kind = "ep::Buffer teardown";
-    context_.bootstrap().allGather(std::string(), tag);  // no peer stores into the memory any more once all are here
+    gdx::detail::ContextUse ctx(context_.get());
+    if (ctx)
+      ctx->bootstrap().allGather(std::string(), tag);  // no peer stores into the memory any more once all are here
+    else
+      GDX_WARN("gdx::ep rank " << rank_
+                               << ": Buffer destroyed after its Context: its memory is freed without the teardown "
+                                  "barrier; destroy Buffers before their Context");
   } catch (const std::exception& e) {
     GDX_WARN("gdx::ep rank " << rank_ << ": barrier at Buffer teardown failed: " << e.what());
   }

@@ -71,6 +71,9 @@ class Context {
   Proxy& proxy() { return *proxy_; }
   Transport& transport() { return *transport_; }
   const ContextOptions& options() const { return options_; }
+  /// What objects that may outlive this Context keep of it (detail/context_link.hpp), as Window and Channel do:
+  /// through it a later use finds the Context gone and throws kShutdown instead of touching freed memory.
+  const std::shared_ptr<detail::ContextLink>& link() const { return link_; }
 
   /// Collective: every rank registers its windows in the same order (sizes may differ). The ranks check the call
   /// against each other (bootstrap.hpp's CollectiveTag): a rank in another collective (a barrier), at another window

@@ -194,7 +194,9 @@ class Buffer {
                      int32_t* numRecv, cudaStream_t stream);
   void connectRemote(size_t rdmaBytes);
 
-  Context& context_;
+  // The Context's link, not a reference: a Buffer used after its Context is gone throws kShutdown (checked before
+  // every launch) and its destruction skips the teardown barrier.
+  std::shared_ptr<gdx::detail::ContextLink> context_;
   Config config_;
   int rank_ = 0;
   int numRanks_ = 1;

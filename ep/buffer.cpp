@@ -168,12 +168,12 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   m.team.failure = context.deviceFailureWord();  // any peer failed: a collective cannot go on
   m.team.timeoutNs = context.options().timeoutNs;
   m.team.window = m.window.id();
-  if (numRemote_ > 0) connectRemote(rdmaBytes);
+  if (numRemote_ > 0) connectRemote(context, rdmaBytes);
   context.barrier();
 }
 
 // The staging areas, the proxied channels and the flag signals of the ranks on other hosts.
-void Buffer::connectRemote(size_t rdmaBytes) {
+void Buffer::connectRemote(Context& context, size_t rdmaBytes) {
   Impl& m = *impl_;
   stageBytes_ = rdmaBytes / numRemote_ / 16 * 16;
   if (stageBytes_ < kCtrlBytes + 4096)
@@ -181,11 +181,11 @@ void Buffer::connectRemote(size_t rdmaBytes) {
                        std::to_string(rdmaBytes) + " must hold a staging area of at least " +
                        std::to_string(kCtrlBytes + 4096) + " bytes for each");
   const uint32_t flagSignals = 3 * kMaxRanks;
-  if (context_.numSignals() < flagSignals + 1)
+  if (context.numSignals() < flagSignals + 1)
     invalid(rank_, "ranks on other hosts need the top " + std::to_string(flagSignals) +
-                       " signal ids, GDX_NUM_SIGNALS is " + std::to_string(context_.numSignals()));
-  m.team.signalBase = context_.numSignals() - flagSignals;
-  for (uint32_t i = 0; i < flagSignals; ++i) context_.setSignal(m.team.signalBase + i, 0);  // a previous Buffer's
+                       " signal ids, GDX_NUM_SIGNALS is " + std::to_string(context.numSignals()));
+  m.team.signalBase = context.numSignals() - flagSignals;
+  for (uint32_t i = 0; i < flagSignals; ++i) context.setSignal(m.team.signalBase + i, 0);  // a previous Buffer's
   std::vector<ChannelDeviceHandle> net(kMaxRanks);
   // Host memory the kernels write over PCIe: the proxy sends from it without a CUDA copy (TCP, verbs without
   // GPUDirect), so a send never waits for a GPU copy engine behind the application's queued kernels.
@@ -195,7 +195,7 @@ void Buffer::connectRemote(size_t rdmaBytes) {
   std::memset(m.staging, 0, kCtrlBytes);
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.stagingDev), m.staging, 0));
   m.stagingWindow =
-      context_.registerWindow(m.staging, nvlBytes_ + rdmaBytes, MemoryKind::kHost, "gdx::ep::Buffer network");
+      context.registerWindow(m.staging, nvlBytes_ + rdmaBytes, MemoryKind::kHost, "gdx::ep::Buffer network");
   m.team.stageWindow = m.stagingWindow.id();
   m.team.mirror = m.stagingDev;
   uint64_t offset = nvlBytes_;
@@ -204,7 +204,7 @@ void Buffer::connectRemote(size_t rdmaBytes) {
     m.team.stage[r] = m.stagingDev + offset;
     m.team.stageOffset[r] = offset;
     offset += stageBytes_;
-    net[r] = context_.deviceChannel(r, r % context_.numDeviceRings());
+    net[r] = context.deviceChannel(r, r % context.numDeviceRings());
     m.team.netSignals = net[r].signals;
   }
   GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.net), kMaxRanks * sizeof(ChannelDeviceHandle)));

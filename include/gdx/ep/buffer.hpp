@@ -192,7 +192,7 @@ class Buffer {
   void checkDispatchInputs(const DispatchInputs& in, const DispatchHandle& handle, const char* op) const;
   void launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment, int32_t* perExpert,
                      int32_t* numRecv, cudaStream_t stream);
-  void connectRemote(size_t rdmaBytes);
+  void connectRemote(Context& context, size_t rdmaBytes);
 
   // The Context's link, not a reference: a Buffer used after its Context is gone throws kShutdown (checked before
   // every launch) and its destruction skips the teardown barrier.

@@ -224,6 +224,46 @@ TEST(TcpAtomic, InvalidAtomicsThrowBeforeAnythingIsSentAndChangeNothing) {
   EXPECT_EQ(t[1]->peerStatus(0), Status::kOk);
 }
 
+// A window whose base is not 8-byte aligned in the peer's memory: its key says so, and the sender refuses an atomic
+// (whose offsets are 8-byte multiples) that the receiver could not apply to an aligned word, instead of the
+// connection failing; the window takes writes, and atomics into an aligned window go on.
+TEST(TcpAtomic, AtomicIntoAWindowWithAnUnalignedBaseIsRefusedBySender) {
+  constexpr uint64_t kBytes = 64;
+  auto t = tcpWorld(2, 1, 4096);
+  alignas(8) unsigned char memory[kBytes + 8];
+  std::memset(memory, 0xAB, sizeof memory);
+  unsigned char* skewed = memory + 3;  // 3 bytes past an 8-byte boundary
+  std::vector<uint64_t> words(2, kPoison);
+  std::vector<unsigned char> src(16, 7);
+  t[0]->addRemoteWindow(1, kDstWindow, kBytes, t[1]->registerWindow(kDstWindow, skewed, kBytes, MemoryKind::kHost));
+  t[0]->addRemoteWindow(1, kWordWindow, 16, t[1]->registerWindow(kWordWindow, words.data(), 16, MemoryKind::kHost));
+  t[0]->registerWindow(kSrcWindow, src.data(), src.size(), MemoryKind::kHost);
+  connectAll(t, 1);
+  TransportLane& lane = t[0]->lane(0);
+  for (uint64_t offset : {uint64_t(0), uint64_t(8)}) {
+    AtomicOp op = atomicOp(1, offset, SignalOp::kAdd, 5, 80);
+    op.remoteWindow = kDstWindow;
+    try {
+      lane.postAtomic(op);
+      ADD_FAILURE() << "an atomic on an unaligned word was accepted (offset " << offset << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("3 bytes past an 8-byte boundary"), std::string::npos) << e.what();
+    }
+  }
+  lane.post(WriteOp{1, kSrcWindow, 0, kDstWindow, 1, 16, false, 0, 81});
+  lane.postAtomic(atomicOp(1, 8, SignalOp::kAdd, 5, 82));
+  auto done = test::pollCompletions(lane, 2, 10000);
+  ASSERT_EQ(done.size(), 2u);
+  for (auto& d : done) EXPECT_EQ(d.status, Status::kOk) << d.cookie;
+  EXPECT_EQ(atomicLoad(&words[1], kAcquire), kPoison + 5);
+  EXPECT_EQ(skewed[0], 0xAB);
+  for (int i = 1; i <= 16; ++i) EXPECT_EQ(skewed[i], 7) << "byte " << i;
+  EXPECT_EQ(skewed[17], 0xAB);
+  EXPECT_EQ(t[0]->peerStatus(1), Status::kOk);
+  EXPECT_EQ(t[1]->peerStatus(0), Status::kOk);
+}
+
 TEST(TcpAtomic, AtomicsToAPeerThatLeftCompleteWithoutBeingSent) {
   auto t = tcpWorld(2, 1, 4096);
   std::vector<uint64_t> words(2, 0);

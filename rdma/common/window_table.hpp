@@ -34,6 +34,7 @@ struct LocalWindow {
 struct RemoteWindow {
   uint64_t bytes = 0;
   bool cuda = false;  ///< the peer registered it as GPU memory (its key says so)
+  uint8_t skew = 0;   ///< its base address modulo 8 in the peer's memory: offsets that make an atomic word aligned
 };
 
 /// Refuses what no backend registers: an unknown memory kind, a null base with bytes. Throws
@@ -46,7 +47,9 @@ LocalWindow cpuWindow(const std::string& w, void* base, size_t bytes, MemoryKind
 
 /// The key of a window that peers address by id and offset only ("tcp:3:4096", "loopback:3:4096:cuda"): it restates
 /// the window for checking, plus whether it is GPU memory (which the sender needs to refuse atomics on it).
-std::string windowKey(const char* scheme, uint32_t id, uint64_t bytes, bool cuda);
+/// `base` adds ":skewN" when the base address is N (1..7) bytes past an 8-byte boundary, so that the sender refuses
+/// an atomic the receiver could not apply to an aligned word.
+std::string windowKey(const char* scheme, uint32_t id, uint64_t bytes, bool cuda, const void* base = nullptr);
 
 /// The RemoteWindow that `key` (made by windowKey() with `scheme`) describes; an empty key (tests, tools) describes a
 /// host window. Throws Error(kInvalidArgument) "<who>: key '...' of peer P does not describe window N of B bytes".
@@ -124,6 +127,12 @@ class WindowTable {
     const Remote* w = findRemote(op.peer, op.remoteWindow, op.remoteOffset, kAtomicWordBytes, why);
     if (w && w->cuda) {
       *why = gpuAtomicRefusal(transport);
+      return nullptr;
+    }
+    if (w && (w->skew + op.remoteOffset) % kAtomicWordBytes != 0) {
+      *why = "the word at offset " + std::to_string(op.remoteOffset) + " of remote window " +
+             std::to_string(op.remoteWindow) + " is not 8-byte aligned in the peer's memory (the window starts " +
+             std::to_string(w->skew) + " bytes past an 8-byte boundary)";
       return nullptr;
     }
     return w;

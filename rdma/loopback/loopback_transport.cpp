@@ -129,7 +129,7 @@ class LoopbackTransport : public common::TransportBase {
     common::LocalWindow window = common::cpuWindow(w, base, bytes, kind);
     std::unique_lock<std::shared_mutex> lock(windows_.mutex());
     windows_.addLocal(id, window, w);
-    return common::windowKey(kKeyScheme, id, bytes, kind == MemoryKind::kCuda);
+    return common::windowKey(kKeyScheme, id, bytes, kind == MemoryKind::kCuda, base);
   }
   void deregisterWindow(uint32_t id) override {
     std::unique_lock<std::shared_mutex> lock(windows_.mutex());

@@ -105,7 +105,7 @@ std::string TcpTransport::registerWindow(uint32_t id, void* base, size_t bytes, 
   common::LocalWindow window = common::cpuWindow(w, base, bytes, kind);
   std::unique_lock<std::shared_mutex> lock(windows_.mutex());
   windows_.addLocal(id, window, w);
-  return common::windowKey(kKeyScheme, id, bytes, kind == MemoryKind::kCuda);
+  return common::windowKey(kKeyScheme, id, bytes, kind == MemoryKind::kCuda, base);
 }
 
 void TcpTransport::deregisterWindow(uint32_t id) {

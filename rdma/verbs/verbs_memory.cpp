@@ -136,6 +136,7 @@ void VerbsTransport::addRemoteWindow(int peer, uint32_t id, size_t bytes, const 
   RemoteWindow window;
   window.bytes = k.bytes;
   window.cuda = k.cuda != 0;
+  window.skew = static_cast<uint8_t>(k.addr % 8);
   window.key = k;
   std::unique_lock<std::shared_mutex> lock(windows_.mutex());
   windows_.setRemote(peer, id, std::move(window));

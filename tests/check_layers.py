@@ -36,7 +36,7 @@ HEADER_LAYERS = {
     "detail/proxy.hpp": "proxy", "detail/placement.hpp": "proxy",
     "detail/direct_device.hpp": "runtime", "detail/context_link.hpp": "runtime",
     # the MoE layer
-    "ep/buffer.hpp": "ep",
+    "ep/buffer.hpp": "ep", "ep/low_latency.hpp": "ep",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]')

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ep_reference.hpp"
+#include "ep_test_support.hpp"
 #include "gdx/context.hpp"
 #include "gdx/ep/buffer.hpp"
 #include "gpu_test_support.hpp"
@@ -22,41 +23,6 @@ namespace {
 
 using namespace test::ep;
 int kRanks = 2;  // the job's ranks (set from the Context in a child)
-
-// Device memory of `bytes` (at least 16), filled with 0xEE so that rows nobody wrote are seen.
-struct Dev {
-  void* p = nullptr;
-  size_t bytes;
-  explicit Dev(size_t n) : bytes(std::max<size_t>(n, 16)) {
-    // Synchronised: the poison is on the legacy stream, the calls under test on a non-blocking one.
-    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0xEE, bytes) != cudaSuccess ||
-        cudaDeviceSynchronize() != cudaSuccess)
-      ADD_FAILURE() << "cudaMalloc";
-  }
-  ~Dev() { cudaFree(p); }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  template <typename T>
-  std::vector<T> get(size_t count) const {
-    std::vector<T> v(count);
-    if (count) EXPECT_EQ(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-  void put(const void* src, size_t n) { EXPECT_EQ(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), cudaSuccess); }
-};
-
-std::vector<std::vector<int64_t>> allGather(Context& ctx, const std::vector<int64_t>& mine) {
-  std::vector<std::string> all =
-      ctx.bootstrap().allGather(std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(int64_t)));
-  std::vector<std::vector<int64_t>> out(all.size());
-  for (size_t r = 0; r < all.size(); ++r) {
-    out[r].resize(all[r].size() / sizeof(int64_t));
-    std::memcpy(out[r].data(), all[r].data(), all[r].size());
-  }
-  return out;
-}
 
 struct Received {
   std::unique_ptr<Dev> x, scales, idx, weights, src, perExpert, numRecv;

@@ -1,0 +1,369 @@
+// gdx::ep::LowLatencyBuffer, host side: the windows, the checks made before anything is launched, the launches and
+// their hooks (double buffering), the masked ranks and the errors the kernels report.
+#include "gdx/ep/low_latency.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "ep/low_latency_protocol.hpp"
+#include "gdx/detail/atomic.hpp"
+#include "gdx/detail/cuda_check.hpp"
+#include "gdx/detail/log.hpp"
+
+namespace gdx::ep {
+
+using namespace detail;
+
+namespace {
+
+[[noreturn]] void invalid(int rank, const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "gdx::ep low-latency rank " + std::to_string(rank) + ": " + what);
+}
+
+uint64_t slotBytesOf(const LowLatencyConfig& c) {
+  return std::max(llMessage(c.hidden, c.maxTopk, false).bytes, llMessage(c.hidden, c.maxTopk, true).bytes);
+}
+
+// Signal ids: the 3 x kMaxRanks at the top belong to ep::Buffer, these 2 x kMaxRanks just below.
+constexpr uint32_t kLlSignals = 2 * kMaxRanks;
+constexpr uint32_t kBufferSignals = 3 * kMaxRanks;
+
+}  // namespace
+
+namespace detail {
+LlLayout llLayout(const LowLatencyConfig& c, int numRanks, int remoteSlots) {
+  LlLayout y{};
+  y.L = c.numExperts / numRanks;
+  y.T = c.maxTokensPerRank;
+  y.H = c.hidden;
+  y.K = c.maxTopk;
+  y.E = c.numExperts;
+  y.R = numRanks;
+  y.S = remoteSlots;
+  y.slotBytes = slotBytesOf(c);
+  y.combRowBytes = uint64_t(c.hidden) * 2;
+  const uint64_t combBytes = 2 * uint64_t(y.T) * y.K * y.combRowBytes;
+  y.gpuComb = kLlCtrlBytes + 2 * uint64_t(y.L) * y.R * y.T * y.slotBytes;
+  y.gpuBytes = y.gpuComb + combBytes;
+  if (remoteSlots == 0) return y;
+  y.mirrorComb = kLlCtrlBytes + 2 * uint64_t(y.L) * y.S * y.T * y.slotBytes;
+  y.dispStage = y.mirrorComb + combBytes;
+  y.countStage = y.dispStage + 2 * uint64_t(y.T) * y.slotBytes;
+  y.combStage = y.countStage + 2 * uint64_t(kMaxRanks) * y.L * 8;
+  y.hostBytes = y.combStage + 2 * uint64_t(y.L) * y.S * y.T * y.combRowBytes;
+  return y;
+}
+}  // namespace detail
+
+LowLatencyBytes lowLatencyBytesHint(const LowLatencyConfig& config, int numRanks, int numRemoteRanks) {
+  const LlLayout y = llLayout(config, numRanks, numRemoteRanks);
+  return LowLatencyBytes{y.gpuBytes + 2 * uint64_t(y.T) * y.slotBytes, y.hostBytes};
+}
+
+struct LowLatencyBuffer::Impl {
+  Window window;
+  Window hostWindow;
+  void* memory = nullptr;   // GPU window
+  char* scratch = nullptr;  // device [2][T] slots
+  LlState* state = nullptr;
+  Report* report = nullptr;  // host-mapped
+  uint32_t* maskHost = nullptr;
+  char* host = nullptr;  // pinned: receive mirror and staging
+  ChannelDeviceHandle* net = nullptr;
+  LlTeam team{};
+  uint64_t calls = 0;     // sends launched
+  uint64_t received = 0;  // receive halves launched (hooks run in call order)
+
+  ~Impl() {
+    window = Window();
+    hostWindow = Window();
+    if (memory) cudaFree(memory);
+    if (scratch) cudaFree(scratch);
+    if (state) cudaFree(state);
+    if (report) cudaFreeHost(report);
+    if (maskHost) cudaFreeHost(maskHost);
+    if (host) cudaFreeHost(host);
+    if (net) cudaFree(net);
+  }
+};
+
+// A receive half waiting for its hook: which kernel, with what.
+struct HookArgs {
+  bool dispatch;
+  LlDispatchArgs d;
+  LlCombineArgs c;
+  LowLatencyHandle* handle;  // dispatch: marked received when the hook runs
+};
+
+LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& config)
+    : context_(context),
+      config_(config),
+      rank_(context.rank()),
+      numRanks_(context.worldSize()),
+      impl_(std::make_unique<Impl>()) {
+  const LowLatencyConfig& c = config;
+  if (!context.gpu().present()) invalid(rank_, "needs a GPU");
+  if (numRanks_ > kMaxRanks) invalid(rank_, std::to_string(numRanks_) + " ranks, at most " + std::to_string(kMaxRanks));
+  if (c.maxTokensPerRank < 1 || c.maxTokensPerRank > 4096)
+    invalid(rank_, "maxTokensPerRank " + std::to_string(c.maxTokensPerRank) + " outside [1, 4096]");
+  if (c.hidden <= 0 || c.hidden % kFp8ScaleBlock != 0 || c.hidden > 65536)
+    invalid(rank_, "hidden size " + std::to_string(c.hidden) + " not supported (a multiple of 128, <= 65536)");
+  if (c.numExperts <= 0 || c.numExperts > kMaxExperts || c.numExperts % numRanks_ != 0)
+    invalid(rank_, std::to_string(c.numExperts) + " experts, not a positive multiple of the " +
+                       std::to_string(numRanks_) + " ranks (at most " + std::to_string(kMaxExperts) + ")");
+  if (c.maxTopk < 1 || c.maxTopk > kMaxTopk)
+    invalid(rank_, "maxTopk " + std::to_string(c.maxTopk) + " outside [1, " + std::to_string(kMaxTopk) + "]");
+  if (c.numSms < 1 || c.numThreads < 64 || c.numThreads > 1024 || c.numThreads % 32 != 0)
+    invalid(rank_, "config: numSms " + std::to_string(c.numSms) + ", numThreads " + std::to_string(c.numThreads) +
+                       " (numThreads: a multiple of 32 in [64, 1024])");
+  Impl& m = *impl_;
+  LlTeam& lt = m.team;
+  GDX_CUDA_CHECK(cudaSetDevice(context.gpu().device));
+  // Who is on the direct path: every rank's view, so that a sender knows its slot in each receiver's mirror.
+  uint32_t remoteMask = 0;
+  for (int p = 0; p < numRanks_; ++p)
+    if (p != rank_ && !context.isDirect(p)) remoteMask |= 1u << p;
+  CollectiveTag tag;
+  tag.kind = "ep::LowLatencyBuffer: shapes and reach";
+  tag.size = uint64_t(c.maxTokensPerRank) << 40 ^ uint64_t(c.hidden) << 20 ^ uint64_t(c.numExperts) << 4 ^ c.maxTopk;
+  tag.sameSize = true;
+  const std::vector<std::string> all = context.bootstrap().allGather(std::to_string(remoteMask), tag);
+  std::vector<uint32_t> masks(numRanks_);
+  int slots = 0;
+  for (int r = 0; r < numRanks_; ++r) {
+    masks[r] = uint32_t(std::stoul(all[r]));
+    slots = std::max(slots, __builtin_popcount(masks[r]));
+  }
+  for (int r = 0; r < numRanks_; ++r) {
+    lt.mirrorSlot[r] = int8_t(__builtin_popcount(masks[r] & ((1u << rank_) - 1)));
+    lt.remoteSlot[r] = int8_t(__builtin_popcount(remoteMask & ((1u << r) - 1)));
+  }
+  lt.lay = llLayout(c, numRanks_, slots);
+  GDX_CUDA_CHECK(cudaMalloc(&m.memory, lt.lay.gpuBytes));
+  GDX_CUDA_CHECK(cudaMemset(m.memory, 0, kLlCtrlBytes));
+  GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.scratch), 2 * uint64_t(lt.lay.T) * lt.lay.slotBytes));
+  GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.state), sizeof(LlState)));
+  GDX_CUDA_CHECK(cudaMemset(m.state, 0, sizeof(LlState)));
+  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.report), sizeof(Report), cudaHostAllocMapped));
+  std::memset(m.report, 0, sizeof(Report));
+  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.maskHost), kMaxRanks * 4, cudaHostAllocMapped));
+  std::memset(m.maskHost, 0, kMaxRanks * 4);
+  GDX_CUDA_CHECK(cudaDeviceSynchronize());
+  m.window = context.registerWindow(m.memory, lt.lay.gpuBytes, MemoryKind::kCuda, "gdx::ep::LowLatencyBuffer");
+  Team& t = lt.t;
+  for (int p = 0; p < numRanks_; ++p) t.base[p] = static_cast<char*>(m.window.peerData(p));
+  t.rank = rank_;
+  t.numRanks = numRanks_;
+  t.state = &m.state->common;
+  GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&t.report), m.report, 0));
+  GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&lt.maskHost), m.maskHost, 0));
+  t.failure = context.deviceChannel(rank_).failure;
+  t.timeoutNs = context.options().timeoutNs;
+  t.remoteMask = remoteMask;
+  t.window = m.window.id();
+  lt.ll = m.state;
+  lt.scratch = m.scratch;
+  lt.blocks = c.numSms;
+  lt.threads = c.numThreads;
+  if (slots > 0) {
+    if (context.numSignals() < kBufferSignals + kLlSignals + 1)
+      invalid(rank_, "ranks on other hosts need signal ids below the top " + std::to_string(kBufferSignals) +
+                         ", GDX_NUM_SIGNALS is " + std::to_string(context.numSignals()));
+    lt.sentSignal = context.numSignals() - kBufferSignals - kLlSignals;
+    lt.freedSignal = lt.sentSignal + kMaxRanks;
+    for (uint32_t i = 0; i < kLlSignals; ++i) context.setSignal(lt.sentSignal + i, 0);
+    // Pinned host memory the kernels write and read over PCIe: the proxy never issues a CUDA copy (ep/buffer.hpp).
+    GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.host), lt.lay.hostBytes, cudaHostAllocMapped));
+    std::memset(m.host, 0, kLlCtrlBytes);
+    GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&t.mirror), m.host, 0));
+    m.hostWindow =
+        context.registerWindow(m.host, lt.lay.hostBytes, MemoryKind::kHost, "gdx::ep::LowLatencyBuffer network");
+    t.stageWindow = m.hostWindow.id();
+    std::vector<ChannelDeviceHandle> net(kMaxRanks);
+    for (int r = 0; r < numRanks_; ++r) {
+      if (!((remoteMask >> r) & 1u)) continue;
+      // One ring per destination: the count signal must follow that destination's data puts on their ring.
+      net[r] = context.deviceChannel(r, r % context.numDeviceRings());
+      t.netSignals = net[r].signals;
+    }
+    GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.net), kMaxRanks * sizeof(ChannelDeviceHandle)));
+    GDX_CUDA_CHECK(cudaMemcpy(m.net, net.data(), kMaxRanks * sizeof(ChannelDeviceHandle), cudaMemcpyHostToDevice));
+    t.net = m.net;
+  }
+  GDX_INFO("gdx::ep low-latency rank " << rank_ << ": " << lt.lay.gpuBytes << " GPU bytes, " << lt.lay.hostBytes
+                                       << " pinned host bytes, " << __builtin_popcount(remoteMask)
+                                       << " rank(s) through the proxy");
+  context.barrier();
+}
+
+LowLatencyBuffer::~LowLatencyBuffer() {
+  try {
+    cudaDeviceSynchronize();
+    CollectiveTag tag;
+    tag.kind = "ep::LowLatencyBuffer teardown";
+    context_.bootstrap().allGather(std::string(), tag);  // no peer stores into the memory once all are here
+  } catch (const std::exception& e) {
+    GDX_WARN("gdx::ep low-latency rank " << rank_ << ": barrier at teardown failed: " << e.what());
+  }
+  impl_.reset();
+}
+
+LowLatencyHandle LowLatencyBuffer::newHandle() const {
+  const LlLayout& y = impl_->team.lay;
+  const size_t rows = size_t(y.L) * y.T * y.R;
+  const size_t bytes = rows * 8 + size_t(y.L) * y.R * 8;
+  void* p = nullptr;
+  GDX_CUDA_CHECK(cudaMalloc(&p, bytes));
+  GDX_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  LowLatencyHandle h;
+  h.memory_ = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  h.owner_ = this;
+  h.layoutRange_ = static_cast<int64_t*>(p);
+  h.srcInfo_ = reinterpret_cast<int32_t*>(h.layoutRange_ + size_t(y.L) * y.R);
+  h.srcSlot_ = h.srcInfo_ + rows;
+  return h;
+}
+
+std::vector<int> LowLatencyBuffer::maskedRanks() const {
+  std::vector<int> v;
+  for (int r = 0; r < numRanks_; ++r)
+    if (atomicLoad(&impl_->maskHost[r], kAcquire) != 0) v.push_back(r);
+  return v;
+}
+
+void LowLatencyBuffer::checkErrors() const {
+  Report* rep = impl_->report;
+  const uint32_t kind = atomicLoad(&rep->kind, kAcquire);
+  if (kind == kNone) return;
+  const Report r = *rep;
+  std::memset(rep, 0, sizeof(Report));
+  GDX_CUDA_CHECK(cudaMemset(&impl_->state->common.reportClaim, 0, sizeof(uint32_t)));
+  std::string what = kind == kBadExpert ? "expert id " + std::to_string(r.value) + " outside [-1, " +
+                                              std::to_string(r.value2) + "): that top-k entry was skipped"
+                     : kind == kRecvCapacity
+                         ? std::to_string(r.value) + " rows for one expert from one rank, more than maxTokensPerRank " +
+                               std::to_string(r.value2) + " (an expert named twice in a token's top-k?): rows dropped"
+                         : "error " + std::to_string(kind);
+  invalid(rank_, what + " (call " + std::to_string(r.epoch) + ")");
+}
+
+// Double buffering: at most two calls whose receive halves were not launched yet.
+void LowLatencyBuffer::beginCall(LowLatencyHook* hook, const char* op) {
+  Impl& m = *impl_;
+  const uint64_t inFlight = m.calls - m.received;
+  if (inFlight >= 2)
+    invalid(rank_, std::string(op) + ": two calls are in flight (their receive hooks not run): a third would reuse " +
+                       "the buffer of call " + std::to_string(m.received) +
+                       " before it is consumed; run the oldest hook first");
+  if (!hook && inFlight > 0)
+    invalid(rank_, std::string(op) + " without a hook while " + std::to_string(inFlight) +
+                       " hook(s) are pending: receive halves run in call order, run them first");
+  if (hook && hook->pending())
+    invalid(rank_, std::string(op) + ": the hook passed still holds the receive half of call " +
+                       std::to_string(hook->call_) + "; run it first");
+  checkErrors();
+}
+
+void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, const LowLatencyDispatchOutputs& out,
+                                          LowLatencyHandle& handle, cudaStream_t stream, LowLatencyHook* hook) {
+  const LlLayout& y = impl_->team.lay;
+  const std::string o = "low_latency_dispatch: ";
+  if (handle.owner_ != this) invalid(rank_, o + "the handle was not made by this buffer (newHandle)");
+  if (in.numTokens < 0 || in.numTokens > y.T)
+    invalid(rank_, o + std::to_string(in.numTokens) + " tokens, the buffer was made for at most " +
+                       std::to_string(y.T) + " per rank");
+  if (in.numTopk < 1 || in.numTopk > y.K)
+    invalid(rank_, o + "numTopk " + std::to_string(in.numTopk) + " outside [1, maxTopk " + std::to_string(y.K) + "]");
+  if (in.numTokens > 0 && (!in.x || reinterpret_cast<uintptr_t>(in.x) % 16 != 0 || !in.topkIdx))
+    invalid(rank_, o + "x (16-byte aligned BF16) and topkIdx are needed");
+  if (!out.recvX || reinterpret_cast<uintptr_t>(out.recvX) % 16 != 0 || !out.recvCount)
+    invalid(rank_, o + "recvX (16-byte aligned) and recvCount are needed");
+  if (in.useFp8 && !out.recvXScales) invalid(rank_, o + "FP8 needs recvXScales [L, T * R, hidden / 128]");
+  beginCall(hook, "low_latency_dispatch");
+  LlDispatchArgs a{};
+  a.x = static_cast<const char*>(in.x);
+  a.topkIdx = in.topkIdx;
+  a.numTokens = in.numTokens;
+  a.numTopk = in.numTopk;
+  a.fp8 = in.useFp8;
+  a.roundScale = in.roundScale;
+  a.msg = llMessage(y.H, y.K, in.useFp8);
+  a.out = out;
+  a.srcInfo = handle.srcInfo_;
+  a.srcSlot = handle.srcSlot_;
+  a.layoutRange = handle.layoutRange_;
+  GDX_CUDA_CHECK(launchLlDispatchSend(impl_->team, a, stream));
+  ++impl_->calls;
+  handle.numTokens_ = in.numTokens;
+  handle.numTopk_ = in.numTopk;
+  handle.received_ = false;
+  auto args = std::make_shared<HookArgs>(HookArgs{true, a, {}, &handle});
+  if (hook) {
+    hook->owner_ = this;
+    hook->call_ = impl_->calls - 1;
+    hook->args_ = args;
+    return;
+  }
+  LowLatencyHook now;
+  now.owner_ = this;
+  now.call_ = impl_->calls - 1;
+  now.args_ = args;
+  runHook(now, stream);
+}
+
+void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, const LowLatencyHandle& handle,
+                                         void* combined, cudaStream_t stream, LowLatencyHook* hook) {
+  const std::string o = "low_latency_combine: ";
+  if (handle.owner_ != this || handle.numTokens_ < 0)
+    invalid(rank_, o + "the handle is not one a dispatch of this buffer filled");
+  if (!handle.received_) invalid(rank_, o + "the handle's dispatch was not received yet (run its hook first)");
+  if (!in.x || reinterpret_cast<uintptr_t>(in.x) % 16 != 0) invalid(rank_, o + "x must be a 16-byte aligned pointer");
+  if (handle.numTokens_ > 0 && (!in.topkIdx || !in.topkWeights || !combined ||
+                                reinterpret_cast<uintptr_t>(combined) % 16 != 0))
+    invalid(rank_, o + "topkIdx, topkWeights and a 16-byte aligned output are needed");
+  beginCall(hook, "low_latency_combine");
+  LlCombineArgs a{};
+  a.x = static_cast<const char*>(in.x);
+  a.topkIdx = in.topkIdx;
+  a.topkWeights = in.topkWeights;
+  a.out = static_cast<char*>(combined);
+  a.numTokens = handle.numTokens_;
+  a.numTopk = handle.numTopk_;
+  a.srcInfo = handle.srcInfo_;
+  a.srcSlot = handle.srcSlot_;
+  a.layoutRange = handle.layoutRange_;
+  GDX_CUDA_CHECK(launchLlCombineSend(impl_->team, a, stream));
+  ++impl_->calls;
+  auto args = std::make_shared<HookArgs>(HookArgs{false, {}, a, nullptr});
+  LowLatencyHook now;
+  LowLatencyHook& h = hook ? *hook : now;
+  h.owner_ = this;
+  h.call_ = impl_->calls - 1;
+  h.args_ = args;
+  if (!hook) runHook(now, stream);
+}
+
+void LowLatencyBuffer::runHook(LowLatencyHook& hook, cudaStream_t stream) {
+  Impl& m = *impl_;
+  if (hook.call_ != m.received)
+    invalid(rank_, "receive hook of call " + std::to_string(hook.call_) + " run before that of call " +
+                       std::to_string(m.received) + ": hooks run in the order of their calls");
+  const HookArgs& h = *static_cast<const HookArgs*>(hook.args_.get());
+  if (h.dispatch) {
+    GDX_CUDA_CHECK(launchLlDispatchRecv(m.team, h.d, stream));
+    h.handle->received_ = true;
+  } else {
+    GDX_CUDA_CHECK(launchLlCombineRecv(m.team, h.c, stream));
+  }
+  ++m.received;
+  hook.owner_ = nullptr;
+  hook.args_.reset();
+}
+
+void LowLatencyHook::run(cudaStream_t stream) {
+  if (!owner_) throw Error(ErrorCode::kInvalidArgument, "gdx::ep low-latency hook: nothing to receive (run twice?)");
+  owner_->runHook(*this, stream);
+}
+
+}  // namespace gdx::ep

@@ -1,0 +1,174 @@
+// gdx::ep::LowLatencyBuffer: MoE dispatch and combine for decoding (few tokens per rank, latency is all that counts),
+// DeepEP's low-latency mode on gdx's public API. A thin Python layer gives it DeepEP's names: low_latency_dispatch,
+// low_latency_combine, get_low_latency_rdma_size_hint, the recv hook.
+//
+// Every (token, expert) pair is one put issued by the kernel itself, straight to the expert's rank (no relay):
+//  * same host (direct path): the warp stores the message into the rank's IPC-mapped GPU window over NVLink;
+//  * other hosts: the warp writes the token once into pinned host staging and issues one put per (token, expert)
+//    through the device channel to that rank (proxy, RDMA or TCP), into the receiver's receive mirror in pinned
+//    host memory, which its kernels read over PCIe. The proxy never issues a CUDA copy (see ep/buffer.hpp for why).
+// After its data, each sender publishes per (local expert, source rank) counts: a release store on the direct path,
+// a put-with-signal on the same ring as the data puts otherwise (the channel's ordering makes the signal imply the
+// rows). No host synchronisation anywhere: every call can be captured in a CUDA graph and replayed.
+//
+//   ep::LowLatencyConfig cfg{/*maxTokensPerRank=*/128, /*hidden=*/7168, /*numExperts=*/288, /*maxTopk=*/8};
+//   ep::LowLatencyBuffer buf(ctx, cfg);                       // collective
+//   ep::LowLatencyHandle h = buf.newHandle();
+//   buf.lowLatencyDispatch(in, out, h, stream);                // out.recvX [L, T*R, H] per local expert
+//   ... experts run on out.recvX[j][0 .. recvCount[j]) ...
+//   buf.lowLatencyCombine(cin, h, combined, stream);           // weighted sum back into [N, H]
+//
+// Send/receive split: pass a LowLatencyHook*; the call then launches only the sends and the hook (hook.run(stream))
+// launches the receive half later, so no SM waits while the data is in flight. Two calls may be in flight (double
+// buffering: call n uses buffer n % 2); a third before the oldest hook ran throws kInvalidArgument, and hooks run in
+// the order of their calls. Ranks make the same calls in the same order.
+//
+// Dead peers: every wait is bounded by GDX_TIMEOUT_MS. A rank whose data does not arrive in time (or that cannot be
+// reached: its put is refused) is masked: the call completes on the others, that rank's tokens count as not sent
+// (received counts exclude them, their combine contributions are zero), later calls skip it at once, and
+// maskedRanks() names it. Bad input the host can see throws before anything is launched; an expert id outside
+// [-1, numExperts) is skipped by the kernel and thrown by the next call or checkErrors().
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gdx/context.hpp"
+#include "gdx/ep/buffer.hpp"
+#include "gdx/window.hpp"
+
+namespace gdx::ep {
+
+/// Shapes fixed at creation (the same on every rank). T = maxTokensPerRank, L = numExperts / ranks.
+struct LowLatencyConfig {
+  int maxTokensPerRank = 128;  ///< T: most tokens one rank dispatches per call (<= 4096)
+  int hidden = 7168;           ///< H: a multiple of 128
+  int numExperts = 288;        ///< E: a multiple of the ranks, <= kMaxExperts
+  int maxTopk = 8;             ///< most top-k entries per token (<= kMaxTopk)
+  int numSms = 32;             ///< blocks of every kernel
+  int numThreads = 512;        ///< threads per block (a multiple of 32 in [64, 1024])
+};
+
+/// Memory a LowLatencyBuffer takes (DeepEP's get_low_latency_rdma_size_hint): GPU bytes (the window the same-host
+/// ranks store into), pinned host bytes (the receive mirror and staging for ranks on other hosts; 0 without them).
+struct LowLatencyBytes {
+  size_t gpu = 0;
+  size_t host = 0;
+};
+LowLatencyBytes lowLatencyBytesHint(const LowLatencyConfig& config, int numRanks, int numRemoteRanks);
+
+/// What lowLatencyDispatch sends. x: BF16 [numTokens, hidden]; topkIdx int64 [numTokens, numTopk] (-1: none).
+struct LowLatencyDispatchInputs {
+  const void* x = nullptr;
+  const int64_t* topkIdx = nullptr;
+  int numTokens = 0;
+  int numTopk = 0;
+  bool useFp8 = true;      ///< FP8 e4m3 with an f32 scale per 128 elements; false: BF16 as given
+  bool roundScale = false; ///< FP8: scales rounded up to powers of two (UE8M0)
+};
+
+/// Where lowLatencyDispatch writes. Rows of local expert j: [0, recvCount[j]), grouped by source rank in rank order
+/// (handle.layoutRange says where each source's rows are); rows past the count are not written.
+struct LowLatencyDispatchOutputs {
+  void* recvX = nullptr;         ///< [L, T * R, H]: FP8 e4m3 bytes or BF16
+  float* recvXScales = nullptr;  ///< [L, T * R, H / 128] (FP8)
+  int32_t* recvCount = nullptr;  ///< [L]
+};
+
+/// Combine: x BF16 [L, T * R, H], the experts' outputs in the rows dispatch wrote; topkIdx / topkWeights of the
+/// tokens this rank dispatched ([numTokens, numTopk], the same top-k as the dispatch).
+struct LowLatencyCombineInputs {
+  const void* x = nullptr;
+  const int64_t* topkIdx = nullptr;
+  const float* topkWeights = nullptr;
+};
+
+class LowLatencyBuffer;
+
+/// The routing a dispatch received (DeepEP's handle): device memory made once by newHandle (outside any capture),
+/// filled by each dispatch's receive half.
+class LowLatencyHandle {
+ public:
+  LowLatencyHandle() = default;
+  /// [L, T * R] int32: the source token of each received row.
+  const int32_t* srcInfo() const { return srcInfo_; }
+  /// [L, R] int64: (first row << 32) | rows, per local expert and source rank.
+  const int64_t* layoutRange() const { return layoutRange_; }
+  /// Tokens and top-k of the dispatch that filled it (-1 before).
+  int numTokens() const { return numTokens_; }
+  int numTopk() const { return numTopk_; }
+
+ private:
+  friend class LowLatencyBuffer;
+  std::shared_ptr<void> memory_;
+  const LowLatencyBuffer* owner_ = nullptr;
+  int32_t* srcInfo_ = nullptr;
+  int32_t* srcSlot_ = nullptr;  // [L, T * R]: the top-k slot of the row's expert at its source
+  int64_t* layoutRange_ = nullptr;
+  int numTokens_ = -1;
+  int numTopk_ = -1;
+  bool received_ = false;  // the receive half of its dispatch was launched
+};
+
+/// The receive half of a call made with a hook: run(stream) launches it (once, in the order of the calls).
+class LowLatencyHook {
+ public:
+  LowLatencyHook() = default;
+  bool pending() const { return owner_ != nullptr; }
+  void run(cudaStream_t stream);
+
+ private:
+  friend class LowLatencyBuffer;
+  LowLatencyBuffer* owner_ = nullptr;
+  uint64_t call_ = 0;  // which call's receive half
+  std::shared_ptr<void> args_;
+};
+
+class LowLatencyBuffer {
+ public:
+  /// Collective over every rank of `context`. With ranks on other hosts it uses the 2 x kMaxRanks signal ids just
+  /// below those of ep::Buffer (the top of GDX_NUM_SIGNALS): leave them to it.
+  LowLatencyBuffer(Context& context, const LowLatencyConfig& config);
+  ~LowLatencyBuffer();
+  LowLatencyBuffer(const LowLatencyBuffer&) = delete;
+  LowLatencyBuffer& operator=(const LowLatencyBuffer&) = delete;
+
+  int rank() const { return rank_; }
+  int numRanks() const { return numRanks_; }
+  int numLocalExperts() const { return config_.numExperts / numRanks_; }
+  const LowLatencyConfig& config() const { return config_; }
+
+  LowLatencyHandle newHandle() const;
+
+  /// Sends every (token, expert) pair of `in` to the expert's rank and (without a hook) receives into `out`.
+  void lowLatencyDispatch(const LowLatencyDispatchInputs& in, const LowLatencyDispatchOutputs& out,
+                          LowLatencyHandle& handle, cudaStream_t stream, LowLatencyHook* hook = nullptr);
+  /// Sends every row of `handle`'s dispatch back to its source token, which sums them weighted by topkWeights into
+  /// `combined` (BF16 [numTokens, hidden], caller-given). Without a hook the sum is done before it returns (on the
+  /// stream); with one, by the hook.
+  void lowLatencyCombine(const LowLatencyCombineInputs& in, const LowLatencyHandle& handle, void* combined,
+                         cudaStream_t stream, LowLatencyHook* hook = nullptr);
+
+  /// Ranks masked so far (dead or unreachable), read from host-mapped memory: no synchronisation.
+  std::vector<int> maskedRanks() const;
+  /// Throws the first error a kernel recorded (an expert id out of range), naming rank and value; no sync.
+  void checkErrors() const;
+
+ private:
+  friend class LowLatencyHook;
+  struct Impl;
+  void beginCall(LowLatencyHook* hook, const char* op);
+  void runHook(LowLatencyHook& hook, cudaStream_t stream);
+
+  Context& context_;
+  LowLatencyConfig config_;
+  int rank_ = 0;
+  int numRanks_ = 1;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gdx::ep

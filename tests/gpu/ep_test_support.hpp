@@ -1,0 +1,51 @@
+// Shared by the EP tests: poisoned device buffers and the all-gather of a vector over the Context's bootstrap.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gdx/context.hpp"
+
+namespace gdx::test::ep {
+
+// Device memory of `bytes` (at least 16), filled with 0xEE so that rows nobody wrote are seen.
+struct Dev {
+  void* p = nullptr;
+  size_t bytes;
+  explicit Dev(size_t n) : bytes(std::max<size_t>(n, 16)) {
+    // Synchronised: the poison is on the legacy stream, the calls under test on a non-blocking one.
+    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0xEE, bytes) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess)
+      ADD_FAILURE() << "cudaMalloc";
+  }
+  ~Dev() { cudaFree(p); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  std::vector<T> get(size_t count) const {
+    std::vector<T> v(count);
+    if (count) EXPECT_EQ(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  void put(const void* src, size_t n) { EXPECT_EQ(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), cudaSuccess); }
+};
+
+inline std::vector<std::vector<int64_t>> allGather(Context& ctx, const std::vector<int64_t>& mine) {
+  std::vector<std::string> all =
+      ctx.bootstrap().allGather(std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(int64_t)));
+  std::vector<std::vector<int64_t>> out(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    out[r].resize(all[r].size() / sizeof(int64_t));
+    std::memcpy(out[r].data(), all[r].data(), all[r].size());
+  }
+  return out;
+}
+
+}  // namespace gdx::test::ep

@@ -319,8 +319,8 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
     invalid(rank_, o + "the handle is not one a dispatch of this buffer filled");
   if (!handle.received_) invalid(rank_, o + "the handle's dispatch was not received yet (run its hook first)");
   if (!in.x || reinterpret_cast<uintptr_t>(in.x) % 16 != 0) invalid(rank_, o + "x must be a 16-byte aligned pointer");
-  if (handle.numTokens_ > 0 && (!in.topkIdx || !in.topkWeights || !combined ||
-                                reinterpret_cast<uintptr_t>(combined) % 16 != 0))
+  if (handle.numTokens_ > 0 &&
+      (!in.topkIdx || !in.topkWeights || !combined || reinterpret_cast<uintptr_t>(combined) % 16 != 0))
     invalid(rank_, o + "topkIdx, topkWeights and a 16-byte aligned output are needed");
   beginCall(hook, "low_latency_combine");
   LlCombineArgs a{};

@@ -50,7 +50,8 @@ __device__ inline bool waitOrMask(const LlTeam& lt, int peer, const uint64_t* wo
 __device__ inline void waitFreed(const LlTeam& lt, uint64_t e) {
   const int r = threadIdx.x;
   if (e > 2 && r < lt.t.numRanks && !isMasked(lt, r)) {
-    const uint64_t* w = isRemote(lt.t, r) ? &lt.t.netSignals[lt.freedSignal + r] : &llCtrl(lt.t.base[lt.t.rank])->freed[r];
+    const uint64_t* w =
+        isRemote(lt.t, r) ? &lt.t.netSignals[lt.freedSignal + r] : &llCtrl(lt.t.base[lt.t.rank])->freed[r];
     waitOrMask(lt, r, w, e - 2, 0);
   }
   __syncthreads();
@@ -179,8 +180,8 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     __threadfence_system();
     ChannelDeviceHandle ch = t.net[d];
     const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(b) * kMaxRanks + me) * kMaxExperts * 8;
-    if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(y.L) * 8,
-                         lt.sentSignal + me, e, SignalOp::kSet) != Status::kOk)
+    if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(y.L) * 8, lt.sentSignal + me,
+                         e, SignalOp::kSet) != Status::kOk)
       maskRank(lt, d);
   }
   __syncthreads();

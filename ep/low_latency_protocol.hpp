@@ -94,10 +94,10 @@ LlLayout llLayout(const LowLatencyConfig& c, int numRanks, int remoteSlots);
 /// What the kernels of one rank need: the normal mode's Team (windows, channels, error report, timeout) plus the
 /// low-latency state, layout and slots.
 struct LlTeam {
-  Team t;                  // t.state points at ll->common; t.mirror: the host window's device address
-  LlState* ll;             // device
-  uint32_t* maskHost;      // host-mapped [kMaxRanks]: 1 once the rank is masked (what maskedRanks() reads)
-  char* scratch;           // device [2][T] slots: the packed messages the direct stores copy from
+  Team t;              // t.state points at ll->common; t.mirror: the host window's device address
+  LlState* ll;         // device
+  uint32_t* maskHost;  // host-mapped [kMaxRanks]: 1 once the rank is masked (what maskedRanks() reads)
+  char* scratch;       // device [2][T] slots: the packed messages the direct stores copy from
   LlLayout lay;
   int8_t mirrorSlot[kMaxRanks];  // remote d: this rank's slot in d's mirror
   int8_t remoteSlot[kMaxRanks];  // remote s: s's slot in this rank's mirror

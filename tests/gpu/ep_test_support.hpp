@@ -35,6 +35,13 @@ struct Dev {
     return v;
   }
   void put(const void* src, size_t n) { EXPECT_EQ(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), cudaSuccess); }
+  /// `count` values from any device pointer (outputs a library call owns, such as a handle's arrays).
+  template <typename T>
+  static std::vector<T> getFrom(const T* src, size_t count) {
+    std::vector<T> v(count);
+    if (count) EXPECT_EQ(cudaMemcpy(v.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
 };
 
 inline std::vector<std::vector<int64_t>> allGather(Context& ctx, const std::vector<int64_t>& mine) {

@@ -67,8 +67,8 @@ struct LowLatencyDispatchInputs {
   const int64_t* topkIdx = nullptr;
   int numTokens = 0;
   int numTopk = 0;
-  bool useFp8 = true;      ///< FP8 e4m3 with an f32 scale per 128 elements; false: BF16 as given
-  bool roundScale = false; ///< FP8: scales rounded up to powers of two (UE8M0)
+  bool useFp8 = true;       ///< FP8 e4m3 with an f32 scale per 128 elements; false: BF16 as given
+  bool roundScale = false;  ///< FP8: scales rounded up to powers of two (UE8M0)
 };
 
 /// Where lowLatencyDispatch writes. Rows of local expert j: [0, recvCount[j]), grouped by source rank in rank order

@@ -1,0 +1,434 @@
+// gdx::ep::LowLatencyBuffer on two ranks (two GPUs, or one serving both; direct path) and on four ranks as two
+// emulated hosts of two (GDX_HOSTS=2: ranks on the other host through the proxy and TCP): dispatch (BF16, FP8, FP8
+// with UE8M0 scales) checked row by row against the source token, counts and ranges against the all-gathered top-k,
+// combine against the weighted sum, the hook form with two calls in flight and the error of a third, 100 replays
+// of a CUDA graph, and a rank killed mid-job. The test re-executes itself once per rank.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ep_reference.hpp"
+#include "ep_test_support.hpp"
+#include "gdx/context.hpp"
+#include "gdx/ep/low_latency.hpp"
+#include "gpu_test_support.hpp"
+#include "spawn_ranks.hpp"
+
+namespace gdx {
+namespace {
+
+using namespace test::ep;
+
+// Token t of rank s: column 0 holds s, column 1 holds t (exact in BF16 below 256), the rest values in [-4, 4).
+float tokenValue(const Case& c, int s, int t, int i) {
+  if (i == 0) return float(s);
+  if (i == 1) return float(t);
+  return floatOfBf16(bf16Of(expertValue(c, s, t, i)));
+}
+
+float fp8e4m3ToFloat(uint8_t v) {
+  const int sign = v >> 7, exp = (v >> 3) & 15, man = v & 7;
+  const float mag = exp == 0 ? std::ldexp(float(man), -9) : std::ldexp(1.0f + man / 8.0f, exp - 7);
+  return sign ? -mag : mag;
+}
+
+struct Job {
+  Context& ctx;
+  ep::LowLatencyBuffer& buf;
+  cudaStream_t stream;
+  int R, L;
+};
+
+// One dispatch case: inputs, the call (plain or through a hook), the check of every row, then combine.
+struct LlCase {
+  Case c;  // tokens per rank (tokensOf), hidden, topk, experts, routing, seed, zeroTokenRank
+  bool fp8 = false;
+  bool roundScale = false;
+};
+
+struct Inputs {
+  std::unique_ptr<Dev> x, idx, w;
+  std::vector<int64_t> hidx;
+  std::vector<float> hw;
+  int n = 0;
+};
+
+Inputs makeInputs(const Job& j, const Case& c) {
+  Inputs in;
+  const int me = j.ctx.rank(), H = c.hidden;
+  in.n = c.tokensOf(me);
+  std::vector<uint16_t> hx(size_t(in.n) * H);
+  for (int t = 0; t < in.n; ++t)
+    for (int i = 0; i < H; ++i) hx[size_t(t) * H + i] = bf16Of(tokenValue(c, me, t, i));
+  routing(c, me, in.hidx, in.hw);
+  in.x = std::make_unique<Dev>(hx.size() * 2);
+  in.idx = std::make_unique<Dev>(in.hidx.size() * 8);
+  in.w = std::make_unique<Dev>(in.hw.size() * 4);
+  in.x->put(hx.data(), hx.size() * 2);
+  in.idx->put(in.hidx.data(), in.hidx.size() * 8);
+  in.w->put(in.hw.data(), in.hw.size() * 4);
+  return in;
+}
+
+struct Outputs {
+  std::unique_ptr<Dev> x, scales, count;
+  ep::LowLatencyDispatchOutputs out;
+  Outputs(const Job& j, const Case& c, bool fp8) {
+    const size_t rows = size_t(j.L) * j.buf.config().maxTokensPerRank * j.R;  // [L, T * R]
+    x = std::make_unique<Dev>(rows * c.hidden * (fp8 ? 1 : 2));
+    scales = std::make_unique<Dev>(rows * (c.hidden / 128) * 4);
+    count = std::make_unique<Dev>(size_t(j.L) * 4);
+    out.recvX = x->p;
+    out.recvXScales = fp8 ? scales->as<float>() : nullptr;
+    out.recvCount = count->as<int32_t>();
+  }
+};
+
+std::vector<bool> maskOf(const Job& j) {
+  std::vector<bool> m(j.R, false);
+  for (int r : j.buf.maskedRanks()) m[r] = true;
+  return m;
+}
+
+// Every received row against its source token; counts and layout ranges against the all-gathered top-k of the
+// ranks not masked. Returns the experts' outputs (BF16 of the received values) for combine.
+std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Outputs& o, const ep::LowLatencyHandle& h,
+                                    const std::vector<std::vector<int64_t>>& allIdx, const std::string& form) {
+  const Case& c = lc.c;
+  const int me = j.ctx.rank(), H = c.hidden, T = j.buf.config().maxTokensPerRank, K = c.topk, ns = H / 128;
+  const size_t rowsPerExpert = size_t(T) * j.R, xb = size_t(H) * (lc.fp8 ? 1 : 2);
+  const std::vector<bool> masked = maskOf(j);
+  auto counts = o.count->get<int32_t>(j.L);
+  auto ranges = Dev::getFrom<int64_t>(h.layoutRange(), size_t(j.L) * j.R);
+  auto src = Dev::getFrom<int32_t>(h.srcInfo(), size_t(j.L) * rowsPerExpert);
+  auto x = o.x->get<uint8_t>(size_t(j.L) * rowsPerExpert * xb);
+  auto sc = o.scales->get<float>(lc.fp8 ? size_t(j.L) * rowsPerExpert * ns : 0);
+  std::vector<uint16_t> y(size_t(j.L) * rowsPerExpert * H, 0);
+  int bad = 0;
+  for (int e = 0; e < j.L && bad < 5; ++e) {
+    const int64_t global = int64_t(me) * j.L + e;
+    int run = 0;
+    for (int s = 0; s < j.R; ++s) {
+      std::vector<int> want;
+      if (!masked[s])
+        for (int t = 0; t < c.tokensOf(s); ++t)
+          for (int k = 0; k < K; ++k)
+            if (allIdx[s][size_t(t) * K + k] == global) want.push_back(t);
+      const int64_t r = ranges[size_t(e) * j.R + s];
+      EXPECT_EQ(r >> 32, run) << form << ": first row of rank " << s << " at expert " << e;
+      EXPECT_EQ(r & 0xffffffff, int64_t(want.size())) << form << ": rows from rank " << s << " at expert " << e;
+      std::vector<int> got;
+      for (int i = int(r >> 32); i < int(r >> 32) + int(r & 0xffffffff) && i < int(rowsPerExpert); ++i) {
+        const size_t row = size_t(e) * rowsPerExpert + i;
+        const int t = src[row];
+        got.push_back(t);
+        for (int col = 0; col < H; ++col) {
+          const float v = tokenValue(c, s, t, col);
+          float g;
+          if (lc.fp8) {
+            const float scale = sc[row * ns + col / 128];
+            g = fp8e4m3ToFloat(x[row * xb + col]) * scale;
+            if (std::fabs(g - v) > std::fabs(v) / 16 + scale / 512 + 1e-6f) {
+              ADD_FAILURE() << form << ": expert " << e << " row " << i << " (rank " << s << " token " << t
+                            << ") column " << col << ": " << g << ", sent " << v;
+              ++bad;
+              break;
+            }
+          } else {
+            g = floatOfBf16(uint16_t(x[row * xb + 2 * col] | x[row * xb + 2 * col + 1] << 8));
+            if (g != v) {
+              ADD_FAILURE() << form << ": expert " << e << " row " << i << " (rank " << s << " token " << t
+                            << ") column " << col << ": " << g << ", sent " << v;
+              ++bad;
+              break;
+            }
+          }
+          y[row * H + col] = bf16Of(g);
+        }
+      }
+      std::sort(got.begin(), got.end());
+      EXPECT_EQ(got, want) << form << ": tokens of rank " << s << " at expert " << e;
+      run += int(want.size());
+    }
+    EXPECT_EQ(counts[e], run) << form << ": count of expert " << e;
+  }
+  if (lc.fp8) {  // the scales: amax / 448 of each 128 elements (a power of two at least that with roundScale)
+    for (int e = 0; e < j.L; ++e)
+      for (int i = 0; i < std::min<int>(counts[e], int(rowsPerExpert)); ++i) {
+        const size_t row = size_t(e) * rowsPerExpert + i;
+        int s = 0;
+        while (s + 1 < j.R && i >= int(ranges[size_t(e) * j.R + s + 1] >> 32)) ++s;
+        for (int blk = 0; blk < ns; ++blk) {
+          float amax = 0;
+          for (int col = blk * 128; col < blk * 128 + 128; ++col)
+            amax = std::max(amax, std::fabs(tokenValue(c, s, src[row], col)));
+          float want = std::max(amax, 1e-4f) / 448.f;
+          if (lc.roundScale) want = std::exp2(std::ceil(std::log2(want)));
+          EXPECT_NEAR(sc[row * ns + blk], want, want * 1e-6) << form << ": scale " << blk << " of expert " << e;
+        }
+      }
+  }
+  return y;
+}
+
+// Combine of `y` (the experts' outputs) against sum_k w_k x_t over the experts of ranks not masked.
+void checkCombine(const Job& j, const LlCase& lc, const Inputs& in, const ep::LowLatencyHandle& h,
+                  const std::vector<uint16_t>& y, const std::string& form, ep::LowLatencyHook* hook = nullptr) {
+  const Case& c = lc.c;
+  const int me = j.ctx.rank(), H = c.hidden, K = c.topk;
+  Dev dy(y.size() * 2), out(size_t(in.n) * H * 2);
+  dy.put(y.data(), y.size() * 2);
+  ep::LowLatencyCombineInputs ci{dy.p, in.idx->as<int64_t>(), in.w->as<float>()};
+  j.buf.lowLatencyCombine(ci, h, out.p, j.stream, hook);
+  if (hook) hook->run(j.stream);
+  GDX_TEST_CUDA(cudaStreamSynchronize(j.stream));
+  j.buf.checkErrors();
+  const std::vector<bool> masked = maskOf(j);
+  auto got = out.get<uint16_t>(size_t(in.n) * H);
+  std::vector<double> ref(got.size()), g(got.size());
+  for (int t = 0; t < in.n; ++t) {
+    double wsum = 0;
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = in.hidx[size_t(t) * K + k];
+      if (e >= 0 && !masked[e / j.L]) wsum += in.hw[size_t(t) * K + k];
+    }
+    for (int i = 0; i < H; ++i) {
+      ref[size_t(t) * H + i] = wsum * tokenValue(c, me, t, i);
+      g[size_t(t) * H + i] = floatOfBf16(got[size_t(t) * H + i]);
+    }
+  }
+  EXPECT_LT(calcDiff(ref, g), lc.fp8 ? 9e-4 : 1e-5) << form << ": combine calc_diff";
+}
+
+void runCase(const Job& j, const LlCase& lc, bool withHook) {
+  const Case& c = lc.c;
+  SCOPED_TRACE(c.name + (withHook ? " (hook)" : "") + ", rank " + std::to_string(j.ctx.rank()));
+  Inputs in = makeInputs(j, c);
+  const auto allIdx = allGather(j.ctx, in.hidx);
+  Outputs o(j, c, lc.fp8);
+  ep::LowLatencyHandle h = j.buf.newHandle();
+  ep::LowLatencyHook hook;
+  ep::LowLatencyDispatchInputs di{in.x->p, in.idx->as<int64_t>(), in.n, c.topk, lc.fp8, lc.roundScale};
+  j.buf.lowLatencyDispatch(di, o.out, h, j.stream, withHook ? &hook : nullptr);
+  if (withHook) {
+    EXPECT_TRUE(hook.pending());
+    hook.run(j.stream);
+  }
+  GDX_TEST_CUDA(cudaStreamSynchronize(j.stream));
+  j.buf.checkErrors();
+  const auto y = checkDispatch(j, lc, o, h, allIdx, "dispatch");
+  checkCombine(j, lc, in, h, y, "combine", withHook ? &hook : nullptr);
+  j.ctx.barrier();
+}
+
+std::vector<LlCase> cases(int T) {
+  std::vector<LlCase> v;
+  auto add = [&](Case c, bool fp8, bool round = false) { v.push_back({c, fp8, round}); };
+  add({"bf16 H2048 K4 E16", T - 24, 2048, 4, 16, false}, false);
+  add({"bf16 holes H2048 K8 E32", T - 24, 2048, 8, 32, false, Values::kRandom, Routing::kWithHoles, -1, 1, 3}, false);
+  add({"fp8 H7168 K8 E288", T - 24, 7168, 8, 288, true, Values::kRandom, Routing::kRandom, -1, 1, 5}, true);
+  add({"fp8 ue8m0 holes H4096 K6 E64", T - 24, 4096, 6, 64, true, Values::kRandom, Routing::kWithHoles, -1, 1, 7},
+      true, true);
+  add({"bf16 rank 1 sends nothing H2048 K8 E16", T - 24, 2048, 8, 16, false, Values::kRandom, Routing::kRandom, 1, 1,
+       9},
+      false);
+  add({"fp8 one expert H2048 K8 E16", T - 24, 2048, 8, 16, true, Values::kRandom, Routing::kOneExpert, -1, 1, 11},
+      true);
+  return v;
+}
+
+// A buffer per case (its hidden size and experts); each case runs plain and through a hook.
+void runCases(Context& ctx, cudaStream_t stream, int T) {
+  for (const LlCase& lc : cases(T)) {
+    ep::LowLatencyConfig cfg{T, lc.c.hidden, lc.c.experts, 8};
+    ep::LowLatencyBuffer buf(ctx, cfg);
+    Job j{ctx, buf, stream, ctx.worldSize(), lc.c.experts / ctx.worldSize()};
+    runCase(j, lc, false);
+    runCase(j, lc, true);
+  }
+}
+
+template <typename F>
+void expectThrowContaining(F&& f, const std::string& text, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << what << ": no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << what << ": " << e.what();
+  }
+}
+
+// Two dispatches in flight through hooks (two micro-batches), the error of a third, then both hooks and both
+// results checked; bad arguments refused before anything is sent.
+void doubleBuffering(Context& ctx, cudaStream_t stream, int T) {
+  LlCase a{{"micro-batch a H2048 K4 E16", T - 24, 2048, 4, 16, false, Values::kRandom, Routing::kRandom, -1, 1, 21}};
+  LlCase b{{"micro-batch b H2048 K4 E16", T - 30, 2048, 4, 16, false, Values::kRandom, Routing::kWithHoles, -1, 1, 23}};
+  ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 4});
+  Job j{ctx, buf, stream, ctx.worldSize(), 16 / ctx.worldSize()};
+  Inputs ia = makeInputs(j, a.c), ib = makeInputs(j, b.c);
+  const auto allA = allGather(ctx, ia.hidx), allB = allGather(ctx, ib.hidx);
+  Outputs oa(j, a.c, false), ob(j, b.c, false), oc(j, a.c, false);
+  ep::LowLatencyHandle ha = buf.newHandle(), hb = buf.newHandle(), hc = buf.newHandle();
+  ep::LowLatencyHook hookA, hookB, hookC;
+  buf.lowLatencyDispatch({ia.x->p, ia.idx->as<int64_t>(), ia.n, 4, false}, oa.out, ha, stream, &hookA);
+  buf.lowLatencyDispatch({ib.x->p, ib.idx->as<int64_t>(), ib.n, 4, false}, ob.out, hb, stream, &hookB);
+  expectThrowContaining(
+      [&] { buf.lowLatencyDispatch({ia.x->p, ia.idx->as<int64_t>(), ia.n, 4, false}, oc.out, hc, stream, &hookC); },
+      "two calls are in flight", "third call");
+  expectThrowContaining([&] { hookB.run(stream); }, "hooks run in the order", "hook out of order");
+  hookA.run(stream);
+  hookB.run(stream);
+  expectThrowContaining([&] { hookB.run(stream); }, "nothing to receive", "hook run twice");
+  GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+  buf.checkErrors();
+  const auto ya = checkDispatch(j, a, oa, ha, allA, "micro-batch a");
+  const auto yb = checkDispatch(j, b, ob, hb, allB, "micro-batch b");
+  checkCombine(j, a, ia, ha, ya, "micro-batch a combine");
+  checkCombine(j, b, ib, hb, yb, "micro-batch b combine");
+  ep::LowLatencyDispatchInputs tooMany{ia.x->p, ia.idx->as<int64_t>(), T + 1, 4, false};
+  expectThrowContaining([&] { buf.lowLatencyDispatch(tooMany, oa.out, ha, stream); }, "at most", "too many tokens");
+  ep::LowLatencyDispatchInputs topk{ia.x->p, ia.idx->as<int64_t>(), ia.n, 5, false};
+  expectThrowContaining([&] { buf.lowLatencyDispatch(topk, oa.out, ha, stream); }, "numTopk 5", "top-k");
+  expectThrowContaining([&] { buf.lowLatencyCombine({nullptr, nullptr, nullptr}, hc, nullptr, stream); },
+                        "not one a dispatch", "unfilled handle");
+  ctx.barrier();
+}
+
+// Dispatch + combine captured in a CUDA graph and replayed 100 times: the same rows and sums every time.
+void graphReplays(Context& ctx, cudaStream_t stream, int T) {
+  LlCase lc{{"graph fp8 H2048 K8 E32", T - 24, 2048, 8, 32, true, Values::kRandom, Routing::kWithHoles, -1, 1, 31},
+            true};
+  ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 32, 8});
+  Job j{ctx, buf, stream, ctx.worldSize(), 32 / ctx.worldSize()};
+  Inputs in = makeInputs(j, lc.c);
+  const auto allIdx = allGather(ctx, in.hidx);
+  Outputs o(j, lc.c, true);
+  ep::LowLatencyHandle h = buf.newHandle();
+  const size_t rows = size_t(j.L) * T * j.R;
+  Dev ones(rows * 2048 * 2), out(size_t(in.n) * 2048 * 2);
+  std::vector<uint16_t> one(rows * 2048, bf16Of(1.0f));
+  ones.put(one.data(), one.size() * 2);
+  // Warm-up outside the graph fills the handle's host-side shape (the combine's checks need a received dispatch).
+  ep::LowLatencyDispatchInputs di{in.x->p, in.idx->as<int64_t>(), in.n, 8, true};
+  buf.lowLatencyDispatch(di, o.out, h, stream);
+  buf.lowLatencyCombine({ones.p, in.idx->as<int64_t>(), in.w->as<float>()}, h, out.p, stream);
+  GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  GDX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  buf.lowLatencyDispatch(di, o.out, h, stream);
+  buf.lowLatencyCombine({ones.p, in.idx->as<int64_t>(), in.w->as<float>()}, h, out.p, stream);
+  GDX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  GDX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 100; ++i) {
+    GDX_TEST_CUDA(cudaMemsetAsync(o.out.recvCount, 0xEE, size_t(j.L) * 4, stream));
+    GDX_TEST_CUDA(cudaMemsetAsync(out.p, 0xEE, size_t(in.n) * 2048 * 2, stream));
+    GDX_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    if (i % 33 != 0 && i != 99) continue;
+    GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+    buf.checkErrors();
+    checkDispatch(j, lc, o, h, allIdx, "graph replay " + std::to_string(i));
+    // Every expert returns ones: each token's sum is the sum of its weights.
+    auto got = out.get<uint16_t>(size_t(in.n) * 2048);
+    for (int t = 0; t < in.n; ++t) {
+      float wsum = 0;
+      for (int k = 0; k < 8; ++k)
+        if (in.hidx[size_t(t) * 8 + k] >= 0) wsum += in.hw[size_t(t) * 8 + k];
+      EXPECT_NEAR(floatOfBf16(got[size_t(t) * 2048 + 5]), wsum, wsum / 128 + 1e-6) << "replay " << i << " token " << t;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  ctx.barrier();
+}
+
+constexpr int kT = 64;
+
+void childMain() {
+  Context ctx;
+  cudaStream_t stream;
+  GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  runCases(ctx, stream, kT);
+  doubleBuffering(ctx, stream, kT);
+  graphReplays(ctx, stream, kT);
+  cudaStreamDestroy(stream);
+}
+
+// The last rank leaves right after the buffer is set up: the others' dispatch and combine complete within about
+// GDX_TIMEOUT_MS with that rank masked and its experts' contributions zero, and a second call skips it at once.
+void rankDiesMain() {
+  Context ctx;
+  const int R = ctx.worldSize(), dead = R - 1;
+  cudaStream_t stream;
+  GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LlCase lc{{"rank dies H2048 K4 E16", kT - 24, 2048, 4, 16, false}};
+  ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{kT, 2048, 16, 4});
+  Job j{ctx, buf, stream, R, 16 / R};
+  Inputs in = makeInputs(j, lc.c);
+  const auto allIdx = allGather(ctx, in.hidx);
+  ctx.barrier();
+  if (ctx.rank() == dead) std::_Exit(0);
+  for (int round = 0; round < 2; ++round) {
+    Outputs o(j, lc.c, false);
+    ep::LowLatencyHandle h = buf.newHandle();
+    const auto t0 = std::chrono::steady_clock::now();
+    buf.lowLatencyDispatch({in.x->p, in.idx->as<int64_t>(), in.n, 4, false}, o.out, h, stream);
+    GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, round == 0 ? 20.0 : 1.0) << "round " << round << ": the dispatch took " << s << " s";
+    const std::vector<bool> masked = maskOf(j);
+    EXPECT_TRUE(masked[dead]) << "the dead rank is not masked";
+    EXPECT_FALSE(masked[ctx.rank()]);
+    const auto y = checkDispatch(j, lc, o, h, allIdx, "dispatch with a dead rank");
+    checkCombine(j, lc, in, h, y, "combine with a dead rank");
+  }
+  std::_Exit(::testing::Test::HasFailure() ? 1 : 0);  // a rank is gone: no collective teardown
+}
+
+TEST(EpLowLatencyChild, Run) {
+  const char* child = std::getenv("GDX_EP_LL_CHILD");
+  if (!child) GTEST_SKIP() << "runs only as a child of EpLowLatency.* (GDX_EP_LL_CHILD)";
+  if (std::string(child) == "rank-dies")
+    rankDiesMain();
+  else
+    childMain();
+}
+
+void runRanks(const std::string& mode, const std::string& timeoutMs, int ranks, int hosts = 0) {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) gpus = 1;
+  test::spawnRanks(ranks, "EpLowLatencyChild.Run", "ep-ll-test", [&](int r) {
+    std::vector<std::string> env{"GDX_CUDA_DEVICE=" + std::to_string(r % gpus), "GDX_EP_LL_CHILD=" + mode,
+                                 "GDX_TIMEOUT_MS=" + timeoutMs, "GDX_LOG_LEVEL=WARN"};
+    if (hosts) env.push_back("GDX_HOSTS=" + std::to_string(hosts));
+    return env;
+  });
+}
+
+TEST(EpLowLatency, TwoRanksMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("cases", "60000", 2);
+}
+
+TEST(EpLowLatency, TwoEmulatedHostsMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("cases", "60000", 4, 2);
+}
+
+TEST(EpLowLatency, DeadRankIsMaskedOnTwoRanks) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("rank-dies", "5000", 2);
+}
+
+TEST(EpLowLatency, DeadRankIsMaskedOnTwoEmulatedHosts) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("rank-dies", "5000", 4, 2);
+}
+
+}  // namespace
+}  // namespace gdx

@@ -6,7 +6,9 @@
 // as BF16), and the SMs the kernels use. Table on stdout, JSON with --json.
 // With --hosts N the ranks form N emulated hosts (GDX_HOSTS): ranks on other hosts are reached through the proxy and
 // the transport (TCP here), which is how the internode path is measured on one machine.
-//   benchmark_moe [--json PATH] [--ranks N] [--hosts N] [--tokens LIST] [--iters N] [--sms N] [--no-nccl]
+// --mode ll adds the low-latency mode (gdx::ep::LowLatencyBuffer, moe_low_latency.cuh) before the normal mode at the
+// same token counts (default 1 .. 256, 288 experts): whole calls, each half of the hook form, commands per call.
+//   benchmark_moe [--json PATH] [--ranks N] [--hosts N] [--tokens LIST] [--iters N] [--sms N] [--mode ll] [--no-nccl]
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "benchmarks/cli.hpp"
+#include "benchmarks/moe_low_latency.cuh"
 #include "benchmarks/nccl_peer.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
@@ -31,13 +34,16 @@
 namespace gdx::bench {
 namespace {
 
-constexpr int kHidden = 7168, kTopk = 8, kExperts = 256;
+constexpr int kHidden = 7168, kTopk = 8;
 
 struct Options {
   std::vector<int> tokens{128, 256, 512, 1024, 2048, 4096};
   int iters = 20;
   int sms = 24;
-  int threads = 0;  // 0: ep::Config::forRanks
+  int threads = 0;          // 0: ep::Config::forRanks
+  bool lowLatency = false;  // --mode ll
+  int experts = 256;        // 288 with --mode ll
+  bool tokensGiven = false;
 };
 
 __global__ void fillKernel(uint32_t* p, size_t words, uint32_t seed) {
@@ -102,10 +108,10 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   std::vector<int64_t> idx(size_t(maxTokens) * kTopk);
   std::vector<float> w(idx.size(), 0.125f);
   for (int t = 0; t < maxTokens; ++t) {  // top-8 of 256 distinct experts, uniformly at random
-    std::vector<int> e(kExperts);
-    for (int i = 0; i < kExperts; ++i) e[i] = i;
+    std::vector<int> e(o.experts);
+    for (int i = 0; i < o.experts; ++i) e[i] = i;
     for (int k = 0; k < kTopk; ++k) {
-      std::swap(e[k], e[k + rng() % (kExperts - k)]);
+      std::swap(e[k], e[k + rng() % (o.experts - k)]);
       idx[size_t(t) * kTopk + k] = e[k];
     }
   }
@@ -116,10 +122,16 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   if (me == 0)
     out << "gpu " << ctx.gpu().name << "\nranks " << R << "\nremote " << remote << "\nsms " << cfg.numSms << " "
         << cfg.numThreads << "\n";
+  if (o.lowLatency) {
+    const LowLatencyShape sh{kHidden, kTopk, o.experts, std::max(o.sms, 32), 512, o.iters};
+    const std::string lines = runLowLatency(ctx, sh, o.tokens, x, static_cast<int64_t*>(topk),
+                                            static_cast<float*>(weights), idx, stream, timeMs);
+    if (me == 0) out << lines;
+  }
   {  // warm-up: clocks, first launches, first touch of the peers' mappings
     const int n = o.tokens.front();
-    ep::DispatchInputs in{x,     nullptr,  static_cast<int64_t*>(topk), static_cast<float*>(weights), n, kHidden,
-                          kTopk, kExperts, ep::DType::kBFloat16};
+    ep::DispatchInputs in{x,     nullptr,   static_cast<int64_t*>(topk), static_cast<float*>(weights), n, kHidden,
+                          kTopk, o.experts, ep::DType::kBFloat16};
     ep::DispatchHandle h = buf.newHandle(n);
     ep::DispatchOutputs outp;
     outp.recvX = recvX;
@@ -141,7 +153,7 @@ int rankMain(const Options& o, const std::string& resultsPath) {
                             n,
                             kHidden,
                             kTopk,
-                            kExperts,
+                            o.experts,
                             dt};
       ep::DispatchHandle h = buf.newHandle(n);
       const ep::DispatchCounts c = buf.dispatchPrepare(in, h, 1, stream);
@@ -231,6 +243,7 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
   int sms = 0, threads = 0, remote = 0;
   std::map<std::string, std::pair<double, double>> r;  // "tokens dtype op" -> (us, bytes)
   std::map<std::string, double> peer;                  // same key -> NCCL us
+  std::map<int, double> cmds;                          // tokens -> commands per low-latency dispatch
   auto readLines = [&](std::istream& in) {
     std::string line;
     while (std::getline(in, line)) {
@@ -248,6 +261,11 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
         std::string n, dt, op;
         double us, bytes;
         if (ls >> n >> dt >> op >> us >> bytes) r[n + "_" + dt + "_" + op] = {us, bytes};
+      } else if (kind == "cmds") {
+        int n;
+        std::string op;
+        double c;
+        if (ls >> n >> op >> c) cmds[n] = c;
       } else if (kind == "nccl") {
         std::string key;
         double us;
@@ -269,7 +287,7 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
   std::printf(
       "benchmark_moe: %d ranks on %s, %d host(s) (%d rank(s) through the proxy per rank), %s; hidden %d, top-%d "
       "of %d experts, %d SMs x %d threads per kernel, mean of %d calls\n",
-      ranks, gpu.c_str(), std::max(hosts, 1), remote, date.c_str(), kHidden, kTopk, kExperts, sms, threads, o.iters);
+      ranks, gpu.c_str(), std::max(hosts, 1), remote, date.c_str(), kHidden, kTopk, o.experts, sms, threads, o.iters);
   std::printf("%8s %6s %9s %10s %9s %11s %10s %8s\n", "tokens", "dtype", "op", "us", "GB/s", "NCCL us", "NCCL GB/s",
               "speedup");
   std::ostringstream js;
@@ -277,12 +295,12 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
      << ",\n  \"machine\": " << jsonString(std::to_string(ranks) + " x " + gpu + ", " + hostName())
      << ",\n  \"date\": " << jsonString(date) << ",\n  \"ranks\": " << ranks << ",\n  \"hosts\": " << std::max(hosts, 1)
      << ",\n  \"remote_ranks_per_rank\": " << remote << ",\n  \"hidden\": " << kHidden << ",\n  \"topk\": " << kTopk
-     << ",\n  \"experts\": " << kExperts << ",\n  \"sms\": " << sms << ",\n  \"threads\": " << threads
+     << ",\n  \"experts\": " << o.experts << ",\n  \"sms\": " << sms << ",\n  \"threads\": " << threads
      << ",\n  \"results\": [";
   bool first = true;
   for (int n : o.tokens)
-    for (const char* dt : {"bf16", "fp8"})
-      for (const char* op : {"dispatch", "combine"}) {
+    for (const char* dt : {"ll-fp8", "bf16", "fp8"})
+      for (const char* op : {"dispatch", "combine", "dispatch-send", "dispatch-recv", "combine-send", "combine-recv"}) {
         const std::string key = std::to_string(n) + "_" + dt + "_" + op;
         auto it = r.find(key);
         if (it == r.end()) continue;
@@ -295,8 +313,21 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
            << ", \"nccl_all_to_all_us\": " << nus << ", \"nccl_GBps\": " << ngb << "}";
         first = false;
       }
+  for (auto& [n, c] : cmds) {
+    const auto send = r.find(std::to_string(n) + "_ll-fp8_dispatch-send");
+    const double us = send == r.end() ? -1 : send->second.first;
+    std::printf(
+        "low-latency, %d tokens: %.0f commands per dispatch call per rank (puts to ranks on other hosts and "
+        "their count puts), %.2f M/s over the send half\n",
+        n, c, us > 0 ? c / us : 0.0);
+    js << (first ? "\n" : ",\n") << "    {\"tokens\": " << n
+       << ", \"op\": \"ll-commands\", \"commands_per_call\": " << c
+       << ", \"commands_per_us\": " << (us > 0 ? c / us : -1) << "}";
+    first = false;
+  }
   js << "\n  ],\n  \"units\": \"us: mean per call; GB/s = DeepEP's bytes (received rows x hidden x 2, FP8 x (1 + "
-        "4/128)) / time; -1: not measured\"\n}\n";
+        "4/128); low-latency: valid selections x (H + 4H/128 + 16) dispatch, x 2H combine) / time; -1: not "
+        "measured\"\n}\n";
   if (!json.empty()) std::ofstream(json) << js.str();
   return 0;
 }
@@ -327,6 +358,7 @@ int main(int argc, char** argv) {
           std::istringstream is(v);
           std::string t;
           while (std::getline(is, t, ',')) o.tokens.push_back(int(gdx::bench::parseCount(t)));
+          o.tokensGiven = true;
           if (o.tokens.empty()) throw std::invalid_argument("no token counts");
         }},
        {"--iters", "N", "timed calls per case (default 20)",
@@ -335,8 +367,17 @@ int main(int argc, char** argv) {
         [&](const std::string& v) { o.sms = std::max(1, int(gdx::bench::parseCount(v))); }},
        {"--threads", "N", "threads per block of those kernels (default: ep::Config::forRanks)",
         [&](const std::string& v) { o.threads = int(gdx::bench::parseCount(v)); }},
+       {"--mode", "MODE", "normal (default) or ll: the low-latency mode first, then normal mode at the same tokens",
+        [&](const std::string& v) {
+          if (v != "ll" && v != "normal") throw std::invalid_argument("--mode " + v + ": normal or ll");
+          o.lowLatency = v == "ll";
+        }},
        {"--no-nccl", "", "skip the NCCL peer (PyTorch)", [&](const std::string&) { nccl = false; }}});
   if (parsed >= 0) return parsed;
+  if (o.lowLatency) {  // decoding: few tokens, DeepEP's low-latency shapes
+    o.experts = 288;
+    if (!o.tokensGiven) o.tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  }
   try {
     if (gdx::bench::launchedByHand()) {
       int gpus = 0;

@@ -232,8 +232,8 @@ std::vector<LlCase> cases(int T) {
   add({"bf16 H2048 K4 E16", T - 24, 2048, 4, 16, false}, false);
   add({"bf16 holes H2048 K8 E32", T - 24, 2048, 8, 32, false, Values::kRandom, Routing::kWithHoles, -1, 1, 3}, false);
   add({"fp8 H7168 K8 E288", T - 24, 7168, 8, 288, true, Values::kRandom, Routing::kRandom, -1, 1, 5}, true);
-  add({"fp8 ue8m0 holes H4096 K6 E64", T - 24, 4096, 6, 64, true, Values::kRandom, Routing::kWithHoles, -1, 1, 7},
-      true, true);
+  add({"fp8 ue8m0 holes H4096 K6 E64", T - 24, 4096, 6, 64, true, Values::kRandom, Routing::kWithHoles, -1, 1, 7}, true,
+      true);
   add({"bf16 rank 1 sends nothing H2048 K8 E16", T - 24, 2048, 8, 16, false, Values::kRandom, Routing::kRandom, 1, 1,
        9},
       false);
@@ -278,7 +278,9 @@ void doubleBuffering(Context& ctx, cudaStream_t stream, int T) {
   buf.lowLatencyDispatch({ia.x->p, ia.idx->as<int64_t>(), ia.n, 4, false}, oa.out, ha, stream, &hookA);
   buf.lowLatencyDispatch({ib.x->p, ib.idx->as<int64_t>(), ib.n, 4, false}, ob.out, hb, stream, &hookB);
   expectThrowContaining(
-      [&] { buf.lowLatencyDispatch({ia.x->p, ia.idx->as<int64_t>(), ia.n, 4, false}, oc.out, hc, stream, &hookC); },
+      [&] {
+        buf.lowLatencyDispatch({ia.x->p, ia.idx->as<int64_t>(), ia.n, 4, false}, oc.out, hc, stream, &hookC);
+      },
       "two calls are in flight", "third call");
   expectThrowContaining([&] { hookB.run(stream); }, "hooks run in the order", "hook out of order");
   hookA.run(stream);
@@ -294,8 +296,11 @@ void doubleBuffering(Context& ctx, cudaStream_t stream, int T) {
   expectThrowContaining([&] { buf.lowLatencyDispatch(tooMany, oa.out, ha, stream); }, "at most", "too many tokens");
   ep::LowLatencyDispatchInputs topk{ia.x->p, ia.idx->as<int64_t>(), ia.n, 5, false};
   expectThrowContaining([&] { buf.lowLatencyDispatch(topk, oa.out, ha, stream); }, "numTopk 5", "top-k");
-  expectThrowContaining([&] { buf.lowLatencyCombine({nullptr, nullptr, nullptr}, hc, nullptr, stream); },
-                        "not one a dispatch", "unfilled handle");
+  expectThrowContaining(
+      [&] {
+        buf.lowLatencyCombine({nullptr, nullptr, nullptr}, hc, nullptr, stream);
+      },
+      "not one a dispatch", "unfilled handle");
   ctx.barrier();
 }
 

@@ -1,0 +1,133 @@
+// benchmark_moe --mode ll: gdx::ep::LowLatencyBuffer per token count (FP8 dispatch, BF16 combine): the mean time of
+// a whole call, of its send half and of its receive half (the hook form: events around each half of every call),
+// the bytes counted per valid (token, expert) selection (dispatch H + 4H/128 + 16, combine 2H), and the commands the
+// kernels put into the rings per call (one per selection whose expert is on another host, plus one count put or
+// flag signal per such rank). Lines "moe TOKENS ll-fp8 OP US BYTES" and "cmds TOKENS OP COUNT" go to rank 0's results.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gdx/context.hpp"
+#include "gdx/detail/cuda_check.hpp"
+#include "gdx/ep/low_latency.hpp"
+
+namespace gdx::bench {
+
+struct LowLatencyShape {
+  int hidden, topk, experts, sms, threads, iters;
+};
+
+/// Mean microseconds of each half of `iters` calls: send() then hook() on `s`, events around each.
+inline std::pair<double, double> timeHalves(cudaStream_t s, int iters, const std::function<void()>& send,
+                                            const std::function<void()>& hook) {
+  cudaEvent_t a, b, c;
+  GDX_CUDA_CHECK(cudaEventCreate(&a));
+  GDX_CUDA_CHECK(cudaEventCreate(&b));
+  GDX_CUDA_CHECK(cudaEventCreate(&c));
+  double first = 0, second = 0;
+  for (int i = 0; i < iters; ++i) {
+    GDX_CUDA_CHECK(cudaEventRecord(a, s));
+    send();
+    GDX_CUDA_CHECK(cudaEventRecord(b, s));
+    hook();
+    GDX_CUDA_CHECK(cudaEventRecord(c, s));
+    GDX_CUDA_CHECK(cudaEventSynchronize(c));
+    float x = 0, y = 0;
+    GDX_CUDA_CHECK(cudaEventElapsedTime(&x, a, b));
+    GDX_CUDA_CHECK(cudaEventElapsedTime(&y, b, c));
+    first += x;
+    second += y;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaEventDestroy(c);
+  return {first / iters * 1e3, second / iters * 1e3};
+}
+
+/// Every token count of `tokens` on this rank; returns rank 0's result lines (means over the ranks).
+inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const std::vector<int>& tokens,
+                                 const void* x, const int64_t* topk, const float* weights,
+                                 const std::vector<int64_t>& hostTopk, cudaStream_t stream,
+                                 const std::function<float(cudaStream_t, int, const std::function<void()>&)>& timeMs) {
+  const int R = ctx.worldSize(), me = ctx.rank(), L = sh.experts / R;
+  int maxT = 1;
+  for (int n : tokens) maxT = std::max(maxT, n);
+  ep::LowLatencyConfig cfg{maxT, sh.hidden, sh.experts, sh.topk, sh.sms, sh.threads};
+  ep::LowLatencyBuffer buf(ctx, cfg);
+  const size_t rows = size_t(L) * maxT * R;
+  void *recvX, *recvScales, *recvCount, *y, *combined;
+  GDX_CUDA_CHECK(cudaMalloc(&recvX, rows * sh.hidden));
+  GDX_CUDA_CHECK(cudaMalloc(&recvScales, rows * sh.hidden / 128 * 4));
+  GDX_CUDA_CHECK(cudaMalloc(&recvCount, size_t(L) * 4));
+  GDX_CUDA_CHECK(cudaMalloc(&y, rows * sh.hidden * 2));
+  GDX_CUDA_CHECK(cudaMemset(y, 0, rows * sh.hidden * 2));
+  GDX_CUDA_CHECK(cudaMalloc(&combined, size_t(maxT) * sh.hidden * 2));
+  ep::LowLatencyDispatchOutputs out{recvX, static_cast<float*>(recvScales), static_cast<int32_t*>(recvCount)};
+  ep::LowLatencyHandle h = buf.newHandle();
+  std::ostringstream lines;
+  for (int n : tokens) {
+    ep::LowLatencyDispatchInputs in{x, topk, n, sh.topk, true, false};
+    ep::LowLatencyCombineInputs cin{y, topk, weights};
+    // Selections and the commands they become: one put per selection whose expert's rank is on another host.
+    double valid = 0, cmds = 0;
+    std::vector<bool> remoteUsed(R, false);
+    for (int t = 0; t < n; ++t)
+      for (int k = 0; k < sh.topk; ++k) {
+        const int64_t e = hostTopk[size_t(t) * sh.topk + k];
+        if (e < 0) continue;
+        valid += 1;
+        if (int(e / L) != me && !ctx.isDirect(int(e / L))) cmds += 1;
+      }
+    int remoteRanks = 0;
+    for (int p = 0; p < R; ++p) remoteRanks += p != me && !ctx.isDirect(p);
+    auto dispatch = [&] { buf.lowLatencyDispatch(in, out, h, stream); };
+    auto combine = [&] { buf.lowLatencyCombine(cin, h, combined, stream); };
+    for (int i = 0; i < 20; ++i) {
+      dispatch();
+      combine();
+    }
+    GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
+    ctx.barrier();
+    const double dispUs = timeMs(stream, sh.iters, dispatch) * 1e3;
+    ctx.barrier();
+    const double combUs = timeMs(stream, sh.iters, combine) * 1e3;
+    ctx.barrier();
+    ep::LowLatencyHook hook;
+    const auto dh = timeHalves(
+        stream, sh.iters, [&] { buf.lowLatencyDispatch(in, out, h, stream, &hook); }, [&] { hook.run(stream); });
+    ctx.barrier();
+    const auto ch = timeHalves(
+        stream, sh.iters, [&] { buf.lowLatencyCombine(cin, h, combined, stream, &hook); }, [&] { hook.run(stream); });
+    buf.checkErrors();
+    std::ostringstream mine;
+    mine << dispUs << " " << combUs << " " << dh.first << " " << dh.second << " " << ch.first << " " << ch.second
+         << " " << valid << " " << cmds + remoteRanks;
+    const std::vector<std::string> all = ctx.bootstrap().allGather(mine.str());
+    double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (const std::string& a : all) {
+      std::istringstream is(a);
+      for (double& s : sums) {
+        double v;
+        is >> v;
+        s += v;
+      }
+    }
+    const double sel = sums[6] / R;
+    const double dispBytes = sel * (sh.hidden + 4.0 * sh.hidden / 128 + 16), combBytes = sel * 2.0 * sh.hidden;
+    const char* ops[6] = {"dispatch", "combine", "dispatch-send", "dispatch-recv", "combine-send", "combine-recv"};
+    for (int i = 0; i < 6; ++i)
+      lines << "moe " << n << " ll-fp8 " << ops[i] << " " << sums[i] / R << " "
+            << (i == 0 || i == 2 || i == 3 ? dispBytes : combBytes) << "\n";
+    lines << "cmds " << n << " dispatch " << sums[7] / R << "\n";
+  }
+  GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (void* p : {recvX, recvScales, recvCount, y, combined}) cudaFree(p);
+  return lines.str();
+}
+
+}  // namespace gdx::bench

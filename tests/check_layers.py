@@ -9,7 +9,7 @@ a sibling on the same level (device and rdma do not know each other):
   1 rdma     transports (tcp, verbs, loopback, their shared parts) and the bootstrap
   2 proxy    proxy threads and their placement
   3 runtime  Context, Window, Channel, the direct path, the relay
-  4 ep       MoE dispatch/combine (normal mode) on the public API
+  4 ep       MoE dispatch/combine (normal and low-latency mode) on the public API
   5 python   the Python package's extension (python/src/): bindings of every layer below
 
 A source file's layer is its top folder; a header under include/gdx/ gets its layer from HEADER_LAYERS below, so

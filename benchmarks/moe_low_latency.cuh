@@ -50,9 +50,9 @@ inline std::pair<double, double> timeHalves(cudaStream_t s, int iters, const std
 }
 
 /// Every token count of `tokens` on this rank; returns rank 0's result lines (means over the ranks).
-inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const std::vector<int>& tokens,
-                                 const void* x, const int64_t* topk, const float* weights,
-                                 const std::vector<int64_t>& hostTopk, cudaStream_t stream,
+inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const std::vector<int>& tokens, const void* x,
+                                 const int64_t* topk, const float* weights, const std::vector<int64_t>& hostTopk,
+                                 cudaStream_t stream,
                                  const std::function<float(cudaStream_t, int, const std::function<void()>&)>& timeMs) {
   const int R = ctx.worldSize(), me = ctx.rank(), L = sh.experts / R;
   int maxT = 1;
@@ -105,8 +105,8 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
         stream, sh.iters, [&] { buf.lowLatencyCombine(cin, h, combined, stream, &hook); }, [&] { hook.run(stream); });
     buf.checkErrors();
     std::ostringstream mine;
-    mine << dispUs << " " << combUs << " " << dh.first << " " << dh.second << " " << ch.first << " " << ch.second
-         << " " << valid << " " << cmds + remoteRanks;
+    mine << dispUs << " " << combUs << " " << dh.first << " " << dh.second << " " << ch.first << " " << ch.second << " "
+         << valid << " " << cmds + remoteRanks;
     const std::vector<std::string> all = ctx.bootstrap().allGather(mine.str());
     double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (const std::string& a : all) {

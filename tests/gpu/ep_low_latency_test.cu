@@ -253,16 +253,6 @@ void runCases(Context& ctx, cudaStream_t stream, int T) {
   }
 }
 
-template <typename F>
-void expectThrowContaining(F&& f, const std::string& text, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << what << ": no exception";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << what << ": " << e.what();
-  }
-}
-
 // Two dispatches in flight through hooks (two micro-batches), the error of a third, then both hooks and both
 // results checked; bad arguments refused before anything is sent.
 void doubleBuffering(Context& ctx, cudaStream_t stream, int T) {

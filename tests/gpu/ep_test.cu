@@ -234,16 +234,6 @@ std::vector<Case> cases() {
   return v;
 }
 
-template <typename F>
-void expectThrowContaining(F&& f, const std::string& text, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << what << ": no exception";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << what << ": " << e.what();
-  }
-}
-
 // Bad inputs: refused with a clear error before anything is sent; the Buffer goes on working afterwards.
 void badInputs(Context& ctx, ep::Buffer& buf, cudaStream_t stream) {
   const int me = ctx.rank();

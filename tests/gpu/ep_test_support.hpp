@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gdx/context.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx::test::ep {
 
@@ -53,6 +54,17 @@ inline std::vector<std::vector<int64_t>> allGather(Context& ctx, const std::vect
     std::memcpy(out[r].data(), all[r].data(), all[r].size());
   }
   return out;
+}
+
+/// Runs f and expects a gdx::Error whose message contains `text`.
+template <typename F>
+inline void expectThrowContaining(F&& f, const std::string& text, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << what << ": no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << what << ": " << e.what();
+  }
 }
 
 }  // namespace gdx::test::ep

@@ -158,7 +158,7 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   t.state = &m.state->common;
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&t.report), m.report, 0));
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&lt.maskHost), m.maskHost, 0));
-  t.failure = context.deviceChannel(rank_).failure;
+  t.failure = context.deviceFailureWord();  // any peer failed (waits on one rank read that rank's own word)
   t.timeoutNs = context.options().timeoutNs;
   t.remoteMask = remoteMask;
   t.window = m.window.id();

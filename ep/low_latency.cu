@@ -25,18 +25,19 @@ __device__ inline void maskRank(const LlTeam& lt, int r) {
 }
 
 /// Waits until (*word >> shift) >= want for rank `peer`. False (rank masked) when it is or becomes masked, when a
-/// rank on another host can no longer be reached (the context failed its rings: nothing of it can arrive), or
-/// after GDX_TIMEOUT_MS.
+/// rank on another host failed (its own failure word: nothing of it can arrive), or after GDX_TIMEOUT_MS.
 __device__ inline bool waitOrMask(const LlTeam& lt, int peer, const uint64_t* word, uint64_t want, int shift) {
   uint64_t start = 0;
   for (uint64_t spins = 0;; ++spins) {
     if ((atomicLoad(const_cast<uint64_t*>(word), kAcquire) >> shift) >= want) return true;
     if ((spins & 63) == 63) {
       if (isMasked(lt, peer)) return false;
-      const uint32_t f = lt.t.failure ? atomicLoad(const_cast<uint32_t*>(lt.t.failure), kRelaxed) : 0u;
+      // That rank's own failure word (the proxy's channel to it): a failed peer masks only itself.
+      const uint32_t* pf = isRemote(lt.t, peer) ? lt.t.net[peer].failure : nullptr;
+      const uint32_t f = pf ? atomicLoad(const_cast<uint32_t*>(pf), kRelaxed) : 0u;
       const uint64_t now = nowNs();
       if (start == 0) start = now;
-      if ((f != 0 && isRemote(lt.t, peer)) || now - start > lt.t.timeoutNs) {
+      if (f != 0 || now - start > lt.t.timeoutNs) {
         maskRank(lt, peer);
         return false;
       }

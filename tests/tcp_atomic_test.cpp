@@ -238,6 +238,8 @@ TEST(TcpAtomic, AtomicIntoAWindowWithAnUnalignedBaseIsRefusedBySender) {
   t[0]->addRemoteWindow(1, kDstWindow, kBytes, t[1]->registerWindow(kDstWindow, skewed, kBytes, MemoryKind::kHost));
   t[0]->addRemoteWindow(1, kWordWindow, 16, t[1]->registerWindow(kWordWindow, words.data(), 16, MemoryKind::kHost));
   t[0]->registerWindow(kSrcWindow, src.data(), src.size(), MemoryKind::kHost);
+  std::atomic<int> announced{0};
+  t[1]->setImmHandler([&](const RemoteWrite&) { announced++; });
   connectAll(t, 1);
   TransportLane& lane = t[0]->lane(0);
   for (uint64_t offset : {uint64_t(0), uint64_t(8)}) {
@@ -251,8 +253,10 @@ TEST(TcpAtomic, AtomicIntoAWindowWithAnUnalignedBaseIsRefusedBySender) {
       EXPECT_NE(std::string(e.what()).find("3 bytes past an 8-byte boundary"), std::string::npos) << e.what();
     }
   }
-  lane.post(WriteOp{1, kSrcWindow, 0, kDstWindow, 1, 16, false, 0, 81});
+  // The atomic, then a write announced with an immediate: once the announcement is seen, both are in place.
   lane.postAtomic(atomicOp(1, 8, SignalOp::kAdd, 5, 82));
+  lane.post(WriteOp{1, kSrcWindow, 0, kDstWindow, 1, 16, true, 9, 81});
+  ASSERT_TRUE(waitFor([&] { return announced.load() == 1; }, 10000));
   auto done = test::pollCompletions(lane, 2, 10000);
   ASSERT_EQ(done.size(), 2u);
   for (auto& d : done) EXPECT_EQ(d.status, Status::kOk) << d.cookie;

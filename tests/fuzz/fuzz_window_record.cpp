@@ -21,7 +21,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       gdx::common::RemoteWindow w = gdx::common::parseWindowKey("fuzz", scheme, 1, r.id, r.bytes, r.key);
       GDX_FUZZ_CHECK(w.bytes == r.bytes);
-      GDX_FUZZ_CHECK(r.key.empty() || r.key == gdx::common::windowKey(scheme, r.id, r.bytes, w.cuda));
+      GDX_FUZZ_CHECK(w.skew < 8);
+      GDX_FUZZ_CHECK(r.key.empty() ||
+                     r.key == gdx::common::windowKey(scheme, r.id, r.bytes, w.cuda,
+                                                     reinterpret_cast<const void*>(static_cast<uintptr_t>(w.skew))));
     } catch (const gdx::Error& e) {
       GDX_FUZZ_CHECK(e.code() == gdx::ErrorCode::kInvalidArgument);
     }

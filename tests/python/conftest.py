@@ -61,9 +61,9 @@ def torch_or_skip():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """With GDX_PYTEST_SKIPPED_RC set (CTest's GPU run), a session whose tests were all skipped exits with that code,
+    """With PYTEST_GDX_SKIPPED_RC set (CTest's GPU run), a session whose tests were all skipped exits with that code,
     so CTest reports Skipped rather than Passed."""
-    code = os.environ.get("GDX_PYTEST_SKIPPED_RC")
+    code = os.environ.get("PYTEST_GDX_SKIPPED_RC")
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if not code or reporter is None or exitstatus != 0:
         return

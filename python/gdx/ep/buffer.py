@@ -101,7 +101,7 @@ class _DeviceInt32Matrix:
     """[R, R] int32 device memory that torch.as_tensor takes (__cuda_array_interface__) without copying."""
 
     def __init__(self, ptr: int, ranks: int):
-        self.__cuda_array_interface__ = {"shape": (ranks, ranks), "typestr": "<i4", "data": (ptr, True),
+        self.__cuda_array_interface__ = {"shape": (ranks, ranks), "typestr": "<i4", "data": (ptr, False),
                                          "version": 3, "strides": None}
 
 

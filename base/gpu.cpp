@@ -8,6 +8,8 @@
 #include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
+#include <cuda.h>  // types only: the driver is reached through cudaGetDriverEntryPointByVersion, never linked
+
 #include "gdx/detail/cuda_check.hpp"
 #endif
 
@@ -44,6 +46,31 @@ GpuInfo selectGpu() {
   info.name = prop.name;
 #endif
   return info;
+}
+
+bool cudaAllocationRange(const void* p, uintptr_t* base, size_t* bytes) {
+#if defined(GDX_HAVE_CUDA)
+  using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  static GetAddressRange range = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<GetAddressRange>(nullptr);
+    }
+    return reinterpret_cast<GetAddressRange>(fn);
+  }();
+  CUdeviceptr b = 0;
+  size_t n = 0;
+  if (!range || range(&b, &n, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
+  *base = static_cast<uintptr_t>(b);
+  *bytes = n;
+  return true;
+#else
+  (void)p, (void)base, (void)bytes;
+  return false;
+#endif
 }
 
 }  // namespace gdx

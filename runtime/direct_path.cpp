@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "gdx/config.hpp"
+#include "gdx/detail/gpu.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 
@@ -40,22 +41,6 @@ struct WindowBlob {
   uint64_t allocBase;  // the allocation's base in the owner's address space: identifies the allocation
   uint64_t offset;     // of the window inside the allocation
 };
-
-using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-
-GetAddressRange addressRangeFn() {
-  static GetAddressRange fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<GetAddressRange>(nullptr);
-    }
-    return reinterpret_cast<GetAddressRange>(p);
-  }();
-  return fn;
-}
 
 }  // namespace
 #endif
@@ -156,12 +141,10 @@ DirectPaths::~DirectPaths() {
 std::string DirectPaths::windowBlob(void* base, size_t bytes, MemoryKind kind) const {
 #if defined(GDX_HAVE_CUDA)
   if (device_ < 0 || kind != MemoryKind::kCuda) return {};
-  GetAddressRange range = addressRangeFn();
-  if (!range) return {};
   DeviceGuard guard(device_);
-  CUdeviceptr allocBase = 0;
+  uintptr_t allocBase = 0;
   size_t allocBytes = 0;
-  if (range(&allocBase, &allocBytes, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) return {};
+  if (!cudaAllocationRange(base, &allocBase, &allocBytes)) return {};
   WindowBlob b{};
   if (cudaIpcGetMemHandle(&b.handle, reinterpret_cast<void*>(allocBase)) != cudaSuccess) {
     cudaGetLastError();

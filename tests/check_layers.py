@@ -10,6 +10,7 @@ a sibling on the same level (device and rdma do not know each other):
   2 proxy    proxy threads and their placement
   3 runtime  Context, Window, Channel, the direct path, the relay
   4 ep       MoE dispatch/combine (normal and low-latency mode) on the public API
+  4 p2p      point-to-point endpoints and the URL transport, over the transports of rdma
   5 python   the Python package's extension (python/src/): bindings of every layer below
 
 A source file's layer is its top folder; a header under include/gdx/ gets its layer from HEADER_LAYERS below, so
@@ -19,7 +20,7 @@ import pathlib
 import re
 import sys
 
-LEVEL = {"base": 0, "device": 1, "rdma": 1, "proxy": 2, "runtime": 3, "ep": 4, "python": 5}
+LEVEL = {"base": 0, "device": 1, "rdma": 1, "proxy": 2, "runtime": 3, "ep": 4, "p2p": 4, "python": 5}
 
 HEADER_LAYERS = {
     # public
@@ -37,6 +38,8 @@ HEADER_LAYERS = {
     "detail/direct_device.hpp": "runtime", "detail/context_link.hpp": "runtime",
     # the MoE layer
     "ep/buffer.hpp": "ep", "ep/low_latency.hpp": "ep",
+    # point-to-point endpoints and the URL transport
+    "p2p/endpoint.hpp": "p2p", "p2p/url_transport.hpp": "p2p",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]')

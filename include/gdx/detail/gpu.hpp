@@ -2,6 +2,8 @@
 // most launchers set it from LOCAL_RANK). A build without CUDA, or a machine without a GPU, has none.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace gdx {
@@ -15,5 +17,10 @@ struct GpuInfo {
 
 /// Selects (cudaSetDevice) and describes the GPU; returns an empty GpuInfo where there is none.
 GpuInfo selectGpu();
+
+/// The CUDA allocation `p` lies in (cuMemGetAddressRange, reached through the runtime's driver entry point, so that
+/// libcuda is never linked): true with its base and size, false for anything else (host memory, no CUDA, no driver).
+/// CUDA IPC handles name allocations, so their users need the base and the offset of `p` in it.
+bool cudaAllocationRange(const void* p, uintptr_t* base, size_t* bytes);
 
 }  // namespace gdx

@@ -1,0 +1,133 @@
+// gdx::p2p::Endpoint: point-to-point transfers between any two processes that know each other's address, without a
+// job or a fixed world (KV-cache movers between prefill and decode, weight sync, NIXL-like engines). The names follow
+// the P2P engines' Python API (connect/accept, reg, send/recv, sendv/recvv, async + poll, advertise + read/write),
+// so that a Python layer can be thin.
+//
+//   Endpoint ep(/*localGpu=*/0, /*numCpus=*/2);        // listens on GDX_P2P_PORT + localGpu
+//   uint64_t conn = ep.connect("10.0.0.2", /*remoteGpu=*/1);   // peer: auto [ip, gpu, conn] = ep.accept();
+//   uint64_t mr = ep.reg(buf, bytes);                  // host or cudaMalloc memory
+//   ep.send(conn, mr, buf, bytes);                     // peer: ep.recv(conn, mr, buf, bytes) (exact size)
+//
+// Connections: every connection is its own transport between the two processes (GDX_TRANSPORT: tcp with
+// GDX_TCP_SOCKETS sockets and GDX_TCP_CHUNK pipelining, or verbs RC queue pairs), logged at INFO; the dialling
+// side sends and the accepting side receives in the seed API's terms, but every call works in both directions.
+// Memory: reg() records a region; each connection registers it with its transport on first use (verbs: dmabuf,
+// then peermem, else staged through host buffers; TCP: staged through pinned buffers). A transfer names
+// (mrId, ptr, size) and must lie inside the region.
+// Waits: every blocking call and wait() ends within GDX_TIMEOUT_MS; errors are gdx::Error naming the connection
+// (peer address, GPU, transport), the operation and what it waited for. A failed connection fails only its own
+// transfers; the endpoint and its other connections go on.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gdx::p2p {
+
+/// How an endpoint is set up; fromEnv() fills the defaults from GDX_* variables.
+struct EndpointOptions {
+  int localGpu = -1;         ///< the GPU this endpoint serves (-1: none; host memory only)
+  int numCpus = 1;           ///< progress threads; connections are spread over them
+  int port = -1;             ///< -1: GDX_P2P_PORT + max(localGpu, 0); 0: any free port (see port())
+  std::string bindAddress;   ///< "" : every interface (advertised: GDX_TCP_BIND_ADDR, else the default route's)
+  std::string transport;     ///< "" : GDX_TRANSPORT ("tcp" or "verbs")
+  uint64_t timeoutNs = 0;    ///< 0: GDX_TIMEOUT_MS
+  static EndpointOptions fromEnv(int localGpu = -1, int numCpus = 1);
+};
+
+/// What accept() returns.
+struct Accepted {
+  std::string ip;  ///< the client's address
+  int remoteGpu = -1;
+  uint64_t connId = 0;
+};
+
+/// One contiguous piece of registered memory, for the vectorised calls.
+struct Iov {
+  uint64_t mrId = 0;
+  void* ptr = nullptr;
+  size_t size = 0;
+};
+
+class Endpoint {
+ public:
+  explicit Endpoint(int localGpu = -1, int numCpus = 1);
+  explicit Endpoint(const EndpointOptions& options);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // ---- connections ----
+  /// Connects to the endpoint of `remoteGpu` at `ip` (port: -1 = GDX_P2P_PORT + remoteGpu). Throws gdx::Error
+  /// naming the address when nobody answers within GDX_TIMEOUT_MS, or the peer refuses.
+  uint64_t connect(const std::string& ip, int remoteGpu, int port = -1);
+  /// Waits (bounded) for the next connecting client.
+  Accepted accept();
+  /// Accepts every client in a background thread from now on; accept() then hands them out in arrival order.
+  void startPassiveAccept();
+  /// This endpoint's address (ip, port, GPU) as bytes for addRemoteEndpoint().
+  std::string metadata() const;
+  /// Connects to the endpoint `metadata` describes, once: later calls with the same endpoint return the same id.
+  uint64_t addRemoteEndpoint(const std::string& metadata);
+  int port() const;
+  std::string ip() const;
+  int localGpu() const;
+  /// The transport connections use ("tcp" or "verbs").
+  std::string transport() const;
+
+  // ---- memory ----
+  /// Registers [ptr, ptr + bytes) (host memory, or cudaMalloc memory in a CUDA build); returns its id.
+  uint64_t reg(const void* ptr, size_t bytes);
+  /// Forgets a region; later transfers naming it fail with kInvalidArgument. No transfer may still use it.
+  void dereg(uint64_t mrId);
+
+  // ---- two-sided: each send matches the peer's receive of the same position, of exactly the same size ----
+  void send(uint64_t connId, uint64_t mrId, const void* ptr, size_t size);
+  void recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size);
+  void sendv(uint64_t connId, const std::vector<Iov>& iovs);
+  void recvv(uint64_t connId, const std::vector<Iov>& iovs);
+  uint64_t sendAsync(uint64_t connId, uint64_t mrId, const void* ptr, size_t size);
+  uint64_t recvAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t size);
+  uint64_t sendvAsync(uint64_t connId, const std::vector<Iov>& iovs);
+  uint64_t recvvAsync(uint64_t connId, const std::vector<Iov>& iovs);
+  /// true once the transfer is done (its id is then forgotten); throws gdx::Error when it failed.
+  bool poll(uint64_t transferId);
+  /// Waits (bounded by GDX_TIMEOUT_MS from the start of the transfer) until it is done; throws when it failed.
+  void wait(uint64_t transferId);
+
+  // ---- one-sided ----
+  /// Lets the peer of `connId` read and write [ptr, ptr + size) of region `mrId`: returns the descriptor to hand
+  /// it (out of band). The peer's transport refuses anything outside that range.
+  std::string advertise(uint64_t connId, uint64_t mrId, const void* ptr, size_t size);
+  /// Writes `size` bytes of local [ptr, ...) to the advertised range of `descriptor` at `remoteOffset`; returns
+  /// once the data is in place at the peer.
+  void write(uint64_t connId, uint64_t mrId, const void* ptr, size_t size, const std::string& descriptor,
+             uint64_t remoteOffset = 0);
+  /// Reads `size` bytes at `remoteOffset` of the advertised range into local [ptr, ...).
+  void read(uint64_t connId, uint64_t mrId, void* ptr, size_t size, const std::string& descriptor,
+            uint64_t remoteOffset = 0);
+  void writev(uint64_t connId, const std::vector<Iov>& iovs, const std::vector<std::string>& descriptors);
+  void readv(uint64_t connId, const std::vector<Iov>& iovs, const std::vector<std::string>& descriptors);
+  uint64_t writeAsync(uint64_t connId, uint64_t mrId, const void* ptr, size_t size, const std::string& descriptor,
+                      uint64_t remoteOffset = 0);
+  uint64_t readAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t size, const std::string& descriptor,
+                     uint64_t remoteOffset = 0);
+
+  // ---- same host, GPU to GPU over NVLink without a NIC (CUDA builds; kInvalidArgument elsewhere) ----
+  /// A descriptor of [ptr, ptr + size) of GPU region `mrId` that a process on this host opens with CUDA IPC.
+  std::string advertiseIpc(uint64_t mrId, const void* ptr, size_t size);
+  /// Copies local GPU (or pinned host) [ptr, ...) into the IPC-advertised range at `remoteOffset`, peer to peer;
+  /// returns once the copy finished.
+  void writeIpc(const void* ptr, size_t size, const std::string& descriptor, uint64_t remoteOffset = 0);
+  void readIpc(void* ptr, size_t size, const std::string& descriptor, uint64_t remoteOffset = 0);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gdx::p2p

@@ -1,0 +1,184 @@
+// One connection between two endpoints: a PairLink's transport plus the protocol that turns its one-sided writes,
+// immediates and control messages (protocol.hpp) into sends, receives, writes and reads.
+//
+// Two-sided: the receiver numbers its receives in the order they were posted and tells the sender where each may
+// land (kClearToSend, after the window's key); the sender numbers its sends the same way and writes the n-th send
+// into the n-th receive with a write-with-immediate carrying n, which completes the receive once its data is in
+// place. Sizes must match exactly; a mismatch fails both sides by name and writes nothing (kSendRefused).
+// One-sided: advertise() registers exactly the advertised range as a window of its own, so the peer's transport
+// refuses anything outside it; a writer learns the window's key on first use (kKeyRequest) and completes a write
+// once a fence posted after it is acknowledged, i.e. once its data is in place at the peer. A read asks the owner
+// to write the range back (kReadRequest); the owner's progress thread does it and answers kReadDone after the data.
+//
+// Threads: callers queue operations; one progress thread (the endpoint's, chosen per connection) runs them, owns the
+// transport lane, handles what arrives and fails transfers whose deadline passed. Handlers of the transport only
+// queue what they get and wake that thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gdx/types.hpp"
+#include "p2p/pair_link.hpp"
+#include "p2p/protocol.hpp"
+#include "p2p/transfer.hpp"
+
+namespace gdx::p2p {
+
+/// Memory as a connection registers it with its transport: window `window` = [base, base + bytes).
+struct MemoryRegion {
+  uint32_t window = 0;
+  char* base = nullptr;
+  uint64_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+};
+
+/// `size` bytes at `offset` of a local region.
+struct Piece {
+  MemoryRegion region;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+/// `size` bytes at `offset` of a window the peer advertised (or, for the URL transport, registered).
+struct RemotePiece {
+  uint32_t window = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+/// Windows a peer may ask for besides the advertised ones (the URL transport's registered memory): true and *out
+/// when `window` is one.
+using WindowResolver = std::function<bool(uint32_t window, MemoryRegion* out)>;
+
+/// Immediates with this bit are notified writes (waitForWrite); the others carry a send's number.
+constexpr uint32_t kNotifyImm = 0x80000000u;
+/// Windows of advertised ranges; windows below are endpoint memory regions (window = mrId).
+constexpr uint32_t kAdvertisedWindowBase = 0x80000000u;
+
+class Connection {
+ public:
+  /// `wake` is called (from any thread) when the progress thread has something to do.
+  Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::function<void()> wake);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  /// Connects the transport (collective with the peer, bounded by the timeout). Call once, before anything else.
+  void start();
+
+  uint64_t id() const { return id_; }
+  /// "connection 3 (peer 10.0.0.2:41234, GPU 1, tcp)", the start of this connection's errors.
+  const std::string& name() const { return name_; }
+  uint64_t token() const { return link_.token; }
+  const std::string& peerIp() const { return link_.peerIp; }
+  int peerGpu() const { return link_.peerGpu; }
+  std::string transportName() const { return link_.transport->name(); }
+  uint64_t timeoutNs() const { return timeoutNs_; }
+
+  /// Queue operations; the transfer counts one part per piece (write: one more for the fence).
+  void send(std::shared_ptr<Transfer> t, std::vector<Piece> pieces);
+  void recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces);
+  void write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std::vector<RemotePiece> dst, bool notify);
+  void read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::vector<RemotePiece> src);
+
+  /// Makes `size` bytes at `offset` of `region` available to the peer as a window of its own; returns its id.
+  /// Advertising the same range again returns the same window.
+  uint32_t advertise(const MemoryRegion& region, uint64_t offset, uint64_t size);
+  /// The region is going away: deregisters it (and the windows advertised in it) from the transport; later use of
+  /// it on this connection fails by name. Waits for nothing: the caller makes sure no transfer still uses it.
+  void forget(uint32_t window);
+  void setResolver(WindowResolver r);
+  /// Called from the progress thread for every notified write that arrived.
+  void setNotifyHandler(std::function<void()> h);
+
+  /// One round of work; true while something is in flight (the thread should come back soon).
+  bool progress();
+  /// "" while healthy, else why the connection failed.
+  std::string failure() const;
+
+ private:
+  struct Event {
+    enum Kind { kMessage, kImm, kFailure } kind = kMessage;
+    RemoteMessage msg;
+    uint32_t imm = 0;
+    std::string why;
+  };
+  struct PendingSend {
+    uint64_t seq;
+    std::shared_ptr<Transfer> t;
+    Piece piece;
+  };
+  struct PendingRecv {
+    std::shared_ptr<Transfer> t;
+    uint64_t bytes;
+    uint64_t seq;
+  };
+  struct Advertised {
+    MemoryRegion region;  ///< the advertised range, as a window of its own
+    uint32_t parent = 0;  ///< the endpoint region it lies in
+  };
+
+  void queue(std::function<void()> op);
+  void push(Event e);
+  void handle(const Event& e);
+  void handleMessage(const ControlMsg& m);
+  void onKeyPart(const ControlMsg& m);
+  void onReadRequest(const ControlMsg& m);
+  void trySends();
+  void sweep();
+  void failAll(ErrorCode code, const std::string& why);
+  /// Registers `r` with the transport once; returns its key. Throws for a forgotten region.
+  std::string ensureLocal(const MemoryRegion& r);
+  bool resolveLocal(uint32_t window, MemoryRegion* out);
+  void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
+  void postControl(const ControlMsg& m);
+  uint64_t track(std::shared_ptr<Transfer> t);
+  /// Runs `op` once the peer's key of `window` is known (asking for it once), or fails `t` if it is refused.
+  void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op);
+
+  const uint64_t id_;
+  PairLink link_;
+  const uint64_t timeoutNs_;
+  std::function<void()> wake_;
+  std::string name_;
+  TransportLane* lane_ = nullptr;
+
+  std::mutex opsMutex_;
+  std::deque<std::function<void()>> ops_;
+  std::deque<Event> inbox_;
+
+  mutable std::mutex winMutex_;  // guards the tables below it, touched by callers and the progress thread
+  std::unordered_map<uint32_t, std::string> localKeys_;  ///< windows registered with the transport
+  std::set<uint32_t> forgotten_;
+  std::map<uint32_t, Advertised> advertised_;
+  std::map<std::tuple<uint32_t, uint64_t, uint64_t>, uint32_t> advertisedRanges_;
+  uint32_t nextAdvertised_ = kAdvertisedWindowBase;
+  WindowResolver resolver_;
+  std::string failure_;
+
+  // Progress thread only.
+  std::function<void()> notify_;
+  uint64_t nextSendSeq_ = 0, nextRecvSeq_ = 0, nextId_ = 1;
+  std::deque<PendingSend> sends_;
+  std::map<uint64_t, ControlMsg> cts_;                     ///< clear-to-send by send number
+  std::unordered_map<uint32_t, PendingRecv> recvs_;        ///< by the low 31 bits of the receive's number
+  std::unordered_map<uint64_t, std::shared_ptr<Transfer>> cookies_;  ///< posted writes by cookie
+  std::unordered_map<uint64_t, std::shared_ptr<Transfer>> fences_, reads_;
+  std::unordered_map<uint32_t, uint64_t> remoteKnown_;  ///< peer windows added to the transport, with their size
+  std::set<uint32_t> keysSent_;
+  std::map<uint32_t, std::string> keyAssembly_;
+  std::map<uint32_t, std::vector<std::pair<std::shared_ptr<Transfer>, std::function<void()>>>> keyWaiters_;
+  std::vector<std::shared_ptr<Transfer>> live_;
+  uint64_t nextSweepNs_ = 0;
+};
+
+}  // namespace gdx::p2p

@@ -1,0 +1,263 @@
+// Endpoint: listening, connecting, accepting (blocking and passive), metadata and the addRemoteEndpoint cache.
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "gdx/config.hpp"
+#include "gdx/detail/clock.hpp"
+#include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
+#include "p2p/bytes.hpp"
+#include "p2p/endpoint_impl.hpp"
+#include "p2p/protocol.hpp"
+
+namespace gdx::p2p {
+namespace {
+
+constexpr uint32_t kMetadataMagic = 0x4d584447;  // "GDXM"
+constexpr uint16_t kMetadataVersion = 1;
+
+/// The address peers should dial: the bind address when it names one, else GDX_TCP_BIND_ADDR, else the interface
+/// of the default route, else loopback.
+std::string advertisedIp(const std::string& bind) {
+  if (!bind.empty() && bind != "0.0.0.0") return bind;
+  std::string ip = envString("GDX_TCP_BIND_ADDR", "");
+  if (ip.empty()) ip = net::localAddressToward("8.8.8.8");
+  return ip.empty() ? "127.0.0.1" : ip;
+}
+
+/// The address part of net::peerName()'s "ip:port".
+std::string hostOf(const std::string& hostPort) {
+  size_t colon = hostPort.rfind(':');
+  std::string h = colon == std::string::npos ? hostPort : hostPort.substr(0, colon);
+  if (h.size() > 1 && h.front() == '[') h = h.substr(1, h.size() - 2);
+  return h;
+}
+
+}  // namespace
+
+EndpointOptions EndpointOptions::fromEnv(int localGpu, int numCpus) {
+  EndpointOptions o;
+  o.localGpu = localGpu;
+  o.numCpus = numCpus;
+  o.transport = linkTransportFromEnv();
+  o.timeoutNs = defaultTimeoutNs();
+  return o;
+}
+
+Endpoint::Impl::Impl(const EndpointOptions& o) : options(o) {
+  if (options.numCpus < 1 || options.numCpus > 64)
+    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: numCpus must be 1..64, not " + std::to_string(options.numCpus));
+  if (options.localGpu < -1)
+    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: localGpu must be -1 (none) or a GPU index, not " +
+                                                 std::to_string(options.localGpu));
+  if (options.transport.empty()) options.transport = linkTransportFromEnv();
+  if (options.timeoutNs == 0) options.timeoutNs = defaultTimeoutNs();
+  int want = options.port;
+  if (want < 0) want = static_cast<int>(envInt("GDX_P2P_PORT", 19500)) + std::max(options.localGpu, 0);
+  if (want > 65535)
+    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: port " + std::to_string(want) + " (GDX_P2P_PORT + GPU) is past 65535");
+  int err = 0;
+  listener = net::listenAt(net::ipv4(options.bindAddress == "0.0.0.0" ? "" : options.bindAddress, want),
+                           net::Tuning::kControl, &err);
+  if (!listener.valid())
+    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: cannot listen on " +
+                                                 net::hostPort(options.bindAddress.empty() ? "*" : options.bindAddress, want) +
+                                                 ": " + std::strerror(err) +
+                                                 (err == EADDRINUSE ? " (another endpoint? set GDX_P2P_PORT or pass port 0)" : ""));
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  GDX_SYS_CHECK(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  port = ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+  ip = advertisedIp(options.bindAddress);
+  pool = std::make_unique<ProgressPool>(options.numCpus);
+  ipc = std::make_unique<IpcPeers>(options.localGpu, options.timeoutNs);
+  GDX_INFO(who() << ": listening, transport " << options.transport << ", " << options.numCpus << " progress thread(s)");
+}
+
+Endpoint::Impl::~Impl() {
+  stopping = true;
+  if (passive.joinable()) passive.join();
+  pool.reset();  // no progress thread touches a connection after this
+  std::lock_guard<std::mutex> lock(mutex);
+  conns.clear();
+}
+
+std::string Endpoint::Impl::who() const {
+  return "endpoint " + net::hostPort(ip, port) + " (GPU " + std::to_string(options.localGpu) + ")";
+}
+
+uint64_t Endpoint::Impl::deadlineNs() const { return nowNs() + options.timeoutNs; }
+
+uint64_t Endpoint::Impl::adopt(PairLink link) {
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    id = nextConn++;
+  }
+  const int thread = pool->threadFor(id);
+  auto c = std::make_shared<Connection>(id, std::move(link), options.timeoutNs, pool->waker(thread));
+  c->start();
+  GDX_INFO(who() << ": " << c->name() << " up");
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    conns[id] = c;
+  }
+  pool->add(thread, c);
+  return id;
+}
+
+bool Endpoint::Impl::acceptOne(net::Deadline deadline, Accepted* out) {
+  for (;;) {
+    pollfd p{listener.get(), POLLIN, 0};
+    int ms = net::msUntil(deadline, 100);
+    if (ms == 0 || stopping) return false;
+    int rc = ::poll(&p, 1, ms);
+    if (rc < 0 && errno != EINTR) throw SystemError("poll (p2p listener)", errno, __FILE__, __LINE__);
+    if (rc <= 0) continue;
+    net::UniqueFd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd.valid()) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      throw SystemError("accept4 (p2p listener)", errno, __FILE__, __LINE__);
+    }
+    net::tuneSocket(fd.get(), net::Tuning::kControl);
+    const std::string from = net::peerName(fd.get());
+    PairLink link = answerLink(std::move(fd), options.localGpu, options.transport, options.timeoutNs,
+                               std::min(deadline, net::deadlineIn(options.timeoutNs)), who() + ": accepting " + from);
+    out->ip = hostOf(link.peerIp);
+    out->remoteGpu = link.peerGpu;
+    out->connId = adopt(std::move(link));
+    return true;
+  }
+}
+
+void Endpoint::Impl::passiveLoop() {
+  while (!stopping) {
+    Accepted a;
+    try {
+      if (!acceptOne(net::deadlineIn(200 * 1000 * 1000), &a)) continue;
+    } catch (const Error& e) {
+      GDX_WARN(who() << ": passive accept: " << e.what());
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(acceptMutex);
+      accepted.push_back(a);
+    }
+    acceptedCv.notify_all();
+  }
+}
+
+std::shared_ptr<Connection> Endpoint::Impl::connection(uint64_t connId, const char* op) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = conns.find(connId);
+  if (it == conns.end())
+    throw Error(ErrorCode::kInvalidArgument, who() + ": " + op + ": connection " + std::to_string(connId) +
+                                                 " does not exist on this endpoint (" + std::to_string(conns.size()) +
+                                                 " connection(s), ids from connect/accept)");
+  return it->second;
+}
+
+// ---- Endpoint: connections ------------------------------------------------------------------------------------
+
+Endpoint::Endpoint(int localGpu, int numCpus) : Endpoint(EndpointOptions::fromEnv(localGpu, numCpus)) {}
+Endpoint::Endpoint(const EndpointOptions& options) : impl_(std::make_unique<Impl>(options)) {}
+Endpoint::~Endpoint() = default;
+
+int Endpoint::port() const { return impl_->port; }
+std::string Endpoint::ip() const { return impl_->ip; }
+int Endpoint::localGpu() const { return impl_->options.localGpu; }
+std::string Endpoint::transport() const { return impl_->options.transport; }
+
+uint64_t Endpoint::connect(const std::string& ip, int remoteGpu, int port) {
+  if (port < 0) port = static_cast<int>(envInt("GDX_P2P_PORT", 19500)) + std::max(remoteGpu, 0);
+  const std::string target = net::hostPort(ip, port) + " (GPU " + std::to_string(remoteGpu) + ")";
+  const std::string who = impl_->who() + ": connecting to " + target;
+  if (port < 1 || port > 65535) throw Error(ErrorCode::kInvalidArgument, who + ": port out of range");
+  net::Deadline deadline = net::deadlineIn(impl_->options.timeoutNs);
+  std::string why;
+  net::UniqueFd fd = net::connectTo(net::HostPort{ip, port}, deadline, &why);
+  if (!fd.valid())
+    throw Error(ErrorCode::kTimeout, who + ": nobody accepted within GDX_TIMEOUT_MS (" +
+                                         std::to_string(impl_->options.timeoutNs / 1000000) + " ms): " + why);
+  net::tuneSocket(fd.get(), net::Tuning::kControl);
+  PairLink link = dialLink(std::move(fd), impl_->options.localGpu, impl_->options.transport,
+                           impl_->options.timeoutNs, deadline, who);
+  if (remoteGpu >= 0 && link.peerGpu != remoteGpu)
+    GDX_WARN(who << ": the endpoint there serves GPU " << link.peerGpu);
+  return impl_->adopt(std::move(link));
+}
+
+Accepted Endpoint::accept() {
+  Impl& d = *impl_;
+  const uint64_t deadline = d.deadlineNs();
+  std::unique_lock<std::mutex> lock(d.acceptMutex);
+  if (d.passive.joinable()) {
+    while (d.accepted.empty()) {
+      uint64_t now = nowNs();
+      if (now >= deadline) break;
+      d.acceptedCv.wait_for(lock, std::chrono::nanoseconds(deadline - now));
+    }
+    if (!d.accepted.empty()) {
+      Accepted a = d.accepted.front();
+      d.accepted.pop_front();
+      return a;
+    }
+  } else {
+    Accepted a;
+    if (d.acceptOne(deadline, &a)) return a;
+  }
+  throw Error(ErrorCode::kTimeout, d.who() + ": accept: no client connected within GDX_TIMEOUT_MS (" +
+                                       std::to_string(d.options.timeoutNs / 1000000) + " ms)");
+}
+
+void Endpoint::startPassiveAccept() {
+  std::lock_guard<std::mutex> lock(impl_->acceptMutex);
+  if (impl_->passive.joinable()) return;
+  impl_->passive = std::thread([this] { impl_->passiveLoop(); });
+}
+
+std::string Endpoint::metadata() const {
+  ByteWriter w;
+  w.put(kMetadataMagic).put(kMetadataVersion).putString(impl_->ip).put<int32_t>(impl_->port);
+  w.put<int32_t>(impl_->options.localGpu);
+  w.put(checksum(w.bytes().data(), w.bytes().size()));
+  return w.bytes();
+}
+
+uint64_t Endpoint::addRemoteEndpoint(const std::string& metadata) {
+  ByteReader r(metadata);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  std::string ip;
+  int32_t port = 0, gpu = -1;
+  uint64_t sum = 0;
+  const std::string who = impl_->who() + ": addRemoteEndpoint";
+  if (!(r.get(&magic) && r.get(&version)) || magic != kMetadataMagic)
+    throw Error(ErrorCode::kInvalidArgument, who + ": not endpoint metadata (" + std::to_string(metadata.size()) + " bytes)");
+  if (version != kMetadataVersion)
+    throw Error(ErrorCode::kInvalidArgument, who + ": metadata version " + std::to_string(version) + ", expected " +
+                                                 std::to_string(kMetadataVersion));
+  const size_t body = metadata.size() >= 8 ? metadata.size() - 8 : 0;
+  if (!(r.getString(&ip, 255) && r.get(&port) && r.get(&gpu) && r.get(&sum)) || r.left() != 0)
+    throw Error(ErrorCode::kInvalidArgument, who + ": truncated or overlong metadata (" + std::to_string(metadata.size()) + " bytes)");
+  if (sum != checksum(metadata.data(), body))
+    throw Error(ErrorCode::kInvalidArgument, who + ": damaged metadata (checksum does not match)");
+  const std::string key = net::hostPort(ip, port) + "/" + std::to_string(gpu);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    auto it = impl_->byAddress.find(key);
+    if (it != impl_->byAddress.end() && impl_->conns.count(it->second) &&
+        impl_->conns[it->second]->failure().empty())
+      return it->second;
+  }
+  uint64_t id = connect(ip, gpu, port);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->byAddress[key] = id;
+  return id;
+}
+
+}  // namespace gdx::p2p

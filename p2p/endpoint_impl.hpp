@@ -1,0 +1,63 @@
+// The state behind gdx::p2p::Endpoint, shared by endpoint.cpp (connections, accept, metadata), endpoint_transfers.cpp
+// (memory and transfers) and ipc.cpp (the CUDA IPC forms).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "gdx/p2p/endpoint.hpp"
+#include "p2p/connection.hpp"
+#include "p2p/ipc.hpp"
+#include "p2p/progress_pool.hpp"
+#include "rdma/socket.hpp"
+
+namespace gdx::p2p {
+
+struct Endpoint::Impl {
+  explicit Impl(const EndpointOptions& o);
+  ~Impl();
+
+  /// "endpoint 10.0.0.1:19500 (GPU 0)", the start of this endpoint's errors.
+  std::string who() const;
+  uint64_t deadlineNs() const;
+  std::shared_ptr<Connection> connection(uint64_t connId, const char* op);
+  /// The region `mrId` after checking that [ptr, ptr + size) lies in it; throws kInvalidArgument naming both.
+  MemoryRegion region(uint64_t mrId, const void* ptr, size_t size, const char* op);
+  Piece piece(uint64_t mrId, const void* ptr, size_t size, const char* op);
+  /// Accepts one client (bounded by `deadline`); nullopt-like false when none came in time.
+  bool acceptOne(net::Deadline deadline, Accepted* out);
+  uint64_t adopt(PairLink link);
+  uint64_t remember(std::shared_ptr<Transfer> t);
+  std::shared_ptr<Transfer> newTransfer(const std::string& what, int parts);
+  /// Waits for a transfer started by a blocking call.
+  void finish(const std::shared_ptr<Transfer>& t);
+  void passiveLoop();
+
+  EndpointOptions options;
+  net::UniqueFd listener;
+  int port = 0;
+  std::string ip;
+  std::unique_ptr<ProgressPool> pool;
+  std::unique_ptr<IpcPeers> ipc;
+
+  std::mutex mutex;
+  std::map<uint64_t, std::shared_ptr<Connection>> conns;
+  std::map<std::string, uint64_t> byAddress;  ///< addRemoteEndpoint's cache: "ip:port:gpu" -> connId
+  std::map<uint64_t, MemoryRegion> regions;
+  std::map<uint64_t, std::shared_ptr<Transfer>> transfers;
+  uint64_t nextConn = 1, nextMr = 1, nextTransfer = 1;
+
+  std::mutex acceptMutex;  ///< one accept at a time
+  std::condition_variable acceptedCv;
+  std::deque<Accepted> accepted;  ///< filled by the passive thread
+  std::thread passive;
+  std::atomic<bool> stopping{false};
+};
+
+}  // namespace gdx::p2p

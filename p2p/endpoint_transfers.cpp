@@ -1,0 +1,300 @@
+// Endpoint: memory regions and transfers (two-sided, one-sided, vectorised, asynchronous), each checked against its
+// region and connection before anything is queued.
+#include <sstream>
+
+#include "gdx/detail/clock.hpp"
+#include "gdx/error.hpp"
+#include "p2p/endpoint_impl.hpp"
+#include "p2p/memory_kind.hpp"
+#include "p2p/protocol.hpp"
+
+namespace gdx::p2p {
+namespace {
+
+/// The time a blocking call waits beyond its transfer's deadline, for the progress thread to report the timeout
+/// itself (with what it waited for) instead of the caller's plainer one.
+constexpr uint64_t kReportGraceNs = 1000ull * 1000 * 1000;
+
+std::string hexPtr(const void* p) {
+  std::ostringstream os;
+  os << p;
+  return os.str();
+}
+
+}  // namespace
+
+MemoryRegion Endpoint::Impl::region(uint64_t mrId, const void* ptr, size_t size, const char* op) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = regions.find(mrId);
+  if (it == regions.end())
+    throw Error(ErrorCode::kInvalidArgument, who() + ": " + op + ": memory region " + std::to_string(mrId) +
+                                                 " is not registered (never registered, or deregistered)");
+  const MemoryRegion& r = it->second;
+  const char* p = static_cast<const char*>(ptr);
+  if (size == 0)
+    throw Error(ErrorCode::kInvalidArgument, who() + ": " + op + ": zero bytes (memory region " + std::to_string(mrId) + ")");
+  if (p < r.base || p > r.base + r.bytes || size > static_cast<uint64_t>(r.base + r.bytes - p))
+    throw Error(ErrorCode::kInvalidArgument, who() + ": " + op + ": [" + hexPtr(p) + ", +" + std::to_string(size) +
+                                                 ") lies outside memory region " + std::to_string(mrId) + " [" +
+                                                 hexPtr(r.base) + ", +" + std::to_string(r.bytes) + ")");
+  return r;
+}
+
+Piece Endpoint::Impl::piece(uint64_t mrId, const void* ptr, size_t size, const char* op) {
+  Piece p;
+  p.region = region(mrId, ptr, size, op);
+  p.offset = static_cast<uint64_t>(static_cast<const char*>(ptr) - p.region.base);
+  p.size = size;
+  return p;
+}
+
+std::shared_ptr<Transfer> Endpoint::Impl::newTransfer(const std::string& what, int parts) {
+  return std::make_shared<Transfer>(what, parts, deadlineNs());
+}
+
+uint64_t Endpoint::Impl::remember(std::shared_ptr<Transfer> t) {
+  std::lock_guard<std::mutex> lock(mutex);
+  uint64_t id = nextTransfer++;
+  transfers[id] = std::move(t);
+  return id;
+}
+
+void Endpoint::Impl::finish(const std::shared_ptr<Transfer>& t) { t->wait(t->deadlineNs() + kReportGraceNs); }
+
+// ---- memory ---------------------------------------------------------------------------------------------------
+
+uint64_t Endpoint::reg(const void* ptr, size_t bytes) {
+  if (ptr == nullptr || bytes == 0)
+    throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": reg: " + (ptr ? "zero bytes" : "null pointer"));
+  MemoryRegion r;
+  r.base = static_cast<char*>(const_cast<void*>(ptr));
+  r.bytes = bytes;
+  r.kind = pointerKind(ptr);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->nextMr >= kAdvertisedWindowBase)
+    throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": reg: out of memory region ids");
+  uint64_t id = impl_->nextMr++;
+  r.window = static_cast<uint32_t>(id);
+  impl_->regions[id] = r;
+  return id;
+}
+
+void Endpoint::dereg(uint64_t mrId) {
+  std::vector<std::shared_ptr<Connection>> conns;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (!impl_->regions.erase(mrId))
+      throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": dereg: memory region " + std::to_string(mrId) +
+                                                   " is not registered (never registered, or deregistered already)");
+    for (auto& c : impl_->conns) conns.push_back(c.second);
+  }
+  for (auto& c : conns) c->forget(static_cast<uint32_t>(mrId));
+}
+
+// ---- two-sided ------------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string describe(const char* op, size_t pieces, uint64_t bytes, const Connection& c) {
+  return std::string(op) + " of " + (pieces == 1 ? "" : std::to_string(pieces) + " buffers, ") + std::to_string(bytes) +
+         " bytes on " + c.name();
+}
+
+}  // namespace
+
+uint64_t Endpoint::sendvAsync(uint64_t connId, const std::vector<Iov>& iovs) {
+  auto c = impl_->connection(connId, "send");
+  if (iovs.empty()) throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": send: no buffers");
+  std::vector<Piece> pieces;
+  uint64_t total = 0;
+  for (const Iov& v : iovs) {
+    pieces.push_back(impl_->piece(v.mrId, v.ptr, v.size, "send"));
+    total += v.size;
+  }
+  auto t = impl_->newTransfer(describe("send", pieces.size(), total, *c), static_cast<int>(pieces.size()));
+  c->send(t, std::move(pieces));
+  return impl_->remember(t);
+}
+
+uint64_t Endpoint::recvvAsync(uint64_t connId, const std::vector<Iov>& iovs) {
+  auto c = impl_->connection(connId, "recv");
+  if (iovs.empty()) throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": recv: no buffers");
+  std::vector<Piece> pieces;
+  uint64_t total = 0;
+  for (const Iov& v : iovs) {
+    pieces.push_back(impl_->piece(v.mrId, v.ptr, v.size, "recv"));
+    total += v.size;
+  }
+  auto t = impl_->newTransfer(describe("receive", pieces.size(), total, *c), static_cast<int>(pieces.size()));
+  c->recv(t, std::move(pieces));
+  return impl_->remember(t);
+}
+
+uint64_t Endpoint::sendAsync(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
+  return sendvAsync(connId, {Iov{mrId, const_cast<void*>(ptr), size}});
+}
+uint64_t Endpoint::recvAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
+  return recvvAsync(connId, {Iov{mrId, ptr, size}});
+}
+void Endpoint::send(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
+  wait(sendAsync(connId, mrId, ptr, size));
+}
+void Endpoint::recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size) { wait(recvAsync(connId, mrId, ptr, size)); }
+void Endpoint::sendv(uint64_t connId, const std::vector<Iov>& iovs) { wait(sendvAsync(connId, iovs)); }
+void Endpoint::recvv(uint64_t connId, const std::vector<Iov>& iovs) { wait(recvvAsync(connId, iovs)); }
+
+bool Endpoint::poll(uint64_t transferId) {
+  std::shared_ptr<Transfer> t;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    auto it = impl_->transfers.find(transferId);
+    if (it == impl_->transfers.end())
+      throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": transfer " + std::to_string(transferId) +
+                                                   " is unknown (never started, or already reported done or failed)");
+    t = it->second;
+    if (t->finished()) impl_->transfers.erase(it);
+  }
+  return t->poll();
+}
+
+void Endpoint::wait(uint64_t transferId) {
+  std::shared_ptr<Transfer> t;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    auto it = impl_->transfers.find(transferId);
+    if (it == impl_->transfers.end())
+      throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": transfer " + std::to_string(transferId) +
+                                                   " is unknown (never started, or already reported done or failed)");
+    t = it->second;
+  }
+  struct Forget {
+    Impl& d;
+    uint64_t id;
+    ~Forget() {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      d.transfers.erase(id);
+    }
+  } forget{*impl_, transferId};
+  impl_->finish(t);
+}
+
+// ---- one-sided ------------------------------------------------------------------------------------------------
+
+std::string Endpoint::advertise(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
+  auto c = impl_->connection(connId, "advertise");
+  Piece p = impl_->piece(mrId, ptr, size, "advertise");
+  Descriptor d;
+  d.token = c->token();
+  d.window = c->advertise(p.region, p.offset, p.size);
+  d.bytes = p.size;
+  return encodeDescriptor(d);
+}
+
+namespace {
+
+/// The remote piece `descriptor` names at `offset`, after checking it belongs to `c` and the range fits.
+RemotePiece remotePiece(const std::string& who, const Connection& c, const std::string& descriptor, uint64_t offset,
+                        uint64_t size, const char* op) {
+  Descriptor d;
+  std::string bad = decodeDescriptor(descriptor, &d);
+  if (!bad.empty()) throw Error(ErrorCode::kInvalidArgument, who + ": " + op + " on " + c.name() + ": " + bad);
+  if (d.token != c.token())
+    throw Error(ErrorCode::kInvalidArgument, who + ": " + op + " on " + c.name() +
+                                                 ": the descriptor was advertised on another connection");
+  if (offset > d.bytes || size > d.bytes - offset)
+    throw Error(ErrorCode::kInvalidArgument, who + ": " + op + " of " + std::to_string(size) + " bytes at offset " +
+                                                 std::to_string(offset) + " on " + c.name() +
+                                                 ": outside the advertised region of " + std::to_string(d.bytes) +
+                                                 " bytes (nothing was sent)");
+  return RemotePiece{d.window, offset, size};
+}
+
+}  // namespace
+
+uint64_t Endpoint::writeAsync(uint64_t connId, uint64_t mrId, const void* ptr, size_t size,
+                              const std::string& descriptor, uint64_t remoteOffset) {
+  auto c = impl_->connection(connId, "write");
+  Piece p = impl_->piece(mrId, ptr, size, "write");
+  RemotePiece r = remotePiece(impl_->who(), *c, descriptor, remoteOffset, size, "write");
+  auto t = impl_->newTransfer(describe("write", 1, size, *c), 2);
+  c->write(t, {p}, {r}, false);
+  return impl_->remember(t);
+}
+
+uint64_t Endpoint::readAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t size, const std::string& descriptor,
+                             uint64_t remoteOffset) {
+  auto c = impl_->connection(connId, "read");
+  Piece p = impl_->piece(mrId, ptr, size, "read");
+  RemotePiece r = remotePiece(impl_->who(), *c, descriptor, remoteOffset, size, "read");
+  auto t = impl_->newTransfer(describe("read", 1, size, *c), 1);
+  c->read(t, {p}, {r});
+  return impl_->remember(t);
+}
+
+void Endpoint::write(uint64_t connId, uint64_t mrId, const void* ptr, size_t size, const std::string& descriptor,
+                     uint64_t remoteOffset) {
+  wait(writeAsync(connId, mrId, ptr, size, descriptor, remoteOffset));
+}
+
+void Endpoint::read(uint64_t connId, uint64_t mrId, void* ptr, size_t size, const std::string& descriptor,
+                    uint64_t remoteOffset) {
+  wait(readAsync(connId, mrId, ptr, size, descriptor, remoteOffset));
+}
+
+void Endpoint::writev(uint64_t connId, const std::vector<Iov>& iovs, const std::vector<std::string>& descriptors) {
+  auto c = impl_->connection(connId, "writev");
+  if (iovs.empty() || iovs.size() != descriptors.size())
+    throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": writev: " + std::to_string(iovs.size()) +
+                                                 " buffers and " + std::to_string(descriptors.size()) +
+                                                 " descriptors (one each, at least one)");
+  std::vector<Piece> src;
+  std::vector<RemotePiece> dst;
+  uint64_t total = 0;
+  for (size_t i = 0; i < iovs.size(); ++i) {
+    src.push_back(impl_->piece(iovs[i].mrId, iovs[i].ptr, iovs[i].size, "writev"));
+    dst.push_back(remotePiece(impl_->who(), *c, descriptors[i], 0, iovs[i].size, "writev"));
+    total += iovs[i].size;
+  }
+  auto t = impl_->newTransfer(describe("write", src.size(), total, *c), static_cast<int>(src.size()) + 1);
+  c->write(t, std::move(src), std::move(dst), false);
+  impl_->finish(t);
+}
+
+void Endpoint::readv(uint64_t connId, const std::vector<Iov>& iovs, const std::vector<std::string>& descriptors) {
+  auto c = impl_->connection(connId, "readv");
+  if (iovs.empty() || iovs.size() != descriptors.size())
+    throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": readv: " + std::to_string(iovs.size()) +
+                                                 " buffers and " + std::to_string(descriptors.size()) +
+                                                 " descriptors (one each, at least one)");
+  std::vector<Piece> dst;
+  std::vector<RemotePiece> src;
+  uint64_t total = 0;
+  for (size_t i = 0; i < iovs.size(); ++i) {
+    dst.push_back(impl_->piece(iovs[i].mrId, iovs[i].ptr, iovs[i].size, "readv"));
+    src.push_back(remotePiece(impl_->who(), *c, descriptors[i], 0, iovs[i].size, "readv"));
+    total += iovs[i].size;
+  }
+  auto t = impl_->newTransfer(describe("read", dst.size(), total, *c), static_cast<int>(dst.size()));
+  c->read(t, std::move(dst), std::move(src));
+  impl_->finish(t);
+}
+
+// ---- CUDA IPC -------------------------------------------------------------------------------------------------
+
+std::string Endpoint::advertiseIpc(uint64_t mrId, const void* ptr, size_t size) {
+  Piece p = impl_->piece(mrId, ptr, size, "advertiseIpc");
+  if (p.region.kind != MemoryKind::kCuda)
+    throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": advertiseIpc: memory region " + std::to_string(mrId) +
+                                                 " is host memory; IPC advertises GPU memory");
+  return impl_->ipc->advertise(ptr, size, impl_->who());
+}
+
+void Endpoint::writeIpc(const void* ptr, size_t size, const std::string& descriptor, uint64_t remoteOffset) {
+  impl_->ipc->copy(const_cast<void*>(ptr), size, descriptor, remoteOffset, true, impl_->who() + ": writeIpc");
+}
+
+void Endpoint::readIpc(void* ptr, size_t size, const std::string& descriptor, uint64_t remoteOffset) {
+  impl_->ipc->copy(ptr, size, descriptor, remoteOffset, false, impl_->who() + ": readIpc");
+}
+
+}  // namespace gdx::p2p

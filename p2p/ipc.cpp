@@ -1,0 +1,160 @@
+#include "p2p/ipc.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "gdx/detail/clock.hpp"
+#include "gdx/detail/gpu.hpp"
+#include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
+#include "p2p/bytes.hpp"
+#include "p2p/protocol.hpp"
+
+#if defined(GDX_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "base/device_guard.hpp"
+#include "gdx/detail/cuda_check.hpp"
+#endif
+
+namespace gdx::p2p {
+namespace {
+
+constexpr uint32_t kIpcMagic = 0x49584447;  // "GDXI"
+constexpr uint16_t kIpcVersion = 1;
+constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+
+/// Names this host for IPC descriptors: a handle opens only on the host that made it.
+uint64_t hostId() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return checksum(name, std::strlen(name));
+}
+
+struct IpcDescriptor {
+  uint64_t host = 0, pid = 0, allocBase = 0, offset = 0, bytes = 0;
+  int32_t device = -1;
+  char handle[kHandleBytes] = {};
+};
+
+std::string decodeIpc(const std::string& bytes, IpcDescriptor* d) {
+  ByteReader r(bytes);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  uint64_t sum = 0;
+  if (!(r.get(&magic) && r.get(&version)) || magic != kIpcMagic) return "not a gdx IPC descriptor";
+  if (version != kIpcVersion) return "IPC descriptor version " + std::to_string(version);
+  if (!(r.get(&d->host) && r.get(&d->pid) && r.get(&d->device) && r.getRaw(d->handle, kHandleBytes) &&
+        r.get(&d->allocBase) && r.get(&d->offset) && r.get(&d->bytes)))
+    return "a truncated IPC descriptor (" + std::to_string(bytes.size()) + " bytes)";
+  const size_t body = r.consumed();
+  if (!r.get(&sum) || r.left() != 0) return "a truncated or overlong IPC descriptor";
+  if (sum != checksum(bytes.data(), body)) return "damaged IPC descriptor (checksum does not match)";
+  return "";
+}
+
+}  // namespace
+
+#if defined(GDX_HAVE_CUDA)
+
+IpcPeers::~IpcPeers() {
+  for (auto& o : opened_) cudaIpcCloseMemHandle(o.second);
+}
+
+std::string IpcPeers::advertise(const void* ptr, size_t size, const std::string& who) {
+  uintptr_t base = 0;
+  size_t allocBytes = 0;
+  if (!cudaAllocationRange(ptr, &base, &allocBytes))
+    throw Error(ErrorCode::kInvalidArgument, who + ": advertiseIpc: the range is not GPU memory from cudaMalloc");
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess || a.type != cudaMemoryTypeDevice) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kInvalidArgument, who + ": advertiseIpc: the range is not device memory");
+  }
+  DeviceGuard guard(a.device);
+  cudaIpcMemHandle_t h;
+  cudaError_t rc = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kInvalidArgument, who + ": advertiseIpc: cudaIpcGetMemHandle: " + cudaGetErrorString(rc));
+  }
+  ByteWriter w;
+  w.put(kIpcMagic).put(kIpcVersion).put(hostId()).put<uint64_t>(static_cast<uint64_t>(getpid())).put<int32_t>(a.device);
+  w.putRaw(&h, kHandleBytes).put<uint64_t>(base).put<uint64_t>(reinterpret_cast<uintptr_t>(ptr) - base).put<uint64_t>(size);
+  w.put(checksum(w.bytes().data(), w.bytes().size()));
+  return w.bytes();
+}
+
+void* IpcPeers::open(const std::string& who, const void* handle, uint64_t pid, uint64_t allocBase) {
+  auto key = std::make_pair(pid, allocBase);
+  auto it = opened_.find(key);
+  if (it != opened_.end()) return it->second;
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle, kHandleBytes);
+  void* mapped = nullptr;
+  cudaError_t rc = cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess);
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kInvalidArgument, who + ": cudaIpcOpenMemHandle: " + cudaGetErrorString(rc) +
+                                                 " (the owner gone, or the same process)");
+  }
+  opened_[key] = mapped;
+  return mapped;
+}
+
+void IpcPeers::copy(void* local, size_t size, const std::string& descriptor, uint64_t offset, bool toRemote,
+                    const std::string& who) {
+  IpcDescriptor d;
+  std::string bad = decodeIpc(descriptor, &d);
+  if (!bad.empty()) throw Error(ErrorCode::kInvalidArgument, who + ": " + bad);
+  if (d.host != hostId())
+    throw Error(ErrorCode::kInvalidArgument, who + ": the IPC descriptor comes from another host; IPC works on one host");
+  if (size == 0 || offset > d.bytes || size > d.bytes - offset)
+    throw Error(ErrorCode::kInvalidArgument, who + ": " + std::to_string(size) + " bytes at offset " +
+                                                 std::to_string(offset) + " lie outside the advertised " +
+                                                 std::to_string(d.bytes) + " bytes (nothing was copied)");
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceGuard guard(localGpu_ >= 0 ? localGpu_ : d.device);
+  char* remote = static_cast<char*>(open(who, d.handle, d.pid, d.allocBase)) + d.offset + offset;
+  cudaStream_t stream = nullptr;
+  GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaError_t rc = toRemote ? cudaMemcpyAsync(remote, local, size, cudaMemcpyDefault, stream)
+                            : cudaMemcpyAsync(local, remote, size, cudaMemcpyDefault, stream);
+  const uint64_t deadline = nowNs() + timeoutNs_;
+  uint64_t spins = 0;
+  while (rc == cudaSuccess && (rc = cudaStreamQuery(stream)) == cudaErrorNotReady) {
+    if (nowNs() >= deadline) {
+      GDX_ERROR(who << ": the IPC copy of " << size << " bytes did not finish within GDX_TIMEOUT_MS; its stream is leaked");
+      throw Error(ErrorCode::kTimeout, who + ": the IPC copy of " + std::to_string(size) +
+                                           " bytes did not finish within GDX_TIMEOUT_MS");
+    }
+    spinPause(++spins);
+  }
+  cudaStreamDestroy(stream);
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kCuda, who + ": IPC copy of " + std::to_string(size) + " bytes: " + cudaGetErrorString(rc));
+  }
+}
+
+#else
+
+IpcPeers::~IpcPeers() = default;
+
+std::string IpcPeers::advertise(const void*, size_t, const std::string& who) {
+  throw Error(ErrorCode::kInvalidArgument, who + ": advertiseIpc needs gdx built with CUDA");
+}
+
+void IpcPeers::copy(void*, size_t, const std::string& descriptor, uint64_t, bool, const std::string& who) {
+  IpcDescriptor d;
+  std::string bad = decodeIpc(descriptor, &d);
+  if (!bad.empty()) throw Error(ErrorCode::kInvalidArgument, who + ": " + bad);
+  throw Error(ErrorCode::kInvalidArgument, who + ": IPC copies need gdx built with CUDA");
+}
+
+void* IpcPeers::open(const std::string&, const void*, uint64_t, uint64_t) { return nullptr; }
+
+#endif
+
+}  // namespace gdx::p2p

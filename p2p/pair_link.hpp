@@ -1,0 +1,48 @@
+// A gdx::Transport between exactly two processes, set up over one control socket: the side that dialled is rank 0,
+// the side that accepted rank 1. The dialler's Hello names the transport, its GPU, its transport address and a fresh
+// random secret (so no third process can join the data connections); the acceptor answers with its own GPU and
+// address and a random token that names the connection in descriptors, or refuses with the reason (another
+// transport, a wrong magic or version). Both then build the transport for a world of two; Connection connects it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gdx/detail/transport.hpp"
+#include "rdma/socket.hpp"
+
+namespace gdx::p2p {
+
+/// The transports a link may use; "tcp" or "verbs" (GDX_TRANSPORT; loopback serves a world of one only).
+std::string linkTransportFromEnv();
+
+/// A transport for a world of two, not yet connected.
+struct PairLink {
+  std::unique_ptr<Transport> transport;
+  int self = 0;                        ///< this side's rank (0: dialled, 1: accepted)
+  std::vector<std::string> addresses;  ///< transport addresses, index = rank
+  std::string peerIp;                  ///< the other side's address as seen on the control socket
+  int peerGpu = -1;
+  uint64_t token = 0;  ///< names the connection in descriptors; the same on both sides
+  int peer() const { return 1 - self; }
+};
+
+/// Dials side of the handshake on a connected control socket. Throws gdx::Error naming `who` and the cause when
+/// the peer refuses, closes, answers garbage, or does not answer before `deadline`.
+PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
+                  net::Deadline deadline, const std::string& who);
+/// Accepting side of the handshake on a freshly accepted control socket.
+PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
+                    net::Deadline deadline, const std::string& who);
+
+/// Sends one length-prefixed blob; throws gdx::Error(kPeerFailed / kTimeout) naming `who` when it cannot.
+void sendBlob(int fd, const std::string& blob, net::Deadline deadline, const std::string& who);
+/// Receives one length-prefixed blob of at most `max` bytes; throws as sendBlob() does, kProtocol when too long.
+std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::string& who);
+
+/// 64 random bits (std::random_device).
+uint64_t randomU64();
+
+}  // namespace gdx::p2p

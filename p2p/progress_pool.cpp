@@ -1,0 +1,87 @@
+#include "p2p/progress_pool.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "gdx/detail/clock.hpp"
+#include "gdx/detail/log.hpp"
+
+namespace gdx::p2p {
+
+ProgressPool::ProgressPool(int threads) {
+  for (int i = 0; i < std::max(threads, 1); ++i) workers_.push_back(std::make_unique<Worker>());
+  for (auto& w : workers_) w->thread = std::thread([this, worker = w.get()] { loop(*worker); });
+}
+
+ProgressPool::~ProgressPool() {
+  stop_ = true;
+  for (auto& w : workers_) {
+    {
+      std::lock_guard<std::mutex> lock(w->mutex);
+      w->woken = true;
+    }
+    w->cv.notify_all();
+  }
+  for (auto& w : workers_)
+    if (w->thread.joinable()) w->thread.join();
+}
+
+std::function<void()> ProgressPool::waker(int thread) {
+  Worker* w = workers_[thread].get();
+  return [w] {
+    {
+      std::lock_guard<std::mutex> lock(w->mutex);
+      w->woken = true;
+    }
+    w->cv.notify_one();
+  };
+}
+
+void ProgressPool::add(int thread, std::shared_ptr<Connection> c) {
+  Worker& w = *workers_[thread];
+  {
+    std::lock_guard<std::mutex> lock(w.mutex);
+    w.conns.push_back(std::move(c));
+    w.woken = true;
+  }
+  w.cv.notify_one();
+}
+
+void ProgressPool::remove(const Connection* c) {
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> lock(w->mutex);
+    w->conns.erase(std::remove_if(w->conns.begin(), w->conns.end(),
+                                  [c](const std::shared_ptr<Connection>& x) { return x.get() == c; }),
+                   w->conns.end());
+  }
+}
+
+void ProgressPool::loop(Worker& w) {
+  uint64_t spins = 0;
+  std::vector<std::shared_ptr<Connection>> conns;
+  while (!stop_) {
+    {
+      std::lock_guard<std::mutex> lock(w.mutex);
+      conns = w.conns;
+      w.woken = false;
+    }
+    bool busy = false;
+    for (auto& c : conns) {
+      try {
+        busy |= c->progress();
+      } catch (const std::exception& e) {
+        GDX_ERROR(c->name() << ": progress: " << e.what());
+      }
+    }
+    conns.clear();
+    if (busy) {
+      spinPause(++spins);
+      continue;
+    }
+    spins = 0;
+    std::unique_lock<std::mutex> lock(w.mutex);
+    w.cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return w.woken || stop_.load(); });
+  }
+}
+
+}  // namespace gdx::p2p

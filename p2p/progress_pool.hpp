@@ -1,0 +1,43 @@
+// The progress threads of an endpoint: numCpus threads, each driving the connections given to it (round-robin).
+// A thread sleeps until a connection wakes it (an operation queued, a message or an immediate arrived) and polls
+// without sleeping while a connection has completions due; it also wakes every millisecond so that deadlines are
+// checked.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "p2p/connection.hpp"
+
+namespace gdx::p2p {
+
+class ProgressPool {
+ public:
+  explicit ProgressPool(int threads);
+  ~ProgressPool();  ///< stops the threads (connections are not touched after it returns)
+
+  /// The thread that will drive a connection with this id; pass its wake() to the Connection.
+  int threadFor(uint64_t connId) const { return static_cast<int>(connId % workers_.size()); }
+  std::function<void()> waker(int thread);
+  void add(int thread, std::shared_ptr<Connection> c);
+  void remove(const Connection* c);
+
+ private:
+  struct Worker {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool woken = false;
+    std::vector<std::shared_ptr<Connection>> conns;
+    std::thread thread;
+  };
+  void loop(Worker& w);
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace gdx::p2p

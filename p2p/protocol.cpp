@@ -1,0 +1,128 @@
+#include "p2p/protocol.hpp"
+
+#include "p2p/bytes.hpp"
+
+namespace gdx::p2p {
+namespace {
+
+constexpr uint32_t kDescriptorMagic = 0x44584447;  // "GDXD"
+constexpr uint16_t kDescriptorVersion = 1;
+
+}  // namespace
+
+uint64_t checksum(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+const char* msgTypeName(MsgType t) {
+  switch (t) {
+    case MsgType::kKeyRequest: return "key request";
+    case MsgType::kKeyPart: return "key part";
+    case MsgType::kKeyRefused: return "key refused";
+    case MsgType::kClearToSend: return "clear to send";
+    case MsgType::kSendRefused: return "send refused";
+    case MsgType::kFence: return "fence";
+    case MsgType::kFenceAck: return "fence ack";
+    case MsgType::kReadRequest: return "read request";
+    case MsgType::kReadDone: return "read done";
+  }
+  return "unknown";
+}
+
+MessageOp encode(const ControlMsg& m, int peer) {
+  ByteWriter w;
+  w.put<uint8_t>(static_cast<uint8_t>(m.type));
+  switch (m.type) {
+    case MsgType::kKeyRequest:
+    case MsgType::kKeyRefused: w.put(m.window); break;
+    case MsgType::kKeyPart:
+      w.put(m.window).put(m.bytes).put(m.keyTotal).put(m.keyAt).put<uint8_t>(static_cast<uint8_t>(m.keyPiece.size()));
+      w.putRaw(m.keyPiece.data(), m.keyPiece.size());
+      break;
+    case MsgType::kClearToSend: w.put(m.id).put(m.window).put(m.offset).put(m.bytes); break;
+    case MsgType::kSendRefused: w.put(m.id).put(m.bytes); break;
+    case MsgType::kFence:
+    case MsgType::kFenceAck: w.put(m.id); break;
+    case MsgType::kReadRequest: w.put(m.id).put(m.window).put(m.offset).put(m.bytes).put(m.dstWindow).put(m.dstOffset); break;
+    case MsgType::kReadDone: w.put(m.id).put<uint8_t>(static_cast<uint8_t>(m.status)); break;
+  }
+  MessageOp op;
+  op.peer = peer;
+  op.bytes = static_cast<uint32_t>(w.bytes().size());
+  std::memcpy(op.data, w.bytes().data(), op.bytes);
+  return op;
+}
+
+std::string decode(const RemoteMessage& msg, ControlMsg* out) {
+  if (msg.bytes == 0 || msg.bytes > kMaxMessageBytes) return "a control message of " + std::to_string(msg.bytes) + " bytes";
+  ByteReader r(msg.data, msg.bytes);
+  uint8_t type = 0;
+  r.get(&type);
+  ControlMsg m;
+  m.type = static_cast<MsgType>(type);
+  switch (m.type) {
+    case MsgType::kKeyRequest:
+    case MsgType::kKeyRefused: r.get(&m.window); break;
+    case MsgType::kKeyPart: {
+      uint8_t len = 0;
+      r.get(&m.window) && r.get(&m.bytes) && r.get(&m.keyTotal) && r.get(&m.keyAt) && r.get(&len);
+      if (r.ok() && (len > kKeyPieceBytes || m.keyTotal > kMaxKeyBytes || size_t{m.keyAt} + len > m.keyTotal))
+        return "a key part of " + std::to_string(len) + " bytes at " + std::to_string(m.keyAt) + " of a " +
+               std::to_string(m.keyTotal) + "-byte key";
+      m.keyPiece.resize(len);
+      r.getRaw(&m.keyPiece[0], len);
+      break;
+    }
+    case MsgType::kClearToSend: r.get(&m.id) && r.get(&m.window) && r.get(&m.offset) && r.get(&m.bytes); break;
+    case MsgType::kSendRefused: r.get(&m.id) && r.get(&m.bytes); break;
+    case MsgType::kFence:
+    case MsgType::kFenceAck: r.get(&m.id); break;
+    case MsgType::kReadRequest:
+      r.get(&m.id) && r.get(&m.window) && r.get(&m.offset) && r.get(&m.bytes) && r.get(&m.dstWindow) &&
+          r.get(&m.dstOffset);
+      break;
+    case MsgType::kReadDone: {
+      uint8_t s = 0;
+      r.get(&m.id) && r.get(&s);
+      if (r.ok() && s > static_cast<uint8_t>(ReadStatus::kFailed)) return "a read status " + std::to_string(s);
+      m.status = static_cast<ReadStatus>(s);
+      break;
+    }
+    default: return "a control message of unknown type " + std::to_string(type);
+  }
+  if (!r.ok()) return std::string("a truncated ") + msgTypeName(m.type) + " message (" + std::to_string(msg.bytes) + " bytes)";
+  if (r.left() != 0)
+    return std::string("a ") + msgTypeName(m.type) + " message with " + std::to_string(r.left()) + " bytes too many";
+  *out = std::move(m);
+  return "";
+}
+
+std::string encodeDescriptor(const Descriptor& d) {
+  ByteWriter w;
+  w.put(kDescriptorMagic).put(kDescriptorVersion).put(d.token).put(d.window).put(d.bytes);
+  w.put(checksum(w.bytes().data(), w.bytes().size()));
+  return w.bytes();
+}
+
+std::string decodeDescriptor(const std::string& bytes, Descriptor* out) {
+  if (bytes.size() != kDescriptorBytes)
+    return "a descriptor is " + std::to_string(kDescriptorBytes) + " bytes, this one " + std::to_string(bytes.size()) +
+           (bytes.size() < kDescriptorBytes ? " (truncated)" : "");
+  ByteReader r(bytes);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  Descriptor d;
+  uint64_t sum = 0;
+  r.get(&magic) && r.get(&version) && r.get(&d.token) && r.get(&d.window) && r.get(&d.bytes) && r.get(&sum);
+  if (magic != kDescriptorMagic) return "not a gdx descriptor (wrong magic)";
+  if (version != kDescriptorVersion)
+    return "descriptor version " + std::to_string(version) + ", expected " + std::to_string(kDescriptorVersion);
+  if (sum != checksum(bytes.data(), kDescriptorBytes - 8)) return "damaged descriptor (checksum does not match)";
+  *out = d;
+  return "";
+}
+
+}  // namespace gdx::p2p

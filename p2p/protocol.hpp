@@ -1,0 +1,84 @@
+// The bytes two endpoints exchange besides the data itself: the control messages of a connection (carried by the
+// transport's postMessage, at most kMaxMessageBytes each, in the per-peer order of the lane) and the descriptors
+// advertise() hands to the application. Decoders accept only what they understand: a wrong length, an unknown type,
+// a descriptor whose checksum does not match are refused with the reason, never acted on.
+//
+// Messages (first byte the type, then little-endian fields):
+//   kKeyRequest   window                      a writer asks for the transport key of an advertised window
+//   kKeyPart      window bytes total at data   one piece of that key (keys are longer than one message)
+//   kKeyRefused   window                      the window was never advertised on this connection (or is gone)
+//   kClearToSend  seq window offset bytes     a receive is posted: the seq-th send may write there, exactly `bytes`
+//   kSendRefused  seq sendBytes               the seq-th send did not match its receive's size; nothing was written
+//   kFence        id                          answered by kFenceAck once every earlier write of the lane is in place
+//   kFenceAck     id
+//   kReadRequest  id srcWindow srcOffset bytes dstWindow dstOffset   the owner writes the range back, then kReadDone
+//   kReadDone     id status
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "gdx/detail/transport.hpp"
+
+namespace gdx::p2p {
+
+enum class MsgType : uint8_t {
+  kKeyRequest = 1,
+  kKeyPart = 2,
+  kKeyRefused = 3,
+  kClearToSend = 4,
+  kSendRefused = 5,
+  kFence = 6,
+  kFenceAck = 7,
+  kReadRequest = 8,
+  kReadDone = 9,
+};
+
+/// Why a read was refused (kReadDone's status).
+enum class ReadStatus : uint8_t { kOk = 0, kUnknownWindow = 1, kOutOfRange = 2, kFailed = 3 };
+
+/// One control message, decoded. Only the fields of its type are meaningful.
+struct ControlMsg {
+  MsgType type = MsgType::kFence;
+  uint64_t id = 0;  ///< seq (kClearToSend, kSendRefused) or id (kFence*, kRead*)
+  uint32_t window = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;  ///< kKeyPart: the window's size; kSendRefused: the send's size
+  uint32_t dstWindow = 0;
+  uint64_t dstOffset = 0;
+  ReadStatus status = ReadStatus::kOk;
+  uint16_t keyTotal = 0;  ///< kKeyPart: length of the whole key
+  uint16_t keyAt = 0;     ///< kKeyPart: where this piece goes
+  std::string keyPiece;   ///< kKeyPart
+};
+
+/// Key bytes that fit in one kKeyPart message.
+constexpr size_t kKeyPieceBytes = kMaxMessageBytes - 1 - 4 - 8 - 2 - 2 - 1;
+/// Longest key a peer may send (verbs keys are about 48 bytes, TCP keys a few dozen characters).
+constexpr size_t kMaxKeyBytes = 1024;
+
+MessageOp encode(const ControlMsg& m, int peer);
+/// "" and *out when `m` is a well-formed message, else why not.
+std::string decode(const RemoteMessage& m, ControlMsg* out);
+const char* msgTypeName(MsgType t);
+
+/// What advertise() returns: enough for the peer to address a range of this endpoint's memory on one connection.
+struct Descriptor {
+  uint64_t token = 0;   ///< the connection's token: a descriptor of another connection is refused
+  uint32_t window = 0;  ///< the transport window that holds exactly the advertised range
+  uint64_t bytes = 0;   ///< size of the advertised range
+};
+/// Size of an encoded Descriptor.
+constexpr size_t kDescriptorBytes = 4 + 2 + 8 + 4 + 8 + 8;
+
+std::string encodeDescriptor(const Descriptor& d);
+/// "" and *out when `bytes` is a descriptor made by encodeDescriptor(), else why not (truncated, not a descriptor,
+/// damaged: the checksum does not match).
+std::string decodeDescriptor(const std::string& bytes, Descriptor* out);
+
+/// FNV-1a over `n` bytes: the checksum of descriptors and metadata (catches damage, not malice; the transport's own
+/// checks bound what a forged one can reach).
+uint64_t checksum(const void* p, size_t n);
+
+}  // namespace gdx::p2p

@@ -1,0 +1,57 @@
+#include "p2p/transfer.hpp"
+
+#include <chrono>
+
+#include "gdx/detail/clock.hpp"
+
+namespace gdx::p2p {
+
+void Transfer::finishPart() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failed_ || parts_ == 0) return;
+  if (--parts_ == 0) cv_.notify_all();
+}
+
+void Transfer::fail(ErrorCode code, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failed_ || parts_ == 0) return;
+  failed_ = true;
+  code_ = code;
+  why_ = why;
+  cv_.notify_all();
+}
+
+void Transfer::setWaiting(const std::string& what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  waiting_ = what;
+}
+
+bool Transfer::finished() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failed_ || parts_ == 0;
+}
+
+void Transfer::throwIfFailed() const {
+  if (failed_) throw Error(code_, what_ + ": " + why_);
+}
+
+bool Transfer::poll() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  throwIfFailed();
+  return parts_ == 0;
+}
+
+void Transfer::wait(uint64_t deadlineNs) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!failed_ && parts_ > 0) {
+    uint64_t now = nowNs();
+    if (now >= deadlineNs)
+      throw Error(ErrorCode::kTimeout, what_ + ": not done within GDX_TIMEOUT_MS (" + std::to_string(parts_) +
+                                           " part(s) still outstanding" +
+                                           (waiting_.empty() ? std::string() : "; waiting for " + waiting_) + ")");
+    cv_.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadlineNs - now, 100000000)));
+  }
+  throwIfFailed();
+}
+
+}  // namespace gdx::p2p

@@ -1,0 +1,48 @@
+// The state of one asynchronous operation of an endpoint (a send, a receive, a vector of them, a write, a read):
+// how many parts are still outstanding, and the first failure. The connection's progress thread finishes parts;
+// the caller polls or waits, bounded by the deadline the operation was given.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "gdx/error.hpp"
+
+namespace gdx::p2p {
+
+class Transfer {
+ public:
+  /// `what` names the operation in errors ("send of 4096 bytes on connection 2 (peer 127.0.0.1, GPU 0)").
+  Transfer(std::string what, int parts, uint64_t deadlineNs) : what_(std::move(what)), parts_(parts), deadline_(deadlineNs) {}
+
+  const std::string& what() const { return what_; }
+  uint64_t deadlineNs() const { return deadline_; }
+  /// One part finished; the transfer is done after the last.
+  void finishPart();
+  /// Fails the transfer (the first failure wins); later parts are ignored.
+  void fail(ErrorCode code, const std::string& why);
+  bool finished() const;
+  /// What the transfer waits for now, for the error if it never comes ("a matching receive posted by the peer").
+  void setWaiting(const std::string& what);
+  /// true when done, false while pending; throws gdx::Error (the failure's code) when it failed.
+  bool poll() const;
+  /// Waits until it is done or failed, at most until `deadlineNs` (gdx::nowNs clock); throws as poll() does, and
+  /// kTimeout naming the operation and the parts still outstanding when the deadline passes.
+  void wait(uint64_t deadlineNs) const;
+
+ private:
+  void throwIfFailed() const;
+  const std::string what_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  int parts_;
+  bool failed_ = false;
+  ErrorCode code_ = ErrorCode::kOk;
+  std::string why_;
+  std::string waiting_;
+  const uint64_t deadline_;
+};
+
+}  // namespace gdx::p2p

@@ -1,0 +1,368 @@
+// gdx::p2p::Endpoint between real processes on loopback: every call with random data checked byte for byte, many
+// transfers in flight, vectors of 1..64 buffers, a server with several clients, and misuse (unknown ids, ranges past
+// a region, damaged or foreign descriptors, mismatched sizes, a peer that dies) ending in clear errors, never hangs.
+// Runs over GDX_TRANSPORT (tcp here; the Soft-RoCE VM runs the same binary with GDX_TRANSPORT=verbs).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstring>
+#include <vector>
+
+#include "gdx/error.hpp"
+#include "gdx/p2p/endpoint.hpp"
+#include "p2p/protocol.hpp"
+#include "support/p2p_helpers.hpp"
+#include "support/test_support.hpp"
+
+namespace gdx::test {
+namespace {
+
+using p2p::Endpoint;
+using p2p::Iov;
+
+const std::vector<size_t> kSizes = {1, 7, 256, 4096, 65537, (1 << 20) + 3, 16 << 20, 64 << 20};
+
+void expectAllZero(const std::vector<int>& codes, int killed = -1) {
+  for (size_t i = 0; i < codes.size(); ++i)
+    EXPECT_EQ(codes[i], static_cast<int>(i) == killed ? 128 + SIGKILL : 0) << "process " << i << " (0: the server)";
+}
+
+TEST(P2pEndpoint, SendRecvOfEverySizeEveryByteChecked) {
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        p2p::Accepted a = ep.accept();
+        CHILD_CHECK(a.ip == "127.0.0.1");
+        for (size_t n : kSizes) {
+          std::vector<unsigned char> got(n, 0xA5), want(n);  // poisoned
+          fillRandom(want.data(), n, n);
+          uint64_t mr = ep.reg(got.data(), n);
+          ep.recv(a.connId, mr, got.data(), n);
+          CHILD_CHECK(firstMismatch(got.data(), want.data(), n) == -1);
+          ep.dereg(mr);
+        }
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        for (size_t n : kSizes) {
+          std::vector<unsigned char> data(n);
+          fillRandom(data.data(), n, n);
+          uint64_t mr = ep.reg(data.data(), n);
+          ep.send(conn, mr, data.data(), n);
+          ep.dereg(mr);
+        }
+        return 0;
+      }));
+}
+
+TEST(P2pEndpoint, VectorsOfOneToSixtyFourBuffersAndManyAsyncTransfersInFlight) {
+  constexpr int kAsync = 48;
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port, 2));
+        uint64_t conn = ep.accept().connId;
+        for (int count : {1, 2, 17, 64}) {
+          std::vector<std::vector<unsigned char>> bufs;
+          std::vector<Iov> iovs;
+          for (int i = 0; i < count; ++i) bufs.emplace_back(1 + (i * 977) % 5000, 0x5A);
+          for (auto& b : bufs) iovs.push_back(Iov{ep.reg(b.data(), b.size()), b.data(), b.size()});
+          ep.recvv(conn, iovs);
+          for (int i = 0; i < count; ++i) {
+            std::vector<unsigned char> want(bufs[i].size());
+            fillRandom(want.data(), want.size(), count * 1000 + i);
+            CHILD_CHECK(firstMismatch(bufs[i].data(), want.data(), want.size()) == -1);
+          }
+        }
+        std::vector<std::vector<unsigned char>> bufs(kAsync);
+        std::vector<uint64_t> ids;
+        for (int i = 0; i < kAsync; ++i) {
+          bufs[i].assign(100 + i * 4099, 0xEE);
+          ids.push_back(ep.recvAsync(conn, ep.reg(bufs[i].data(), bufs[i].size()), bufs[i].data(), bufs[i].size()));
+        }
+        size_t done = 0;
+        std::vector<bool> finished(kAsync);
+        while (done < ids.size())
+          for (int i = 0; i < kAsync; ++i)
+            if (!finished[i] && ep.poll(ids[i])) finished[i] = true, ++done;
+        for (int i = 0; i < kAsync; ++i) {
+          std::vector<unsigned char> want(bufs[i].size());
+          fillRandom(want.data(), want.size(), 7000 + i);
+          CHILD_CHECK(firstMismatch(bufs[i].data(), want.data(), want.size()) == -1);
+        }
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0, 2));
+        uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        for (int count : {1, 2, 17, 64}) {
+          std::vector<std::vector<unsigned char>> bufs;
+          std::vector<Iov> iovs;
+          for (int i = 0; i < count; ++i) {
+            bufs.emplace_back(1 + (i * 977) % 5000);
+            fillRandom(bufs.back().data(), bufs.back().size(), count * 1000 + i);
+          }
+          for (auto& b : bufs) iovs.push_back(Iov{ep.reg(b.data(), b.size()), b.data(), b.size()});
+          ep.sendv(conn, iovs);
+        }
+        std::vector<std::vector<unsigned char>> bufs(kAsync);
+        std::vector<uint64_t> ids;
+        for (int i = 0; i < kAsync; ++i) {
+          bufs[i].resize(100 + i * 4099);
+          fillRandom(bufs[i].data(), bufs[i].size(), 7000 + i);
+          ids.push_back(ep.sendAsync(conn, ep.reg(bufs[i].data(), bufs[i].size()), bufs[i].data(), bufs[i].size()));
+        }
+        for (uint64_t id : ids) ep.wait(id);
+        return 0;
+      }));
+}
+
+TEST(P2pEndpoint, OneSidedWriteAndReadThroughAdvertisedDescriptors) {
+  constexpr size_t kBytes = 8 << 20;
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        uint64_t conn = ep.accept().connId;
+        // The first half is written by the client, the second half it reads.
+        std::vector<unsigned char> region(kBytes, 0x11);
+        fillRandom(region.data() + kBytes / 2, kBytes / 2, 99);
+        uint64_t mr = ep.reg(region.data(), kBytes);
+        sendBlob(ep, conn, ep.advertise(conn, mr, region.data(), kBytes / 2));
+        sendBlob(ep, conn, ep.advertise(conn, mr, region.data() + kBytes / 2, kBytes / 2));
+        CHILD_CHECK(recvBlob(ep, conn) == "written");  // the client's writes completed before it said so
+        std::vector<unsigned char> want(kBytes / 2);
+        fillRandom(want.data(), want.size(), 42);
+        CHILD_CHECK(firstMismatch(region.data(), want.data(), want.size()) == -1);
+        CHILD_CHECK(recvBlob(ep, conn) == "bye");
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::string writable = recvBlob(ep, conn), readable = recvBlob(ep, conn);
+        std::vector<unsigned char> data(kBytes / 2);
+        fillRandom(data.data(), data.size(), 42);
+        uint64_t mr = ep.reg(data.data(), data.size());
+        // In three pieces: an async write, a write at an offset, a vectorised write of the rest.
+        const size_t a = 12345, b = 1 << 20;
+        uint64_t id = ep.writeAsync(conn, mr, data.data(), a, writable, 0);
+        ep.write(conn, mr, data.data() + a, b, writable, a);
+        ep.wait(id);
+        ep.write(conn, mr, data.data() + a + b, data.size() - a - b, writable, a + b);
+        sendBlob(ep, conn, "written");
+        std::vector<unsigned char> got(kBytes / 2, 0xCC), want(kBytes / 2);
+        fillRandom(want.data(), want.size(), 99);
+        uint64_t gmr = ep.reg(got.data(), got.size());
+        ep.read(conn, gmr, got.data(), 1000, readable, 0);
+        ep.wait(ep.readAsync(conn, gmr, got.data() + 1000, got.size() - 1000, readable, 1000));
+        CHILD_CHECK(firstMismatch(got.data(), want.data(), got.size()) == -1);
+        std::fill(got.begin(), got.end(), 0xCC);
+        ep.readv(conn, {Iov{gmr, got.data(), 4096}, Iov{gmr, got.data() + 4096, 4096}}, {readable, readable});
+        CHILD_CHECK(firstMismatch(got.data(), want.data(), 4096) == -1);
+        CHILD_CHECK(firstMismatch(got.data() + 4096, want.data(), 4096) == -1);
+        sendBlob(ep, conn, "bye");
+        return 0;
+      }));
+}
+
+TEST(P2pEndpoint, MisuseIsRefusedByNameAndTheConnectionGoesOn) {
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        uint64_t conn = ep.accept().connId;
+        std::vector<unsigned char> region(4096, 0x77);
+        uint64_t mr = ep.reg(region.data(), region.size());
+        sendBlob(ep, conn, ep.advertise(conn, mr, region.data() + 1024, 1024));
+        // A receive of 100 bytes that the client answers with 200: both sides fail by name.
+        std::vector<unsigned char> small(100, 0);
+        uint64_t smr = ep.reg(small.data(), small.size());
+        try {
+          ep.recv(conn, smr, small.data(), small.size());
+          CHILD_CHECK(false);
+        } catch (const Error& e) {
+          CHILD_CHECK(e.code() == ErrorCode::kInvalidArgument);
+          CHILD_CHECK(std::string(e.what()).find("200 bytes") != std::string::npos);
+        }
+        CHILD_CHECK(recvBlob(ep, conn) == "checked");
+        // Nothing outside the advertised range was written.
+        for (size_t i = 0; i < region.size(); ++i) CHILD_CHECK(region[i] == 0x77);
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::string desc = recvBlob(ep, conn);
+        std::vector<unsigned char> buf(4096, 1);
+        uint64_t mr = ep.reg(buf.data(), buf.size());
+        auto code = [](auto f) { return errorCodeOf(f); };
+        CHILD_CHECK(code([&] { ep.send(999, mr, buf.data(), 1); }) == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(code([&] { ep.send(conn, 999, buf.data(), 1); }) == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(code([&] { ep.send(conn, mr, buf.data() + 4000, 200); }) == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(code([&] { ep.send(conn, mr, buf.data(), 0); }) == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(code([&] { ep.poll(12345); }) == ErrorCode::kInvalidArgument);
+        // Writes outside the advertised 1024 bytes, truncated and damaged descriptors: refused before sending.
+        CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 1025, desc); }) == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 8, desc, 1020); }) == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 8, desc.substr(0, 10)); }) == ErrorCode::kInvalidArgument);
+        std::string damaged = desc;
+        damaged[20] ^= 0x40;
+        CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 8, damaged); }) == ErrorCode::kInvalidArgument);
+        // A legal read works; a well-formed descriptor naming a window the server never advertised is refused by it.
+        ep.read(conn, mr, buf.data(), 8, desc, 0);
+        CHILD_CHECK(buf[0] == 0x77);
+        p2p::Descriptor d;
+        CHILD_CHECK(p2p::decodeDescriptor(desc, &d).empty());
+        d.window += 7;
+        std::string forged = p2p::encodeDescriptor(d);
+        try {
+          ep.read(conn, mr, buf.data(), 8, forged, 0);
+          CHILD_CHECK(false);
+        } catch (const Error& e) {
+          CHILD_CHECK(e.code() == ErrorCode::kInvalidArgument);
+          CHILD_CHECK(std::string(e.what()).find("not advertised") != std::string::npos);
+        }
+        CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 8, forged); }) == ErrorCode::kInvalidArgument);
+        // A stale region: deregistered, then used.
+        uint64_t gone = ep.reg(buf.data(), 16);
+        ep.dereg(gone);
+        CHILD_CHECK(code([&] { ep.send(conn, gone, buf.data(), 16); }) == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(code([&] { ep.dereg(gone); }) == ErrorCode::kInvalidArgument);
+        // A send larger than the posted receive.
+        try {
+          ep.send(conn, mr, buf.data(), 200);
+          CHILD_CHECK(false);
+        } catch (const Error& e) {
+          CHILD_CHECK(e.code() == ErrorCode::kInvalidArgument);
+          CHILD_CHECK(std::string(e.what()).find("expects 100") != std::string::npos);
+        }
+        sendBlob(ep, conn, "checked");  // the connection still works after all of it
+        return 0;
+      }));
+}
+
+TEST(P2pEndpoint, ConnectingToNobodyEndsWithinTheTimeout) {
+  EXPECT_EQ(runSolo([] {
+              setenv("GDX_TIMEOUT_MS", "1500", 1);
+              Endpoint ep(loopbackEndpoint(0));
+              const int port = freePort();
+              try {
+                ep.connect("127.0.0.1", 0, port);
+              } catch (const Error& e) {
+                CHILD_CHECK(e.code() == ErrorCode::kTimeout);
+                CHILD_CHECK(std::string(e.what()).find(std::to_string(port)) != std::string::npos);
+                try {
+                  ep.accept();
+                } catch (const Error& a) {
+                  CHILD_CHECK(a.code() == ErrorCode::kTimeout);
+                  return 0;
+                }
+              }
+              return 1;
+            }),
+            0);
+}
+
+TEST(P2pEndpoint, PeerKilledMidTransferFailsItsTransfersAndTheServerGoesOn) {
+  expectAllZero(runServerClients(
+      2,
+      [](int port) {
+        setenv("GDX_TIMEOUT_MS", "10000", 1);
+        Endpoint ep(loopbackEndpoint(port));
+        ep.startPassiveAccept();
+        p2p::Accepted first = ep.accept(), second = ep.accept();
+        if (first.remoteGpu != 0) std::swap(first, second);  // the client that dies serves "GPU" 0
+        std::vector<unsigned char> big(64 << 20, 0), ok(4096, 0);
+        uint64_t bmr = ep.reg(big.data(), big.size()), omr = ep.reg(ok.data(), ok.size());
+        uint64_t dying = ep.recvAsync(first.connId, bmr, big.data(), big.size());
+        try {
+          ep.wait(dying);
+          CHILD_CHECK(false);
+        } catch (const Error& e) {
+          CHILD_CHECK(e.code() == ErrorCode::kPeerFailed || e.code() == ErrorCode::kTimeout);
+          std::fprintf(stderr, "as expected: %s\n", e.what());
+        }
+        ep.recv(second.connId, omr, ok.data(), ok.size());
+        std::vector<unsigned char> want(4096);
+        fillRandom(want.data(), want.size(), 5);
+        CHILD_CHECK(firstMismatch(ok.data(), want.data(), want.size()) == -1);
+        return 0;
+      },
+      [](int client, int port) {
+        setenv("GDX_TIMEOUT_MS", "10000", 1);
+        p2p::EndpointOptions o = loopbackEndpoint(0);
+        o.localGpu = client;
+        Endpoint ep(o);
+        uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        if (client == 0) {
+          std::vector<unsigned char> big(64 << 20, 3);
+          ep.sendAsync(conn, ep.reg(big.data(), big.size()), big.data(), big.size());
+          usleep(20000);
+          kill(getpid(), SIGKILL);  // mid-transfer, no goodbye
+        }
+        std::vector<unsigned char> data(4096);
+        fillRandom(data.data(), data.size(), 5);
+        ep.send(conn, ep.reg(data.data(), data.size()), data.data(), data.size());
+        return 0;
+      }),
+      /*killed=*/1);
+}
+
+TEST(P2pEndpoint, SeveralClientsAreServedAndBadMetadataIsRefused) {
+  constexpr int kClients = 3;
+  const int port = freePort();
+  std::vector<pid_t> pids{forkChild([&] {
+    Endpoint ep(loopbackEndpoint(port));
+    for (int i = 0; i < kClients; ++i) {
+      p2p::Accepted a = ep.accept();
+      std::vector<unsigned char> got(1000 + a.remoteGpu, 0), want(got.size());
+      fillRandom(want.data(), want.size(), 300 + a.remoteGpu);
+      ep.recv(a.connId, ep.reg(got.data(), got.size()), got.data(), got.size());
+      CHILD_CHECK(firstMismatch(got.data(), want.data(), got.size()) == -1);
+    }
+    return 0;
+  })};
+  for (int c = 0; c < kClients; ++c)
+    pids.push_back(forkChild([&, c] {
+      p2p::EndpointOptions o = loopbackEndpoint(0);
+      o.localGpu = c;
+      Endpoint ep(o);
+      std::string meta = ep.metadata();
+      CHILD_CHECK(errorCodeOf([&] { ep.addRemoteEndpoint(meta.substr(0, 9)); }) == ErrorCode::kInvalidArgument);
+      meta[8] ^= 1;
+      CHILD_CHECK(errorCodeOf([&] { ep.addRemoteEndpoint(meta); }) == ErrorCode::kInvalidArgument);
+      uint64_t conn = ep.connect("127.0.0.1", -1, port);
+      std::vector<unsigned char> data(1000 + c);
+      fillRandom(data.data(), data.size(), 300 + c);
+      ep.send(conn, ep.reg(data.data(), data.size()), data.data(), data.size());
+      return 0;
+    }));
+  for (pid_t p : pids) EXPECT_EQ(waitChild(p, 240), 0);
+}
+
+TEST(P2pEndpoint, AddRemoteEndpointIsCachedPerEndpoint) {
+  EXPECT_EQ(runSolo([] {
+              Endpoint server(loopbackEndpoint(0));
+              server.startPassiveAccept();
+              Endpoint client(loopbackEndpoint(0));
+              uint64_t a = client.addRemoteEndpoint(server.metadata());
+              uint64_t b = client.addRemoteEndpoint(server.metadata());
+              CHILD_CHECK(a == b);
+              p2p::Accepted acc = server.accept();
+              std::vector<unsigned char> data(333), got(333, 0);
+              fillRandom(data.data(), data.size(), 1);
+              uint64_t t = server.recvAsync(acc.connId, server.reg(got.data(), got.size()), got.data(), got.size());
+              client.send(a, client.reg(data.data(), data.size()), data.data(), data.size());
+              server.wait(t);
+              CHILD_CHECK(firstMismatch(got.data(), data.data(), got.size()) == -1);
+              return 0;
+            }),
+            0);
+}
+
+}  // namespace
+}  // namespace gdx::test

@@ -17,7 +17,8 @@ constexpr size_t kMaxCompletions = 64;
 const char* readStatusText(ReadStatus s) {
   switch (s) {
     case ReadStatus::kOk: return "ok";
-    case ReadStatus::kUnknownWindow: return "the window was not advertised on this connection (forged or stale descriptor)";
+    case ReadStatus::kUnknownWindow:
+      return "the window was not advertised on this connection (forged or stale descriptor)";
     case ReadStatus::kOutOfRange: return "the range lies outside the advertised region";
     case ReadStatus::kFailed: return "the peer could not write the data back";
   }
@@ -160,10 +161,10 @@ void Connection::write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std:
         for (size_t i = 0; i < src.size(); ++i) {
           const uint64_t have = remoteKnown_[dst[i].window];
           if (dst[i].offset > have || dst[i].size > have - dst[i].offset)
-            throw Error(ErrorCode::kInvalidArgument, "a write of " + std::to_string(dst[i].size) + " bytes at offset " +
-                                                         std::to_string(dst[i].offset) + " does not fit the peer's window " +
-                                                         std::to_string(dst[i].window) + " of " + std::to_string(have) +
-                                                         " bytes");
+            throw Error(ErrorCode::kInvalidArgument,
+                        "a write of " + std::to_string(dst[i].size) + " bytes at offset " +
+                            std::to_string(dst[i].offset) + " does not fit the peer's window " +
+                            std::to_string(dst[i].window) + " of " + std::to_string(have) + " bytes");
           ensureLocal(src[i].region);
           WriteOp op;
           op.peer = link_.peer();
@@ -222,7 +223,8 @@ void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::
 uint32_t Connection::advertise(const MemoryRegion& region, uint64_t offset, uint64_t size) {
   std::lock_guard<std::mutex> lock(winMutex_);
   if (forgotten_.count(region.window))
-    throw Error(ErrorCode::kInvalidArgument, name_ + ": memory region " + std::to_string(region.window) + " was deregistered");
+    throw Error(ErrorCode::kInvalidArgument,
+                name_ + ": memory region " + std::to_string(region.window) + " was deregistered");
   auto key = std::make_tuple(region.window, offset, size);
   auto it = advertisedRanges_.find(key);
   if (it != advertisedRanges_.end()) return it->second;
@@ -266,8 +268,8 @@ void Connection::forget(uint32_t window) {
 std::string Connection::ensureLocal(const MemoryRegion& r) {
   std::lock_guard<std::mutex> lock(winMutex_);
   if (forgotten_.count(r.window))
-    throw Error(ErrorCode::kInvalidArgument,
-                name_ + ": memory region " + std::to_string(r.window) + " was deregistered while the transfer was queued");
+    throw Error(ErrorCode::kInvalidArgument, name_ + ": memory region " + std::to_string(r.window) +
+                                                 " was deregistered while the transfer was queued");
   auto it = localKeys_.find(r.window);
   if (it != localKeys_.end()) return it->second;
   std::string key = link_.transport->registerWindow(r.window, r.base, r.bytes, r.kind);
@@ -439,9 +441,7 @@ void Connection::handleMessage(const ControlMsg& m) {
                           ": it was not advertised on this connection (a forged, stale or foreign descriptor)");
       return;
     }
-    case MsgType::kClearToSend:
-      cts_[m.id] = m;
-      return trySends();
+    case MsgType::kClearToSend: cts_[m.id] = m; return trySends();
     case MsgType::kSendRefused: {
       auto it = recvs_.find(static_cast<uint32_t>(m.id) & kSeqMask);
       if (it == recvs_.end()) return;
@@ -488,7 +488,9 @@ void Connection::handle(const Event& e) {
       return;
     }
     auto it = recvs_.find(e.imm);
-    if (it == recvs_.end()) return failAll(ErrorCode::kProtocol, "data arrived for receive #" + std::to_string(e.imm) + ", which was never posted");
+    if (it == recvs_.end())
+      return failAll(ErrorCode::kProtocol,
+                     "data arrived for receive #" + std::to_string(e.imm) + ", which was never posted");
     it->second.t->finishPart();
     recvs_.erase(it);
     return;

@@ -169,8 +169,8 @@ class Connection {
   std::function<void()> notify_;
   uint64_t nextSendSeq_ = 0, nextRecvSeq_ = 0, nextId_ = 1;
   std::deque<PendingSend> sends_;
-  std::map<uint64_t, ControlMsg> cts_;                     ///< clear-to-send by send number
-  std::unordered_map<uint32_t, PendingRecv> recvs_;        ///< by the low 31 bits of the receive's number
+  std::map<uint64_t, ControlMsg> cts_;                               ///< clear-to-send by send number
+  std::unordered_map<uint32_t, PendingRecv> recvs_;                  ///< by the low 31 bits of the receive's number
   std::unordered_map<uint64_t, std::shared_ptr<Transfer>> cookies_;  ///< posted writes by cookie
   std::unordered_map<uint64_t, std::shared_ptr<Transfer>> fences_, reads_;
   std::unordered_map<uint32_t, uint64_t> remoteKnown_;  ///< peer windows added to the transport, with their size

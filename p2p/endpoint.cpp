@@ -50,24 +50,27 @@ EndpointOptions EndpointOptions::fromEnv(int localGpu, int numCpus) {
 
 Endpoint::Impl::Impl(const EndpointOptions& o) : options(o) {
   if (options.numCpus < 1 || options.numCpus > 64)
-    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: numCpus must be 1..64, not " + std::to_string(options.numCpus));
+    throw Error(ErrorCode::kInvalidArgument,
+                "p2p endpoint: numCpus must be 1..64, not " + std::to_string(options.numCpus));
   if (options.localGpu < -1)
-    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: localGpu must be -1 (none) or a GPU index, not " +
-                                                 std::to_string(options.localGpu));
+    throw Error(ErrorCode::kInvalidArgument,
+                "p2p endpoint: localGpu must be -1 (none) or a GPU index, not " + std::to_string(options.localGpu));
   if (options.transport.empty()) options.transport = linkTransportFromEnv();
   if (options.timeoutNs == 0) options.timeoutNs = defaultTimeoutNs();
   int want = options.port;
   if (want < 0) want = static_cast<int>(envInt("GDX_P2P_PORT", 19500)) + std::max(options.localGpu, 0);
   if (want > 65535)
-    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: port " + std::to_string(want) + " (GDX_P2P_PORT + GPU) is past 65535");
+    throw Error(ErrorCode::kInvalidArgument,
+                "p2p endpoint: port " + std::to_string(want) + " (GDX_P2P_PORT + GPU) is past 65535");
   int err = 0;
   listener = net::listenAt(net::ipv4(options.bindAddress == "0.0.0.0" ? "" : options.bindAddress, want),
                            net::Tuning::kControl, &err);
   if (!listener.valid())
-    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: cannot listen on " +
-                                                 net::hostPort(options.bindAddress.empty() ? "*" : options.bindAddress, want) +
-                                                 ": " + std::strerror(err) +
-                                                 (err == EADDRINUSE ? " (another endpoint? set GDX_P2P_PORT or pass port 0)" : ""));
+    throw Error(ErrorCode::kInvalidArgument,
+                "p2p endpoint: cannot listen on " +
+                    net::hostPort(options.bindAddress.empty() ? "*" : options.bindAddress, want) + ": " +
+                    std::strerror(err) +
+                    (err == EADDRINUSE ? " (another endpoint? set GDX_P2P_PORT or pass port 0)" : ""));
   sockaddr_storage a{};
   socklen_t len = sizeof a;
   GDX_SYS_CHECK(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
@@ -90,7 +93,9 @@ std::string Endpoint::Impl::who() const {
   return "endpoint " + net::hostPort(ip, port) + " (GPU " + std::to_string(options.localGpu) + ")";
 }
 
-uint64_t Endpoint::Impl::deadlineNs() const { return nowNs() + options.timeoutNs; }
+uint64_t Endpoint::Impl::deadlineNs() const {
+  return nowNs() + options.timeoutNs;
+}
 
 uint64_t Endpoint::Impl::adopt(PairLink link) {
   uint64_t id;
@@ -167,10 +172,18 @@ Endpoint::Endpoint(int localGpu, int numCpus) : Endpoint(EndpointOptions::fromEn
 Endpoint::Endpoint(const EndpointOptions& options) : impl_(std::make_unique<Impl>(options)) {}
 Endpoint::~Endpoint() = default;
 
-int Endpoint::port() const { return impl_->port; }
-std::string Endpoint::ip() const { return impl_->ip; }
-int Endpoint::localGpu() const { return impl_->options.localGpu; }
-std::string Endpoint::transport() const { return impl_->options.transport; }
+int Endpoint::port() const {
+  return impl_->port;
+}
+std::string Endpoint::ip() const {
+  return impl_->ip;
+}
+int Endpoint::localGpu() const {
+  return impl_->options.localGpu;
+}
+std::string Endpoint::transport() const {
+  return impl_->options.transport;
+}
 
 uint64_t Endpoint::connect(const std::string& ip, int remoteGpu, int port) {
   if (port < 0) port = static_cast<int>(envInt("GDX_P2P_PORT", 19500)) + std::max(remoteGpu, 0);
@@ -184,10 +197,9 @@ uint64_t Endpoint::connect(const std::string& ip, int remoteGpu, int port) {
     throw Error(ErrorCode::kTimeout, who + ": nobody accepted within GDX_TIMEOUT_MS (" +
                                          std::to_string(impl_->options.timeoutNs / 1000000) + " ms): " + why);
   net::tuneSocket(fd.get(), net::Tuning::kControl);
-  PairLink link = dialLink(std::move(fd), impl_->options.localGpu, impl_->options.transport,
-                           impl_->options.timeoutNs, deadline, who);
-  if (remoteGpu >= 0 && link.peerGpu != remoteGpu)
-    GDX_WARN(who << ": the endpoint there serves GPU " << link.peerGpu);
+  PairLink link = dialLink(std::move(fd), impl_->options.localGpu, impl_->options.transport, impl_->options.timeoutNs,
+                           deadline, who);
+  if (remoteGpu >= 0 && link.peerGpu != remoteGpu) GDX_WARN(who << ": the endpoint there serves GPU " << link.peerGpu);
   return impl_->adopt(std::move(link));
 }
 
@@ -237,21 +249,22 @@ uint64_t Endpoint::addRemoteEndpoint(const std::string& metadata) {
   uint64_t sum = 0;
   const std::string who = impl_->who() + ": addRemoteEndpoint";
   if (!(r.get(&magic) && r.get(&version)) || magic != kMetadataMagic)
-    throw Error(ErrorCode::kInvalidArgument, who + ": not endpoint metadata (" + std::to_string(metadata.size()) + " bytes)");
+    throw Error(ErrorCode::kInvalidArgument,
+                who + ": not endpoint metadata (" + std::to_string(metadata.size()) + " bytes)");
   if (version != kMetadataVersion)
     throw Error(ErrorCode::kInvalidArgument, who + ": metadata version " + std::to_string(version) + ", expected " +
                                                  std::to_string(kMetadataVersion));
   const size_t body = metadata.size() >= 8 ? metadata.size() - 8 : 0;
   if (!(r.getString(&ip, 255) && r.get(&port) && r.get(&gpu) && r.get(&sum)) || r.left() != 0)
-    throw Error(ErrorCode::kInvalidArgument, who + ": truncated or overlong metadata (" + std::to_string(metadata.size()) + " bytes)");
+    throw Error(ErrorCode::kInvalidArgument,
+                who + ": truncated or overlong metadata (" + std::to_string(metadata.size()) + " bytes)");
   if (sum != checksum(metadata.data(), body))
     throw Error(ErrorCode::kInvalidArgument, who + ": damaged metadata (checksum does not match)");
   const std::string key = net::hostPort(ip, port) + "/" + std::to_string(gpu);
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     auto it = impl_->byAddress.find(key);
-    if (it != impl_->byAddress.end() && impl_->conns.count(it->second) &&
-        impl_->conns[it->second]->failure().empty())
+    if (it != impl_->byAddress.end() && impl_->conns.count(it->second) && impl_->conns[it->second]->failure().empty())
       return it->second;
   }
   uint64_t id = connect(ip, gpu, port);

@@ -32,7 +32,8 @@ MemoryRegion Endpoint::Impl::region(uint64_t mrId, const void* ptr, size_t size,
   const MemoryRegion& r = it->second;
   const char* p = static_cast<const char*>(ptr);
   if (size == 0)
-    throw Error(ErrorCode::kInvalidArgument, who() + ": " + op + ": zero bytes (memory region " + std::to_string(mrId) + ")");
+    throw Error(ErrorCode::kInvalidArgument,
+                who() + ": " + op + ": zero bytes (memory region " + std::to_string(mrId) + ")");
   if (p < r.base || p > r.base + r.bytes || size > static_cast<uint64_t>(r.base + r.bytes - p))
     throw Error(ErrorCode::kInvalidArgument, who() + ": " + op + ": [" + hexPtr(p) + ", +" + std::to_string(size) +
                                                  ") lies outside memory region " + std::to_string(mrId) + " [" +
@@ -59,7 +60,9 @@ uint64_t Endpoint::Impl::remember(std::shared_ptr<Transfer> t) {
   return id;
 }
 
-void Endpoint::Impl::finish(const std::shared_ptr<Transfer>& t) { t->wait(t->deadlineNs() + kReportGraceNs); }
+void Endpoint::Impl::finish(const std::shared_ptr<Transfer>& t) {
+  t->wait(t->deadlineNs() + kReportGraceNs);
+}
 
 // ---- memory ---------------------------------------------------------------------------------------------------
 
@@ -139,9 +142,15 @@ uint64_t Endpoint::recvAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t s
 void Endpoint::send(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
   wait(sendAsync(connId, mrId, ptr, size));
 }
-void Endpoint::recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size) { wait(recvAsync(connId, mrId, ptr, size)); }
-void Endpoint::sendv(uint64_t connId, const std::vector<Iov>& iovs) { wait(sendvAsync(connId, iovs)); }
-void Endpoint::recvv(uint64_t connId, const std::vector<Iov>& iovs) { wait(recvvAsync(connId, iovs)); }
+void Endpoint::recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
+  wait(recvAsync(connId, mrId, ptr, size));
+}
+void Endpoint::sendv(uint64_t connId, const std::vector<Iov>& iovs) {
+  wait(sendvAsync(connId, iovs));
+}
+void Endpoint::recvv(uint64_t connId, const std::vector<Iov>& iovs) {
+  wait(recvvAsync(connId, iovs));
+}
 
 bool Endpoint::poll(uint64_t transferId) {
   std::shared_ptr<Transfer> t;
@@ -199,8 +208,8 @@ RemotePiece remotePiece(const std::string& who, const Connection& c, const std::
   std::string bad = decodeDescriptor(descriptor, &d);
   if (!bad.empty()) throw Error(ErrorCode::kInvalidArgument, who + ": " + op + " on " + c.name() + ": " + bad);
   if (d.token != c.token())
-    throw Error(ErrorCode::kInvalidArgument, who + ": " + op + " on " + c.name() +
-                                                 ": the descriptor was advertised on another connection");
+    throw Error(ErrorCode::kInvalidArgument,
+                who + ": " + op + " on " + c.name() + ": the descriptor was advertised on another connection");
   if (offset > d.bytes || size > d.bytes - offset)
     throw Error(ErrorCode::kInvalidArgument, who + ": " + op + " of " + std::to_string(size) + " bytes at offset " +
                                                  std::to_string(offset) + " on " + c.name() +

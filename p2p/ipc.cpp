@@ -81,7 +81,10 @@ std::string IpcPeers::advertise(const void* ptr, size_t size, const std::string&
   }
   ByteWriter w;
   w.put(kIpcMagic).put(kIpcVersion).put(hostId()).put<uint64_t>(static_cast<uint64_t>(getpid())).put<int32_t>(a.device);
-  w.putRaw(&h, kHandleBytes).put<uint64_t>(base).put<uint64_t>(reinterpret_cast<uintptr_t>(ptr) - base).put<uint64_t>(size);
+  w.putRaw(&h, kHandleBytes)
+      .put<uint64_t>(base)
+      .put<uint64_t>(reinterpret_cast<uintptr_t>(ptr) - base)
+      .put<uint64_t>(size);
   w.put(checksum(w.bytes().data(), w.bytes().size()));
   return w.bytes();
 }
@@ -96,8 +99,8 @@ void* IpcPeers::open(const std::string& who, const void* handle, uint64_t pid, u
   cudaError_t rc = cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess);
   if (rc != cudaSuccess) {
     cudaGetLastError();
-    throw Error(ErrorCode::kInvalidArgument, who + ": cudaIpcOpenMemHandle: " + cudaGetErrorString(rc) +
-                                                 " (the owner gone, or the same process)");
+    throw Error(ErrorCode::kInvalidArgument,
+                who + ": cudaIpcOpenMemHandle: " + cudaGetErrorString(rc) + " (the owner gone, or the same process)");
   }
   opened_[key] = mapped;
   return mapped;
@@ -109,7 +112,8 @@ void IpcPeers::copy(void* local, size_t size, const std::string& descriptor, uin
   std::string bad = decodeIpc(descriptor, &d);
   if (!bad.empty()) throw Error(ErrorCode::kInvalidArgument, who + ": " + bad);
   if (d.host != hostId())
-    throw Error(ErrorCode::kInvalidArgument, who + ": the IPC descriptor comes from another host; IPC works on one host");
+    throw Error(ErrorCode::kInvalidArgument,
+                who + ": the IPC descriptor comes from another host; IPC works on one host");
   if (size == 0 || offset > d.bytes || size > d.bytes - offset)
     throw Error(ErrorCode::kInvalidArgument, who + ": " + std::to_string(size) + " bytes at offset " +
                                                  std::to_string(offset) + " lie outside the advertised " +
@@ -125,9 +129,10 @@ void IpcPeers::copy(void* local, size_t size, const std::string& descriptor, uin
   uint64_t spins = 0;
   while (rc == cudaSuccess && (rc = cudaStreamQuery(stream)) == cudaErrorNotReady) {
     if (nowNs() >= deadline) {
-      GDX_ERROR(who << ": the IPC copy of " << size << " bytes did not finish within GDX_TIMEOUT_MS; its stream is leaked");
-      throw Error(ErrorCode::kTimeout, who + ": the IPC copy of " + std::to_string(size) +
-                                           " bytes did not finish within GDX_TIMEOUT_MS");
+      GDX_ERROR(who << ": the IPC copy of " << size
+                    << " bytes did not finish within GDX_TIMEOUT_MS; its stream is leaked");
+      throw Error(ErrorCode::kTimeout,
+                  who + ": the IPC copy of " + std::to_string(size) + " bytes did not finish within GDX_TIMEOUT_MS");
     }
     spinPause(++spins);
   }
@@ -153,7 +158,9 @@ void IpcPeers::copy(void*, size_t, const std::string& descriptor, uint64_t, bool
   throw Error(ErrorCode::kInvalidArgument, who + ": IPC copies need gdx built with CUDA");
 }
 
-void* IpcPeers::open(const std::string&, const void*, uint64_t, uint64_t) { return nullptr; }
+void* IpcPeers::open(const std::string&, const void*, uint64_t, uint64_t) {
+  return nullptr;
+}
 
 #endif
 

@@ -80,8 +80,9 @@ std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::stri
   limits.deadline = deadline;
   uint32_t len = 0;
   net::IoStatus s = net::recvFull(fd, &len, sizeof len, limits);
-  if (s.ok() && len > max) throw Error(ErrorCode::kProtocol, who + ": a handshake of " + std::to_string(len) +
-                                                                 " bytes (at most " + std::to_string(max) + ")");
+  if (s.ok() && len > max)
+    throw Error(ErrorCode::kProtocol,
+                who + ": a handshake of " + std::to_string(len) + " bytes (at most " + std::to_string(max) + ")");
   std::string blob(len, '\0');
   if (s.ok() && len > 0) s = net::recvFull(fd, &blob[0], len, limits);
   if (!s.ok())

@@ -46,7 +46,9 @@ MessageOp encode(const ControlMsg& m, int peer) {
     case MsgType::kSendRefused: w.put(m.id).put(m.bytes); break;
     case MsgType::kFence:
     case MsgType::kFenceAck: w.put(m.id); break;
-    case MsgType::kReadRequest: w.put(m.id).put(m.window).put(m.offset).put(m.bytes).put(m.dstWindow).put(m.dstOffset); break;
+    case MsgType::kReadRequest:
+      w.put(m.id).put(m.window).put(m.offset).put(m.bytes).put(m.dstWindow).put(m.dstOffset);
+      break;
     case MsgType::kReadDone: w.put(m.id).put<uint8_t>(static_cast<uint8_t>(m.status)); break;
   }
   MessageOp op;
@@ -57,7 +59,8 @@ MessageOp encode(const ControlMsg& m, int peer) {
 }
 
 std::string decode(const RemoteMessage& msg, ControlMsg* out) {
-  if (msg.bytes == 0 || msg.bytes > kMaxMessageBytes) return "a control message of " + std::to_string(msg.bytes) + " bytes";
+  if (msg.bytes == 0 || msg.bytes > kMaxMessageBytes)
+    return "a control message of " + std::to_string(msg.bytes) + " bytes";
   ByteReader r(msg.data, msg.bytes);
   uint8_t type = 0;
   r.get(&type);
@@ -93,7 +96,8 @@ std::string decode(const RemoteMessage& msg, ControlMsg* out) {
     }
     default: return "a control message of unknown type " + std::to_string(type);
   }
-  if (!r.ok()) return std::string("a truncated ") + msgTypeName(m.type) + " message (" + std::to_string(msg.bytes) + " bytes)";
+  if (!r.ok())
+    return std::string("a truncated ") + msgTypeName(m.type) + " message (" + std::to_string(msg.bytes) + " bytes)";
   if (r.left() != 0)
     return std::string("a ") + msgTypeName(m.type) + " message with " + std::to_string(r.left()) + " bytes too many";
   *out = std::move(m);

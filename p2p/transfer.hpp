@@ -15,7 +15,8 @@ namespace gdx::p2p {
 class Transfer {
  public:
   /// `what` names the operation in errors ("send of 4096 bytes on connection 2 (peer 127.0.0.1, GPU 0)").
-  Transfer(std::string what, int parts, uint64_t deadlineNs) : what_(std::move(what)), parts_(parts), deadline_(deadlineNs) {}
+  Transfer(std::string what, int parts, uint64_t deadlineNs)
+      : what_(std::move(what)), parts_(parts), deadline_(deadlineNs) {}
 
   const std::string& what() const { return what_; }
   uint64_t deadlineNs() const { return deadline_; }

@@ -208,7 +208,8 @@ TEST(P2pEndpoint, MisuseIsRefusedByNameAndTheConnectionGoesOn) {
         // Writes outside the advertised 1024 bytes, truncated and damaged descriptors: refused before sending.
         CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 1025, desc); }) == ErrorCode::kInvalidArgument);
         CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 8, desc, 1020); }) == ErrorCode::kInvalidArgument);
-        CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 8, desc.substr(0, 10)); }) == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 8, desc.substr(0, 10)); }) ==
+                    ErrorCode::kInvalidArgument);
         std::string damaged = desc;
         damaged[20] ^= 0x40;
         CHILD_CHECK(code([&] { ep.write(conn, mr, buf.data(), 8, damaged); }) == ErrorCode::kInvalidArgument);
@@ -269,47 +270,48 @@ TEST(P2pEndpoint, ConnectingToNobodyEndsWithinTheTimeout) {
 
 TEST(P2pEndpoint, PeerKilledMidTransferFailsItsTransfersAndTheServerGoesOn) {
   expectAllZero(runServerClients(
-      2,
-      [](int port) {
-        setenv("GDX_TIMEOUT_MS", "10000", 1);
-        Endpoint ep(loopbackEndpoint(port));
-        ep.startPassiveAccept();
-        p2p::Accepted first = ep.accept(), second = ep.accept();
-        if (first.remoteGpu != 0) std::swap(first, second);  // the client that dies serves "GPU" 0
-        std::vector<unsigned char> big(64 << 20, 0), ok(4096, 0);
-        uint64_t bmr = ep.reg(big.data(), big.size()), omr = ep.reg(ok.data(), ok.size());
-        uint64_t dying = ep.recvAsync(first.connId, bmr, big.data(), big.size());
-        try {
-          ep.wait(dying);
-          CHILD_CHECK(false);
-        } catch (const Error& e) {
-          CHILD_CHECK(e.code() == ErrorCode::kPeerFailed || e.code() == ErrorCode::kTimeout);
-          std::fprintf(stderr, "as expected: %s\n", e.what());
-        }
-        ep.recv(second.connId, omr, ok.data(), ok.size());
-        std::vector<unsigned char> want(4096);
-        fillRandom(want.data(), want.size(), 5);
-        CHILD_CHECK(firstMismatch(ok.data(), want.data(), want.size()) == -1);
-        return 0;
-      },
-      [](int client, int port) {
-        setenv("GDX_TIMEOUT_MS", "10000", 1);
-        p2p::EndpointOptions o = loopbackEndpoint(0);
-        o.localGpu = client;
-        Endpoint ep(o);
-        uint64_t conn = ep.connect("127.0.0.1", -1, port);
-        if (client == 0) {
-          std::vector<unsigned char> big(64 << 20, 3);
-          ep.sendAsync(conn, ep.reg(big.data(), big.size()), big.data(), big.size());
-          usleep(20000);
-          kill(getpid(), SIGKILL);  // mid-transfer, no goodbye
-        }
-        std::vector<unsigned char> data(4096);
-        fillRandom(data.data(), data.size(), 5);
-        ep.send(conn, ep.reg(data.data(), data.size()), data.data(), data.size());
-        return 0;
-      }),
-      /*killed=*/1);
+                    2,
+                    [](int port) {
+                      setenv("GDX_TIMEOUT_MS", "10000", 1);
+                      Endpoint ep(loopbackEndpoint(port));
+                      ep.startPassiveAccept();
+                      p2p::Accepted first = ep.accept(), second = ep.accept();
+                      if (first.remoteGpu != 0) std::swap(first, second);  // the client that dies serves "GPU" 0
+                      std::vector<unsigned char> big(64 << 20, 0), ok(4096, 0);
+                      uint64_t bmr = ep.reg(big.data(), big.size()), omr = ep.reg(ok.data(), ok.size());
+                      uint64_t healthy = ep.recvAsync(second.connId, omr, ok.data(), ok.size());
+                      uint64_t dying = ep.recvAsync(first.connId, bmr, big.data(), big.size());
+                      try {
+                        ep.wait(dying);
+                        CHILD_CHECK(false);
+                      } catch (const Error& e) {
+                        CHILD_CHECK(e.code() == ErrorCode::kPeerFailed || e.code() == ErrorCode::kTimeout);
+                        std::fprintf(stderr, "as expected: %s\n", e.what());
+                      }
+                      ep.wait(healthy);  // the other connection was not disturbed
+                      std::vector<unsigned char> want(4096);
+                      fillRandom(want.data(), want.size(), 5);
+                      CHILD_CHECK(firstMismatch(ok.data(), want.data(), want.size()) == -1);
+                      return 0;
+                    },
+                    [](int client, int port) {
+                      if (client == 0) setenv("GDX_TIMEOUT_MS", "10000", 1);
+                      p2p::EndpointOptions o = loopbackEndpoint(0);
+                      o.localGpu = client;
+                      Endpoint ep(o);
+                      uint64_t conn = ep.connect("127.0.0.1", -1, port);
+                      if (client == 0) {
+                        std::vector<unsigned char> big(64 << 20, 3);
+                        ep.sendAsync(conn, ep.reg(big.data(), big.size()), big.data(), big.size());
+                        usleep(20000);
+                        kill(getpid(), SIGKILL);  // mid-transfer, no goodbye
+                      }
+                      std::vector<unsigned char> data(4096);
+                      fillRandom(data.data(), data.size(), 5);
+                      ep.send(conn, ep.reg(data.data(), data.size()), data.data(), data.size());
+                      return 0;
+                    }),
+                /*killed=*/1);
 }
 
 TEST(P2pEndpoint, SeveralClientsAreServedAndBadMetadataIsRefused) {

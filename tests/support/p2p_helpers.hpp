@@ -26,8 +26,7 @@ inline p2p::EndpointOptions loopbackEndpoint(int port, int threads = 1) {
 /// Runs `server(port)` and `client(i, port)` for each of `clients` clients in their own processes; returns the exit
 /// codes, the server's first.
 inline std::vector<int> runServerClients(int clients, const std::function<int(int port)>& server,
-                                         const std::function<int(int client, int port)>& client,
-                                         int timeoutSec = 240) {
+                                         const std::function<int(int client, int port)>& client, int timeoutSec = 240) {
   const int port = freePort();
   std::vector<pid_t> pids{forkChild([&] { return server(port); })};
   for (int i = 0; i < clients; ++i) pids.push_back(forkChild([&, i] { return client(i, port); }));

@@ -1,12 +1,7 @@
 // gdx::p2p::Endpoint: point-to-point transfers between any two processes that know each other's address, without a
 // job or a fixed world (KV-cache movers between prefill and decode, weight sync, NIXL-like engines). The names follow
 // the P2P engines' Python API (connect/accept, reg, send/recv, sendv/recvv, async + poll, advertise + read/write),
-// so that a Python layer can be thin.
-//
-//   Endpoint ep(/*localGpu=*/0, /*numCpus=*/2);        // listens on GDX_P2P_PORT + localGpu
-//   uint64_t conn = ep.connect("10.0.0.2", /*remoteGpu=*/1);   // peer: auto [ip, gpu, conn] = ep.accept();
-//   uint64_t mr = ep.reg(buf, bytes);                  // host or cudaMalloc memory
-//   ep.send(conn, mr, buf, bytes);                     // peer: ep.recv(conn, mr, buf, bytes) (exact size)
+// so that a Python layer can be thin. examples/p2p_endpoint.cpp shows the calls (README.md quotes it).
 //
 // Connections: every connection is its own transport between the two processes (GDX_TRANSPORT: tcp with
 // GDX_TCP_SOCKETS sockets and GDX_TCP_CHUNK pipelining, or verbs RC queue pairs), logged at INFO; the dialling
@@ -29,12 +24,12 @@ namespace gdx::p2p {
 
 /// How an endpoint is set up; fromEnv() fills the defaults from GDX_* variables.
 struct EndpointOptions {
-  int localGpu = -1;         ///< the GPU this endpoint serves (-1: none; host memory only)
-  int numCpus = 1;           ///< progress threads; connections are spread over them
-  int port = -1;             ///< -1: GDX_P2P_PORT + max(localGpu, 0); 0: any free port (see port())
-  std::string bindAddress;   ///< "" : every interface (advertised: GDX_TCP_BIND_ADDR, else the default route's)
-  std::string transport;     ///< "" : GDX_TRANSPORT ("tcp" or "verbs")
-  uint64_t timeoutNs = 0;    ///< 0: GDX_TIMEOUT_MS
+  int localGpu = -1;        ///< the GPU this endpoint serves (-1: none; host memory only)
+  int numCpus = 1;          ///< progress threads; connections are spread over them
+  int port = -1;            ///< -1: GDX_P2P_PORT + max(localGpu, 0); 0: any free port (see port())
+  std::string bindAddress;  ///< "" : every interface (advertised: GDX_TCP_BIND_ADDR, else the default route's)
+  std::string transport;    ///< "" : GDX_TRANSPORT ("tcp" or "verbs")
+  uint64_t timeoutNs = 0;   ///< 0: GDX_TIMEOUT_MS
   static EndpointOptions fromEnv(int localGpu = -1, int numCpus = 1);
 };
 

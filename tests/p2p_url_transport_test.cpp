@@ -1,0 +1,110 @@
+// gdx::p2p::UrlTransport between two processes: bind/connect with URLs swapped through pipes (an application's own
+// channel), many writes in flight with notifications, every byte checked, and refused misuse.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gdx/error.hpp"
+#include "gdx/p2p/url_transport.hpp"
+#include "support/test_support.hpp"
+
+namespace gdx::test {
+namespace {
+
+using p2p::RegisteredMemory;
+using p2p::RemoteBuffer;
+using p2p::UrlTransport;
+
+constexpr size_t kBytes = 4 << 20;
+constexpr int kWrites = 32;
+
+void putLine(int fd, const std::string& s) {
+  std::string line = s + "\n";
+  (void)!::write(fd, line.data(), line.size());
+}
+
+std::string getLine(int fd) {
+  std::string s;
+  char c;
+  while (::read(fd, &c, 1) == 1 && c != '\n') s += c;
+  return s;
+}
+
+/// Side `me` of two: binds, swaps URL, buffer address and key with the other side, connects.
+int side(int me, int toPeer, int fromPeer) {
+  UrlTransport t;
+  const std::string url = t.bind();
+  std::vector<unsigned char> buf(kBytes, 0xAB);
+  RegisteredMemory mem(buf.data(), buf.size());
+  putLine(toPeer, url);
+  putLine(toPeer, std::to_string(reinterpret_cast<uintptr_t>(buf.data())));
+  putLine(toPeer, mem.remoteKey());
+  const std::string peerUrl = getLine(fromPeer);
+  RemoteBuffer remote{reinterpret_cast<void*>(std::stoull(getLine(fromPeer))), getLine(fromPeer)};
+  CHILD_CHECK(!t.connected());
+  t.connect(peerUrl);
+  CHILD_CHECK(t.connected());
+  if (me == 0) {  // the writer
+    fillRandom(buf.data(), buf.size(), 77);
+    std::vector<std::future<Status>> inFlight;
+    const size_t piece = kBytes / kWrites;
+    for (int i = 0; i < kWrites; ++i)
+      inFlight.push_back(t.write(mem.view(i * piece, piece),
+                                 RemoteBuffer{static_cast<char*>(remote.ptr) + i * piece, remote.accessKey}, true));
+    for (auto& f : inFlight) CHILD_CHECK(f.get() == Status::kOk);
+    // Misuse: past the peer's memory, a key that is not one, a view outside the local memory.
+    CHILD_CHECK(t.write(mem.view(0, 16), RemoteBuffer{static_cast<char*>(remote.ptr) + kBytes - 8, remote.accessKey},
+                        false)
+                    .get() == Status::kInvalidArgument);
+    CHILD_CHECK(t.write(mem.view(0, 16), RemoteBuffer{remote.ptr, "gdxmem:1"}, false).get() == Status::kInvalidArgument);
+    CHILD_CHECK(errorCodeOf([&] { mem.view(kBytes - 4, 8); }) == ErrorCode::kInvalidArgument);
+    CHILD_CHECK(mem.contains(mem.view(8, 8)) && !mem.contains(buf.data() + kBytes, 1));
+    CHILD_CHECK(t.write(mem.view(0, 1), remote, true).get() == Status::kOk);  // "done"
+  } else {
+    for (int i = 0; i < kWrites; ++i) CHILD_CHECK(t.waitForWrite().get() == Status::kOk);
+    std::vector<unsigned char> want(kBytes);
+    fillRandom(want.data(), want.size(), 77);
+    CHILD_CHECK(t.waitForWrite().get() == Status::kOk);  // the last one-byte write
+    CHILD_CHECK(firstMismatch(buf.data(), want.data(), kBytes) == -1);
+  }
+  putLine(toPeer, "bye");  // neither side closes while the other still works
+  CHILD_CHECK(getLine(fromPeer) == "bye");
+  return 0;
+}
+
+TEST(P2pUrlTransport, ManyNotifiedWritesInFlightEveryByteChecked) {
+  int ab[2], ba[2];
+  ASSERT_EQ(pipe(ab), 0);
+  ASSERT_EQ(pipe(ba), 0);
+  pid_t a = forkChild([&] { return side(0, ab[1], ba[0]); });
+  pid_t b = forkChild([&] { return side(1, ba[1], ab[0]); });
+  EXPECT_EQ(waitChild(a, 240), 0);
+  EXPECT_EQ(waitChild(b, 240), 0);
+  for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
+}
+
+TEST(P2pUrlTransport, SupportedBadUrlsAndNobodyAreClearErrors) {
+  EXPECT_TRUE(UrlTransport::supported("tcp"));
+  EXPECT_FALSE(UrlTransport::supported("carrier-pigeon"));
+  EXPECT_EQ(runSolo([] {
+              setenv("GDX_TIMEOUT_MS", "1000", 1);
+              UrlTransport t(-1, "tcp");
+              CHILD_CHECK(errorCodeOf([&] { t.connect("tcp://127.0.0.1:1"); }) == ErrorCode::kInvalidArgument);
+              const std::string url = t.bind();
+              CHILD_CHECK(errorCodeOf([&] { t.connect(url); }) == ErrorCode::kInvalidArgument);
+              CHILD_CHECK(errorCodeOf([&] { t.connect("verbs://127.0.0.1:5"); }) == ErrorCode::kInvalidArgument);
+              CHILD_CHECK(errorCodeOf([&] { t.connect("no-url"); }) == ErrorCode::kInvalidArgument);
+              // A URL larger than ours dials: nobody listens there, so it times out by name.
+              CHILD_CHECK(errorCodeOf([&] { t.connect("tcp://255.255.255.255:" + std::to_string(freePort())); }) ==
+                          ErrorCode::kTimeout);
+              CHILD_CHECK(!t.connected());
+              return 0;
+            }),
+            0);
+}
+
+}  // namespace
+}  // namespace gdx::test

@@ -75,10 +75,12 @@ inline double iperf3Number(const std::string& json, const std::string& after, co
   return colon == std::string::npos ? -1 : std::strtod(json.c_str() + colon + 1, nullptr);
 }
 
-/// One single-stream test of `seconds` against a server at host:port, retried while that server is starting.
-inline Iperf3Result runIperf3Client(const std::string& host, int port, int seconds) {
+/// One test of `seconds` with `streams` parallel streams (-P) against a server at host:port, retried while that server
+/// is starting.
+inline Iperf3Result runIperf3Client(const std::string& host, int port, int seconds, int streams = 1) {
   Iperf3Result r;
-  r.command = "iperf3 -c " + host + " -p " + std::to_string(port) + " -t " + std::to_string(seconds);
+  r.command = "iperf3 -c " + host + " -p " + std::to_string(port) + " -t " + std::to_string(seconds) +
+              (streams > 1 ? " -P " + std::to_string(streams) : "");
   for (int attempt = 0; attempt < 20; ++attempt) {
     FILE* p = popen((r.command + " -J 2>&1").c_str(), "r");
     if (!p) break;

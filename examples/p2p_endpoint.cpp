@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
   std::thread other([&] { b.connect(urlA); });  // both connect() calls wait for each other
   a.connect(urlB);
   other.join();
-  std::future<gdx::Status> written = a.write(src.view(0, bytes), gdx::p2p::RemoteBuffer{recvBuf.data(), dst.remoteKey()},
-                                             /*notify=*/true);
+  gdx::p2p::RemoteBuffer remote{recvBuf.data(), dst.remoteKey()};  // the peer's address and key
+  std::future<gdx::Status> written = a.write(src.view(0, bytes), remote, /*notify=*/true);
   bool arrived = b.waitForWrite().get() == gdx::Status::kOk;  // resolves once the notified write is in place
   // [end-snippet]
   ok = ok && arrived && written.get() == gdx::Status::kOk && std::memcmp(recvBuf.data(), sendBuf.data(), bytes) == 0;

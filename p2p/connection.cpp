@@ -30,7 +30,7 @@ const char* readStatusText(ReadStatus s) {
 Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::function<void()> wake)
     : id_(id), link_(std::move(link)), timeoutNs_(timeoutNs), wake_(std::move(wake)) {
   name_ = "connection " + std::to_string(id_) + " (peer " + link_.peerIp + ", GPU " + std::to_string(link_.peerGpu) +
-          ", " + link_.transport->name() + ")";
+          ", " + link_.detail + ")";
 }
 
 Connection::~Connection() {
@@ -507,7 +507,7 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
     if (failure_.empty()) failure_ = why;
   }
   GDX_WARN(name_ << ": " << why);
-  for (auto& t : live_) t->fail(code, name_ + ": " + why);
+  for (auto& t : live_) t->fail(code, why);  // the transfer's own description names the connection
   live_.clear();
   sends_.clear();
   recvs_.clear();

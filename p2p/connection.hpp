@@ -76,12 +76,14 @@ class Connection {
   void start();
 
   uint64_t id() const { return id_; }
-  /// "connection 3 (peer 10.0.0.2:41234, GPU 1, tcp)", the start of this connection's errors.
+  /// "connection 3 (peer 10.0.0.2:41234, GPU 1, tcp, 4 sockets, 1048576-byte chunks)", the start of its errors.
   const std::string& name() const { return name_; }
   uint64_t token() const { return link_.token; }
   const std::string& peerIp() const { return link_.peerIp; }
   int peerGpu() const { return link_.peerGpu; }
   std::string transportName() const { return link_.transport->name(); }
+  /// What carries it (PairLink::detail).
+  const std::string& transportDetail() const { return link_.detail; }
   uint64_t timeoutNs() const { return timeoutNs_; }
 
   /// Queue operations; the transfer counts one part per piece (write: one more for the fence).

@@ -56,6 +56,9 @@ Endpoint::Impl::Impl(const EndpointOptions& o) : options(o) {
     throw Error(ErrorCode::kInvalidArgument,
                 "p2p endpoint: localGpu must be -1 (none) or a GPU index, not " + std::to_string(options.localGpu));
   if (options.transport.empty()) options.transport = linkTransportFromEnv();
+  if (options.transport != "tcp" && options.transport != "verbs")
+    throw Error(ErrorCode::kInvalidArgument,
+                "p2p endpoint: transport '" + options.transport + "' cannot connect two endpoints; use tcp or verbs");
   if (options.timeoutNs == 0) options.timeoutNs = defaultTimeoutNs();
   int want = options.port;
   if (want < 0) want = static_cast<int>(envInt("GDX_P2P_PORT", 19500)) + std::max(options.localGpu, 0);
@@ -183,6 +186,9 @@ int Endpoint::localGpu() const {
 }
 std::string Endpoint::transport() const {
   return impl_->options.transport;
+}
+std::string Endpoint::connectionTransport(uint64_t connId) {
+  return impl_->connection(connId, "connectionTransport")->transportDetail();
 }
 
 uint64_t Endpoint::connect(const std::string& ip, int remoteGpu, int port) {

@@ -13,7 +13,7 @@ namespace gdx::p2p {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x50584447;  // "GDXP"
-constexpr uint16_t kHelloVersion = 1;
+constexpr uint16_t kHelloVersion = 2;         // 2: the dialler's TCP sockets and chunk size
 constexpr size_t kMaxHandshakeBytes = 16384;
 
 std::string hexSecret() {
@@ -23,12 +23,27 @@ std::string hexSecret() {
   return buf;
 }
 
+/// How the TCP transport of a connection splits its data; the dialler's environment decides for both sides.
+struct TcpShape {
+  uint16_t sockets = 0;
+  uint64_t chunkBytes = 0;
+};
+
+TcpShape tcpShapeFromEnv() {
+  TcpTransportOptions t = TcpTransportOptions::fromEnv(0, 2, "");
+  return TcpShape{static_cast<uint16_t>(t.socketsPerPeer), t.chunkBytes};
+}
+
 std::unique_ptr<Transport> makePairTransport(const std::string& kind, int rank, const std::string& secret,
-                                             const std::string& bindAddress, uint64_t timeoutNs) {
+                                             const std::string& bindAddress, uint64_t timeoutNs, const TcpShape& shape,
+                                             std::string* detail) {
   if (kind == "tcp") {
     TcpTransportOptions t = TcpTransportOptions::fromEnv(rank, 2, secret);
     t.bindAddress = bindAddress;
     t.timeoutNs = timeoutNs;
+    t.socketsPerPeer = shape.sockets;
+    t.chunkBytes = shape.chunkBytes;
+    *detail = "tcp, " + std::to_string(t.socketsPerPeer) + " sockets, " + std::to_string(t.chunkBytes) + "-byte chunks";
     return makeTcpTransport(t);
   }
   if (kind == "verbs") {
@@ -36,6 +51,7 @@ std::unique_ptr<Transport> makePairTransport(const std::string& kind, int rank, 
     VerbsTransportOptions v = VerbsTransportOptions::fromEnv(rank, 2);
     v.lanes = 1;
     v.timeoutNs = timeoutNs;
+    *detail = "verbs, RC";
     return makeVerbsTransport(v);
 #else
     throw Error(ErrorCode::kInvalidArgument, "transport 'verbs': gdx was built without libibverbs");
@@ -97,10 +113,11 @@ PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, 
   link.self = 0;
   link.peerIp = net::peerName(fd.get());
   const std::string secret = hexSecret();
-  link.transport = makePairTransport(transport, 0, secret, net::localAddress(fd.get()), timeoutNs);
+  const TcpShape shape = transport == "tcp" ? tcpShapeFromEnv() : TcpShape{};
+  link.transport = makePairTransport(transport, 0, secret, net::localAddress(fd.get()), timeoutNs, shape, &link.detail);
   ByteWriter hello;
   hello.put(kHelloMagic).put(kHelloVersion).putString(transport).put<int32_t>(localGpu).putString(secret);
-  hello.putString(link.transport->localAddress());
+  hello.putString(link.transport->localAddress()).put(shape.sockets).put(shape.chunkBytes);
   sendBlob(fd.get(), hello.bytes(), deadline, who);
 
   const std::string blob = recvBlob(fd.get(), kMaxHandshakeBytes, deadline, who);
@@ -130,17 +147,22 @@ PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport
   uint16_t version = 0;
   std::string theirTransport, secret, address;
   int32_t gpu = -1;
+  TcpShape shape;
   std::string why;
   if (!(r.get(&magic) && r.get(&version)) || magic != kHelloMagic) {
     why = "the peer is not a gdx endpoint";
   } else if (version != kHelloVersion) {
     why = "the peer speaks version " + std::to_string(version) + ", this one " + std::to_string(kHelloVersion);
   } else if (!(r.getString(&theirTransport, 64) && r.get(&gpu) && r.getString(&secret, 4096) &&
-               r.getString(&address, kMaxHandshakeBytes))) {
+               r.getString(&address, kMaxHandshakeBytes) && r.get(&shape.sockets) && r.get(&shape.chunkBytes))) {
     why = "a truncated hello";
   } else if (theirTransport != transport) {
     why = "the peer uses transport '" + theirTransport + "', this endpoint '" + transport +
           "' (set GDX_TRANSPORT alike on both sides)";
+  } else if (transport == "tcp" &&
+             (shape.sockets < 1 || shape.sockets > 64 || shape.chunkBytes < 1 || shape.chunkBytes > (1u << 30))) {
+    why = "the peer asks for " + std::to_string(shape.sockets) + " sockets of " + std::to_string(shape.chunkBytes) +
+          "-byte chunks (1..64 sockets, chunks up to 1 GiB)";
   }
   ByteWriter answer;
   answer.put(kHelloMagic).put(kHelloVersion);
@@ -158,7 +180,7 @@ PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport
   link.peerIp = net::peerName(fd.get());
   link.peerGpu = gpu;
   link.token = randomU64();
-  link.transport = makePairTransport(transport, 1, secret, net::localAddress(fd.get()), timeoutNs);
+  link.transport = makePairTransport(transport, 1, secret, net::localAddress(fd.get()), timeoutNs, shape, &link.detail);
   link.addresses = {address, link.transport->localAddress()};
   answer.put<uint8_t>(1).putString("").put<int32_t>(localGpu).putString(link.transport->localAddress()).put(link.token);
   sendBlob(fd.get(), answer.bytes(), deadline, who);

@@ -1,8 +1,10 @@
 // A gdx::Transport between exactly two processes, set up over one control socket: the side that dialled is rank 0,
 // the side that accepted rank 1. The dialler's Hello names the transport, its GPU, its transport address and a fresh
-// random secret (so no third process can join the data connections); the acceptor answers with its own GPU and
-// address and a random token that names the connection in descriptors, or refuses with the reason (another
-// transport, a wrong magic or version). Both then build the transport for a world of two; Connection connects it.
+// random secret (so no third process can join the data connections) and, for TCP, its socket count and chunk size
+// (GDX_TCP_SOCKETS, GDX_TCP_CHUNK), which the acceptor adopts so that both sides of a connection agree even when
+// their environments differ; the acceptor answers with its own GPU and address and a random token that names the
+// connection in descriptors, or refuses with the reason (another transport, a wrong magic or version). Both then
+// build the transport for a world of two; Connection connects it.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@ struct PairLink {
   std::string peerIp;                  ///< the other side's address as seen on the control socket
   int peerGpu = -1;
   uint64_t token = 0;  ///< names the connection in descriptors; the same on both sides
+  std::string detail;  ///< what carries the connection: "tcp, 4 sockets, 1048576-byte chunks" or "verbs, RC"
   int peer() const { return 1 - self; }
 };
 

@@ -170,18 +170,22 @@ std::string UrlTransport::bind() {
   return impl_->url;
 }
 
-bool UrlTransport::connected() const { return impl_->conn && impl_->conn->failure().empty(); }
+bool UrlTransport::connected() const {
+  return impl_->conn && impl_->conn->failure().empty();
+}
 
 void UrlTransport::connect(const std::string& peerUrl) {
   Impl& d = *impl_;
-  const std::string who = "UrlTransport " + (d.url.empty() ? std::string("(unbound)") : d.url) + ": connect(" + peerUrl + ")";
+  const std::string who =
+      "UrlTransport " + (d.url.empty() ? std::string("(unbound)") : d.url) + ": connect(" + peerUrl + ")";
   if (!d.listener.valid()) throw Error(ErrorCode::kInvalidArgument, who + ": call bind() first");
   if (d.conn) throw Error(ErrorCode::kInvalidArgument, who + ": already connected");
   const size_t sep = peerUrl.find("://");
-  if (sep == std::string::npos) throw Error(ErrorCode::kInvalidArgument, who + ": not a URL of bind() (scheme://host:port)");
+  if (sep == std::string::npos)
+    throw Error(ErrorCode::kInvalidArgument, who + ": not a URL of bind() (scheme://host:port)");
   if (peerUrl.substr(0, sep) != d.transport)
-    throw Error(ErrorCode::kInvalidArgument, who + ": the peer uses transport '" + peerUrl.substr(0, sep) +
-                                                 "', this side '" + d.transport + "'");
+    throw Error(ErrorCode::kInvalidArgument,
+                who + ": the peer uses transport '" + peerUrl.substr(0, sep) + "', this side '" + d.transport + "'");
   if (peerUrl == d.url) throw Error(ErrorCode::kInvalidArgument, who + ": that is this transport's own URL");
   net::HostPort hp = net::HostPort::parse(peerUrl.substr(sep + 3));
   const net::Deadline deadline = net::deadlineIn(d.timeoutNs);

@@ -56,10 +56,11 @@ int side(int me, int toPeer, int fromPeer) {
                                  RemoteBuffer{static_cast<char*>(remote.ptr) + i * piece, remote.accessKey}, true));
     for (auto& f : inFlight) CHILD_CHECK(f.get() == Status::kOk);
     // Misuse: past the peer's memory, a key that is not one, a view outside the local memory.
-    CHILD_CHECK(t.write(mem.view(0, 16), RemoteBuffer{static_cast<char*>(remote.ptr) + kBytes - 8, remote.accessKey},
-                        false)
-                    .get() == Status::kInvalidArgument);
-    CHILD_CHECK(t.write(mem.view(0, 16), RemoteBuffer{remote.ptr, "gdxmem:1"}, false).get() == Status::kInvalidArgument);
+    CHILD_CHECK(
+        t.write(mem.view(0, 16), RemoteBuffer{static_cast<char*>(remote.ptr) + kBytes - 8, remote.accessKey}, false)
+            .get() == Status::kInvalidArgument);
+    CHILD_CHECK(t.write(mem.view(0, 16), RemoteBuffer{remote.ptr, "gdxmem:1"}, false).get() ==
+                Status::kInvalidArgument);
     CHILD_CHECK(errorCodeOf([&] { mem.view(kBytes - 4, 8); }) == ErrorCode::kInvalidArgument);
     CHILD_CHECK(mem.contains(mem.view(8, 8)) && !mem.contains(buf.data() + kBytes, 1));
     CHILD_CHECK(t.write(mem.view(0, 1), remote, true).get() == Status::kOk);  // "done"

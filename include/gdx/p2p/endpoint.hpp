@@ -70,8 +70,11 @@ class Endpoint {
   int port() const;
   std::string ip() const;
   int localGpu() const;
-  /// The transport connections use ("tcp" or "verbs").
+  /// The transport connections use ("tcp" or "verbs"; forced by EndpointOptions::transport, else GDX_TRANSPORT).
   std::string transport() const;
+  /// What carries connection `connId`, as logged when it came up: "tcp, 4 sockets, 1048576-byte chunks" (the
+  /// dialling side's GDX_TCP_SOCKETS and GDX_TCP_CHUNK, adopted by the accepting side) or "verbs, RC".
+  std::string connectionTransport(uint64_t connId);
 
   // ---- memory ----
   /// Registers [ptr, ptr + bytes) (host memory, or cudaMalloc memory in a CUDA build); returns its id.

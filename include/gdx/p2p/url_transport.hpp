@@ -1,6 +1,6 @@
-// gdx::p2p::UrlTransport: the shape of an RDMA transport API with bind/connect URLs (one transport = one peer): bind() gives
-// this side's URL, connect(url) joins the peer's, RegisteredMemory registers a buffer (RAII) whose remoteKey() the
-// peer uses in a RemoteBuffer, write(view, remote, notify) returns a future, waitForWrite() waits for a notified
+// gdx::p2p::UrlTransport: the shape of an RDMA transport API with bind/connect URLs (one transport = one peer): bind()
+// gives this side's URL, connect(url) joins the peer's, RegisteredMemory registers a buffer (RAII) whose remoteKey()
+// the peer uses in a RemoteBuffer, write(view, remote, notify) returns a future, waitForWrite() waits for a notified
 // write. examples/p2p_endpoint.cpp shows the calls (README.md quotes it).
 //
 // Built on the same connections as Endpoint (GDX_TRANSPORT: tcp or verbs). Every future resolves within

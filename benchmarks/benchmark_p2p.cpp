@@ -1,0 +1,352 @@
+// benchmark_p2p: gdx::p2p::Endpoint between two processes, client -> server, per message size.
+//
+//   benchmark_p2p [--role server|client [--peer HOST] [--port N]] [--device cpu|gpu] [--transport tcp|verbs]
+//                 [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE]
+//
+// Launch: by hand with no --role it runs itself as a server and a client on 127.0.0.1; on two hosts start
+// `--role server` on one and `--role client --peer SERVER` on the other, with the same flags. Per size (powers of
+// two from --min-bytes 256 to --max-bytes 256 MiB) the client measures:
+//   send/recv  latency: half the round trip of a blocking send answered by a send of the same size;
+//              bandwidth: --depth sendAsync in flight, timed until the server acknowledges the last receive
+//   sendv      bandwidth of sendv of 16 pieces of size/16 (sizes of 16 pieces or more)
+//   write      latency: one blocking write (it returns once the data is placed at the server); bandwidth:
+//              --depth writeAsync in flight into the region the server advertised
+//   read       the same with read / readAsync
+// and, over TCP, the kernel's own TCP beside it in the same run: the one-way latency of a raw socket ping-pong of the
+// same size on loopback, and iperf3 with as many streams (-P) as the endpoint's connection has sockets
+// (GDX_TCP_SOCKETS). A table on stdout, the same as JSON in --json. Over verbs, perftest's ib_write_bw/ib_read_bw
+// are the peer (run them in the same VM boot); on GPUs --device gpu puts both regions in cudaMalloc memory.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "benchmarks/cli.hpp"
+#include "benchmarks/peer_tcp.hpp"
+#include "benchmarks/run_info.hpp"
+#include "benchmarks/self_launch.hpp"
+#include "gdx/error.hpp"
+#include "gdx/p2p/endpoint.hpp"
+
+#if defined(GDX_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace {
+
+using namespace gdx;
+using p2p::Endpoint;
+using p2p::Iov;
+
+struct Args {
+  std::string role;
+  std::string peer = "127.0.0.1";
+  int port = 29519;
+  std::string device = "cpu";
+  std::string transport;
+  uint64_t minBytes = 256;
+  uint64_t maxBytes = 256 << 20;
+  int depth = 8;
+  uint64_t targetBytes = 256 << 20;
+  std::string json = "benchmark_p2p.json";
+};
+
+constexpr int kPieces = 16;  // sendv's vector length
+
+/// The region both sides move data from and into: host memory, or GPU memory with --device gpu.
+struct Region {
+  Region(size_t bytes, bool gpu) : gpu(gpu) {
+    if (!gpu) {
+      p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+      std::memset(p, 1, bytes);
+      return;
+    }
+#if defined(GDX_HAVE_CUDA)
+    if (cudaMalloc(&p, bytes) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaMalloc failed");
+#else
+    throw Error(ErrorCode::kInvalidArgument, "--device gpu: gdx was built without CUDA");
+#endif
+  }
+  ~Region() {
+#if defined(GDX_HAVE_CUDA)
+    if (gpu) {
+      cudaFree(p);
+      return;
+    }
+#endif
+    std::free(p);
+  }
+  char* at(size_t off) const { return static_cast<char*>(p) + off; }
+  void* p = nullptr;
+  bool gpu;
+};
+
+/// How often each measurement repeats at `bytes`: about --target-bytes, at least 8 and at most 20000 times.
+struct Plan {
+  uint64_t bytes;
+  int latencyIters;
+  int bandwidthOps;
+};
+
+std::vector<Plan> plans(const Args& a) {
+  std::vector<Plan> out;
+  for (uint64_t n = a.minBytes; n <= a.maxBytes; n *= 2) {
+    const uint64_t ops = std::min<uint64_t>(20000, std::max<uint64_t>(8, a.targetBytes / n));
+    out.push_back(Plan{n, static_cast<int>(std::min<uint64_t>(ops, 1000)), static_cast<int>(ops)});
+  }
+  return out;
+}
+
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Keeps `depth` of `ops` asynchronous transfers in flight, started by `start(i)`; waits for all of them.
+template <typename Start>
+void pipeline(Endpoint& ep, int ops, int depth, Start start) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < ops; ++i) {
+    if (static_cast<int>(ids.size()) >= depth) {
+      ep.wait(ids.front());
+      ids.erase(ids.begin());
+    }
+    ids.push_back(start(i));
+  }
+  for (uint64_t id : ids) ep.wait(id);
+}
+
+std::vector<Iov> pieces(uint64_t mr, const Region& r, uint64_t bytes) {
+  std::vector<Iov> v;
+  for (int i = 0; i < kPieces; ++i) v.push_back(Iov{mr, r.at(i * (bytes / kPieces)), bytes / kPieces});
+  return v;
+}
+
+/// The server's side of every measurement, in the client's order; it serves writes and reads in the background.
+void serve(const Args& a, Endpoint& ep, uint64_t conn, uint64_t mr, const Region& r, uint64_t ackMr, char* ack) {
+  for (const Plan& p : plans(a)) {
+    for (int i = 0; i < p.latencyIters; ++i) {
+      ep.recv(conn, mr, r.p, p.bytes);
+      ep.send(conn, mr, r.p, p.bytes);
+    }
+    pipeline(ep, p.bandwidthOps, a.depth, [&](int) { return ep.recvAsync(conn, mr, r.p, p.bytes); });
+    ep.send(conn, ackMr, ack, 8);
+    if (p.bytes >= kPieces) {
+      for (int i = 0; i < p.bandwidthOps; ++i) ep.recvv(conn, pieces(mr, r, p.bytes));
+      ep.send(conn, ackMr, ack, 8);
+    }
+    ep.recv(conn, ackMr, ack, 8);  // the client is done with writes and reads of this size
+  }
+}
+
+struct Row {
+  uint64_t bytes = 0;
+  double sendUs = 0, sendGbps = 0, sendvGbps = -1, writeUs = 0, writeGbps = 0, readUs = 0, readGbps = 0;
+  double rawTcpUs = -1;
+};
+
+Row measure(const Args& a, const Plan& p, Endpoint& ep, uint64_t conn, uint64_t mr, const Region& r, uint64_t ackMr,
+            char* ack, const std::string& desc, bool tcp) {
+  Row row;
+  row.bytes = p.bytes;
+  const double bytes = static_cast<double>(p.bytes);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < p.latencyIters; ++i) {
+    ep.send(conn, mr, r.p, p.bytes);
+    ep.recv(conn, mr, r.p, p.bytes);
+  }
+  row.sendUs = secondsSince(t0) / p.latencyIters / 2 * 1e6;
+  t0 = std::chrono::steady_clock::now();
+  pipeline(ep, p.bandwidthOps, a.depth, [&](int) { return ep.sendAsync(conn, mr, r.p, p.bytes); });
+  ep.recv(conn, ackMr, ack, 8);
+  row.sendGbps = bytes * p.bandwidthOps / secondsSince(t0) / 1e9;
+  if (p.bytes >= kPieces) {
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < p.bandwidthOps; ++i) ep.sendv(conn, pieces(mr, r, p.bytes));
+    ep.recv(conn, ackMr, ack, 8);
+    row.sendvGbps = static_cast<double>(p.bytes / kPieces * kPieces) * p.bandwidthOps / secondsSince(t0) / 1e9;
+  }
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < p.latencyIters; ++i) ep.write(conn, mr, r.p, p.bytes, desc);
+  row.writeUs = secondsSince(t0) / p.latencyIters * 1e6;
+  t0 = std::chrono::steady_clock::now();
+  pipeline(ep, p.bandwidthOps, a.depth, [&](int) { return ep.writeAsync(conn, mr, r.p, p.bytes, desc); });
+  row.writeGbps = bytes * p.bandwidthOps / secondsSince(t0) / 1e9;
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < p.latencyIters; ++i) ep.read(conn, mr, r.p, p.bytes, desc);
+  row.readUs = secondsSince(t0) / p.latencyIters * 1e6;
+  t0 = std::chrono::steady_clock::now();
+  pipeline(ep, p.bandwidthOps, a.depth, [&](int) { return ep.readAsync(conn, mr, r.p, p.bytes, desc); });
+  row.readGbps = bytes * p.bandwidthOps / secondsSince(t0) / 1e9;
+  ep.send(conn, ackMr, ack, 8);
+  if (tcp) row.rawTcpUs = bench::tcpPingPongUs(p.bytes, std::min(p.latencyIters, 200));
+  return row;
+}
+
+std::string num(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4g", v);
+  return b;
+}
+
+void report(const Args& a, const Endpoint& ep, const std::string& shape, const std::vector<Row>& rows,
+            const bench::Iperf3Result* iperf3) {
+  std::printf("benchmark_p2p: %s, device %s, depth %d, client -> server\n", shape.c_str(), a.device.c_str(), a.depth);
+  std::printf("%11s | %9s %9s %9s | %9s %9s | %9s %9s | %9s\n", "bytes", "send us", "send GB/s", "sendv GB/s",
+              "write us", "wr GB/s", "read us", "rd GB/s", "raw tcp us");
+  std::ostringstream js;
+  js << "{\"benchmark\":\"benchmark_p2p\",\"transport\":" << bench::jsonString(ep.transport())
+     << ",\"connection\":" << bench::jsonString(shape) << ",\"device\":\"" << a.device << "\",\"depth\":" << a.depth
+     << bench::runInfoJson(bench::hostMachine()) << ",\"results\":[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::printf("%11llu | %9.2f %9.3f %9s | %9.2f %9.3f | %9.2f %9.3f | %9s\n", static_cast<unsigned long long>(r.bytes),
+                r.sendUs, r.sendGbps, r.sendvGbps < 0 ? "-" : num(r.sendvGbps).c_str(), r.writeUs, r.writeGbps,
+                r.readUs, r.readGbps, r.rawTcpUs < 0 ? "-" : num(r.rawTcpUs).c_str());
+    js << (i ? "," : "") << "{\"bytes\":" << r.bytes << ",\"send_us\":" << r.sendUs
+       << ",\"send_gb_per_s\":" << r.sendGbps << ",\"sendv_gb_per_s\":" << r.sendvGbps << ",\"write_us\":" << r.writeUs
+       << ",\"write_gb_per_s\":" << r.writeGbps << ",\"read_us\":" << r.readUs << ",\"read_gb_per_s\":" << r.readGbps
+       << ",\"raw_tcp_us\":" << r.rawTcpUs << "}";
+  }
+  js << "]";
+  if (iperf3) {
+    std::printf("%s\n", iperf3->describe().c_str());
+    js << ",\"peer_iperf3\":" << iperf3->json();
+  }
+  js << "}\n";
+  std::ofstream(a.json) << js.str();
+  std::printf("wrote %s\n", a.json.c_str());
+}
+
+/// N of a TCP connection's "tcp, N sockets, ..." (Endpoint::connectionTransport); 1 for anything else.
+int socketsOf(const std::string& shape) {
+  return shape.rfind("tcp, ", 0) == 0 ? std::max(1, std::atoi(shape.c_str() + 5)) : 1;
+}
+
+int run(const Args& a) {
+  p2p::EndpointOptions o = p2p::EndpointOptions::fromEnv(-1, 1);
+  o.localGpu = -1;
+#if defined(GDX_HAVE_CUDA)
+  if (a.device == "gpu") {
+    const char* d = std::getenv("GDX_CUDA_DEVICE");
+    o.localGpu = d ? std::atoi(d) : 0;
+    if (cudaSetDevice(o.localGpu) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaSetDevice failed");
+  }
+#endif
+  if (!a.transport.empty()) o.transport = a.transport;
+  o.port = a.role == "server" ? a.port : 0;
+  Region r(a.maxBytes, a.device == "gpu");
+  char ack[8] = {};
+  Endpoint ep(o);
+  const uint64_t conn = a.role == "server" ? ep.accept().connId : ep.connect(a.peer, -1, a.port);
+  const uint64_t mr = ep.reg(r.p, a.maxBytes), ackMr = ep.reg(ack, sizeof ack);
+  const std::string shape = ep.connectionTransport(conn);
+  if (a.role == "server") {
+    const std::string desc = ep.advertise(conn, mr, r.p, a.maxBytes);
+    uint64_t n = desc.size();
+    std::vector<char> blob(8 + n);
+    std::memcpy(blob.data(), &n, 8);
+    std::memcpy(blob.data() + 8, desc.data(), n);
+    const uint64_t bmr = ep.reg(blob.data(), blob.size());
+    ep.send(conn, bmr, blob.data(), 8);
+    ep.send(conn, bmr, blob.data() + 8, n);
+    serve(a, ep, conn, mr, r, ackMr, ack);
+    ep.recv(conn, ackMr, ack, 8);  // the client has finished: nothing is in flight when this side closes
+    std::printf("server: served %s over %s; the client prints the results\n", a.device.c_str(), shape.c_str());
+    return 0;
+  }
+  uint64_t n = 0;
+  const uint64_t nmr = ep.reg(&n, 8);
+  ep.recv(conn, nmr, &n, 8);
+  std::string desc(n, '\0');
+  ep.recv(conn, ep.reg(&desc[0], n), &desc[0], n);
+  std::vector<Row> rows;
+  const bool tcp = ep.transport() == "tcp";
+  for (const Plan& p : plans(a)) rows.push_back(measure(a, p, ep, conn, mr, r, ackMr, ack, desc, tcp));
+  ep.send(conn, ackMr, ack, 8);
+  bench::Iperf3Result iperf3;
+  if (tcp) {
+    // iperf3 toward the same host as the endpoint's connection, with as many streams as it has sockets (on two
+    // hosts, toward an `iperf3 -s` that the user started beside the server).
+    const int port = bench::freeLoopbackPort();
+    const pid_t server = a.peer == "127.0.0.1" ? bench::startIperf3Server(port) : -1;
+    iperf3 = bench::runIperf3Client(a.peer, a.peer == "127.0.0.1" ? port : 5201, 3, socketsOf(shape));
+    if (server > 0) bench::reapIperf3Server(server);
+  }
+  report(a, ep, shape, rows, tcp ? &iperf3 : nullptr);
+  return 0;
+}
+
+/// By hand: this program again as a server and a client on 127.0.0.1.
+int runBoth(char** argv) {
+  const std::string port = std::to_string(bench::freeLoopbackPort());
+  std::vector<pid_t> pids;
+  for (const char* role : {"server", "client"}) {
+    std::vector<std::string> args;
+    for (char** p = argv; *p; ++p) args.emplace_back(*p);
+    args.insert(args.end(), {"--role", role, "--port", port});
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<char*> v;
+      for (auto& s : args) v.push_back(&s[0]);
+      v.push_back(nullptr);
+      execv("/proc/self/exe", v.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int worst = 0;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    worst = std::max(worst, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  auto integer = [](const std::string& v) { return static_cast<int>(bench::parseCount(v)); };
+  const int parsed = bench::parseFlags(
+      argc, argv,
+      "gdx::p2p::Endpoint client -> server per size: send/recv, sendv, write and read latency and bandwidth, beside\n"
+      "a raw TCP socket and iperf3 in the same run. With no --role it runs itself as both on 127.0.0.1.",
+      {{"--role", "server|client", "this process's side (default: both, on 127.0.0.1)",
+        [&](const std::string& v) { a.role = v; }},
+       {"--peer", "HOST", "the server's address (client; default 127.0.0.1)", [&](const std::string& v) { a.peer = v; }},
+       {"--port", "N", "the server's port (default 29519)", [&](const std::string& v) { a.port = integer(v); }},
+       {"--device", "cpu|gpu", "where the regions live (default cpu)", [&](const std::string& v) { a.device = v; }},
+       {"--transport", "tcp|verbs", "default GDX_TRANSPORT", [&](const std::string& v) { a.transport = v; }},
+       {"--min-bytes", "N", "smallest message (default 256)",
+        [&](const std::string& v) { a.minBytes = bench::parseCount(v); }},
+       {"--max-bytes", "N", "largest message (default 256M)",
+        [&](const std::string& v) { a.maxBytes = bench::parseCount(v); }},
+       {"--depth", "N", "asynchronous transfers in flight (default 8)",
+        [&](const std::string& v) { a.depth = integer(v); }},
+       {"--target-bytes", "N", "bytes per size and measurement, 8..20000 transfers (default 256M)",
+        [&](const std::string& v) { a.targetBytes = bench::parseCount(v); }},
+       {"--json", "FILE", "where the results go (default benchmark_p2p.json)",
+        [&](const std::string& v) { a.json = v; }}});
+  if (parsed >= 0) return parsed;
+  if ((!a.role.empty() && a.role != "server" && a.role != "client") || (a.device != "cpu" && a.device != "gpu") ||
+      (!a.transport.empty() && a.transport != "tcp" && a.transport != "verbs") || a.minBytes == 0 ||
+      a.maxBytes < a.minBytes || a.depth < 1 || a.port < 1 || a.port > 65535) {
+    std::fprintf(stderr,
+                 "benchmark_p2p: --role is server or client, --device cpu or gpu, --transport tcp or verbs, --depth "
+                 "positive, 0 < --min-bytes <= --max-bytes, --port 1..65535 (--help)\n");
+    return 2;
+  }
+  if (a.role.empty()) return runBoth(argv);
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "benchmark_p2p (%s): %s\n", a.role.c_str(), e.what());
+    return 1;
+  }
+}

@@ -1,7 +1,7 @@
 // benchmark_p2p: gdx::p2p::Endpoint between two processes, client -> server, per message size.
 //
 //   benchmark_p2p [--role server|client [--peer HOST] [--port N]] [--device cpu|gpu] [--transport tcp|verbs]
-//                 [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE]
+//                 [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE] [--ipc]
 //
 // Launch: by hand with no --role it runs itself as a server and a client on 127.0.0.1; on two hosts start
 // `--role server` on one and `--role client --peer SERVER` on the other, with the same flags. Per size (powers of
@@ -15,7 +15,9 @@
 // and, over TCP, the kernel's own TCP beside it in the same run: the one-way latency of a raw socket ping-pong of the
 // same size on loopback, and iperf3 with as many streams (-P) as the endpoint's connection has sockets
 // (GDX_TCP_SOCKETS). A table on stdout, the same as JSON in --json. Over verbs, perftest's ib_write_bw/ib_read_bw
-// are the peer (run them in the same VM boot); on GPUs --device gpu puts both regions in cudaMalloc memory.
+// are the peer (tests/softroce/bench-p2p-in-vm.sh runs them in the same VM boot). On GPUs --device gpu puts both
+// regions in cudaMalloc memory (server GPU 0, client GPU 1 where there are two; GDX_CUDA_DEVICE overrides), and --ipc
+// adds writeIpc/readIpc GPU to GPU beside cudaMemcpyPeerAsync between the same GPUs (a table, not yet in the JSON).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "benchmarks/cli.hpp"
+#include "benchmarks/host_or_gpu_buffer.hpp"
 #include "benchmarks/peer_tcp.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
@@ -53,37 +56,12 @@ struct Args {
   int depth = 8;
   uint64_t targetBytes = 256 << 20;
   std::string json = "benchmark_p2p.json";
+  bool ipc = false;
 };
 
 constexpr int kPieces = 16;  // sendv's vector length
 
-/// The region both sides move data from and into: host memory, or GPU memory with --device gpu.
-struct Region {
-  Region(size_t bytes, bool gpu) : gpu(gpu) {
-    if (!gpu) {
-      p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-      std::memset(p, 1, bytes);
-      return;
-    }
-#if defined(GDX_HAVE_CUDA)
-    if (cudaMalloc(&p, bytes) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaMalloc failed");
-#else
-    throw Error(ErrorCode::kInvalidArgument, "--device gpu: gdx was built without CUDA");
-#endif
-  }
-  ~Region() {
-#if defined(GDX_HAVE_CUDA)
-    if (gpu) {
-      cudaFree(p);
-      return;
-    }
-#endif
-    std::free(p);
-  }
-  char* at(size_t off) const { return static_cast<char*>(p) + off; }
-  void* p = nullptr;
-  bool gpu;
-};
+using Region = bench::HostOrGpuBuffer;  // the region both sides move data from and into
 
 /// How often each measurement repeats at `bytes`: about --target-bytes, at least 8 and at most 20000 times.
 struct Plan {
@@ -203,9 +181,10 @@ void report(const Args& a, const Endpoint& ep, const std::string& shape, const s
      << bench::runInfoJson(bench::hostMachine()) << ",\"results\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    std::printf("%11llu | %9.2f %9.3f %9s | %9.2f %9.3f | %9.2f %9.3f | %9s\n", static_cast<unsigned long long>(r.bytes),
-                r.sendUs, r.sendGbps, r.sendvGbps < 0 ? "-" : num(r.sendvGbps).c_str(), r.writeUs, r.writeGbps,
-                r.readUs, r.readGbps, r.rawTcpUs < 0 ? "-" : num(r.rawTcpUs).c_str());
+    std::printf("%11llu | %9.2f %9.3f %9s | %9.2f %9.3f | %9.2f %9.3f | %9s\n",
+                static_cast<unsigned long long>(r.bytes), r.sendUs, r.sendGbps,
+                r.sendvGbps < 0 ? "-" : num(r.sendvGbps).c_str(), r.writeUs, r.writeGbps, r.readUs, r.readGbps,
+                r.rawTcpUs < 0 ? "-" : num(r.rawTcpUs).c_str());
     js << (i ? "," : "") << "{\"bytes\":" << r.bytes << ",\"send_us\":" << r.sendUs
        << ",\"send_gb_per_s\":" << r.sendGbps << ",\"sendv_gb_per_s\":" << r.sendvGbps << ",\"write_us\":" << r.writeUs
        << ",\"write_gb_per_s\":" << r.writeGbps << ",\"read_us\":" << r.readUs << ",\"read_gb_per_s\":" << r.readGbps
@@ -226,13 +205,78 @@ int socketsOf(const std::string& shape) {
   return shape.rfind("tcp, ", 0) == 0 ? std::max(1, std::atoi(shape.c_str() + 5)) : 1;
 }
 
+/// A descriptor to the peer: its length, then its bytes, as two sends (the receiver sizes its buffer in between).
+void sendText(Endpoint& ep, uint64_t conn, const std::string& text) {
+  uint64_t n = text.size();
+  std::vector<char> blob(8 + n);
+  std::memcpy(blob.data(), &n, 8);
+  std::memcpy(blob.data() + 8, text.data(), n);
+  const uint64_t mr = ep.reg(blob.data(), blob.size());
+  ep.send(conn, mr, blob.data(), 8);
+  ep.send(conn, mr, blob.data() + 8, n);
+  ep.dereg(mr);
+}
+
+std::string recvText(Endpoint& ep, uint64_t conn) {
+  uint64_t n = 0;
+  const uint64_t nmr = ep.reg(&n, 8);
+  ep.recv(conn, nmr, &n, 8);
+  ep.dereg(nmr);
+  std::string text(n, '\0');
+  const uint64_t mr = ep.reg(&text[0], n);
+  ep.recv(conn, mr, &text[0], n);
+  ep.dereg(mr);
+  return text;
+}
+
+/// --ipc: writeIpc / readIpc into the server's GPU region beside cudaMemcpyPeerAsync between the same two GPUs.
+void measureIpc(const Args& a, Endpoint& ep, const Region& r, const std::string& ipcDesc, int peerGpu) {
+#if defined(GDX_HAVE_CUDA)
+  int self = 0;
+  cudaGetDevice(&self);
+  void* peerBuf = nullptr;
+  cudaSetDevice(peerGpu);
+  const bool peerOk = cudaMalloc(&peerBuf, a.maxBytes) == cudaSuccess;
+  cudaSetDevice(self);
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  std::printf("IPC, GPU %d -> GPU %d (same host)\n%11s | %11s %11s | %11s %11s | %15s\n", self, peerGpu, "bytes",
+              "writeIpc us", "wr GB/s", "readIpc us", "rd GB/s", "memcpyPeer GB/s");
+  for (const Plan& p : plans(a)) {
+    const double bytes = static_cast<double>(p.bytes);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < p.latencyIters; ++i) ep.writeIpc(r.p, p.bytes, ipcDesc);
+    const double wUs = secondsSince(t0) / p.latencyIters * 1e6;
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < p.latencyIters; ++i) ep.readIpc(r.p, p.bytes, ipcDesc);
+    const double rUs = secondsSince(t0) / p.latencyIters * 1e6;
+    double peerGbps = -1;
+    if (peerOk) {
+      t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < p.latencyIters; ++i) cudaMemcpyPeerAsync(peerBuf, peerGpu, r.p, self, p.bytes, stream);
+      cudaStreamSynchronize(stream);
+      peerGbps = bytes * p.latencyIters / secondsSince(t0) / 1e9;
+    }
+    std::printf("%11llu | %11.2f %11.3f | %11.2f %11.3f | %15.3f\n", static_cast<unsigned long long>(p.bytes), wUs,
+                bytes / wUs / 1e3, rUs, bytes / rUs / 1e3, peerGbps);
+  }
+  cudaStreamDestroy(stream);
+  if (peerOk) cudaFree(peerBuf);
+#else
+  (void)a, (void)ep, (void)r, (void)ipcDesc, (void)peerGpu;
+#endif
+}
+
 int run(const Args& a) {
   p2p::EndpointOptions o = p2p::EndpointOptions::fromEnv(-1, 1);
   o.localGpu = -1;
 #if defined(GDX_HAVE_CUDA)
   if (a.device == "gpu") {
+    // GDX_CUDA_DEVICE, else the server on GPU 0 and the client on GPU 1 where there is one.
+    int gpus = 0;
+    cudaGetDeviceCount(&gpus);
     const char* d = std::getenv("GDX_CUDA_DEVICE");
-    o.localGpu = d ? std::atoi(d) : 0;
+    o.localGpu = d ? std::atoi(d) : (a.role == "client" && gpus > 1 ? 1 : 0);
     if (cudaSetDevice(o.localGpu) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaSetDevice failed");
   }
 #endif
@@ -245,27 +289,22 @@ int run(const Args& a) {
   const uint64_t mr = ep.reg(r.p, a.maxBytes), ackMr = ep.reg(ack, sizeof ack);
   const std::string shape = ep.connectionTransport(conn);
   if (a.role == "server") {
-    const std::string desc = ep.advertise(conn, mr, r.p, a.maxBytes);
-    uint64_t n = desc.size();
-    std::vector<char> blob(8 + n);
-    std::memcpy(blob.data(), &n, 8);
-    std::memcpy(blob.data() + 8, desc.data(), n);
-    const uint64_t bmr = ep.reg(blob.data(), blob.size());
-    ep.send(conn, bmr, blob.data(), 8);
-    ep.send(conn, bmr, blob.data() + 8, n);
+    sendText(ep, conn, ep.advertise(conn, mr, r.p, a.maxBytes));
     serve(a, ep, conn, mr, r, ackMr, ack);
+    if (a.ipc) sendText(ep, conn, ep.advertiseIpc(mr, r.p, a.maxBytes) + "@" + std::to_string(o.localGpu));
     ep.recv(conn, ackMr, ack, 8);  // the client has finished: nothing is in flight when this side closes
     std::printf("server: served %s over %s; the client prints the results\n", a.device.c_str(), shape.c_str());
     return 0;
   }
-  uint64_t n = 0;
-  const uint64_t nmr = ep.reg(&n, 8);
-  ep.recv(conn, nmr, &n, 8);
-  std::string desc(n, '\0');
-  ep.recv(conn, ep.reg(&desc[0], n), &desc[0], n);
+  const std::string desc = recvText(ep, conn);
   std::vector<Row> rows;
   const bool tcp = ep.transport() == "tcp";
   for (const Plan& p : plans(a)) rows.push_back(measure(a, p, ep, conn, mr, r, ackMr, ack, desc, tcp));
+  if (a.ipc) {  // the server's IPC descriptor, then "@" and its GPU
+    const std::string text = recvText(ep, conn);
+    const size_t at = text.rfind('@');
+    measureIpc(a, ep, r, text.substr(0, at), std::atoi(text.c_str() + at + 1));
+  }
   ep.send(conn, ackMr, ack, 8);
   bench::Iperf3Result iperf3;
   if (tcp) {
@@ -299,13 +338,7 @@ int runBoth(char** argv) {
     }
     pids.push_back(pid);
   }
-  int worst = 0;
-  for (pid_t p : pids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    worst = std::max(worst, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-  }
-  return worst;
+  return bench::waitWorst(pids);
 }
 
 }  // namespace
@@ -319,7 +352,8 @@ int main(int argc, char** argv) {
       "a raw TCP socket and iperf3 in the same run. With no --role it runs itself as both on 127.0.0.1.",
       {{"--role", "server|client", "this process's side (default: both, on 127.0.0.1)",
         [&](const std::string& v) { a.role = v; }},
-       {"--peer", "HOST", "the server's address (client; default 127.0.0.1)", [&](const std::string& v) { a.peer = v; }},
+       {"--peer", "HOST", "the server's address (client; default 127.0.0.1)",
+        [&](const std::string& v) { a.peer = v; }},
        {"--port", "N", "the server's port (default 29519)", [&](const std::string& v) { a.port = integer(v); }},
        {"--device", "cpu|gpu", "where the regions live (default cpu)", [&](const std::string& v) { a.device = v; }},
        {"--transport", "tcp|verbs", "default GDX_TRANSPORT", [&](const std::string& v) { a.transport = v; }},
@@ -332,14 +366,16 @@ int main(int argc, char** argv) {
        {"--target-bytes", "N", "bytes per size and measurement, 8..20000 transfers (default 256M)",
         [&](const std::string& v) { a.targetBytes = bench::parseCount(v); }},
        {"--json", "FILE", "where the results go (default benchmark_p2p.json)",
-        [&](const std::string& v) { a.json = v; }}});
+        [&](const std::string& v) { a.json = v; }},
+       {"--ipc", "", "with --device gpu: also writeIpc/readIpc beside cudaMemcpyPeerAsync (same host; table only)",
+        [&](const std::string&) { a.ipc = true; }}});
   if (parsed >= 0) return parsed;
   if ((!a.role.empty() && a.role != "server" && a.role != "client") || (a.device != "cpu" && a.device != "gpu") ||
       (!a.transport.empty() && a.transport != "tcp" && a.transport != "verbs") || a.minBytes == 0 ||
-      a.maxBytes < a.minBytes || a.depth < 1 || a.port < 1 || a.port > 65535) {
+      a.maxBytes < a.minBytes || a.depth < 1 || a.port < 1 || a.port > 65535 || (a.ipc && a.device != "gpu")) {
     std::fprintf(stderr,
                  "benchmark_p2p: --role is server or client, --device cpu or gpu, --transport tcp or verbs, --depth "
-                 "positive, 0 < --min-bytes <= --max-bytes, --port 1..65535 (--help)\n");
+                 "positive, 0 < --min-bytes <= --max-bytes, --port 1..65535, --ipc only with --device gpu (--help)\n");
     return 2;
   }
   if (a.role.empty()) return runBoth(argv);

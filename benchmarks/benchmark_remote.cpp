@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "benchmarks/cli.hpp"
+#include "benchmarks/host_or_gpu_buffer.hpp"
 #include "benchmarks/peer_tcp.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
@@ -32,10 +33,6 @@
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/transport.hpp"
 #include "gdx/error.hpp"
-
-#if defined(GDX_HAVE_CUDA)
-#include <cuda_runtime_api.h>
-#endif
 
 // Defined only when libgdx was built with libibverbs; weak, so this program links (and falls back to tcp) without.
 namespace gdx {
@@ -70,32 +67,7 @@ struct Row {
   double seconds;
 };
 
-/// The buffer both windows live in: host memory, or GPU memory with --device gpu.
-struct Buffer {
-  Buffer(size_t bytes, bool gpu) : gpu(gpu) {
-    if (!gpu) {
-      p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-      std::memset(p, 1, bytes);
-      return;
-    }
-#if defined(GDX_HAVE_CUDA)
-    if (cudaMalloc(&p, bytes) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaMalloc failed");
-#else
-    throw Error(ErrorCode::kInvalidArgument, "--device gpu: gdx was built without CUDA");
-#endif
-  }
-  ~Buffer() {
-#if defined(GDX_HAVE_CUDA)
-    if (gpu) {
-      cudaFree(p);
-      return;
-    }
-#endif
-    std::free(p);
-  }
-  void* p = nullptr;
-  bool gpu;
-};
+using Buffer = bench::HostOrGpuBuffer;  // the buffer both windows live in
 
 std::unique_ptr<Transport> makeTransport(const Args& a, const Bootstrap& b, std::string* why) {
   const bool tryVerbs = a.transport == "verbs" || a.transport == "auto";

@@ -31,6 +31,18 @@ inline int freeLoopbackPort() {
   return ntohs(a.sin_port);
 }
 
+/// Waits for every child; the worst exit code (128 + signal for one killed).
+inline int waitWorst(const std::vector<pid_t>& pids) {
+  int worst = 0;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    const int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (rc > worst) worst = rc;
+  }
+  return worst;
+}
+
 inline int runSelfAsJob(int ranks, char** argv) {
   std::string port = std::to_string(freeLoopbackPort());
   std::string secret = "bench-" + std::to_string(std::random_device{}()) + std::to_string(getpid());
@@ -49,14 +61,7 @@ inline int runSelfAsJob(int ranks, char** argv) {
     }
     pids.push_back(pid);
   }
-  int worst = 0;
-  for (pid_t p : pids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (rc > worst) worst = rc;
-  }
-  return worst;
+  return waitWorst(pids);
 }
 
 }  // namespace gdx::bench

@@ -105,32 +105,35 @@ std::string describe(const char* op, size_t pieces, uint64_t bytes, const Connec
 
 }  // namespace
 
-uint64_t Endpoint::sendvAsync(uint64_t connId, const std::vector<Iov>& iovs) {
-  auto c = impl_->connection(connId, "send");
-  if (iovs.empty()) throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": send: no buffers");
+namespace {
+
+/// The checked pieces of a vectorised two-sided call, queued on its connection by `post`; the transfer's id.
+template <typename Post>
+uint64_t twoSided(Endpoint::Impl& d, uint64_t connId, const std::vector<Iov>& iovs, const char* op, const char* noun,
+                  Post post) {
+  auto c = d.connection(connId, op);
+  if (iovs.empty()) throw Error(ErrorCode::kInvalidArgument, d.who() + ": " + op + ": no buffers");
   std::vector<Piece> pieces;
   uint64_t total = 0;
   for (const Iov& v : iovs) {
-    pieces.push_back(impl_->piece(v.mrId, v.ptr, v.size, "send"));
+    pieces.push_back(d.piece(v.mrId, v.ptr, v.size, op));
     total += v.size;
   }
-  auto t = impl_->newTransfer(describe("send", pieces.size(), total, *c), static_cast<int>(pieces.size()));
-  c->send(t, std::move(pieces));
-  return impl_->remember(t);
+  auto t = d.newTransfer(describe(noun, pieces.size(), total, *c), static_cast<int>(pieces.size()));
+  post(*c, t, std::move(pieces));
+  return d.remember(t);
+}
+
+}  // namespace
+
+uint64_t Endpoint::sendvAsync(uint64_t connId, const std::vector<Iov>& iovs) {
+  return twoSided(*impl_, connId, iovs, "send", "send",
+                  [](Connection& c, std::shared_ptr<Transfer> t, std::vector<Piece> p) { c.send(t, std::move(p)); });
 }
 
 uint64_t Endpoint::recvvAsync(uint64_t connId, const std::vector<Iov>& iovs) {
-  auto c = impl_->connection(connId, "recv");
-  if (iovs.empty()) throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": recv: no buffers");
-  std::vector<Piece> pieces;
-  uint64_t total = 0;
-  for (const Iov& v : iovs) {
-    pieces.push_back(impl_->piece(v.mrId, v.ptr, v.size, "recv"));
-    total += v.size;
-  }
-  auto t = impl_->newTransfer(describe("receive", pieces.size(), total, *c), static_cast<int>(pieces.size()));
-  c->recv(t, std::move(pieces));
-  return impl_->remember(t);
+  return twoSided(*impl_, connId, iovs, "recv", "receive",
+                  [](Connection& c, std::shared_ptr<Transfer> t, std::vector<Piece> p) { c.recv(t, std::move(p)); });
 }
 
 uint64_t Endpoint::sendAsync(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
@@ -250,41 +253,46 @@ void Endpoint::read(uint64_t connId, uint64_t mrId, void* ptr, size_t size, cons
   wait(readAsync(connId, mrId, ptr, size, descriptor, remoteOffset));
 }
 
-void Endpoint::writev(uint64_t connId, const std::vector<Iov>& iovs, const std::vector<std::string>& descriptors) {
-  auto c = impl_->connection(connId, "writev");
+namespace {
+
+/// The local and remote pieces of a vectorised one-sided call (one descriptor per buffer, each at offset 0).
+struct OneSidedVector {
+  std::vector<Piece> local;
+  std::vector<RemotePiece> remote;
+  uint64_t total = 0;
+};
+
+OneSidedVector oneSidedVector(Endpoint::Impl& d, Connection& c, const std::vector<Iov>& iovs,
+                              const std::vector<std::string>& descriptors, const char* op) {
   if (iovs.empty() || iovs.size() != descriptors.size())
-    throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": writev: " + std::to_string(iovs.size()) +
+    throw Error(ErrorCode::kInvalidArgument, d.who() + ": " + op + ": " + std::to_string(iovs.size()) +
                                                  " buffers and " + std::to_string(descriptors.size()) +
                                                  " descriptors (one each, at least one)");
-  std::vector<Piece> src;
-  std::vector<RemotePiece> dst;
-  uint64_t total = 0;
+  OneSidedVector v;
   for (size_t i = 0; i < iovs.size(); ++i) {
-    src.push_back(impl_->piece(iovs[i].mrId, iovs[i].ptr, iovs[i].size, "writev"));
-    dst.push_back(remotePiece(impl_->who(), *c, descriptors[i], 0, iovs[i].size, "writev"));
-    total += iovs[i].size;
+    v.local.push_back(d.piece(iovs[i].mrId, iovs[i].ptr, iovs[i].size, op));
+    v.remote.push_back(remotePiece(d.who(), c, descriptors[i], 0, iovs[i].size, op));
+    v.total += iovs[i].size;
   }
-  auto t = impl_->newTransfer(describe("write", src.size(), total, *c), static_cast<int>(src.size()) + 1);
-  c->write(t, std::move(src), std::move(dst), false);
+  return v;
+}
+
+}  // namespace
+
+void Endpoint::writev(uint64_t connId, const std::vector<Iov>& iovs, const std::vector<std::string>& descriptors) {
+  auto c = impl_->connection(connId, "writev");
+  OneSidedVector v = oneSidedVector(*impl_, *c, iovs, descriptors, "writev");
+  // One part per piece and one for the fence that says they are all in place.
+  auto t = impl_->newTransfer(describe("write", v.local.size(), v.total, *c), static_cast<int>(v.local.size()) + 1);
+  c->write(t, std::move(v.local), std::move(v.remote), false);
   impl_->finish(t);
 }
 
 void Endpoint::readv(uint64_t connId, const std::vector<Iov>& iovs, const std::vector<std::string>& descriptors) {
   auto c = impl_->connection(connId, "readv");
-  if (iovs.empty() || iovs.size() != descriptors.size())
-    throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": readv: " + std::to_string(iovs.size()) +
-                                                 " buffers and " + std::to_string(descriptors.size()) +
-                                                 " descriptors (one each, at least one)");
-  std::vector<Piece> dst;
-  std::vector<RemotePiece> src;
-  uint64_t total = 0;
-  for (size_t i = 0; i < iovs.size(); ++i) {
-    dst.push_back(impl_->piece(iovs[i].mrId, iovs[i].ptr, iovs[i].size, "readv"));
-    src.push_back(remotePiece(impl_->who(), *c, descriptors[i], 0, iovs[i].size, "readv"));
-    total += iovs[i].size;
-  }
-  auto t = impl_->newTransfer(describe("read", dst.size(), total, *c), static_cast<int>(dst.size()));
-  c->read(t, std::move(dst), std::move(src));
+  OneSidedVector v = oneSidedVector(*impl_, *c, iovs, descriptors, "readv");
+  auto t = impl_->newTransfer(describe("read", v.local.size(), v.total, *c), static_cast<int>(v.local.size()));
+  c->read(t, std::move(v.local), std::move(v.remote));
   impl_->finish(t);
 }
 

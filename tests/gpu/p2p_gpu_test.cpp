@@ -137,8 +137,8 @@ TEST(P2pGpu, CudaMallocRegionsOverTcpAndTheIpcFormsBetweenTwoProcesses) {
   const std::string port = std::to_string(freePort());
   spawnRanks(2, "P2pGpuChild.Run", "p2p-gpu-test", [&](int r) {
     return std::vector<std::string>{"GDX_P2P_GPU_CHILD=" + std::string(r == 0 ? "server" : "client"),
-                                    "GDX_CUDA_DEVICE=" + std::to_string(gpus > 1 ? r : 0),
-                                    "GDX_P2P_GPU_PORT=" + port, "GDX_TRANSPORT=tcp"};
+                                    "GDX_CUDA_DEVICE=" + std::to_string(gpus > 1 ? r : 0), "GDX_P2P_GPU_PORT=" + port,
+                                    "GDX_TRANSPORT=tcp"};
   });
 }
 

@@ -68,7 +68,7 @@ copy_with_libs() {  # an ELF and every shared library it needs (by ldd)
     [ -e "$IR$l" ] || { mkdir -p "$IR$(dirname "$l")"; cp -L "$l" "$IR$l"; }
   done || true
 }
-for b in ibv_devices ibv_devinfo ibv_rc_pingpong rdma ib_write_bw ib_write_lat; do
+for b in ibv_devices ibv_devinfo ibv_rc_pingpong rdma ib_write_bw ib_write_lat ib_read_bw; do
   copy_with_libs "$(command -v $b)" "/usr/bin/$b"
 done
 copy_with_libs /usr/lib/$MA/libibverbs/librxe-rdmav34.so  # the rxe userspace provider

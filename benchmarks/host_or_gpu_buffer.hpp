@@ -37,7 +37,9 @@ struct HostOrGpuBuffer {
   }
   HostOrGpuBuffer(const HostOrGpuBuffer&) = delete;
   HostOrGpuBuffer& operator=(const HostOrGpuBuffer&) = delete;
-  char* at(size_t offset) const { return static_cast<char*>(p) + offset; }
+  char* at(size_t offset) const {
+    return static_cast<char*>(p) + offset;
+  }
   void* p = nullptr;
   bool gpu;
 };

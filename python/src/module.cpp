@@ -18,4 +18,5 @@ PYBIND11_MODULE(_gdx, m) {
   gp::bindErrors(m);
   gp::bindHostApi(m);
   gp::bindEp(m);
+  gp::bindP2p(m);
 }

@@ -1,17 +1,17 @@
-"""gdx.p2p: the point-to-point Endpoint (seed 002's API: Endpoint(local_gpu_idx, num_cpus), connect, accept, reg,
-send/recv, read/write, advertise, the IPC forms) and the URL transport of seed 004 (RdmaTransport).
+"""gdx.p2p: point-to-point transfers between any two processes that know each other's address, without a job.
 
-Not bound yet: the C++ endpoint (p2p/, include/gdx/p2p/) is being built. When it lands, this package becomes a thin
-layer like gdx.ep: the extension binds gdx::p2p::Endpoint in python/src/p2p_api.cpp (raw pointers and sizes), and
-this file turns tensors into them with gdx._arrays.raw_view and returns the seed's tuples. Until then, using it
-raises NotImplementedError naming what is missing.
+- :class:`Endpoint` — gdx::p2p::Endpoint with the P2P engines' Python names (seed 002): ``Endpoint(local_gpu_idx,
+  num_cpus)``, ``connect`` / ``accept`` / ``get_metadata`` / ``add_remote_endpoint`` / ``start_passive_accept``,
+  ``reg``, ``send`` / ``recv``, ``sendv`` / ``recvv``, ``send_async`` / ``recv_async`` + ``poll_async``,
+  ``advertise`` + ``read`` / ``write`` (v and async forms), the IPC forms.
+- :class:`RdmaTransport`, :class:`RegisteredMemory`, :class:`RemoteBuffer`, :class:`WriteFuture` — the URL
+  transport (gdx::p2p::UrlTransport; seed 004): bind / connect URLs, notified writes, wait_for_write.
+
+Pointers with sizes, or arrays (torch tensors, numpy arrays, anything gdx.Context takes). Errors raise gdx.Error
+subclasses; blocking calls release the GIL.
 """
 
-_MISSING = ("gdx.p2p.{name} is not available yet: the P2P endpoint (the C++ gdx::p2p layer) is not part of this "
-            "build; gdx.Context offers one-sided put/signal between ranks meanwhile")
+from .endpoint import DESCRIPTOR_BYTES, Endpoint
+from .url_transport import RdmaTransport, RegisteredMemory, RemoteBuffer, WriteFuture
 
-
-def __getattr__(name: str):
-    if name in ("Endpoint", "RdmaTransport"):
-        raise NotImplementedError(_MISSING.format(name=name))
-    raise AttributeError(f"module 'gdx.p2p' has no attribute {name!r}")
+__all__ = ["Endpoint", "DESCRIPTOR_BYTES", "RdmaTransport", "RegisteredMemory", "RemoteBuffer", "WriteFuture"]

@@ -1,0 +1,317 @@
+"""gdx.p2p.Endpoint: the point-to-point endpoint (gdx::p2p::Endpoint) with the names and return tuples of the P2P
+engines' Python API (seed 002): ``Endpoint(local_gpu_idx, num_cpus)``, ``connect`` -> ``(ok, conn_id)``, ``accept``
+-> ``(ok, ip, gpu, conn_id)``, ``reg`` -> ``(ok, mr_id)``, ``send``/``recv`` -> ``ok``, ``send_async`` ->
+``(ok, transfer_id)``, ``poll_async`` -> ``(ok, done)``, ``advertise`` + ``read``/``write`` ...
+
+Failures are not reported as ``ok == False``: they raise the gdx.Error subclass of the C++ error, whose message
+names the connection, the operation and what was seen (so ``ok`` is always True when a call returns). Where the seed
+takes a pointer and a size, any array gdx understands (torch tensor, numpy array, ``__cuda_array_interface__``,
+``__array_interface__``, ``__dlpack__``, a writable buffer) may be given instead, the size then defaulting to its
+bytes. Blocking calls release the GIL and end on Ctrl-C (KeyboardInterrupt) within about 50 ms; a transfer
+interrupted that way goes on in the background, and the endpoint keeps its memory alive until it is closed.
+"""
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+from .. import _gdx
+from .._arrays import raw_view
+from ..errors import InvalidArgumentError
+
+#: Length of the descriptor advertise() produces (the seed passes 64-byte buffers: any buffer at least this long).
+DESCRIPTOR_BYTES = _gdx.P2P_DESCRIPTOR_BYTES
+
+
+def _memory(obj: Any, size: Optional[int], what: str) -> Tuple[int, int]:
+    """(address, bytes) of a pointer + size, or of an array (size: at most its bytes; None: all of them)."""
+    if isinstance(obj, int):
+        if size is None:
+            raise InvalidArgumentError(f"{what}: a pointer needs a size")
+        return obj, int(size)
+    view = raw_view(obj, what)
+    if size is None:
+        return view.ptr, view.nbytes
+    if size < 0 or size > view.nbytes:
+        raise InvalidArgumentError(f"{what}: size {size} does not fit the {view.nbytes}-byte array")
+    return view.ptr, int(size)
+
+
+def _descriptor(item: Any, what: str) -> bytes:
+    """The descriptor in what advertise() filled (a buffer at least DESCRIPTOR_BYTES long) or returned."""
+    data = bytes(item)
+    if len(data) < DESCRIPTOR_BYTES:
+        raise InvalidArgumentError(f"{what}: a descriptor has {DESCRIPTOR_BYTES} bytes, this one {len(data)}")
+    return data[:DESCRIPTOR_BYTES]
+
+
+def _fill(out_buf: Any, descriptor: bytes, what: str) -> None:
+    if len(out_buf) < len(descriptor):
+        raise InvalidArgumentError(f"{what}: out_buf has {len(out_buf)} bytes; a descriptor needs {len(descriptor)}")
+    out_buf[:len(descriptor)] = descriptor
+
+
+def _iov_lists(mr_ids: Sequence[int], ptrs: Sequence[Any], sizes: Optional[Sequence[int]],
+               num_iovs: Optional[int], what: str) -> Tuple[List[int], List[int], List[int]]:
+    n = len(mr_ids)
+    if num_iovs is not None and num_iovs != n:
+        raise InvalidArgumentError(f"{what}: num_iovs is {num_iovs} but {n} mr ids were given")
+    if sizes is None:
+        sizes = [None] * len(ptrs)
+    if len(ptrs) != n or len(sizes) != n:
+        raise InvalidArgumentError(f"{what}: {n} mr ids, {len(ptrs)} buffers and {len(sizes)} sizes; the lists "
+                                   "must be equally long")
+    mem = [_memory(p, s, f"{what}[{i}]") for i, (p, s) in enumerate(zip(ptrs, sizes))]
+    return [int(m) for m in mr_ids], [p for p, _ in mem], [s for _, s in mem]
+
+
+class Endpoint:
+    """A point-to-point endpoint: connections to other endpoints, registered memory, two-sided and one-sided
+    transfers. ``local_gpu_idx`` is the GPU it serves (-1: host memory only), ``num_cpus`` its progress threads.
+    It listens on ``port`` (None: GDX_P2P_PORT + the GPU index; 0: any free port, see :attr:`port`)."""
+
+    def __init__(self, local_gpu_idx: int = -1, num_cpus: int = 1, *, port: Optional[int] = None,
+                 bind_address: str = "", transport: str = "", timeout: Optional[float] = None):
+        timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        self._native = _gdx._Endpoint(int(local_gpu_idx), int(num_cpus), -1 if port is None else int(port),
+                                      bind_address, transport, timeout_ms)
+        self._in_flight: dict = {}  # transfer id -> the arrays it uses, held until it is reported done
+        self._interrupted: list = []  # arrays of blocking transfers ended by Ctrl-C, which go on in the background
+
+    # ---- what it is --------------------------------------------------------------------------------------------
+    port = property(lambda self: self._native.port, doc="the port it listens on")
+    ip = property(lambda self: self._native.ip, doc="the address it advertises in its metadata")
+    local_gpu_idx = property(lambda self: self._native.local_gpu, doc="the GPU it serves (-1: none)")
+    transport = property(lambda self: self._native.transport, doc='"tcp" or "verbs"')
+
+    def connection_transport(self, conn_id: int) -> str:
+        """What carries connection `conn_id` ("tcp, 4 sockets, 1048576-byte chunks", "verbs, RC")."""
+        return self._native.connection_transport(conn_id)
+
+    # ---- connections -------------------------------------------------------------------------------------------
+    def connect(self, remote_ip_addr: str, remote_gpu_idx: int = -1, remote_port: Optional[int] = None
+                ) -> Tuple[bool, int]:
+        """Connects to the endpoint of GPU `remote_gpu_idx` at `remote_ip_addr` (port: None = GDX_P2P_PORT + that
+        GPU). Returns (True, conn_id); gdx.TimeoutError when nobody accepts within GDX_TIMEOUT_MS."""
+        return True, self._native.connect(remote_ip_addr, int(remote_gpu_idx),
+                                          -1 if remote_port is None else int(remote_port))
+
+    def accept(self) -> Tuple[bool, str, int, int]:
+        """Waits (bounded by GDX_TIMEOUT_MS) for the next client: (True, its ip, its GPU, conn_id)."""
+        ip, gpu, conn_id = self._native.accept()
+        return True, ip, gpu, conn_id
+
+    def start_passive_accept(self) -> bool:
+        """Accepts every client in a background thread from now on; accept() hands them out in arrival order."""
+        self._native.start_passive_accept()
+        return True
+
+    def get_metadata(self) -> bytes:
+        """This endpoint's address (ip, port, GPU) for another endpoint's add_remote_endpoint()."""
+        return self._native.metadata()
+
+    def add_remote_endpoint(self, metadata: bytes) -> Tuple[bool, int]:
+        """Connects to the endpoint `metadata` describes, once: later calls return the same conn_id."""
+        return True, self._native.add_remote_endpoint(bytes(metadata))
+
+    # ---- memory ------------------------------------------------------------------------------------------------
+    def reg(self, ptr: Any, size: Optional[int] = None) -> Tuple[bool, int]:
+        """Registers memory: a pointer and a size, or an array (all of it, or its first `size` bytes)."""
+        p, n = _memory(ptr, size, "reg")
+        return True, self._native.reg(p, n)
+
+    def dereg(self, mr_id: int) -> bool:
+        """Forgets a region; no transfer may still use it."""
+        self._native.dereg(mr_id)
+        return True
+
+    # ---- two-sided ---------------------------------------------------------------------------------------------
+    def _blocking(self, call, keep: Any, *args) -> bool:
+        try:
+            call(*args)
+        except KeyboardInterrupt:
+            self._interrupted.append(keep)
+            raise
+        return True
+
+    def send(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> bool:
+        """Sends [ptr, ptr + size) of region `mr_id`; returns once it was handed to the transport completely. The
+        peer's matching recv must have exactly the same size."""
+        p, n = _memory(ptr, size, "send")
+        return self._blocking(self._native.send, ptr, conn_id, mr_id, p, n)
+
+    def recv(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> bool:
+        """Receives exactly `size` bytes into [ptr, ...) of region `mr_id`."""
+        p, n = _memory(ptr, size, "recv")
+        return self._blocking(self._native.recv, ptr, conn_id, mr_id, p, n)
+
+    def sendv(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
+              size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> bool:
+        """Sends several pieces as one message; the peer's recvv has the same sizes."""
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "sendv")
+        return self._blocking(self._native.sendv, list(ptr_list), conn_id, mrs, ptrs, sizes)
+
+    def recvv(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
+              size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> bool:
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "recvv")
+        return self._blocking(self._native.recvv, list(ptr_list), conn_id, mrs, ptrs, sizes)
+
+    def _started(self, transfer_id: int, keep: Any) -> Tuple[bool, int]:
+        self._in_flight[transfer_id] = keep
+        return True, transfer_id
+
+    def send_async(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> Tuple[bool, int]:
+        """Starts a send: (True, transfer_id) for poll_async / wait."""
+        p, n = _memory(ptr, size, "send_async")
+        return self._started(self._native.send_async(conn_id, mr_id, p, n), ptr)
+
+    def recv_async(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> Tuple[bool, int]:
+        p, n = _memory(ptr, size, "recv_async")
+        return self._started(self._native.recv_async(conn_id, mr_id, p, n), ptr)
+
+    def sendv_async(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
+                    size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> Tuple[bool, int]:
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "sendv_async")
+        return self._started(self._native.sendv_async(conn_id, mrs, ptrs, sizes), list(ptr_list))
+
+    def recvv_async(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
+                    size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> Tuple[bool, int]:
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "recvv_async")
+        return self._started(self._native.recvv_async(conn_id, mrs, ptrs, sizes), list(ptr_list))
+
+    def poll_async(self, transfer_id: int) -> Tuple[bool, bool]:
+        """(True, done); once done, the id is forgotten. Raises the transfer's error when it failed."""
+        try:
+            done = self._native.poll(transfer_id)
+        except Exception:
+            self._in_flight.pop(transfer_id, None)
+            raise
+        if done:
+            self._in_flight.pop(transfer_id, None)
+        return True, done
+
+    def wait(self, transfer_id: int, timeout: Optional[float] = None) -> bool:
+        """Waits until the transfer is done: at most `timeout` seconds (None: GDX_TIMEOUT_MS from its start), then
+        gdx.TimeoutError. Releases the GIL; Ctrl-C interrupts it."""
+        timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        try:
+            self._native.wait(transfer_id, timeout_ms)
+        except (KeyboardInterrupt, Exception) as e:
+            from ..errors import TimeoutError as GdxTimeout
+            if not isinstance(e, (KeyboardInterrupt, GdxTimeout)) or timeout is None:
+                self._in_flight.pop(transfer_id, None)
+            raise
+        self._in_flight.pop(transfer_id, None)
+        return True
+
+    # ---- one-sided ---------------------------------------------------------------------------------------------
+    def advertise(self, conn_id: int, mr_id: int, addr: Any, len: Optional[int] = None,  # noqa: A002 (seed's name)
+                  out_buf: Any = None):
+        """Lets the peer of `conn_id` read and write [addr, addr + len) of region `mr_id`. With `out_buf` (a
+        writable buffer of at least DESCRIPTOR_BYTES, the seed's form) the descriptor is written into it and True
+        returned; without, the descriptor is returned (bytes). Hand it to the peer out of band."""
+        p, n = _memory(addr, len, "advertise")
+        descriptor = self._native.advertise(conn_id, mr_id, p, n)
+        if out_buf is None:
+            return descriptor
+        _fill(out_buf, descriptor, "advertise")
+        return True
+
+    def advertisev(self, conn_id: int, mr_id_list: Sequence[int], addr_list: Sequence[Any],
+                   len_list: Optional[Sequence[int]], out_buf_list: List[Any], num_iovs: Optional[int] = None) -> bool:
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, addr_list, len_list, num_iovs, "advertisev")
+        for i, (mr, p, n) in enumerate(zip(mrs, ptrs, sizes)):
+            _fill(out_buf_list[i], self._native.advertise(conn_id, mr, p, n), f"advertisev[{i}]")
+        return True
+
+    def write(self, conn_id: int, mr_id: int, src: Any, size: Optional[int], slot_item: Any,
+              remote_offset: int = 0) -> bool:
+        """Writes local [src, src + size) of region `mr_id` into the peer's advertised range `slot_item` (what its
+        advertise() produced) at `remote_offset`; returns once the data is in place there."""
+        p, n = _memory(src, size, "write")
+        return self._blocking(self._native.write, src, conn_id, mr_id, p, n, _descriptor(slot_item, "write"),
+                              remote_offset)
+
+    def read(self, conn_id: int, mr_id: int, dst: Any, size: Optional[int], slot_item: Any,
+             remote_offset: int = 0) -> bool:
+        """Reads `size` bytes at `remote_offset` of the peer's advertised range into local [dst, ...)."""
+        p, n = _memory(dst, size, "read")
+        return self._blocking(self._native.read, dst, conn_id, mr_id, p, n, _descriptor(slot_item, "read"),
+                              remote_offset)
+
+    def write_async(self, conn_id: int, mr_id: int, src: Any, size: Optional[int], slot_item: Any,
+                    remote_offset: int = 0) -> Tuple[bool, int]:
+        p, n = _memory(src, size, "write_async")
+        return self._started(self._native.write_async(conn_id, mr_id, p, n, _descriptor(slot_item, "write_async"),
+                                                      remote_offset), src)
+
+    def read_async(self, conn_id: int, mr_id: int, dst: Any, size: Optional[int], slot_item: Any,
+                   remote_offset: int = 0) -> Tuple[bool, int]:
+        p, n = _memory(dst, size, "read_async")
+        return self._started(self._native.read_async(conn_id, mr_id, p, n, _descriptor(slot_item, "read_async"),
+                                                     remote_offset), dst)
+
+    def writev(self, conn_id: int, mr_id_list: Sequence[int], src_list: Sequence[Any],
+               size_list: Optional[Sequence[int]], slot_item_list: Sequence[Any], num_iovs: Optional[int] = None
+               ) -> bool:
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, src_list, size_list, num_iovs, "writev")
+        self._native.writev(conn_id, mrs, ptrs, sizes, [_descriptor(d, "writev") for d in slot_item_list])
+        return True
+
+    def readv(self, conn_id: int, mr_id_list: Sequence[int], dst_list: Sequence[Any],
+              size_list: Optional[Sequence[int]], slot_item_list: Sequence[Any], num_iovs: Optional[int] = None
+              ) -> bool:
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, dst_list, size_list, num_iovs, "readv")
+        self._native.readv(conn_id, mrs, ptrs, sizes, [_descriptor(d, "readv") for d in slot_item_list])
+        return True
+
+    # ---- same host, GPU to GPU over NVLink (CUDA IPC; CUDA builds) ---------------------------------------------
+    def advertise_ipc(self, mr_id: int, addr: Any, len: Optional[int] = None,  # noqa: A002
+                      out_buf: Any = None):
+        """A descriptor of GPU region `mr_id`'s [addr, addr + len) that a process on this host opens with CUDA
+        IPC (returned, or written into `out_buf` as advertise() does)."""
+        p, n = _memory(addr, len, "advertise_ipc")
+        descriptor = self._native.advertise_ipc(mr_id, p, n)
+        if out_buf is None:
+            return descriptor
+        _fill(out_buf, descriptor, "advertise_ipc")
+        return True
+
+    def write_ipc(self, src: Any, size: Optional[int], slot_item: Any, remote_offset: int = 0) -> bool:
+        """Copies local GPU (or pinned host) memory into the IPC-advertised range, peer to peer."""
+        p, n = _memory(src, size, "write_ipc")
+        self._native.write_ipc(p, n, bytes(slot_item), remote_offset)
+        return True
+
+    def read_ipc(self, dst: Any, size: Optional[int], slot_item: Any, remote_offset: int = 0) -> bool:
+        p, n = _memory(dst, size, "read_ipc")
+        self._native.read_ipc(p, n, bytes(slot_item), remote_offset)
+        return True
+
+    def writev_ipc(self, src_list: Sequence[Any], size_list: Optional[Sequence[int]],
+                   slot_item_list: Sequence[Any]) -> bool:
+        sizes = size_list if size_list is not None else [None] * len(src_list)
+        for src, n, item in zip(src_list, sizes, slot_item_list):
+            self.write_ipc(src, n, item)
+        return True
+
+    def readv_ipc(self, dst_list: Sequence[Any], size_list: Optional[Sequence[int]],
+                  slot_item_list: Sequence[Any]) -> bool:
+        sizes = size_list if size_list is not None else [None] * len(dst_list)
+        for dst, n, item in zip(dst_list, sizes, slot_item_list):
+            self.read_ipc(dst, n, item)
+        return True
+
+    # ---- lifetime ----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Closes every connection and stops the progress threads; later calls raise gdx.ShutdownError."""
+        self._native.close()
+        self._in_flight.clear()
+        self._interrupted.clear()
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"gdx.p2p.Endpoint(ip={self.ip!r}, port={self.port}, local_gpu_idx={self.local_gpu_idx})"

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -40,9 +42,9 @@ constexpr auto kPollSleep = std::chrono::microseconds(20);
 std::vector<Iov> iovsFrom(const std::vector<uint64_t>& mrIds, const std::vector<uintptr_t>& ptrs,
                           const std::vector<size_t>& sizes, const char* op) {
   if (mrIds.size() != ptrs.size() || ptrs.size() != sizes.size())
-    throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + std::to_string(mrIds.size()) + " mr ids, " +
-                                                 std::to_string(ptrs.size()) + " pointers and " +
-                                                 std::to_string(sizes.size()) + " sizes; the lists must be equally long");
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": " + std::to_string(mrIds.size()) + " mr ids, " + std::to_string(ptrs.size()) +
+                    " pointers and " + std::to_string(sizes.size()) + " sizes; the lists must be equally long");
   std::vector<Iov> iovs(mrIds.size());
   for (size_t i = 0; i < iovs.size(); ++i) iovs[i] = Iov{mrIds[i], pointerFrom(ptrs[i]), sizes[i]};
   return iovs;
@@ -110,44 +112,56 @@ void runBlocking(PyEndpoint& e, Start start) {
   waitTransfer(e, id, 0);
 }
 
-// A std::future<Status> from UrlTransport, waited for in slices like a transfer.
-struct PyFuture {
-  std::future<Status> future;
-  bool ready = false;
-  Status status = Status::kOk;
+// A std::future<Status> from UrlTransport, made waitable in slices (so Ctrl-C ends a wait) and pollable: the
+// transport's futures are deferred (they do their waiting in get()), so a thread of this object calls get() and
+// publishes the status. The Python WriteFuture holds the RdmaTransport, so the transport outlives the thread; the
+// destructor joins it (bounded: the transport resolves every future within GDX_TIMEOUT_MS).
+class PyFuture {
+ public:
+  explicit PyFuture(std::future<Status> f) : thread_([this, f = std::move(f)]() mutable { publish(f.get()); }) {}
+  ~PyFuture() {
+    py::gil_scoped_release release;
+    thread_.join();
+  }
 
   bool done() {
-    if (!ready && future.wait_for(std::chrono::seconds(0)) == std::future_status::ready) take();
-    return ready;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ready_;
   }
-  void take() {
-    status = future.get();
-    ready = true;
-  }
-  // The status's name ("ok", "timeout", ...), or None when `timeoutNs` (0: no bound but the transport's own, which
-  // resolves every future within GDX_TIMEOUT_MS) passed first.
+  // The status's name ("ok", "timeout", ...), or None when `timeoutNs` (0: none) passed first.
   py::object wait(uint64_t timeoutNs) {
     const uint64_t start = nowNs();
-    while (!ready) {
+    for (;;) {
       {
         py::gil_scoped_release release;
         uint64_t slice = kSliceNs;
         if (timeoutNs) slice = std::min(slice, timeoutNs - std::min(timeoutNs, nowNs() - start));
-        if (future.wait_for(std::chrono::nanoseconds(slice)) == std::future_status::ready) take();
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait_for(lock, std::chrono::nanoseconds(slice), [&] { return ready_; });
+        if (ready_) break;
       }
-      if (ready) break;
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       if (timeoutNs && nowNs() - start >= timeoutNs) return py::none();
     }
-    return py::str(statusName(status));
+    return py::str(statusName(status_));
   }
-};
 
-PyFuture* futureOf(std::future<Status> f) {
-  auto* p = new PyFuture;
-  p->future = std::move(f);
-  return p;
-}
+ private:
+  void publish(Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      status_ = s;
+      ready_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool ready_ = false;
+  Status status_ = Status::kOk;
+  std::thread thread_;  // last: it starts in the constructor and uses the members above
+};
 
 void bindEndpoint(py::module_& m) {
   py::class_<PyEndpoint>(m, "_Endpoint")
@@ -172,7 +186,8 @@ void bindEndpoint(py::module_& m) {
       .def_property_readonly("transport", [](const PyEndpoint& e) { return live(e).transport(); })
       .def("connection_transport", [](PyEndpoint& e, uint64_t c) { return live(e).connectionTransport(c); })
       .def(
-          "connect", [](PyEndpoint& e, const std::string& ip, int gpu, int port) { return live(e).connect(ip, gpu, port); },
+          "connect",
+          [](PyEndpoint& e, const std::string& ip, int gpu, int port) { return live(e).connect(ip, gpu, port); },
           py::call_guard<py::gil_scoped_release>())
       .def("accept",
            [](PyEndpoint& e) {
@@ -193,14 +208,10 @@ void bindEndpoint(py::module_& m) {
       .def("reg", [](PyEndpoint& e, uintptr_t ptr, size_t size) { return live(e).reg(pointerFrom(ptr), size); })
       .def("dereg", [](PyEndpoint& e, uint64_t mr) { live(e).dereg(mr); })
       // Two-sided.
-      .def("send",
-           [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n) {
-             runBlocking(e, [&] { return live(e).sendAsync(c, mr, pointerFrom(p), n); });
-           })
-      .def("recv",
-           [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n) {
-             runBlocking(e, [&] { return live(e).recvAsync(c, mr, pointerFrom(p), n); });
-           })
+      .def("send", [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p,
+                      size_t n) { runBlocking(e, [&] { return live(e).sendAsync(c, mr, pointerFrom(p), n); }); })
+      .def("recv", [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p,
+                      size_t n) { runBlocking(e, [&] { return live(e).recvAsync(c, mr, pointerFrom(p), n); }); })
       .def("sendv",
            [](PyEndpoint& e, uint64_t c, const std::vector<uint64_t>& mrs, const std::vector<uintptr_t>& ptrs,
               const std::vector<size_t>& sizes) {
@@ -239,15 +250,14 @@ void bindEndpoint(py::module_& m) {
              py::gil_scoped_release release;
              return live(e).recvvAsync(c, iovs);
            })
-      .def("poll", [](PyEndpoint& e, uint64_t id) { return live(e).poll(id); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "poll", [](PyEndpoint& e, uint64_t id) { return live(e).poll(id); }, py::call_guard<py::gil_scoped_release>())
       .def(
           "wait", [](PyEndpoint& e, uint64_t id, uint64_t timeoutMs) { waitTransfer(e, id, timeoutMs * kMsNs); },
           py::arg("transfer_id"), py::arg("timeout_ms") = 0)
       // One-sided. Descriptors are bytes (they are binary).
-      .def("advertise",
-           [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n) {
-             return py::bytes(live(e).advertise(c, mr, pointerFrom(p), n));
-           })
+      .def("advertise", [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p,
+                           size_t n) { return py::bytes(live(e).advertise(c, mr, pointerFrom(p), n)); })
       .def("write",
            [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n, const std::string& desc, uint64_t off) {
              runBlocking(e, [&] { return live(e).writeAsync(c, mr, pointerFrom(p), n, desc, off); });
@@ -283,10 +293,8 @@ void bindEndpoint(py::module_& m) {
              live(e).readv(c, iovs, descs);
            })
       // Same host, GPU to GPU (CUDA IPC).
-      .def("advertise_ipc",
-           [](PyEndpoint& e, uint64_t mr, uintptr_t p, size_t n) {
-             return py::bytes(live(e).advertiseIpc(mr, pointerFrom(p), n));
-           })
+      .def("advertise_ipc", [](PyEndpoint& e, uint64_t mr, uintptr_t p,
+                               size_t n) { return py::bytes(live(e).advertiseIpc(mr, pointerFrom(p), n)); })
       .def(
           "write_ipc",
           [](PyEndpoint& e, uintptr_t p, size_t n, const std::string& desc, uint64_t off) {
@@ -309,7 +317,8 @@ void bindEndpoint(py::module_& m) {
 void bindUrlTransport(py::module_& m) {
   py::class_<PyFuture>(m, "_Future")
       .def("done", &PyFuture::done)
-      .def("wait", [](PyFuture& f, uint64_t timeoutMs) { return f.wait(timeoutMs * kMsNs); }, py::arg("timeout_ms"));
+      .def(
+          "wait", [](PyFuture& f, uint64_t timeoutMs) { return f.wait(timeoutMs * kMsNs); }, py::arg("timeout_ms"));
 
   py::class_<p2p::RegisteredMemory>(m, "_RegisteredMemory")
       .def(py::init([](uintptr_t ptr, size_t len, int cudaDev) {
@@ -320,9 +329,8 @@ void bindUrlTransport(py::module_& m) {
       .def_property_readonly("nbytes", &p2p::RegisteredMemory::size)
       .def_property_readonly("device", &p2p::RegisteredMemory::device)
       .def("remote_key", [](const p2p::RegisteredMemory& r) { return py::bytes(r.remoteKey()); })
-      .def("contains", [](const p2p::RegisteredMemory& r, uintptr_t p, size_t n) {
-        return r.contains(pointerFrom(p), n);
-      });
+      .def("contains",
+           [](const p2p::RegisteredMemory& r, uintptr_t p, size_t n) { return r.contains(pointerFrom(p), n); });
 
   py::class_<p2p::UrlTransport>(m, "_UrlTransport")
       .def(py::init([](int cudaDev, const std::string& transport) {
@@ -343,7 +351,7 @@ void bindUrlTransport(py::module_& m) {
                py::gil_scoped_release release;
                f = t.write(v, remote, notify);
              }
-             return futureOf(std::move(f));
+             return std::make_unique<PyFuture>(std::move(f));
            })
       .def("wait_for_write", [](p2p::UrlTransport& t) {
         std::future<Status> f;
@@ -351,7 +359,7 @@ void bindUrlTransport(py::module_& m) {
           py::gil_scoped_release release;
           f = t.waitForWrite();
         }
-        return futureOf(std::move(f));
+        return std::make_unique<PyFuture>(std::move(f));
       });
 }
 

@@ -72,7 +72,7 @@ class WriteFuture:
     def __init__(self, native: "_gdx._Future", what: str, keep: Any = None):
         self._native = native
         self._what = what
-        self._keep = keep  # the local memory of a write, alive until it resolved
+        self._keep = keep  # the transport (and a write's local memory): alive as long as this future
 
     def done(self) -> bool:
         return self._native.done()
@@ -83,7 +83,6 @@ class WriteFuture:
         status = self._native.wait(0 if timeout is None else max(1, int(timeout * 1000)))
         if status is None:
             raise GdxTimeoutError(f"{self._what}: not resolved within {timeout} s")
-        self._keep = None
         return status
 
     def result(self, timeout: Optional[float] = None) -> bool:
@@ -122,8 +121,8 @@ class RdmaTransport:
         in place at the peer. With `notify`, the peer's next wait_for_write() resolves when it arrived."""
         mem, ptr, n = local.view() if isinstance(local, RegisteredMemory) else local
         native = self._native.write(mem._native, ptr, n, int(remote.ptr), bytes(remote.access_key), bool(notify))
-        return WriteFuture(native, f"write of {n} bytes to {remote.ptr:#x}", keep=mem)
+        return WriteFuture(native, f"write of {n} bytes to {remote.ptr:#x}", keep=(mem, self))
 
     def wait_for_write(self) -> WriteFuture:
         """Resolves when the peer's next notified write (in arrival order) arrived; "timeout" after GDX_TIMEOUT_MS."""
-        return WriteFuture(self._native.wait_for_write(), "wait_for_write")
+        return WriteFuture(self._native.wait_for_write(), "wait_for_write", keep=self)

@@ -1,5 +1,5 @@
 """python -m gdx.bench.ep: its options and its clean skip on a machine without GPUs (here); on GPUs (label gpu) a
-short run whose lines and JSON are checked. python -m gdx.bench.p2p says what it still needs."""
+short run whose lines and JSON are checked. python -m gdx.bench.p2p: a short run over loopback, its options."""
 
 import json
 import subprocess
@@ -40,9 +40,30 @@ def test_bench_ep_skips_cleanly_without_gpus():
     assert out.stderr.startswith("gdx.bench.ep: skipped: "), out.stderr
 
 
-def test_bench_p2p_names_what_is_missing():
-    out = _bench("gdx.bench.p2p", "--role", "server")
-    assert out.returncode == 2 and "needs gdx.p2p.Endpoint" in out.stderr
+def test_bench_p2p_short_run_over_loopback(tmp_path):
+    path = tmp_path / "p2p_python.json"
+    out = _bench("gdx.bench.p2p", "--sizes", "1,64K,1M", "--iters", "5", "--json", str(path), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[config] device=cpu iters=5" in out.stdout and "connection: tcp" in out.stdout, out.stdout
+    doc = json.loads(path.read_text())
+    assert doc["benchmark"] == "p2p_python" and [r["bytes"] for r in doc["results"]] == [1, 65536, 1 << 20]
+    for r in doc["results"]:
+        assert min(r["sendrecv_latency_us"], r["sendrecv_GBps"], r["write_latency_us"], r["write_GBps"]) > 0, r
+
+
+def test_bench_p2p_help_bad_options_and_gpu_skip():
+    out = _bench("gdx.bench.p2p", "--help")
+    assert out.returncode == 0 and "--role" in out.stdout and "write" in out.stdout
+    out = _bench("gdx.bench.p2p", "--sizes", "4K,x")
+    assert out.returncode == 2 and "not a comma-separated list of sizes" in out.stderr
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        out = _bench("gdx.bench.p2p", "--device", "gpu")
+        assert out.returncode == 77 and out.stderr.startswith("gdx.bench.p2p: skipped: "), out.stderr
 
 
 @pytest.mark.gpu

@@ -6,9 +6,9 @@
     ctx.channel(peer).put_with_signal(w, 0, w, 0, signal=0, value=1)
     ctx.wait(0, 1)
 
-Subpackages: ``gdx.ep`` (MoE dispatch/combine with DeepEP's Buffer API), ``gdx.p2p`` (the P2P endpoint; not yet
-bound). ``python -m gdx.info`` prints what this build and machine offer. The native part (gdx._gdx) takes raw
-pointers only; torch is imported lazily, never linked.
+Subpackages: ``gdx.ep`` (MoE dispatch/combine with DeepEP's Buffer API), ``gdx.p2p`` (the P2P Endpoint with the
+seed's names, and the URL transport RdmaTransport). ``python -m gdx.info`` prints what this build and machine offer.
+The native part (gdx._gdx) takes raw pointers only; torch is imported lazily, never linked.
 """
 
 from . import _gdx

@@ -337,7 +337,7 @@ void bindUrlTransport(py::module_& m) {
         py::gil_scoped_release release;
         return std::make_unique<p2p::UrlTransport>(cudaDev, transport);
       }))
-      .def_static("supported", &p2p::UrlTransport::supported)
+      .def_static("supported", &p2p::UrlTransport::supported, py::arg("transport") = "")
       .def("bind", &p2p::UrlTransport::bind, py::call_guard<py::gil_scoped_release>())
       .def("connect", &p2p::UrlTransport::connect, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("connected", &p2p::UrlTransport::connected)

@@ -1,4 +1,5 @@
-"""README.md's Python example, run as written on three ranks; the received bytes are then checked here."""
+"""README.md's Python examples, run as written: the Context one on three ranks, the gdx.p2p one in one process;
+the received bytes are then checked here."""
 
 import pathlib
 import re
@@ -10,9 +11,9 @@ from conftest import run_ranks
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
-def readme_example() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) == 1, f"README.md has {len(blocks)} python blocks; this test runs exactly one"
+def readme_example(marker: str = "gdx.Context()") -> str:
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if marker in b]
+    assert len(blocks) == 1, f"README.md has {len(blocks)} python blocks with {marker!r}; this test runs exactly one"
     return blocks[0]
 
 
@@ -25,3 +26,11 @@ def _run_example(rank, world, code):
 
 def test_readme_example_runs():
     run_ranks(3, _run_example, readme_example())
+
+
+def test_readme_p2p_example_runs():
+    scope = {}
+    exec(compile(readme_example("from gdx import p2p"), "README.md", "exec"), scope)
+    send, recv, half = scope["send"], scope["recv"], scope["half"]
+    assert np.array_equal(recv[:half], send[:half]), "the received half differs"
+    assert np.array_equal(recv[half:], send[:half]), "the written half differs"

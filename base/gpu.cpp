@@ -1,7 +1,10 @@
 #include "gdx/detail/gpu.hpp"
 
+#include <dlfcn.h>
+
 #include <cctype>
 #include <cstdlib>
+#include <mutex>
 
 #include "gdx/config.hpp"
 #include "gdx/detail/log.hpp"
@@ -15,14 +18,40 @@
 
 namespace gdx {
 
+#if defined(GDX_HAVE_CUDA)
+namespace {
+
+// Streams share the device's hardware work queues (8 by default): the proxy's staging copies could then wait in a
+// queue behind an application kernel that is itself queued behind a kernel waiting for those copies, a deadlock.
+// With the most queues (32) the few streams of a process get a queue each. The driver reads the variable when it
+// creates a context, so setting it helps only before the process's first use of CUDA; a value set wins.
+//
+// Once the CUDA driver is loaded (PyTorch, or the application, used CUDA first) the environment is left alone:
+// setting the variable can no longer take effect, and setenv() in a process whose other threads (the driver's, the
+// framework's) may read the environment is not safe: a variable added reallocates the environ array and frees the
+// old one under a concurrent getenv() (glibc), which then reads freed memory.
+void defaultMaxConnections() {
+  if (const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"); v && *v) return;
+  if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {  // only finds an already loaded driver
+    dlclose(driver);
+    static std::once_flag once;
+    std::call_once(once, [] {
+      GDX_INFO(
+          "CUDA was used before gdx in this process: CUDA_DEVICE_MAX_CONNECTIONS is left unset (CUDA's default "
+          "of 8 queues); export CUDA_DEVICE_MAX_CONNECTIONS=32 in the launcher (README, Environment)");
+    });
+    return;
+  }
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+}
+
+}  // namespace
+#endif
+
 GpuInfo selectGpu() {
   GpuInfo info;
 #if defined(GDX_HAVE_CUDA)
-  // Streams share the device's hardware work queues (8 by default): the proxy's staging copies could then wait in
-  // a queue behind an application kernel that is itself queued behind a kernel waiting for those copies, a
-  // deadlock. With the most queues (32) the few streams of a process get a queue each. Only takes effect when
-  // this is the process's first use of CUDA (otherwise the launcher should export it); a value set wins.
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  defaultMaxConnections();
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();

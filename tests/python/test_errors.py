@@ -110,7 +110,9 @@ def test_error_classes_mirror_the_cpp_codes():
     assert codes == set(gdx._gdx.ERROR_CODE_NAMES) - {"ok"}
 
 
-def test_p2p_is_a_clear_placeholder():
-    import gdx.p2p
-    with pytest.raises(NotImplementedError, match="P2P endpoint"):
-        gdx.p2p.Endpoint
+def test_p2p_errors_are_gdx_errors():
+    from gdx import p2p
+    with p2p.Endpoint(-1, 1, port=0) as ep:
+        with pytest.raises(gdx.InvalidArgumentError, match="connection 7 does not exist") as e:
+            ep.send(7, 1, bytearray(8))
+        assert e.value.code == "invalid argument"

@@ -35,6 +35,14 @@ def _queues():
     return ctx.Queue(), ctx.Queue()  # server -> client, client -> server
 
 
+def _flush(*queues):
+    """Waits until what this process put into the queues reached the pipe: the ranks end with os._exit, which would
+    drop what the queues' feeder threads had not written yet."""
+    for q in queues:
+        q.close()
+        q.join_thread()
+
+
 def _pair(rank, world, server, client, to_client, to_server):
     """Rank 0 runs server(endpoint, conn_id, send, recv), rank 1 client(...); the endpoints are connected first
     (the server's metadata travels through the queue; the client connects by ip/port or by metadata)."""
@@ -57,6 +65,7 @@ def _pair(rank, world, server, client, to_client, to_server):
             client(ep, conn, send, recv)
         send("done")
         assert recv() == "done"  # neither side closes while the other still transfers
+    _flush(to_client, to_server)
 
 
 def _run_pair(server, client):
@@ -225,6 +234,7 @@ def _dead_peer_target(rank, world, to_client, to_server):
         to_client.put((ep.ip, ep.port, ep.get_metadata()))
         _, _, _, conn = ep.accept()
         _errors_server(ep, conn, to_client.put, lambda: to_server.get(timeout=60))
+    _flush(to_client, to_server)
 
 
 def test_errors_unknown_connection_out_of_range_dead_peer():
@@ -252,7 +262,7 @@ def _closed_port():
         return s.getsockname()[1]  # nobody listens there once this returns
 
 
-def test_ctrl_c_interrupts_a_blocking_recv():
+def test_ctrl_c_interrupts_a_blocking_recv_and_wait_timeouts():
     with p2p.Endpoint(-1, 1, port=0) as a, p2p.Endpoint(-1, 1, port=0) as b:
         b.start_passive_accept()
         _, conn = a.add_remote_endpoint(b.get_metadata())
@@ -268,6 +278,11 @@ def test_ctrl_c_interrupts_a_blocking_recv():
         elapsed = time.monotonic() - start
         timer.join()
         assert elapsed < 0.3 + 0.2, f"Ctrl-C took {elapsed - 0.3:.3f} s to end the recv"
+        # A wait with its own timeout leaves the transfer in flight.
+        ok, t = a.recv_async(conn, mr, buf)
+        with pytest.raises(gdx.TimeoutError, match="not done after"):
+            a.wait(t, timeout=0.2)
+        assert a.poll_async(t) == (True, False)
 
 
 # ---- the URL transport -----------------------------------------------------------------------------------------
@@ -301,6 +316,7 @@ def _url_target(rank, world, to_client, to_server):
         bad.result(timeout=60)
     mine.put("done")
     assert theirs.get(timeout=60) == "done"
+    _flush(mine, theirs)
 
 
 def test_url_transport_notified_writes():
@@ -356,6 +372,7 @@ def _gpu_pair(rank, world, to_client, to_server):
         assert torch.equal(recv, expected), f"rank {rank}: bytes written by write_ipc differ"
         mine.put("done")
         assert theirs.get(timeout=60) == "done"
+    _flush(mine, theirs)
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from .. import _gdx
 from .._arrays import raw_view
 from ..errors import InvalidArgumentError
+from ..errors import TimeoutError as GdxTimeoutError
 
 #: Length of the descriptor advertise() produces (the seed passes 64-byte buffers: any buffer at least this long).
 DESCRIPTOR_BYTES = _gdx.P2P_DESCRIPTOR_BYTES
@@ -194,10 +195,14 @@ class Endpoint:
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
         try:
             self._native.wait(transfer_id, timeout_ms)
-        except (KeyboardInterrupt, Exception) as e:
-            from ..errors import TimeoutError as GdxTimeout
-            if not isinstance(e, (KeyboardInterrupt, GdxTimeout)) or timeout is None:
+        except KeyboardInterrupt:
+            raise  # still in flight: its arrays stay held
+        except GdxTimeoutError:
+            if timeout is None:  # the endpoint's own bound: the transfer was reported and forgotten
                 self._in_flight.pop(transfer_id, None)
+            raise  # else still in flight: wait or poll again
+        except Exception:
+            self._in_flight.pop(transfer_id, None)
             raise
         self._in_flight.pop(transfer_id, None)
         return True

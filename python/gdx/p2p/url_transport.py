@@ -67,7 +67,8 @@ def _status_error(status: str, what: str) -> Error:
 class WriteFuture:
     """A write or a wait for one, in flight: ``done()``, ``wait(timeout)`` -> the status name ("ok", "timeout",
     "peer failed", ...), ``result(timeout)`` -> True or the gdx.Error of the status. Waits release the GIL and end
-    on Ctrl-C."""
+    on Ctrl-C. Dropping a future that has not resolved yet waits for it (at most GDX_TIMEOUT_MS): the transport's
+    work for it must end before the memory and the transport it uses may go."""
 
     def __init__(self, native: "_gdx._Future", what: str, keep: Any = None):
         self._native = native

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "gdx/config.hpp"
 #include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"

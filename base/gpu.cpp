@@ -36,9 +36,11 @@ void defaultMaxConnections() {
     dlclose(driver);
     static std::once_flag once;
     std::call_once(once, [] {
-      GDX_INFO(
-          "CUDA was used before gdx in this process: CUDA_DEVICE_MAX_CONNECTIONS is left unset (CUDA's default "
-          "of 8 queues); export CUDA_DEVICE_MAX_CONNECTIONS=32 in the launcher (README, Environment)");
+      GDX_WARN(
+          "CUDA was used before gdx in this process and CUDA_DEVICE_MAX_CONNECTIONS is unset (CUDA's default of 8 "
+          "hardware queues): the proxy's GPU staging copies (TCP, verbs without GPUDirect) may wait behind kernels "
+          "queued on the application's streams; export CUDA_DEVICE_MAX_CONNECTIONS=32 in the launcher (README, "
+          "Environment)");
     });
     return;
   }

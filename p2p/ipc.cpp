@@ -127,7 +127,13 @@ void IpcPeers::copy(void* local, size_t size, const std::string& descriptor, uin
                             : cudaMemcpyAsync(local, remote, size, cudaMemcpyDefault, stream);
   const uint64_t deadline = nowNs() + timeoutNs_;
   uint64_t spins = 0;
-  while (rc == cudaSuccess && (rc = cudaStreamQuery(stream)) == cudaErrorNotReady) {
+  // Polled until it is no longer "not ready" (the first query that says so ends the loop with that result).
+  while (rc == cudaSuccess) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q != cudaErrorNotReady) {
+      rc = q;
+      break;
+    }
     if (nowNs() >= deadline) {
       GDX_ERROR(who << ": the IPC copy of " << size
                     << " bytes did not finish within GDX_TIMEOUT_MS; its stream is leaked");

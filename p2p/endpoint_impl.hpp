@@ -34,6 +34,8 @@ struct Endpoint::Impl {
   bool acceptOne(net::Deadline deadline, Accepted* out);
   uint64_t adopt(PairLink link);
   uint64_t remember(std::shared_ptr<Transfer> t);
+  /// The transfer `id` names (the caller holds `mutex`); throws kInvalidArgument for an id it does not know.
+  std::map<uint64_t, std::shared_ptr<Transfer>>::iterator transferOf(uint64_t id);
   std::shared_ptr<Transfer> newTransfer(const std::string& what, int parts);
   /// Waits for a transfer started by a blocking call.
   void finish(const std::shared_ptr<Transfer>& t);

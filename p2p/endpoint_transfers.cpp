@@ -60,6 +60,14 @@ uint64_t Endpoint::Impl::remember(std::shared_ptr<Transfer> t) {
   return id;
 }
 
+std::map<uint64_t, std::shared_ptr<Transfer>>::iterator Endpoint::Impl::transferOf(uint64_t id) {
+  auto it = transfers.find(id);
+  if (it == transfers.end())
+    throw Error(ErrorCode::kInvalidArgument, who() + ": transfer " + std::to_string(id) +
+                                                 " is unknown (never started, or already reported done or failed)");
+  return it;
+}
+
 void Endpoint::Impl::finish(const std::shared_ptr<Transfer>& t) {
   t->wait(t->deadlineNs() + kReportGraceNs);
 }
@@ -159,10 +167,7 @@ bool Endpoint::poll(uint64_t transferId) {
   std::shared_ptr<Transfer> t;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
-    auto it = impl_->transfers.find(transferId);
-    if (it == impl_->transfers.end())
-      throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": transfer " + std::to_string(transferId) +
-                                                   " is unknown (never started, or already reported done or failed)");
+    auto it = impl_->transferOf(transferId);
     t = it->second;
     if (t->finished()) impl_->transfers.erase(it);
   }
@@ -173,11 +178,7 @@ void Endpoint::wait(uint64_t transferId) {
   std::shared_ptr<Transfer> t;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
-    auto it = impl_->transfers.find(transferId);
-    if (it == impl_->transfers.end())
-      throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": transfer " + std::to_string(transferId) +
-                                                   " is unknown (never started, or already reported done or failed)");
-    t = it->second;
+    t = impl_->transferOf(transferId)->second;
   }
   struct Forget {
     Impl& d;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "ep/network_path.hpp"
 #include "ep/protocol.hpp"
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/cuda_check.hpp"
@@ -76,17 +77,15 @@ struct Buffer::Impl {
   int32_t* hostCountsDev = nullptr;
   Team team{};
   ChannelDeviceHandle* net = nullptr;  // device copy of the handles to remote ranks (team.net)
-  Window stagingWindow;                // host memory: the receive mirror, then what this rank sends (protocol.hpp)
-  char* staging = nullptr;
-  char* stagingDev = nullptr;  // its device address
+  HostWindowMemory network;            // the receive mirror, then what this rank sends (protocol.hpp)
   bool broken = false;
 
   // Frees what the constructor got so far too (it may throw half-way).
   ~Impl() {
     window = Window();
-    stagingWindow = Window();
+    network.window = Window();
     if (memory) cudaFree(memory);
-    if (staging) cudaFreeHost(staging);
+    if (network.host) cudaFreeHost(network.host);
     if (state) cudaFree(state);
     if (report) cudaFreeHost(report);
     if (hostCounts) cudaFreeHost(hostCounts);
@@ -186,29 +185,19 @@ void Buffer::connectRemote(Context& context, size_t rdmaBytes) {
                        " signal ids, GDX_NUM_SIGNALS is " + std::to_string(context.numSignals()));
   m.team.signalBase = context.numSignals() - flagSignals;
   for (uint32_t i = 0; i < flagSignals; ++i) context.setSignal(m.team.signalBase + i, 0);  // a previous Buffer's
-  std::vector<ChannelDeviceHandle> net(kMaxRanks);
-  // Host memory the kernels write over PCIe: the proxy sends from it without a CUDA copy (TCP, verbs without
-  // GPUDirect), so a send never waits for a GPU copy engine behind the application's queued kernels.
-  // The ranks on other hosts store into the receive mirror, host memory too: the proxy places what arrives without
-  // a CUDA copy, and the kernels read it over PCIe.
-  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.staging), nvlBytes_ + rdmaBytes, cudaHostAllocMapped));
-  std::memset(m.staging, 0, kCtrlBytes);
-  GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.stagingDev), m.staging, 0));
-  m.stagingWindow =
-      context.registerWindow(m.staging, nvlBytes_ + rdmaBytes, MemoryKind::kHost, "gdx::ep::Buffer network");
-  m.team.stageWindow = m.stagingWindow.id();
-  m.team.mirror = m.stagingDev;
+  // The send staging and the receive mirror the ranks on other hosts store into, both in pinned host memory: the
+  // kernels write and read it over PCIe, the proxy moves it without a CUDA copy.
+  mapHostWindow(context, nvlBytes_ + rdmaBytes, kCtrlBytes, "gdx::ep::Buffer network", &m.network);
+  m.team.stageWindow = m.network.window.id();
+  m.team.mirror = m.network.device;
   uint64_t offset = nvlBytes_;
   for (int r = 0; r < numRanks_; ++r) {
     if (!((m.team.remoteMask >> r) & 1u)) continue;
-    m.team.stage[r] = m.stagingDev + offset;
+    m.team.stage[r] = m.network.device + offset;
     m.team.stageOffset[r] = offset;
     offset += stageBytes_;
-    net[r] = context.deviceChannel(r, r % context.numDeviceRings());
-    m.team.netSignals = net[r].signals;
   }
-  GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.net), kMaxRanks * sizeof(ChannelDeviceHandle)));
-  GDX_CUDA_CHECK(cudaMemcpy(m.net, net.data(), kMaxRanks * sizeof(ChannelDeviceHandle), cudaMemcpyHostToDevice));
+  m.net = uploadNetChannels(context, m.team.remoteMask, numRanks_, &m.team.netSignals);
   m.team.net = m.net;
   GDX_INFO("gdx::ep rank " << rank_ << ": " << numRemote_ << " rank(s) on other hosts through the proxy, "
                            << stageBytes_ << " bytes of staging each, flag signals " << m.team.signalBase << "..");

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ep/low_latency_protocol.hpp"
+#include "ep/network_path.hpp"
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/cuda_check.hpp"
 #include "gdx/detail/log.hpp"
@@ -63,13 +64,12 @@ LowLatencyBytes lowLatencyBytesHint(const LowLatencyConfig& config, int numRanks
 
 struct LowLatencyBuffer::Impl {
   Window window;
-  Window hostWindow;
   void* memory = nullptr;   // GPU window
   char* scratch = nullptr;  // device [2][T] slots
   LlState* state = nullptr;
   Report* report = nullptr;  // host-mapped
   uint32_t* maskHost = nullptr;
-  char* host = nullptr;  // pinned: receive mirror and staging
+  HostWindowMemory network;  // pinned: receive mirror and staging
   ChannelDeviceHandle* net = nullptr;
   LlTeam team{};
   uint64_t calls = 0;     // sends launched
@@ -77,13 +77,13 @@ struct LowLatencyBuffer::Impl {
 
   ~Impl() {
     window = Window();
-    hostWindow = Window();
+    network.window = Window();
     if (memory) cudaFree(memory);
     if (scratch) cudaFree(scratch);
     if (state) cudaFree(state);
     if (report) cudaFreeHost(report);
     if (maskHost) cudaFreeHost(maskHost);
-    if (host) cudaFreeHost(host);
+    if (network.host) cudaFreeHost(network.host);
     if (net) cudaFree(net);
   }
 };
@@ -174,21 +174,11 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
     lt.freedSignal = lt.sentSignal + kMaxRanks;
     for (uint32_t i = 0; i < kLlSignals; ++i) context.setSignal(lt.sentSignal + i, 0);
     // Pinned host memory the kernels write and read over PCIe: the proxy never issues a CUDA copy (ep/buffer.hpp).
-    GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.host), lt.lay.hostBytes, cudaHostAllocMapped));
-    std::memset(m.host, 0, kLlCtrlBytes);
-    GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&t.mirror), m.host, 0));
-    m.hostWindow =
-        context.registerWindow(m.host, lt.lay.hostBytes, MemoryKind::kHost, "gdx::ep::LowLatencyBuffer network");
-    t.stageWindow = m.hostWindow.id();
-    std::vector<ChannelDeviceHandle> net(kMaxRanks);
-    for (int r = 0; r < numRanks_; ++r) {
-      if (!((remoteMask >> r) & 1u)) continue;
-      // One ring per destination: the count signal must follow that destination's data puts on their ring.
-      net[r] = context.deviceChannel(r, r % context.numDeviceRings());
-      t.netSignals = net[r].signals;
-    }
-    GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.net), kMaxRanks * sizeof(ChannelDeviceHandle)));
-    GDX_CUDA_CHECK(cudaMemcpy(m.net, net.data(), kMaxRanks * sizeof(ChannelDeviceHandle), cudaMemcpyHostToDevice));
+    mapHostWindow(context, lt.lay.hostBytes, kLlCtrlBytes, "gdx::ep::LowLatencyBuffer network", &m.network);
+    t.mirror = m.network.device;
+    t.stageWindow = m.network.window.id();
+    // One ring per destination: the count signal must follow that destination's data puts on their ring.
+    m.net = uploadNetChannels(context, remoteMask, numRanks_, &t.netSignals);
     t.net = m.net;
   }
   GDX_INFO("gdx::ep low-latency rank " << rank_ << ": " << lt.lay.gpuBytes << " GPU bytes, " << lt.lay.hostBytes

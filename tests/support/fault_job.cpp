@@ -35,8 +35,10 @@ std::vector<int> runFaultJob(const std::string& transport, const std::string& fa
     test::fillRandom(src.data(), src.size(), 5);
     Window s = ctx.registerWindow(src.data(), src.size());
     Window d = ctx.registerWindow(dst.data(), dst.size());
-    ctx.barrier();
+    // Before the barrier: rank 0 cannot start sending before this rank entered it, so a delay of the sender shows
+    // in full in what this rank measures (after the barrier, a late exit from it would hide part of the delay).
     const auto t0 = std::chrono::steady_clock::now();
+    ctx.barrier();
     if (rank == 0) {
       Channel ch = ctx.channel(1);
       try {

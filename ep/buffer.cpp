@@ -3,6 +3,7 @@
 #include "gdx/ep/buffer.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <string>
 
@@ -37,6 +38,9 @@ std::string describe(const Report& r) {
     case kBadExpert: return "expert id " + v + " outside [-1, " + v2 + ")";
     case kRecvCapacity: return v + " rows to receive but the outputs hold " + v2;
     case kBadHandle: return "the handle's routing is not valid (its prepare failed)";
+    case kRelayCapacity:
+      return "rank " + std::to_string(r.peer) + " relays a rank's " + v + " tokens to its host but its handle holds " +
+             v2 + " (with ranks on other hosts, dispatchWorst's handles must hold as many tokens as any rank sends)";
     case kTimeout:
       return "timed out waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where) + " (epoch " + v +
              ", seen " + v2 + ")";
@@ -139,7 +143,7 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.report), sizeof(Report), cudaHostAllocMapped));
   std::memset(m.report, 0, sizeof(Report));
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.reportDev), m.report, 0));
-  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.hostCounts), (1 + kMaxExperts) * 4, cudaHostAllocMapped));
+  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.hostCounts), kHostCountsSize * 4, cudaHostAllocMapped));
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.hostCountsDev), m.hostCounts, 0));
   GDX_CUDA_CHECK(cudaDeviceSynchronize());
   m.window = context.registerWindow(m.memory, nvlBytes, MemoryKind::kCuda, "gdx::ep::Buffer");
@@ -156,10 +160,15 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   tag.sameSize = true;
   const std::string mine = std::to_string(rdmaBytes) + "/" + std::to_string(m.team.remoteMask);
   std::vector<std::string> all = context.bootstrap().allGather(mine, tag);
-  for (int r = 0; r < numRanks_; ++r)
-    if (all[r].substr(0, all[r].find('/')) != std::to_string(rdmaBytes))
-      invalid(rank_, "rank " + std::to_string(r) + " made its Buffer with rdmaBytes " +
-                         all[r].substr(0, all[r].find('/')) + ", this rank with " + std::to_string(rdmaBytes));
+  std::vector<uint32_t> remoteMasks(numRanks_);
+  for (int r = 0; r < numRanks_; ++r) {
+    const size_t slash = all[r].find('/');
+    if (all[r].substr(0, slash) != std::to_string(rdmaBytes))
+      invalid(rank_, "rank " + std::to_string(r) + " made its Buffer with rdmaBytes " + all[r].substr(0, slash) +
+                         ", this rank with " + std::to_string(rdmaBytes));
+    remoteMasks[r] = static_cast<uint32_t>(std::stoul(all[r].substr(slash + 1)));
+  }
+  assignHostsAndRelays(remoteMasks);
   m.team.rank = rank_;
   m.team.numRanks = numRanks_;
   m.team.state = m.state;
@@ -169,6 +178,41 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   m.team.window = m.window.id();
   if (numRemote_ > 0) connectRemote(context, rdmaBytes);
   context.barrier();
+}
+
+// Hosts from every rank's reach: a host is a set of ranks that reach each other on the direct path (its id: its
+// lowest rank). The relay of source s on host h is the rank of h whose index among h's ranks is s's index among its
+// own host's (modulo h's size), so each GPU of a host relays for the same-index GPUs of the others.
+void Buffer::assignHostsAndRelays(const std::vector<uint32_t>& remoteMasks) {
+  Team& t = impl_->team;
+  const int R = numRanks_;
+  std::vector<int> localIndex(R), hostSize(R, 0);
+  for (int r = 0; r < R; ++r) {
+    int h = 0;
+    while ((remoteMasks[r] >> h) & 1u) ++h;  // the lowest rank r reaches directly (r itself at the latest)
+    t.hostOf[r] = static_cast<int8_t>(h);
+    localIndex[r] = hostSize[h]++;
+  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < R; ++q)
+      if ((((remoteMasks[r] >> q) & 1u) != 0) != (t.hostOf[r] != t.hostOf[q]))
+        invalid(rank_, "rank " + std::to_string(r) + (((remoteMasks[r] >> q) & 1u) ? " does not reach" : " reaches") +
+                           " rank " + std::to_string(q) +
+                           " on the direct path, unlike the rest of their hosts: the ranks do not split into hosts");
+  for (int s = 0; s < R; ++s)
+    for (int h = 0; h < R; ++h) {
+      t.relayOf[s][h] = -1;
+      if (hostSize[h] == 0) continue;
+      const int want = localIndex[s] % hostSize[h];
+      for (int r = 0; r < R; ++r)
+        if (t.hostOf[r] == h && localIndex[r] == want) t.relayOf[s][h] = static_cast<int8_t>(r);
+    }
+  const int mine = t.hostOf[rank_];
+  for (int r = 0; r < R; ++r) {
+    if (t.hostOf[r] == mine) t.localMask |= 1u << r;
+    if (t.hostOf[r] == r && r != mine) t.relayMask |= 1u << t.relayOf[rank_][r];
+    if (t.hostOf[r] != mine && t.relayOf[r][mine] == rank_) t.relayedFrom |= 1u << r;
+  }
 }
 
 // The staging areas, the proxied channels and the flag signals of the ranks on other hosts.
@@ -190,6 +234,7 @@ void Buffer::connectRemote(Context& context, size_t rdmaBytes) {
   mapHostWindow(context, nvlBytes_ + rdmaBytes, kCtrlBytes, "gdx::ep::Buffer network", &m.network);
   m.team.stageWindow = m.network.window.id();
   m.team.mirror = m.network.device;
+  m.team.slotBytes = (nvlBytes_ - kCtrlBytes) / numRanks_ / 16 * 16;
   uint64_t offset = nvlBytes_;
   for (int r = 0; r < numRanks_; ++r) {
     if (!((m.team.remoteMask >> r) & 1u)) continue;
@@ -199,8 +244,10 @@ void Buffer::connectRemote(Context& context, size_t rdmaBytes) {
   }
   m.net = uploadNetChannels(context, m.team.remoteMask, numRanks_, &m.team.netSignals);
   m.team.net = m.net;
-  GDX_INFO("gdx::ep rank " << rank_ << ": " << numRemote_ << " rank(s) on other hosts through the proxy, "
-                           << stageBytes_ << " bytes of staging each, flag signals " << m.team.signalBase << "..");
+  GDX_INFO("gdx::ep rank " << rank_ << ": " << numRemote_ << " rank(s) on other hosts through the proxy, relays 0x"
+                           << std::hex << m.team.relayMask << ", relaying for 0x" << m.team.relayedFrom << std::dec
+                           << ", " << stageBytes_ << " bytes of staging each, flag signals " << m.team.signalBase
+                           << "..");
 }
 
 Buffer::~Buffer() {
@@ -222,11 +269,17 @@ Buffer::~Buffer() {
 }
 
 int Buffer::maxTokensPerRank(int hidden, int numTopk, DType dtype) const {
-  const uint64_t row =
-      std::max<uint64_t>(dispatchRow(hidden, numTopk, dtype).rowBytes, combineRowBytes(hidden, numTopk));
+  uint64_t row = std::max<uint64_t>(dispatchRow(hidden, numTopk, dtype).rowBytes, combineRowBytes(hidden, numTopk));
+  if (numRemote_ > 0) row = std::max<uint64_t>(row, relayRow(hidden, numTopk, dtype).rowBytes);
   uint64_t rows = (nvlBytes_ - kCtrlBytes) / row / numRanks_;
-  // A rank stages at most all of its tokens (dispatch) or all it got from one rank (combine) for a remote rank.
-  if (numRemote_ > 0) rows = std::min<uint64_t>(rows, (stageBytes_ - kCtrlBytes) / row);
+  // Every rank sending all its tokens to one rank still fits (dispatch); a rank's rows coming back from its host's
+  // ranks and the rows of the sources its relays fit the same buffer (combine). Through the network, a rank stages
+  // at most one row per token for each relay (dispatch) and a relay one per relayed token (combine), each into a
+  // mirror slot per source.
+  if (numRemote_ > 0) {
+    rows = std::min<uint64_t>(rows, (stageBytes_ - kCtrlBytes - kSlotHeaderBytes) / row);
+    rows = std::min<uint64_t>(rows, (impl_->team.slotBytes - kSlotHeaderBytes) / row);
+  }
   return static_cast<int>(rows);
 }
 
@@ -239,13 +292,27 @@ DispatchHandle Buffer::newHandle(int maxTokens) const {
   h.memory_ = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
   h.owner_ = this;
   h.maxTokens_ = maxTokens;
+  if (impl_->team.relayedFrom) growRelay(h, maxTokens);
   return h;
+}
+
+// The relay rows a handle keeps (per source this rank relays), reallocated larger when a prepare needs more.
+void Buffer::growRelay(DispatchHandle& h, int rows) const {
+  if (rows <= h.relayCap_ && h.relayMemory_) return;
+  void* p = nullptr;
+  GDX_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(relayBytes(rows), 16)));
+  h.relayMemory_ = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  h.relayCap_ = rows;
+}
+
+HandleView Buffer::viewOf(const DispatchHandle& h) const {
+  return carveHandle(h.memory_.get(), h.maxTokens_, h.relayMemory_.get(), h.relayCap_);
 }
 
 const int32_t* Buffer::countsMatrix(const DispatchHandle& handle) const {
   if (handle.owner_ != this || handle.numTokens_ < 0)
     invalid(rank_, "countsMatrix: the handle was not made by this Buffer or no dispatch filled it");
-  return carveHandle(handle.memory_.get(), handle.maxTokens_).matrix;
+  return viewOf(handle).matrix;
 }
 
 void Buffer::checkErrors() const {
@@ -276,7 +343,7 @@ void Buffer::checkDispatchInputs(const DispatchInputs& in, const DispatchHandle&
 }
 
 void Buffer::launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment, int32_t* perExpert,
-                           int32_t* numRecv, cudaStream_t stream) {
+                           int32_t* numRecv, bool growOnHost, cudaStream_t stream) {
   checkDispatchInputs(in, handle, "dispatch");
   if (in.numExperts <= 0 || in.numExperts > kMaxExperts || in.numExperts % numRanks_ != 0)
     invalid(rank_, "dispatch: " + std::to_string(in.numExperts) + " experts, not a positive multiple of the " +
@@ -293,7 +360,8 @@ void Buffer::launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int
   a.numTopk = in.numTopk;
   a.numExperts = in.numExperts;
   a.alignment = expertAlignment;
-  a.handle = carveHandle(handle.memory_.get(), handle.maxTokens_);
+  a.relayCap = growOnHost ? INT32_MAX : handle.relayCap_;
+  a.handle = viewOf(handle);
   a.perExpertOut = perExpert;
   a.numRecvOut = numRecv;
   a.hostCounts = impl_->hostCountsDev;
@@ -324,9 +392,14 @@ void Buffer::getDispatchLayout(const int64_t* topkIdx, int numTokens, int numTop
 
 DispatchCounts Buffer::dispatchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment,
                                        cudaStream_t stream, int32_t* numRecvTokensPerExpert) {
-  launchPrepare(in, handle, expertAlignment, numRecvTokensPerExpert, nullptr, stream);
+  launchPrepare(in, handle, expertAlignment, numRecvTokensPerExpert, nullptr, true, stream);
   GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
   impl_->raise(rank_, context_, stream);
+  // The relay keeps where each relayed row goes: room for every token of the sources it relays.
+  int relayed = 0;
+  for (int s = 0; s < numRanks_; ++s)
+    if ((impl_->team.relayedFrom >> s) & 1u) relayed = std::max(relayed, impl_->hostCounts[kHostCountsTokens + s]);
+  if (impl_->team.relayedFrom) growRelay(handle, relayed);
   DispatchCounts c;
   c.numRecvTokens = impl_->hostCounts[0];
   c.numRecvTokensPerExpert.assign(impl_->hostCounts + 1, impl_->hostCounts + 1 + in.numExperts / numRanks_);
@@ -361,7 +434,8 @@ void Buffer::dispatch(const DispatchInputs& in, const DispatchHandle& handle, co
   a.numTopk = handle.numTopk_;
   a.numExperts = in.topkIdx ? in.numExperts : 0;
   a.row = dispatchRow(in.hidden, handle.numTopk_, in.dtype);
-  a.handle = carveHandle(handle.memory_.get(), handle.maxTokens_);
+  a.relay = relayRow(in.hidden, handle.numTopk_, in.dtype);
+  a.handle = viewOf(handle);
   a.out = out;
   GDX_CUDA_CHECK(launchDispatch(impl_->team, a, config_, stream));
 }
@@ -369,7 +443,7 @@ void Buffer::dispatch(const DispatchInputs& in, const DispatchHandle& handle, co
 void Buffer::dispatchWorst(const DispatchInputs& in, DispatchHandle& handle, const DispatchOutputs& out,
                            int numWorstTokens, int expertAlignment, cudaStream_t stream) {
   if (numWorstTokens < 0) invalid(rank_, "dispatch: numWorstTokens " + std::to_string(numWorstTokens));
-  launchPrepare(in, handle, expertAlignment, out.numRecvTokensPerExpert, out.numRecvTokens, stream);
+  launchPrepare(in, handle, expertAlignment, out.numRecvTokensPerExpert, out.numRecvTokens, false, stream);
   DispatchOutputs o = out;
   o.capacity = numWorstTokens;
   dispatch(in, handle, o, stream);
@@ -395,7 +469,7 @@ void Buffer::combine(const CombineInputs& in, const DispatchHandle& handle, cons
   a.numTokens = handle.numTokens_;
   a.hidden = handle.hidden_;
   a.numTopk = handle.numTopk_;
-  a.handle = carveHandle(handle.memory_.get(), handle.maxTokens_);
+  a.handle = viewOf(handle);
   GDX_CUDA_CHECK(launchCombine(impl_->team, a, config_, stream));
 }
 

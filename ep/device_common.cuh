@@ -63,17 +63,24 @@ __device__ inline bool isRemote(const Team& t, int r) {
 __device__ inline Ctrl* ctrlFor(const Team& t, int r) {
   return reinterpret_cast<Ctrl*>(isRemote(t, r) ? t.stage[r] : t.base[r]);
 }
-/// Where this rank's rows for rank r start: at `atPeer` rows into r's rows (direct path) or at the staging rows.
-__device__ inline char* rowsFor(const Team& t, int r, int atPeer, uint32_t rowBytes) {
-  return isRemote(t, r) ? t.stage[r] + kCtrlBytes : rowsOf(t, r) + int64_t(atPeer) * rowBytes;
-}
-/// Where the Ctrl fields and the rows that rank s sent this rank are: this rank's window (direct path) or, for a
-/// rank on another host, the receive mirror in host memory.
+/// Where the Ctrl fields that rank s sent this rank are: this rank's window (direct path) or, for a rank on another
+/// host, the receive mirror in host memory.
 __device__ inline const Ctrl* recvCtrl(const Team& t, int s) {
   return reinterpret_cast<const Ctrl*>(isRemote(t, s) ? t.mirror : t.base[t.rank]);
 }
-__device__ inline const char* recvRows(const Team& t, int s) {
-  return (isRemote(t, s) ? t.mirror : t.base[t.rank]) + kCtrlBytes;
+/// The header and the rows of this rank's staging area for remote rank r (what one put carries to r's mirror).
+__device__ inline int32_t* stageHeader(const Team& t, int r) {
+  return reinterpret_cast<int32_t*>(t.stage[r] + kCtrlBytes);
+}
+__device__ inline char* stageRows(const Team& t, int r) {
+  return t.stage[r] + kCtrlBytes + kSlotHeaderBytes;
+}
+/// The header and the rows that remote rank s put into this rank's mirror (its slot).
+__device__ inline const int32_t* mirrorHeader(const Team& t, int s) {
+  return reinterpret_cast<const int32_t*>(t.mirror + kCtrlBytes + uint64_t(s) * t.slotBytes);
+}
+__device__ inline const char* mirrorRows(const Team& t, int s) {
+  return t.mirror + kCtrlBytes + uint64_t(s) * t.slotBytes + kSlotHeaderBytes;
 }
 __device__ inline uint32_t flagSignal(const Team& t, FlagKind kind, int sender) {
   return t.signalBase + uint32_t(kind) * kMaxRanks + uint32_t(sender);
@@ -109,6 +116,20 @@ __device__ inline bool putCtrlToRemote(const Team& t, int r, uint64_t offset, ui
   return false;
 }
 
+/// Threads 0..R-1 wait for dataDone of epoch e from the ranks in `fromCtrl` (stored into this rank's Ctrl by a
+/// direct peer or by the relay of a remote one) and from those in `fromSignal` (a remote rank's put). True on every
+/// thread of the block when all arrived.
+__device__ inline bool waitData(const Team& t, uint64_t e, uint32_t fromCtrl, uint32_t fromSignal) {
+  bool ok = true;
+  const int s = threadIdx.x;
+  if (s < t.numRanks && ((fromCtrl | fromSignal) >> s) & 1u) {
+    uint64_t* flag = (fromSignal >> s) & 1u ? const_cast<uint64_t*>(&t.netSignals[flagSignal(t, kFlagData, s)])
+                                            : &ctrlOf(t, t.rank)->dataDone[s];
+    ok = waitFlag(t, flag, e, kWaitData, s, e);
+  }
+  return !__syncthreads_or(!ok);
+}
+
 /// Threads 0..R-1 each wait for one rank's flag `kind` (arrive, countsReady or dataDone) to reach `e`: the Ctrl
 /// word a direct peer stores, the signal a remote peer raises. `skipSelf` leaves this rank's own entry out. True on
 /// every thread of the block when all arrived.
@@ -138,16 +159,27 @@ __device__ inline bool openOp(const Team& t, uint64_t e) {
   return waitAll(t, kFlagArrive, e, kWaitArrive, false);
 }
 
-/// Bytes of this rank's rows for each remote rank in the current operation, and where they go in its window.
+/// What the last block of a kernel puts to remote ranks once every block's rows are staged: for each rank in
+/// `putMask`, the header (the row count) and `rows[r]` rows of `rowBytes` from its staging area into this rank's slot
+/// of r's mirror, with r's dataDone flag of this rank as the put's signal.
 struct NetRows {
-  uint64_t dstOffset[kMaxRanks];
-  uint64_t bytes[kMaxRanks];
+  uint32_t putMask;
+  uint32_t rowBytes;
+  int32_t rows[kMaxRanks];
 };
 
-/// Called by every block once its stores to the peers are issued; the last block to get here tells every other
-/// rank that this rank's rows of epoch e are in place: a release store for a direct peer, the put of the staged
-/// rows with the flag as its signal for a remote one (`net`; may be null when there is no remote rank).
-__device__ inline void signalSent(const Team& t, uint64_t e, const NetRows* net) {
+/// Puts the staged header and rows for remote rank r into this rank's slot of r's mirror, flag dataDone = e.
+__device__ inline bool putRowsToRemote(const Team& t, int r, int32_t rows, uint32_t rowBytes, uint64_t e) {
+  *stageHeader(t, r) = rows;
+  __threadfence_system();  // the header before the command that makes the proxy read it
+  return putToRemote(t, r, kCtrlBytes + uint64_t(t.rank) * t.slotBytes, kCtrlBytes,
+                     kSlotHeaderBytes + uint64_t(rows) * rowBytes, kFlagData, e);
+}
+
+/// Called by every block once its stores are issued; the last block to get here tells the ranks of this host that
+/// this rank's stores of epoch e are in place (a release store of dataDone[rank] into each one's Ctrl, its own
+/// included) and puts the staged rows to the remote ranks in `net`.
+__device__ inline void signalSent(const Team& t, uint64_t e, const NetRows& net) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();  // this block's stores (ordered before by the barrier) reach the peers first
@@ -156,14 +188,29 @@ __device__ inline void signalSent(const Team& t, uint64_t e, const NetRows* net)
       t.state->sendBlocks = 0;
       __threadfence_system();  // every block's stores, seen through the counter, before the flags
       for (int d = 0; d < t.numRanks; ++d) {
-        if (d == t.rank) continue;
-        if (isRemote(t, d))
-          putToRemote(t, d, kCtrlBytes + net->dstOffset[d], kCtrlBytes, net->bytes[d], kFlagData, e);
-        else
+        if ((net.putMask >> d) & 1u)
+          putRowsToRemote(t, d, net.rows[d], net.rowBytes, e);
+        else if ((t.localMask >> d) & 1u)
           atomicStore(&ctrlOf(t, d)->dataDone[t.rank], e, kRelease);
       }
     }
   }
+}
+
+/// Counts the blocks done with a phase in *counter; true on thread 0 of the last one (after a system fence that
+/// orders every block's stores before what it does next). Every thread of every block must call it.
+__device__ inline bool lastBlockDone(unsigned* counter) {
+  __syncthreads();
+  bool last = false;
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    if (last) {
+      *counter = 0;
+      __threadfence_system();
+    }
+  }
+  return last;
 }
 
 /// Ends an operation: the last block of its last kernel advances the epoch (every block read it at its start).

@@ -1,5 +1,6 @@
-// The EP kernels over the direct path (every rank's buffer IPC-mapped here): the layout, the prepare step (routing
-// and the exchange of counts), dispatch and combine. Protocol and buffer layout: ep/protocol.hpp.
+// The EP kernels: the layout, the prepare step (routing and the exchange of counts), dispatch and combine, over the
+// direct path between the ranks of a host (every such rank's buffer IPC-mapped here) and through the relays between
+// hosts. Protocol and buffer layout: ep/protocol.hpp.
 #include <cuda_bf16.h>
 
 #include "ep/device_common.cuh"
@@ -44,26 +45,28 @@ __global__ void __launch_bounds__(kLayoutThreads) layoutKernel(Team t, LayoutArg
 
 // ---- prepare: routing, counts, exchange ----------------------------------------------------------------------
 
-// One block. Every token's destination ranks (from its experts), its row among the tokens sent to each rank (a
-// block-wide scan), the tokens per rank and per expert; then the barrier, each rank's counts into every peer's
-// Ctrl, and, once all ranks' counts are here, the matrix and the received counts per local expert.
+// One block. Every token's destination ranks (from its experts) and, with ranks on other hosts, the hosts among
+// them; its row among the tokens sent to each rank and to each other host's relay (a block-wide scan over those
+// columns), the tokens per rank and per expert; then the barrier, each rank's counts into every peer's Ctrl, and,
+// once all ranks' counts are here, the matrix and the received counts per local expert.
 __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, PrepareArgs a) {
   const uint64_t e = t.state->seq + 1;
   const int R = t.numRanks, me = t.rank, K = a.numTopk, epr = a.numExperts / R;
+  const int C = t.relayMask ? 2 * R : R;  // scan columns: the ranks, then the hosts by host id
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, numWarps = blockDim.x >> 5;
   __shared__ int32_t perExpert[kMaxExperts];
-  __shared__ int32_t perRank[kMaxRanks];
-  __shared__ int32_t warpBase[32][kMaxRanks];
+  __shared__ int32_t perCol[2 * kMaxRanks];
+  __shared__ int32_t warpBase[32][2 * kMaxRanks];
   __shared__ int bad;
   __shared__ long long badValue;
   for (int i = threadIdx.x; i < a.numExperts; i += blockDim.x) perExpert[i] = 0;
-  if (threadIdx.x < kMaxRanks) perRank[threadIdx.x] = 0;
+  if (threadIdx.x < 2 * kMaxRanks) perCol[threadIdx.x] = 0;
   if (threadIdx.x == 0) bad = 0;
   __syncthreads();
 
   for (int base = 0; base < a.numTokens; base += blockDim.x) {  // uniform trip count: the ballots need every lane
     const int tok = base + threadIdx.x;
-    unsigned mask = 0;
+    unsigned cols = 0;
     if (tok < a.numTokens) {
       for (int k = 0; k < K; ++k) {
         const int64_t v = a.topkIdx[int64_t(tok) * K + k];
@@ -71,44 +74,48 @@ __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, Prepare
           if (atomicExch(&bad, 1) == 0) badValue = v;
         } else if (v >= 0) {
           atomicAdd(&perExpert[v], 1);
-          mask |= 1u << (v / epr);
+          cols |= 1u << (v / epr);
         }
       }
+      for (int d = 0; d < R && t.relayMask; ++d)  // a token for a rank on another host goes to that host's relay
+        if ((cols >> d) & 1u && isRemote(t, d)) cols |= 1u << (R + t.hostOf[d]);
     }
-    for (int d = 0; d < R; ++d) {
-      const unsigned b = __ballot_sync(0xffffffffu, (mask >> d) & 1u);
-      if (lane == 0) warpBase[warp][d] = __popc(b);
+    for (int c = 0; c < C; ++c) {
+      const unsigned b = __ballot_sync(0xffffffffu, (cols >> c) & 1u);
+      if (lane == 0) warpBase[warp][c] = __popc(b);
     }
     __syncthreads();
-    if (threadIdx.x < R) {  // exclusive scan of the warps' counts, after the tokens of earlier chunks
-      const int d = threadIdx.x;
-      int run = perRank[d];
+    if (threadIdx.x < C) {  // exclusive scan of the warps' counts, after the tokens of earlier chunks
+      const int c = threadIdx.x;
+      int run = perCol[c];
       for (int w = 0; w < numWarps; ++w) {
-        const int c = warpBase[w][d];
-        warpBase[w][d] = run;
-        run += c;
+        const int n = warpBase[w][c];
+        warpBase[w][c] = run;
+        run += n;
       }
-      perRank[d] = run;
+      perCol[c] = run;
     }
     __syncthreads();
-    for (int d = 0; d < R; ++d) {
-      const unsigned b = __ballot_sync(0xffffffffu, (mask >> d) & 1u);
-      if (tok < a.numTokens)
-        a.handle.sendPos[int64_t(tok) * R + d] =
-            (mask >> d) & 1u ? warpBase[warp][d] + __popc(b & ((1u << lane) - 1u)) : -1;
+    for (int c = 0; c < C; ++c) {
+      const unsigned b = __ballot_sync(0xffffffffu, (cols >> c) & 1u);
+      const int pos = (cols >> c) & 1u ? warpBase[warp][c] + __popc(b & ((1u << lane) - 1u)) : -1;
+      if (tok < a.numTokens) (c < R ? a.handle.sendPos : a.handle.hostPos)[int64_t(tok) * R + c % R] = pos;
     }
     __syncthreads();
   }
+  if (threadIdx.x < R) a.handle.hostCount[threadIdx.x] = t.relayMask ? perCol[R + threadIdx.x] : 0;
 
   bool ok = openOp(t, e);
   if (ok) {
-    for (int i = threadIdx.x; i < R * R; i += blockDim.x) ctrlFor(t, i / R)->counts[me][i % R] = perRank[i % R];
+    for (int i = threadIdx.x; i < R * R; i += blockDim.x) ctrlFor(t, i / R)->counts[me][i % R] = perCol[i % R];
     for (int i = threadIdx.x; i < R * epr; i += blockDim.x)
       ctrlFor(t, i / epr)->expertCounts[me][i % epr] = perExpert[(i / epr) * epr + i % epr];
     if (threadIdx.x < R) {
       Ctrl* c = ctrlFor(t, threadIdx.x);
       c->status[me] = bad ? kBadExpert : kNone;
       c->statusValue[me] = bad ? badValue : 0;
+      c->tokens[me][0] = a.numTokens;
+      c->tokens[me][1] = a.relayCap;
     }
     __syncthreads();
     bool sent = true;
@@ -120,6 +127,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, Prepare
         sent =
             putCtrlToRemote(t, d, offsetof(Ctrl, counts) + uint64_t(me) * kMaxRanks * 4, uint64_t(R) * 4) &&
             putCtrlToRemote(t, d, offsetof(Ctrl, expertCounts) + uint64_t(me) * kMaxExperts * 4, uint64_t(epr) * 4) &&
+            putCtrlToRemote(t, d, offsetof(Ctrl, tokens) + uint64_t(me) * 8, 8) &&
             putCtrlToRemote(t, d, offsetof(Ctrl, status) + uint64_t(me) * 4, 4) &&
             putToRemote(t, d, statusValueAt, statusValueAt, 8, kFlagCounts, e);
       } else {
@@ -141,12 +149,25 @@ __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, Prepare
         else
           report(t, kPeerError, 0, s, from->status[s], from->statusValue[s], e);
       }
+      // Every rank checks every relay alike (all saw the same numbers), so all skip the data phase together: a relay
+      // keeps the positions of each source's relayed rows in its handle, which must hold that source's tokens
+      // (dispatchWorst; dispatchPrepare grows the handle on the host instead).
+      for (int s = 0; s < R && valid && t.relayMask; ++s)
+        for (int h = 0; h < R && valid; ++h) {
+          if (t.hostOf[h] != h || h == t.hostOf[s]) continue;
+          const int rho = t.relayOf[s][h];
+          const int32_t n = recvCtrl(t, s)->tokens[s][0], cap = recvCtrl(t, rho)->tokens[rho][1];
+          if (n <= cap) continue;
+          valid = 0;
+          report(t, kRelayCapacity, 0, rho, n, cap, e);
+        }
       int32_t n = 0;
       for (int s = 0; s < R; ++s) n += recvCtrl(t, s)->counts[s][me];
       *a.handle.numRecv = n;
       *a.handle.valid = valid;
       if (a.numRecvOut) *a.numRecvOut = n;
       a.hostCounts[0] = n;
+      for (int s = 0; s < R; ++s) a.hostCounts[kHostCountsTokens + s] = recvCtrl(t, s)->tokens[s][0];
     }
     for (int i = threadIdx.x; i < R * R; i += blockDim.x) a.handle.matrix[i] = recvCtrl(t, i / R)->counts[i / R][i % R];
     for (int j = threadIdx.x; j < epr; j += blockDim.x) {
@@ -162,15 +183,38 @@ __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, Prepare
   finishOp(t);
 }
 
-// ---- dispatch -------------------------------------------------------------------------------------------------
+// ---- offsets --------------------------------------------------------------------------------------------------
+
+__device__ inline bool sameHost(const Team& t, int a, int b) {
+  return t.hostOf[a] == t.hostOf[b];
+}
 
 struct Offsets {
   int32_t inPrefix[kMaxRanks + 1];   // rows at this rank: those of source s start at inPrefix[s]
   int32_t atPeer[kMaxRanks];         // dispatch: where this rank's rows start at rank d; combine: at source s
   int32_t ownPrefix[kMaxRanks + 1];  // combine: rows this rank sent to d start at ownPrefix[d] (in its own buffer)
+  int32_t relayAt[kMaxRanks];        // combine, remote source s: where this rank's rows for s start at s's relay
 };
 
-// From the counts matrix (handle) into shared memory, by thread 0.
+// Combine, at relay rho: the row where the rows that rank d returns for remote source s start. Rho's buffer holds
+// first the rows of its own tokens coming back from the ranks of its host (ownPrefix), then, for each source it
+// relays in rank order, each of its host's ranks' rows for that source in rank order.
+__device__ inline int32_t combineRelayRow(const Team& t, const int32_t* matrix, int rho, int s, int d) {
+  const int R = t.numRanks, host = t.hostOf[rho];
+  int32_t at = 0;
+  for (int x = 0; x < R; ++x)
+    if (t.hostOf[x] == host) at += matrix[rho * R + x];
+  for (int s2 = 0; s2 < s; ++s2)
+    if (t.hostOf[s2] != host && t.relayOf[s2][host] == rho)
+      for (int x = 0; x < R; ++x)
+        if (t.hostOf[x] == host) at += matrix[s2 * R + x];
+  for (int x = 0; x < d; ++x)
+    if (t.hostOf[x] == host) at += matrix[s * R + x];
+  return at;
+}
+
+// From the counts matrix (handle) into shared memory, by thread 0. Only ranks of this host store into each other's
+// buffers; what crosses hosts goes through the relays.
 __device__ inline void computeOffsets(const Team& t, const int32_t* matrix, Offsets& o, bool combine) {
   const int R = t.numRanks, me = t.rank;
   int run = 0;
@@ -182,18 +226,23 @@ __device__ inline void computeOffsets(const Team& t, const int32_t* matrix, Offs
   run = 0;
   for (int d = 0; d < R; ++d) {
     o.ownPrefix[d] = run;
-    run += matrix[me * R + d];
+    if (sameHost(t, d, me)) run += matrix[me * R + d];
   }
   o.ownPrefix[R] = run;
   for (int p = 0; p < R; ++p) {
     int at = 0;
-    if (combine)
-      for (int d = 0; d < me; ++d) at += matrix[p * R + d];  // rows of source p from ranks before this one
-    else
+    if (combine) {
+      for (int d = 0; d < me; ++d)  // rows of source p from the ranks of this host before this one
+        if (sameHost(t, d, me)) at += matrix[p * R + d];
+      o.relayAt[p] = isRemote(t, p) ? combineRelayRow(t, matrix, t.relayOf[p][t.hostOf[me]], p, me) : 0;
+    } else {
       for (int s = 0; s < me; ++s) at += matrix[s * R + p];  // rows at rank p from sources before this one
+    }
     o.atPeer[p] = at;
   }
 }
+
+// ---- dispatch -------------------------------------------------------------------------------------------------
 
 // Meta of a dispatch row: int32 source token, K int32 local expert ids, K f32 weights.
 __device__ inline void writeMeta(char* meta, int tok, int localExpert, float weight, int K, int lane) {
@@ -203,6 +252,75 @@ __device__ inline void writeMeta(char* meta, int tok, int localExpert, float wei
     m[1 + lane] = localExpert;
     reinterpret_cast<float*>(m + 1 + K)[lane] = weight;
   }
+}
+
+// Meta of a relay row (protocol.hpp, relayRow): the token, its position at each rank of host h, and per top-k slot
+// the rank of its expert, the local id there and the weight.
+__device__ inline void writeRelayMeta(const Team& t, char* meta, int tok, const int32_t* sendPos, int h, int64_t expert,
+                                      int epr, float weight, int K, int lane) {
+  int32_t* m = reinterpret_cast<int32_t*>(meta);
+  if (lane == 0) m[0] = tok;
+  if (lane < kMaxRanks) m[1 + lane] = lane < t.numRanks && t.hostOf[lane] == h ? sendPos[lane] : -1;
+  if (lane < K) {
+    int32_t* slot = m + 1 + kMaxRanks + 3 * lane;
+    slot[0] = expert >= 0 ? int32_t(expert / epr) : -1;
+    slot[1] = expert >= 0 ? int32_t(expert % epr) : -1;
+    slot[2] = __float_as_int(weight);
+  }
+}
+
+// The relay's part of a dispatch: for each remote source it relays, once that source's rows are in the mirror, every
+// row into the rows of each rank of this host that the row names (as a dispatch row, where that source would have
+// stored it), its positions into the handle (for the combine); then dataDone[source] at each of those ranks.
+__device__ bool relayDispatch(const Team& t, const DispatchArgs& a, uint64_t e) {
+  const int R = t.numRanks, K = a.numTopk;
+  const int lane = threadIdx.x & 31, numWarps = blockDim.x >> 5;
+  const int gw = blockIdx.x * numWarps + (threadIdx.x >> 5), W = gridDim.x * numWarps;
+  const RowLayout& rl = a.relay;
+  const uint32_t xsBytes = a.row.xBytes + a.row.scaleBytes;  // x and scales are laid out alike in both rows
+  __shared__ int32_t at[kMaxRanks];
+  __shared__ int32_t n;
+  for (int s = 0; s < R; ++s) {
+    if (!((t.relayedFrom >> s) & 1u)) continue;
+    bool ok = true;
+    if (threadIdx.x == 0) {
+      ok = waitFlag(t, const_cast<uint64_t*>(&t.netSignals[flagSignal(t, kFlagData, s)]), e, kWaitData, s, e);
+      n = ok ? atomicLoad(const_cast<int32_t*>(mirrorHeader(t, s)), kRelaxed) : 0;
+      if (n > a.handle.relayCap) {  // the prepare checked this; a handle of another dispatch may not hold it
+        report(t, kRelayCapacity, 0, t.rank, n, a.handle.relayCap, e);
+        n = a.handle.relayCap;
+      }
+      for (int d = 0; d < R; ++d) {
+        int run = 0;
+        for (int s2 = 0; s2 < s; ++s2) run += a.handle.matrix[s2 * R + d];
+        at[d] = run;
+      }
+      if (blockIdx.x == 0) a.handle.relayRows[s] = n;
+    }
+    if (__syncthreads_or(!ok)) return false;
+    for (int i = gw; i < n; i += W) {
+      const char* r = mirrorRows(t, s) + int64_t(i) * rl.rowBytes;
+      const int32_t* m = reinterpret_cast<const int32_t*>(r + rl.metaOffset);
+      const int32_t tok = m[0];
+      int32_t* keep = a.handle.relayPos + (int64_t(s) * a.handle.relayCap + i) * kMaxRanks;
+      if (lane < kMaxRanks) keep[lane] = m[1 + lane];
+      const int32_t* slot = m + 1 + kMaxRanks + 3 * (lane < K ? lane : 0);
+      const int32_t slotRank = lane < K ? slot[0] : -1, slotLocal = slot[1];
+      const float slotWeight = __int_as_float(slot[2]);
+      for (int d = 0; d < R; ++d) {
+        const int32_t pos = m[1 + d];
+        if (pos < 0) continue;
+        char* dst = rowsOf(t, d) + int64_t(at[d] + pos) * a.row.rowBytes;
+        warpCopy16(dst, r, xsBytes, lane);
+        const bool here = slotRank == d;
+        writeMeta(dst + a.row.metaOffset, tok, here ? slotLocal : -1, here ? slotWeight : 0.f, K, lane);
+      }
+    }
+    if (lastBlockDone(&t.state->relayBlocks[s]))
+      for (int d = 0; d < R; ++d)
+        if ((t.localMask >> d) & 1u) atomicStore(&ctrlOf(t, d)->dataDone[s], e, kRelease);
+  }
+  return true;
 }
 
 __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
@@ -216,10 +334,9 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
   if (threadIdx.x == 0) {
     valid = *a.handle.valid;
     computeOffsets(t, a.handle.matrix, o, false);
-    for (int d = 0; d < R; ++d) {  // this rank's rows for d: contiguous from atPeer[d] in d's rows
-      net.dstOffset[d] = uint64_t(o.atPeer[d]) * a.row.rowBytes;
-      net.bytes[d] = uint64_t(a.handle.matrix[me * R + d]) * a.row.rowBytes;
-    }
+    net.putMask = t.relayMask;  // one relay row per token and other host it is needed on
+    net.rowBytes = a.relay.rowBytes;
+    for (int d = 0; d < R; ++d) net.rows[d] = (t.relayMask >> d) & 1u ? a.handle.hostCount[t.hostOf[d]] : 0;
     const int total = o.inPrefix[R];
     if (blockIdx.x == 0 && a.out.numRecvTokens) *a.out.numRecvTokens = total;
     if (valid && blockIdx.x == 0 && total > a.out.capacity) report(t, kRecvCapacity, 0, me, total, a.out.capacity, e);
@@ -230,7 +347,7 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
     return;
   }
   const int cap = a.out.capacity;
-  const int epr = a.numExperts > 0 ? a.numExperts / R : 0;
+  const int epr = a.numExperts > 0 ? a.numExperts / R : 1;
   const uint32_t xb = a.row.xBytes;
   const int nScales = a.row.scaleBytes ? a.hidden / kFp8ScaleBlock : 0;
   const bool withTopk = a.topkIdx != nullptr;
@@ -243,10 +360,11 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
       expert = a.topkIdx[int64_t(tok) * K + lane];
       weight = a.topkWeights ? a.topkWeights[int64_t(tok) * K + lane] : 0.f;
     }
+    const int32_t* sendPos = a.handle.sendPos + int64_t(tok) * R;
     for (int i = 1; i <= R; ++i) {  // the peers first (their stores take longest), this rank last
       const int d = (me + i) % R;
-      const int pos = a.handle.sendPos[int64_t(tok) * R + d];
-      if (pos < 0) continue;
+      const int pos = sendPos[d];
+      if (pos < 0 || isRemote(t, d)) continue;  // ranks on other hosts: through their host's relay, below
       const int local =
           expert >= int64_t(d) * epr && expert < int64_t(d + 1) * epr ? int(expert - int64_t(d) * epr) : -1;
       const float w = local >= 0 ? weight : 0.f;
@@ -262,7 +380,7 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
         }
         if (lane == 0 && a.out.recvSrcIdx) a.out.recvSrcIdx[row] = tok;
       } else {
-        char* dst = rowsFor(t, d, o.atPeer[d], a.row.rowBytes) + int64_t(pos) * a.row.rowBytes;
+        char* dst = rowsOf(t, d) + int64_t(o.atPeer[d] + pos) * a.row.rowBytes;
         warpCopy16FromInput(dst, src, xb, lane);
         if (nScales)
           warpCopyFloats(reinterpret_cast<float*>(dst + a.row.scaleOffset), a.xScales + int64_t(tok) * nScales, nScales,
@@ -270,19 +388,35 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
         writeMeta(dst + a.row.metaOffset, tok, local, w, K, lane);
       }
     }
+    for (int rho = 0; rho < R && t.relayMask; ++rho) {  // once per other host, to its relay
+      if (!((t.relayMask >> rho) & 1u)) continue;
+      const int h = t.hostOf[rho];
+      const int pos = a.handle.hostPos[int64_t(tok) * R + h];
+      if (pos < 0) continue;
+      char* dst = stageRows(t, rho) + int64_t(pos) * a.relay.rowBytes;
+      warpCopy16FromInput(dst, src, xb, lane);
+      if (nScales)
+        warpCopyFloats(reinterpret_cast<float*>(dst + a.relay.scaleOffset), a.xScales + int64_t(tok) * nScales, nScales,
+                       lane);
+      writeRelayMeta(t, dst + a.relay.metaOffset, tok, sendPos, h, expert, epr, weight, K, lane);
+    }
   }
-  signalSent(t, e, &net);
-  if (!waitAll(t, kFlagData, e, kWaitData, true)) {
+  signalSent(t, e, net);
+  if (t.relayedFrom && !relayDispatch(t, a, e)) {
     finishOp(t);
     return;
   }
-  // The peers' rows, from this rank's buffer into the outputs (this rank's own rows are there already).
+  // Every other rank's rows are in this rank's buffer: stored by the ranks of this host, by this host's relays for
+  // the others; each raised dataDone here.
+  if (!waitData(t, e, ((1u << R) - 1u) & ~(1u << me), 0u)) {
+    finishOp(t);
+    return;
+  }
   const int end = min(o.inPrefix[R], cap);
+  const char* rows = rowsOf(t, me);
   for (int row = gw; row < end; row += W) {
-    if (row >= o.inPrefix[me] && row < o.inPrefix[me + 1]) continue;
-    int s = 0;
-    while (row >= o.inPrefix[s + 1]) ++s;
-    const char* r = recvRows(t, s) + int64_t(row) * a.row.rowBytes;
+    if (row >= o.inPrefix[me] && row < o.inPrefix[me + 1]) continue;  // this rank's own rows are there already
+    const char* r = rows + int64_t(row) * a.row.rowBytes;
     warpCopy16(static_cast<char*>(a.out.recvX) + int64_t(row) * xb, r, xb, lane);
     if (nScales && a.out.recvXScales)
       warpCopyFloats(a.out.recvXScales + int64_t(row) * nScales, reinterpret_cast<const float*>(r + a.row.scaleOffset),
@@ -310,9 +444,87 @@ __device__ inline void addBf16x8(float (&acc)[8], const int4& v) {
   }
 }
 
-// Every received row goes back to its source rank, into the rows of that rank's buffer reserved for this rank
-// (in the order the source sent them); then each rank sums, per token, the rows that came back from every rank it
-// sent the token to (its own row straight from the input).
+// A warp sums n BF16 rows of `vecs` 16-byte vectors (+ the bias rows, when not null) into `out`, in f32, rounded
+// once. Two vectors per lane per step, every source's loads issued before any sum: more loads in flight per warp.
+__device__ inline void warpSumRows(char* out, const char* const* src, int n, const char* bias0, const char* bias1,
+                                   uint32_t vecs, int lane) {
+  for (uint32_t c0 = lane; c0 < vecs; c0 += 64) {
+    const bool second = c0 + 32 < vecs;
+    float acc[2][8];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[u][j] = 0.f;
+    int4 v[kMaxRanks][2];
+#pragma unroll
+    for (int j = 0; j < kMaxRanks; ++j)
+      if (j < n) {
+        v[j][0] = reinterpret_cast<const int4*>(src[j])[c0];
+        if (second) v[j][1] = reinterpret_cast<const int4*>(src[j])[c0 + 32];
+      }
+#pragma unroll
+    for (int j = 0; j < kMaxRanks; ++j)
+      if (j < n) {
+        addBf16x8(acc[0], v[j][0]);
+        if (second) addBf16x8(acc[1], v[j][1]);
+      }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && !second) break;
+      const uint32_t c = c0 + 32 * u;
+      if (bias0) addBf16x8(acc[u], reinterpret_cast<const int4*>(bias0)[c]);
+      if (bias1) addBf16x8(acc[u], reinterpret_cast<const int4*>(bias1)[c]);
+      int4 r;
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(acc[u][2 * j], acc[u][2 * j + 1]);
+      reinterpret_cast<int4*>(out)[c] = r;
+    }
+  }
+}
+
+// The relay's part of a combine: once every rank of this host stored its rows for the sources this rank relays,
+// one row per relayed token (the sum of those ranks' rows, and of their weights) into the staging area for its
+// source, put into the source's mirror with its dataDone flag.
+__device__ bool relayCombine(const Team& t, const CombineArgs& a, uint64_t e, uint32_t rowBytes) {
+  const int R = t.numRanks, K = a.numTopk;
+  const int lane = threadIdx.x & 31, numWarps = blockDim.x >> 5;
+  const int gw = blockIdx.x * numWarps + (threadIdx.x >> 5), W = gridDim.x * numWarps;
+  const uint32_t weightsOffset = align16(uint64_t(a.hidden) * 2), vecs = uint32_t(a.hidden) * 2 / 16;
+  if (!waitData(t, e, t.localMask, 0u)) return false;
+  __shared__ int32_t at[kMaxRanks];
+  __shared__ int32_t n;
+  for (int s = 0; s < R; ++s) {
+    if (!((t.relayedFrom >> s) & 1u)) continue;
+    if (threadIdx.x == 0) {
+      n = min(a.handle.relayRows[s], a.handle.relayCap);
+      for (int d = 0; d < R; ++d)
+        at[d] = (t.localMask >> d) & 1u ? combineRelayRow(t, a.handle.matrix, t.rank, s, d) : 0;
+    }
+    __syncthreads();
+    for (int i = gw; i < n; i += W) {
+      const int32_t* pos = a.handle.relayPos + (int64_t(s) * a.handle.relayCap + i) * kMaxRanks;
+      const char* src[kMaxRanks];
+      int m = 0;
+      for (int d = 0; d < R; ++d)
+        if (pos[d] >= 0) src[m++] = rowsOf(t, t.rank) + int64_t(at[d] + pos[d]) * rowBytes;
+      char* out = stageRows(t, s) + int64_t(i) * rowBytes;
+      warpSumRows(out, src, m, nullptr, nullptr, vecs, lane);
+      if (a.topkWeights && lane < K) {
+        float w = 0.f;
+        for (int j = 0; j < m; ++j) w += reinterpret_cast<const float*>(src[j] + weightsOffset)[lane];
+        reinterpret_cast<float*>(out + weightsOffset)[lane] = w;
+      }
+    }
+    if (lastBlockDone(&t.state->relayBlocks[s])) putRowsToRemote(t, s, n, rowBytes, e);
+  }
+  return true;
+}
+
+// Every received row goes back toward its source rank: into the rows of that rank's buffer reserved for this rank
+// when it is on this host, into those of its relay on this host otherwise (the relay sums a token's rows from this
+// host and sends one row back). Then each rank sums, per token, the rows that came back from the ranks of its host
+// it sent the token to (its own row straight from the input) and the one row of each other host.
 __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
   const uint64_t e = t.state->seq + 1;
   const int R = t.numRanks, me = t.rank, K = a.numTopk;
@@ -325,10 +537,7 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
   if (threadIdx.x == 0) {
     valid = *a.handle.valid;
     computeOffsets(t, a.handle.matrix, o, true);
-    for (int s = 0; s < R; ++s) {  // the rows received from s go back contiguous from atPeer[s] in s's rows
-      net.dstOffset[s] = uint64_t(o.atPeer[s]) * rowBytes;
-      net.bytes[s] = uint64_t(o.inPrefix[s + 1] - o.inPrefix[s]) * rowBytes;
-    }
+    net.putMask = 0;  // the relays put
   }
   __syncthreads();
   if (!valid || !openOp(t, e)) {
@@ -342,13 +551,19 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
     int s = 0;
     while (row >= o.inPrefix[s + 1]) ++s;
     if (s == me) continue;
-    char* dst = rowsFor(t, s, o.atPeer[s], rowBytes) + int64_t(row - o.inPrefix[s]) * rowBytes;
+    const int pos = row - o.inPrefix[s];
+    char* dst = isRemote(t, s) ? rowsOf(t, t.relayOf[s][t.hostOf[me]]) + int64_t(o.relayAt[s] + pos) * rowBytes
+                               : rowsOf(t, s) + int64_t(o.atPeer[s] + pos) * rowBytes;
     warpCopy16FromInput(dst, a.x + int64_t(row) * xb, xb, lane);
     if (a.topkWeights && lane < K)
       reinterpret_cast<float*>(dst + weightsOffset)[lane] = a.topkWeights[int64_t(row) * K + lane];
   }
-  signalSent(t, e, &net);
-  if (!waitAll(t, kFlagData, e, kWaitData, true)) {
+  signalSent(t, e, net);
+  if (t.relayedFrom && !relayCombine(t, a, e, rowBytes)) {
+    finishOp(t);
+    return;
+  }
+  if (!waitData(t, e, t.localMask & ~(1u << me), t.relayMask)) {
     finishOp(t);
     return;
   }
@@ -359,52 +574,26 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
     int n = 0;
     for (int d = 0; d < R; ++d) {
       const int pos = a.handle.sendPos[int64_t(tok) * R + d];
-      if (pos < 0) continue;
-      if (d == me) {
+      if (pos < 0 || isRemote(t, d)) continue;
+      if (d == me) {  // this rank's own row: straight from the inputs
         src[n] = a.x + int64_t(o.inPrefix[me] + pos) * xb;
         wsrc[n] = a.topkWeights ? a.topkWeights + int64_t(o.inPrefix[me] + pos) * K : nullptr;
       } else {
-        const char* r = recvRows(t, d) + int64_t(o.ownPrefix[d] + pos) * rowBytes;
-        src[n] = r;
-        wsrc[n] = reinterpret_cast<const float*>(r + weightsOffset);
+        src[n] = rowsOf(t, me) + int64_t(o.ownPrefix[d] + pos) * rowBytes;
+        wsrc[n] = reinterpret_cast<const float*>(src[n] + weightsOffset);
       }
       ++n;
     }
-    char* out = a.out + int64_t(tok) * xb;
-    // Two vectors per lane per step, every source's loads issued before any sum: more loads in flight per warp.
-    for (uint32_t c0 = lane; c0 < vecs; c0 += 64) {
-      const bool second = c0 + 32 < vecs;
-      float acc[2][8];
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[u][j] = 0.f;
-      int4 v[kMaxRanks][2];
-#pragma unroll
-      for (int j = 0; j < kMaxRanks; ++j)
-        if (j < n) {
-          v[j][0] = reinterpret_cast<const int4*>(src[j])[c0];
-          if (second) v[j][1] = reinterpret_cast<const int4*>(src[j])[c0 + 32];
-        }
-#pragma unroll
-      for (int j = 0; j < kMaxRanks; ++j)
-        if (j < n) {
-          addBf16x8(acc[0], v[j][0]);
-          if (second) addBf16x8(acc[1], v[j][1]);
-        }
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        if (u == 1 && !second) break;
-        const uint32_t c = c0 + 32 * u;
-        if (a.bias0) addBf16x8(acc[u], reinterpret_cast<const int4*>(a.bias0 + int64_t(tok) * xb)[c]);
-        if (a.bias1) addBf16x8(acc[u], reinterpret_cast<const int4*>(a.bias1 + int64_t(tok) * xb)[c]);
-        int4 r;
-        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&r);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(acc[u][2 * j], acc[u][2 * j + 1]);
-        reinterpret_cast<int4*>(out)[c] = r;
-      }
+    for (int rho = 0; rho < R && t.relayMask; ++rho) {  // one row per other host, from its relay
+      if (!((t.relayMask >> rho) & 1u)) continue;
+      const int pos = a.handle.hostPos[int64_t(tok) * R + t.hostOf[rho]];
+      if (pos < 0) continue;
+      src[n] = mirrorRows(t, rho) + int64_t(pos) * rowBytes;
+      wsrc[n] = reinterpret_cast<const float*>(src[n] + weightsOffset);
+      ++n;
     }
+    warpSumRows(a.out + int64_t(tok) * xb, src, n, a.bias0 ? a.bias0 + int64_t(tok) * xb : nullptr,
+                a.bias1 ? a.bias1 + int64_t(tok) * xb : nullptr, vecs, lane);
     if (a.outWeights && a.topkWeights && lane < K) {
       float w = 0.f;
       for (int j = 0; j < n; ++j) w += wsrc[j][lane];

@@ -5,8 +5,16 @@
 //   [0, kCtrlBytes)   Ctrl: flags and counts the peers store into
 //   [kCtrlBytes, nvlBytes) rows: dispatch rows (x | scales | meta) or combine rows (x | weights), each 16-byte aligned
 // and, when some ranks are on other hosts, a second window of host memory holds what goes over the network (Team):
-//   [0, nvlBytes)     the receive mirror: Ctrl and rows as above, stored by the ranks on other hosts
-//   [nvlBytes, end)   send staging (rdmaBytes): one area per rank on another host
+//   [0, nvlBytes)     the receive mirror: Ctrl as above (the fields ranks on other hosts put), then one slot of
+//                     slotBytes per source rank: a 16-byte header (dispatch: the row count) and rows
+//   [nvlBytes, end)   send staging (rdmaBytes): one area per rank on another host, Ctrl-shaped, then header and rows
+//
+// The relay. A token crosses the network once per destination *host*: rank s sends it to one rank of each other
+// host it is needed on, the relay relayOf[s][h] (the rank of host h with s's local index), in a relay row that names
+// its position at every rank of that host; the relay's dispatch kernel forwards it over NVLink into each of those
+// ranks' rows, where it lands as if s had stored it (and raises dataDone[s] there). Combine goes back the same way:
+// each rank stores the rows of source s into the relay's buffer, the relay sums them per token (f32) and sends one
+// row per token back to s, which sums the hosts' rows with those of its own host.
 //
 // Synchronisation. Every operation (a prepare, a dispatch, a combine) has an epoch e = state.seq + 1, the same on
 // every rank because the ranks make the same calls in the same order; its last kernel bumps state.seq. Its first
@@ -35,18 +43,20 @@ struct Ctrl {
   int64_t statusValue[kMaxRanks];
   int32_t counts[kMaxRanks][kMaxRanks];          // counts[s][d]: tokens s sends to d (every sender sends its whole row)
   int32_t expertCounts[kMaxRanks][kMaxExperts];  // [s][j]: tokens s sends to this rank's local expert j
+  int32_t tokens[kMaxRanks][2];                  // [s]: s's token count and its handle's relayCap
 };
 constexpr uint64_t kCtrlBytes = (sizeof(Ctrl) + 4095) / 4096 * 4096;
 
 /// Why an operation failed (Report::kind).
 enum ErrorKind : uint32_t {
   kNone = 0,
-  kBadExpert = 1,     // value: the expert id, value2: the number of experts
-  kRecvCapacity = 2,  // value: rows to receive, value2: the outputs' capacity
-  kPeerError = 3,     // peer: the rank that found the error, value: its kind, value2: its value
-  kTimeout = 4,       // peer, value: the epoch waited for, value2: the value seen; where: the wait
-  kPeerFailed = 5,    // the context's failure word was set while waiting on `peer`
-  kBadHandle = 6,     // the handle's routing is not valid (its prepare failed)
+  kBadExpert = 1,      // value: the expert id, value2: the number of experts
+  kRecvCapacity = 2,   // value: rows to receive, value2: the outputs' capacity
+  kPeerError = 3,      // peer: the rank that found the error, value: its kind, value2: its value
+  kTimeout = 4,        // peer, value: the epoch waited for, value2: the value seen; where: the wait
+  kPeerFailed = 5,     // the context's failure word was set while waiting on `peer`
+  kBadHandle = 6,      // the handle's routing is not valid (its prepare failed)
+  kRelayCapacity = 7,  // peer: the relay, value: the source's tokens, value2: the relay rows its handle holds
 };
 
 /// Which wait timed out (Report::where).
@@ -65,10 +75,11 @@ struct Report {
 
 /// Device state of a Buffer.
 struct State {
-  uint64_t seq;          // epochs finished
-  uint32_t opBlocks;     // blocks of the current operation's last kernel that finished
-  uint32_t sendBlocks;   // blocks of the current kernel that finished sending
-  uint32_t reportClaim;  // 1 once a kernel wrote the Report (the host clears it with the Report)
+  uint64_t seq;                     // epochs finished
+  uint32_t opBlocks;                // blocks of the current operation's last kernel that finished
+  uint32_t sendBlocks;              // blocks of the current kernel that finished sending
+  uint32_t relayBlocks[kMaxRanks];  // blocks that finished relaying source s's rows (the last one resets it)
+  uint32_t reportClaim;             // 1 once a kernel wrote the Report (the host clears it with the Report)
 };
 
 /// The flags of an operation: which Ctrl field a peer on the direct path stores, and which signal (kSet to the
@@ -101,29 +112,59 @@ struct Team {
   uint64_t stageOffset[kMaxRanks];  // its offset in the staging window
   const ChannelDeviceHandle* net;   // device array [kMaxRanks]: the proxied channel to each remote rank
   const uint64_t* netSignals;       // this rank's signal array (what remote peers' signals raise)
+  // Hosts and relays (see the top of this file). A host's id is its lowest rank.
+  int8_t hostOf[kMaxRanks];
+  int8_t relayOf[kMaxRanks][kMaxRanks];  // [s][host id]: the rank of that host that relays s's tokens
+  uint32_t localMask;                    // ranks on this rank's host, this one included
+  uint32_t relayedFrom;                  // remote sources whose tokens this rank relays to its host
+  uint32_t relayMask;                    // the relays this rank sends its tokens to (one per other host)
+  uint64_t slotBytes;                    // the mirror's slot per source rank
 };
 
 /// A handle's device memory, carved from one allocation.
 struct HandleView {
-  int32_t* sendPos;  // [maxTokens, R]: row of token t among those sent to rank d, -1: not sent there
-  int32_t* matrix;   // [R, R] counts[s][d]
-  int32_t* numRecv;  // [1]
-  int32_t* valid;    // [1]: 1 when the prepare that filled it succeeded on every rank
+  int32_t* sendPos;    // [maxTokens, kMaxRanks]: row of token t among those sent to rank d, -1: not sent there
+  int32_t* hostPos;    // [maxTokens, kMaxRanks]: row of token t among those sent to (the relay of) host h, or -1
+  int32_t* relayPos;   // [kMaxRanks, relayCap, kMaxRanks]: relay side, [s][i][d]: relay row i of s is at d's pos
+  int32_t* matrix;     // [R, R] counts[s][d]
+  int32_t* hostCount;  // [kMaxRanks]: tokens sent to host h
+  int32_t* relayRows;  // [kMaxRanks]: relay side, relay rows received from s (the dispatch that filled it)
+  int32_t* numRecv;    // [1]
+  int32_t* valid;      // [1]: 1 when the prepare that filled it succeeded on every rank
+  int maxTokens;
+  int relayCap;  // relay rows relayPos holds per source (a separate allocation, grown by dispatchPrepare)
 };
-inline HandleView carveHandle(void* memory, int maxTokens) {
+inline HandleView carveHandle(void* memory, int maxTokens, void* relayMemory, int relayCap) {
   char* p = static_cast<char*>(memory);
+  const size_t perToken = size_t(maxTokens) * kMaxRanks * 4;
   HandleView h;
   h.sendPos = reinterpret_cast<int32_t*>(p);
-  p += (size_t(maxTokens) * kMaxRanks * 4 + 15) / 16 * 16;
+  p += perToken;
+  h.hostPos = reinterpret_cast<int32_t*>(p);
+  p += perToken;
+  h.relayPos = static_cast<int32_t*>(relayMemory);
+  h.relayCap = relayMemory ? relayCap : 0;
   h.matrix = reinterpret_cast<int32_t*>(p);
   p += kMaxRanks * kMaxRanks * 4;
-  h.numRecv = reinterpret_cast<int32_t*>(p);
+  h.hostCount = reinterpret_cast<int32_t*>(p);
+  h.relayRows = h.hostCount + kMaxRanks;
+  h.numRecv = h.relayRows + kMaxRanks;
   h.valid = h.numRecv + 1;
+  h.maxTokens = maxTokens;
   return h;
 }
 inline size_t handleBytes(int maxTokens) {
-  return (size_t(maxTokens) * kMaxRanks * 4 + 15) / 16 * 16 + kMaxRanks * kMaxRanks * 4 + 16;
+  return size_t(maxTokens) * kMaxRanks * 4 * 2 + kMaxRanks * kMaxRanks * 4 + 2 * kMaxRanks * 4 + 16;
 }
+inline size_t relayBytes(int relayCap) {
+  return size_t(relayCap) * kMaxRanks * kMaxRanks * 4;
+}
+/// hostCounts (host-mapped, written by the prepare): numRecv, the aligned counts per local expert, then every
+/// rank's token count.
+constexpr int kHostCountsTokens = 1 + kMaxExperts;
+constexpr int kHostCountsSize = kHostCountsTokens + kMaxRanks;
+/// The header in front of the rows of a mirror slot or a staging area (dispatch: int32 row count).
+constexpr uint32_t kSlotHeaderBytes = 16;
 
 /// Bytes of one dispatch row: x, then scales, then meta (int32 src index, int32 local expert ids, f32 weights).
 struct RowLayout {
@@ -143,6 +184,14 @@ inline RowLayout dispatchRow(int hidden, int numTopk, DType dtype) {
   r.rowBytes = r.xBytes + r.scaleBytes + r.metaBytes;
   return r;
 }
+/// Bytes of one relay row: x, scales, then meta: int32 src index, int32 position at each rank [kMaxRanks] (-1: not
+/// there), then per top-k slot the int32 rank of its expert (-1: none), the int32 local expert id and the f32 weight.
+inline RowLayout relayRow(int hidden, int numTopk, DType dtype) {
+  RowLayout r = dispatchRow(hidden, numTopk, dtype);
+  r.metaBytes = align16(4 + 4 * uint64_t(kMaxRanks) + 12 * uint64_t(numTopk));
+  r.rowBytes = r.xBytes + r.scaleBytes + r.metaBytes;
+  return r;
+}
 /// Bytes of one combine row: x BF16, then the weights.
 GDX_HOST_DEVICE_INLINE uint32_t combineRowBytes(int hidden, int numTopk) {
   return align16(uint64_t(hidden) * 2) + align16(uint64_t(numTopk) * 4);
@@ -151,10 +200,11 @@ GDX_HOST_DEVICE_INLINE uint32_t combineRowBytes(int hidden, int numTopk) {
 struct PrepareArgs {
   const int64_t* topkIdx;
   int numTokens, numTopk, numExperts, alignment;
+  int relayCap;  // relay rows this rank's handle holds per source; INT32_MAX: the host grows it after the prepare
   HandleView handle;
   int32_t* perExpertOut;  // device, optional
   int32_t* numRecvOut;    // device, optional
-  int32_t* hostCounts;    // host-mapped [1 + kMaxExperts]: numRecv, then per local expert (aligned)
+  int32_t* hostCounts;    // host-mapped [kHostCountsSize]
 };
 
 struct DispatchArgs {
@@ -164,6 +214,7 @@ struct DispatchArgs {
   const float* topkWeights;
   int numTokens, hidden, numTopk, numExperts;
   RowLayout row;
+  RowLayout relay;  // rows to and from relays
   HandleView handle;
   DispatchOutputs out;
 };

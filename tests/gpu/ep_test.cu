@@ -170,7 +170,7 @@ void runCase(Context& ctx, ep::Buffer& buf, const Case& c, cudaStream_t stream) 
   // numWorstTokens form: no host sync, outputs sized for the worst case; same rows, counts on the device.
   int worst = 0;
   for (int r = 0; r < kRanks; ++r) worst += c.tokensOf(r);
-  ep::DispatchHandle hw = buf.newHandle(n);
+  ep::DispatchHandle hw = buf.newHandle(worst);  // with relays: as many tokens as any rank sends (buffer.hpp)
   Received wr(c, worst, epr);
   buf.dispatchWorst(in, hw, wr.out, worst, c.alignment, stream);
   GDX_TEST_CUDA(cudaStreamSynchronize(stream));
@@ -234,6 +234,14 @@ std::vector<Case> cases() {
   return v;
 }
 
+// Ranks this one reaches through the proxy (on another emulated host).
+int remoteRanks(const Context& ctx) {
+  int remote = 0;
+  for (int p = 0; p < ctx.worldSize(); ++p) remote += p != ctx.rank() && !ctx.isDirect(p);
+  if (std::getenv("GDX_HOSTS")) EXPECT_GT(remote, 0) << "emulated hosts, yet every rank is on the direct path";
+  return remote;
+}
+
 // Bad inputs: refused with a clear error before anything is sent; the Buffer goes on working afterwards.
 void badInputs(Context& ctx, ep::Buffer& buf, cudaStream_t stream) {
   const int me = ctx.rank();
@@ -277,15 +285,23 @@ void badInputs(Context& ctx, ep::Buffer& buf, cudaStream_t stream) {
     EXPECT_TRUE(std::all_of(bytes.begin(), bytes.end(), [](unsigned char b) { return b == 0xEE; }))
         << "rows were written although the input was refused";
   }
+  di.put(idx.data(), idx.size() * 8);
+  if (remoteRanks(ctx) > 0) {
+    // The worst form with handles made for this rank's own tokens only: rank 0 relays rank 2's tokens, more than its
+    // handle holds, and every rank refuses the call alike, naming the relay (dispatchPrepare would have grown it).
+    ep::DispatchHandle small = buf.newHandle(n);
+    Received r(c, 2 * 64, c.experts / kRanks);
+    buf.dispatchWorst(input(16, 2048, 0), small, r.out, 2 * 64, 1, stream);
+    GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+    expectThrowContaining([&] { buf.checkErrors(); }, "rank 0 relays a rank's " + std::to_string(c.tokensOf(2)),
+                          "relay capacity, worst form");
+    auto bytes = r.x->get<unsigned char>(2 * 64 * 4096);
+    EXPECT_TRUE(std::all_of(bytes.begin(), bytes.end(), [](unsigned char b) { return b == 0xEE; }))
+        << "rows were written although the call was refused";
+    ep::DispatchCounts grown = buf.dispatchPrepare(input(16, 2048, 0), small, 1, stream);  // grows it on the host
+    EXPECT_GT(grown.numRecvTokens, 0);
+  }
   ctx.barrier();
-}
-
-// Ranks this one reaches through the proxy (on another emulated host).
-int remoteRanks(const Context& ctx) {
-  int remote = 0;
-  for (int p = 0; p < ctx.worldSize(); ++p) remote += p != ctx.rank() && !ctx.isDirect(p);
-  if (std::getenv("GDX_HOSTS")) EXPECT_GT(remote, 0) << "emulated hosts, yet every rank is on the direct path";
-  return remote;
 }
 
 void childMain() {

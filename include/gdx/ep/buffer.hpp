@@ -5,9 +5,11 @@
 // into the peers' IPC-mapped copies of it (the direct path, NVLink) with 16-byte vector stores, no proxy. Ranks on
 // other hosts are reached through the proxy: the kernels store their rows for such a rank into a staging area in
 // pinned host memory, one put-with-signal per remote rank and operation carries them (RDMA or TCP) into the
-// receiver's mirror of its window, also in host memory, and its kernels read them from there over PCIe: no CUDA copy
-// is ever issued by the proxy, so it cannot wait behind the application's queued kernels. Each token goes once to each
-// remote rank that needs it (not yet once per host with an NVLink relay there).
+// receiver's mirror of its window, also in host memory: no CUDA copy is ever issued by the proxy, so it cannot wait
+// behind the application's queued kernels. A token crosses the network once per destination host, as DeepEP's
+// internode mode: it goes to the relay there (the rank with the sender's local index), whose dispatch kernel forwards
+// it over NVLink to each rank of that host that needs it; combine sums a token's rows per host at the relay and sends
+// one row back.
 //
 // One call sequence per step, the same on every rank and on one stream per rank (each call's kernels start with a
 // barrier among the ranks, which is what lets a rank reuse its buffer):
@@ -112,6 +114,9 @@ struct CombineOutputs {
 };
 
 class Buffer;
+namespace detail {
+struct HandleView;
+}
 
 /// The routing of one dispatch (which token went to which rank at which row, the counts matrix): filled by
 /// dispatchPrepare / dispatchWorst, reused by the cached dispatch and by combine. Device memory, sized for up to
@@ -129,9 +134,11 @@ class DispatchHandle {
 
  private:
   friend class Buffer;
-  std::shared_ptr<void> memory_;  // device: sendPos [maxTokens, R] | matrix [R, R] | numRecv | valid
+  std::shared_ptr<void> memory_;       // device: routing, counts (ep/protocol.hpp, HandleView)
+  std::shared_ptr<void> relayMemory_;  // device: where the rows this rank relays go (ranks on other hosts only)
   const Buffer* owner_ = nullptr;
   int maxTokens_ = 0;
+  int relayCap_ = 0;
   int numTokens_ = -1;
   int hidden_ = -1;
   int numTopk_ = -1;
@@ -173,7 +180,10 @@ class Buffer {
   void dispatch(const DispatchInputs& in, const DispatchHandle& handle, const DispatchOutputs& out,
                 cudaStream_t stream);
   /// dispatchPrepare and dispatch without the host synchronisation: outputs hold `numWorstTokens` rows, the
-  /// received count and per-expert counts are written to out.numRecvTokens / out.numRecvTokensPerExpert.
+  /// received count and per-expert counts are written to out.numRecvTokens / out.numRecvTokensPerExpert. With ranks
+  /// on other hosts, `handle` must have been made for at least as many tokens as any rank dispatches (a relay keeps
+  /// per-row routing for the tokens it forwards; dispatchPrepare grows it on the host instead): otherwise every rank
+  /// fails the call alike, naming the relay and the numbers.
   void dispatchWorst(const DispatchInputs& in, DispatchHandle& handle, const DispatchOutputs& out, int numWorstTokens,
                      int expertAlignment, cudaStream_t stream);
   /// Sends every received row back to its source token, where they are summed (+ bias); uses `handle`'s routing.
@@ -191,7 +201,10 @@ class Buffer {
   struct Impl;
   void checkDispatchInputs(const DispatchInputs& in, const DispatchHandle& handle, const char* op) const;
   void launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment, int32_t* perExpert,
-                     int32_t* numRecv, cudaStream_t stream);
+                     int32_t* numRecv, bool growOnHost, cudaStream_t stream);
+  void growRelay(DispatchHandle& handle, int rows) const;
+  detail::HandleView viewOf(const DispatchHandle& handle) const;
+  void assignHostsAndRelays(const std::vector<uint32_t>& remoteMasks);
   void connectRemote(Context& context, size_t rdmaBytes);
 
   // The Context's link, not a reference: a Buffer used after its Context is gone throws kShutdown (checked before

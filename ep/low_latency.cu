@@ -176,9 +176,10 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   const int b = int(e & 1), me = t.rank, lane = threadIdx.x & 31;
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
   __shared__ int entries[kMaxExperts];
-  countEntries(a, y.E, entries);
+  const bool mayOverfill = a.numTokens * a.numTopk > y.T;  // else no expert can get more than T entries
+  if (mayOverfill) countEntries(a, y.E, entries);
   waitFreed(lt, e);  // its sync completes the counts
-  const bool refused = overfullExpert(lt, a, entries, e) >= 0;
+  const bool refused = mayOverfill && overfullExpert(lt, a, entries, e) >= 0;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;             // read by this handle's combine
   for (int tok = refused ? a.numTokens : gw; tok < a.numTokens; tok += W) {  // refused: no token sends
     int64_t expert = lane < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + lane] : -1;

@@ -67,6 +67,7 @@ void ProgressPool::loop(Worker& w) {
     }
     bool busy = false;
     for (auto& c : conns) {
+      if (c->driven()) continue;  // a caller runs it now, and wakes this thread when it stops
       try {
         busy |= c->progress();
       } catch (const std::exception& e) {

@@ -42,6 +42,7 @@ bool Transfer::poll() const {
 }
 
 void Transfer::wait(uint64_t deadlineNs) const {
+  if (driver_) driver_(*this, deadlineNs);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!failed_ && parts_ > 0) {
     uint64_t now = nowNs();

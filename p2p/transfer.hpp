@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -30,8 +31,12 @@ class Transfer {
   /// true when done, false while pending; throws gdx::Error (the failure's code) when it failed.
   bool poll() const;
   /// Waits until it is done or failed, at most until `deadlineNs` (gdx::nowNs clock); throws as poll() does, and
-  /// kTimeout naming the operation and the parts still outstanding when the deadline passes.
+  /// kTimeout naming the operation and the parts still outstanding when the deadline passes. With a driver, the
+  /// waiting thread first runs the driver (it does the connection's work itself until the transfer is done).
   void wait(uint64_t deadlineNs) const;
+  using Driver = std::function<void(const Transfer&, uint64_t deadlineNs)>;
+  /// Set before the transfer is shared with other threads.
+  void setDriver(Driver d) { driver_ = std::move(d); }
 
  private:
   void throwIfFailed() const;
@@ -44,6 +49,7 @@ class Transfer {
   std::string why_;
   std::string waiting_;
   const uint64_t deadline_;
+  Driver driver_;
 };
 
 }  // namespace gdx::p2p

@@ -730,8 +730,10 @@ void Connection::sweep() {
                              [&](const std::shared_ptr<Transfer>& t) {
                                if (t->finished()) return true;
                                if (now < t->deadlineNs()) return false;
+                               const std::string waiting = t->waiting();
                                t->fail(ErrorCode::kTimeout, "not done within GDX_TIMEOUT_MS (" +
-                                                                std::to_string(timeoutNs_ / 1000000) + " ms)");
+                                                                std::to_string(timeoutNs_ / 1000000) + " ms)" +
+                                                                (waiting.empty() ? "" : "; waiting for " + waiting));
                                return true;
                              }),
               live_.end());
@@ -830,8 +832,8 @@ void Connection::handleCompletion(const Completion& c) {
   if (c.status == Status::kOk)
     it->second->finishPart();
   else
-    it->second->fail(errorCodeFor(c.status), std::string("the transport failed the write: ") +
-                                                 statusName(c.status) + " (" + failure() + ")");
+    it->second->fail(errorCodeFor(c.status),
+                     std::string("the transport failed the write: ") + statusName(c.status) + " (" + failure() + ")");
   cookies_.erase(it);
 }
 

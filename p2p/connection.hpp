@@ -221,7 +221,7 @@ class Connection {
   std::string name_;
   TransportLane* lane_ = nullptr;
 
-  std::mutex progressMutex_;           ///< held by the thread running the connection (progress())
+  std::mutex progressMutex_;          ///< held by the thread running the connection (progress())
   std::atomic<bool> pending_{false};  ///< work was queued since the last round began
   std::atomic<int> drivers_{0};       ///< threads in drive() or about to be (Driving)
   std::mutex opsMutex_;

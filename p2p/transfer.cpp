@@ -26,6 +26,11 @@ void Transfer::setWaiting(const std::string& what) {
   waiting_ = what;
 }
 
+std::string Transfer::waiting() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waiting_;
+}
+
 bool Transfer::finished() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failed_ || parts_ == 0;

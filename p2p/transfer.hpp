@@ -28,6 +28,7 @@ class Transfer {
   bool finished() const;
   /// What the transfer waits for now, for the error if it never comes ("a matching receive posted by the peer").
   void setWaiting(const std::string& what);
+  std::string waiting() const;
   /// true when done, false while pending; throws gdx::Error (the failure's code) when it failed.
   bool poll() const;
   /// Waits until it is done or failed, at most until `deadlineNs` (gdx::nowNs clock); throws as poll() does, and

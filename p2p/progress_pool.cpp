@@ -14,6 +14,10 @@ ProgressPool::ProgressPool(int threads) {
 }
 
 ProgressPool::~ProgressPool() {
+  stop();
+}
+
+void ProgressPool::stop() {
   stop_ = true;
   for (auto& w : workers_) {
     {

@@ -24,15 +24,17 @@ namespace {
 using p2p::Endpoint;
 using p2p::kEagerBytes;
 
-const std::vector<size_t> kAroundThreshold = {1, 255, 256, kEagerBytes - 1, kEagerBytes, kEagerBytes + 1,
-                                              2 * kEagerBytes};
+const std::vector<size_t> kAroundThreshold = {
+    1, 255, 256, kEagerBytes - 1, kEagerBytes, kEagerBytes + 1, 2 * kEagerBytes};
 
 void expectAllZero(const std::vector<int>& codes) {
   for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "process " << i << " (0: the server)";
 }
 
 /// Message i of a stream: its size (mostly eager, every 50th past the threshold) and its bytes (seeded by i).
-size_t streamSize(int i) { return i % 50 == 49 ? kEagerBytes + 1 + i : 1 + (i * 37) % kEagerBytes; }
+size_t streamSize(int i) {
+  return i % 50 == 49 ? kEagerBytes + 1 + i : 1 + (i * 37) % kEagerBytes;
+}
 
 TEST(P2pEager, SizesAroundTheThresholdWithTheReceivePostedBeforeAndAfterTheData) {
   expectAllZero(runServerClients(
@@ -129,7 +131,7 @@ TEST(P2pEager, ASizeMismatchAfterTheDataCameFirstFailsBothSidesAndTheConnectionG
         std::vector<unsigned char> buf(4 * kEagerBytes, 0);
         const uint64_t mr = ep.reg(buf.data(), buf.size());
         for (size_t expects : {size_t{100}, 3 * kEagerBytes}) {  // an eager-sized receive, then a larger one
-          usleep(200 * 1000);                                      // the 200-byte eager send is here first
+          usleep(200 * 1000);                                    // the 200-byte eager send is here first
           ErrorCode code = ErrorCode::kOk;
           const std::string why = errorOf([&] { ep.recv(conn, mr, buf.data(), expects); }, &code);
           CHILD_CHECK(code == ErrorCode::kInvalidArgument);

@@ -72,8 +72,8 @@ void TcpLane::post(const WriteOp& op) {
   // Chunk i goes to socket (first + i) % sockets; each socket's share is queued under one lock. Starting where
   // the previous write stopped spreads streams of small writes over the sockets too.
   const int sockets = t_.sockets_;
-  const uint32_t first = nextSocket_[op.peer];
-  nextSocket_[op.peer] = static_cast<uint32_t>((first + chunks) % sockets);
+  const uint32_t first = chunks == 1 ? socketForOne(op.peer, op.bytes) : nextSocket_[op.peer];
+  if (chunks > 1) nextSocket_[op.peer] = static_cast<uint32_t>((first + chunks) % sockets);
   if (chunks == 1) {
     h.chunkOffset = 0;
     h.chunkBytes = static_cast<uint32_t>(op.bytes);
@@ -137,8 +137,7 @@ void TcpLane::queueInline(const MessageHeader& h, int peer, uint64_t cookie, con
   std::memcpy(item.inlined, payload, h.chunkBytes);
   item.fault = t_.fault_.next(peer);
   // Any socket keeps the order (the receiver sequences by seq); the next one in turn spreads the load.
-  const uint32_t s = nextSocket_[peer];
-  nextSocket_[peer] = (s + 1) % static_cast<uint32_t>(t_.sockets_);
+  const uint32_t s = socketForOne(peer, h.chunkBytes);
   TxSocket& tx = t_.txSocket(index_, peer, static_cast<int>(s));
   if (trySendNow(tx, item)) return;
   {
@@ -150,6 +149,15 @@ void TcpLane::queueInline(const MessageHeader& h, int peer, uint64_t cookie, con
     tx.queue.push_back(item);
   }
   tx.cv.notify_one();
+}
+
+uint32_t TcpLane::socketForOne(int peer, uint64_t bytes) {
+  // In latency mode small messages share socket 0: back-to-back ones (a reply and the next clear-to-send, say) then
+  // reach the peer's one receiver thread, which takes them in one wake-up, instead of waking one thread each.
+  if (t_.options_.inlineSendBytes > 0 && bytes <= t_.options_.inlineSendBytes) return 0;
+  const uint32_t s = nextSocket_[peer];
+  nextSocket_[peer] = (s + 1) % static_cast<uint32_t>(t_.sockets_);
+  return s;
 }
 
 bool TcpLane::trySendNow(TxSocket& tx, const TxItem& item) {

@@ -111,6 +111,9 @@ class TcpLane : public TransportLane {
   /// Queues a one-chunk message (an atomic or a control message, `h.chunkBytes` bytes of `payload` carried inline)
   /// on the next socket to `peer` in turn; any socket keeps the order, as the receiver sequences by seq.
   void queueInline(const MessageHeader& h, int peer, uint64_t cookie, const void* payload);
+  /// The socket to `peer` for a one-chunk item of `bytes`: the next in turn, or socket 0 for a small item in latency
+  /// mode (inlineSendBytes).
+  uint32_t socketForOne(int peer, uint64_t bytes);
   /// Sends `item` from the calling thread when `tx` is idle and the item qualifies (inlineSendBytes); true when it
   /// did (the item is finished), false when the item must be queued.
   bool trySendNow(TxSocket& tx, const TxItem& item);

@@ -89,8 +89,8 @@ class TransportRoundTrip {
     size_t n = t_->lane(0).poll(done, 16);
     for (size_t i = 0; i < n; ++i)
       if (done[i].status != Status::kOk)
-        throw Error(ErrorCode::kPeerFailed, std::string("transport round trip: a write failed: ") +
-                                                statusName(done[i].status));
+        throw Error(ErrorCode::kPeerFailed,
+                    std::string("transport round trip: a write failed: ") + statusName(done[i].status));
   }
 
   /// Every posted write completed (so that shutting down loses none), and the next run counts from here.

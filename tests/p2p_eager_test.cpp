@@ -215,7 +215,9 @@ TEST(P2pEager, APeerDyingMidStreamFailsTheReceivesByNameAndEverythingBeforeArriv
             CHILD_CHECK(firstMismatch(got.data(), want.data(), n) == -1);
           }
         } catch (const Error& e) {
-          CHILD_CHECK(e.code() == ErrorCode::kPeerFailed);
+          // TCP sees the connection close; verbs may only see the receive's deadline pass (nothing is sent to the
+          // dead peer that could fail): either way the receive ends by name within GDX_TIMEOUT_MS.
+          CHILD_CHECK(e.code() == ErrorCode::kPeerFailed || e.code() == ErrorCode::kTimeout);
           CHILD_CHECK(std::string(e.what()).find("receive of") != std::string::npos);
           std::fprintf(stderr, "as expected, after %d intact messages: %s\n", received, e.what());
         }

@@ -12,8 +12,16 @@
 namespace gdx::p2p {
 namespace {
 
-/// The bits of a send's number an immediate carries (below kEagerImm and kNotifyImm).
+/// The bits of a send's number the immediate of a write into the receive's own buffer carries.
 constexpr uint32_t kSeqMask = 0x3fffffffu;
+/// An eager write's immediate: kEagerImm, the credits this side returns (bits 16..29), the send's number's low bits.
+constexpr uint32_t kEagerSeqBits = 0xffffu;
+constexpr int kEagerCreditShift = 16;
+constexpr uint32_t kEagerCreditMask = 0x3fffu;
+static_assert(kEagerSlots <= kEagerCreditMask, "an eager immediate carries up to a buffer's worth of credits");
+/// Credits owed for longer than this are reported on their own (kCredit) by the next round of the connection: a
+/// reply within it carries them in its immediate instead. Rounds run at least every millisecond (progress thread).
+constexpr uint64_t kCreditDelayNs = 100 * 1000;
 constexpr uint64_t kSweepEveryNs = 10 * 1000 * 1000;
 constexpr size_t kMaxCompletions = 64;
 /// How long drive() polls after the last sign of activity before it sleeps: about the round trip of a small
@@ -47,6 +55,8 @@ Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::func
 
 Connection::~Connection() {
   try {
+    // Sends this side took and has not confirmed yet are confirmed before the goodbye: their senders wait for it.
+    if (lane_ && creditsFreed_ > 0 && failure().empty()) flushCredits();
     link_.transport->shutdown();
   } catch (const std::exception& e) {
     GDX_ERROR(name_ << ": closing: " << e.what());
@@ -136,7 +146,19 @@ uint64_t Connection::track(std::shared_ptr<Transfer> t) {
 void Connection::send(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
   queue([this, t, pieces = std::move(pieces)] {
     track(t);
-    for (const Piece& p : pieces) sends_.push_back(PendingSend{nextSendSeq_++, t, p});
+    for (const Piece& p : pieces) {
+      const uint64_t seq = nextSendSeq_++;
+      sends_.push_back(PendingSend{seq, t, p});
+      if (p.size > kEagerBytes) {
+        // Its receive tells where it goes (clear-to-send) if it is as large; a small receive, which sends nothing,
+        // learns from this that the sizes differ.
+        ControlMsg rts;
+        rts.type = MsgType::kRequestToSend;
+        rts.id = seq;
+        rts.bytes = p.size;
+        postControl(rts);
+      }
+    }
     t->setWaiting("a matching receive posted by the peer");
     trySends();
   });
@@ -150,36 +172,101 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
       const uint64_t seq = nextRecvSeq_++;
       const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
       try {
+        PendingRecv r{t, p.size, seq, p};
+        auto early = early_.find(key);
+        auto announced = rts_.find(key);
+        const uint64_t largeSend = announced == rts_.end() ? 0 : announced->second;
+        if (announced != rts_.end()) rts_.erase(announced);
+        if (p.size <= kEagerBytes) {
+          // A send of this size comes through the eager buffer and needs nothing from this side but credits: those
+          // owed go now (a receive posted after the last one returned means the application reads a stream).
+          offerEagerBuffer();
+          flushCredits();
+          if (early != early_.end()) {  // the data came first: take it now (or fail on a size mismatch)
+            const EarlyData e = early->second;
+            early_.erase(early);
+            takeEager(r, e.slot, e.bytes);
+          } else if (largeSend) {
+            refuseSend(r, largeSend);
+          } else {
+            recvs_[key] = r;
+          }
+          continue;
+        }
+        std::string windowKey = ensureLocal(p.region);
+        sendKey(p.region.window, windowKey, p.region.bytes);
         ControlMsg cts;
         cts.type = MsgType::kClearToSend;
         cts.id = seq;
+        cts.window = p.region.window;
+        cts.offset = p.offset;
         cts.bytes = p.size;
-        PendingRecv r{t, p.size, seq, p};
-        if (p.size <= kEagerBytes) {
-          // A send of this size comes through the eager buffer: no window of ours to offer.
-          offerEagerBuffer();
-          cts.window = kEagerWindow;
-        } else {
-          std::string windowKey = ensureLocal(p.region);
-          sendKey(p.region.window, windowKey, p.region.bytes);
-          cts.window = p.region.window;
-          cts.offset = p.offset;
-        }
-        auto early = early_.find(key);
-        if (early != early_.end()) {  // the data came first: take it now (or fail on a size mismatch)
+        if (early != early_.end()) {  // a small send's data is here for this large receive: both fail
           const EarlyData e = early->second;
           early_.erase(early);
           takeEager(r, e.slot, e.bytes);
         } else {
           recvs_[key] = r;
         }
-        cts.credits = takeCredits();  // the clear-to-send also lets an eager send that left before it complete
+        cts.credits = takeCredits();
         postControl(cts);
       } catch (const Error& e) {
         t->fail(e.code(), std::string("receive #") + std::to_string(seq) + ": " + e.what());
       }
     }
   });
+}
+
+void Connection::refuseSend(const PendingRecv& r, uint64_t sendBytes) {
+  r.t->fail(ErrorCode::kInvalidArgument, "receive #" + std::to_string(r.seq) + ": the peer's send is " +
+                                             std::to_string(sendBytes) + " bytes, this receive expects " +
+                                             std::to_string(r.bytes) +
+                                             "; sizes must match exactly (nothing was written)");
+  ControlMsg no;
+  no.type = MsgType::kReceiveRefused;
+  no.id = r.seq;
+  no.bytes = r.bytes;
+  postControl(no);
+}
+
+void Connection::flushCredits() {
+  if (creditsFreed_ == 0) return;
+  ControlMsg credit;
+  credit.type = MsgType::kCredit;
+  credit.credits = takeCredits();
+  postControl(credit);
+}
+
+void Connection::onCredits(uint32_t n) {
+  if (n == 0) return;
+  if (n > kEagerSlots - eagerCredits_)
+    return failAll(ErrorCode::kProtocol, "the peer returned " + std::to_string(n) + " eager credits; only " +
+                                             std::to_string(kEagerSlots - eagerCredits_) + " were out");
+  eagerCredits_ += n;
+  // The peer takes eager data in the order it was sent, so these credits confirm the oldest eager sends: their
+  // receives took them (a receive that refused one said so before, kReceiveRefused).
+  for (uint32_t i = 0; i < n && !eagerOrder_.empty(); ++i) {
+    auto it = eagerSends_.find(eagerOrder_.front());
+    eagerOrder_.pop_front();
+    if (it == eagerSends_.end()) continue;
+    it->second.matched = true;
+    if (!it->second.written) continue;
+    it->second.t->finishPart();
+    eagerSends_.erase(it);
+  }
+}
+
+void Connection::onRequestToSend(const ControlMsg& m) {
+  const uint32_t key = static_cast<uint32_t>(m.id) & kSeqMask;
+  auto it = recvs_.find(key);
+  if (it == recvs_.end()) {
+    rts_[key] = m.bytes;  // the receive is not posted yet: it checks when it is
+    return;
+  }
+  if (it->second.bytes > kEagerBytes) return;  // a large receive sent its clear-to-send; the sender compares sizes
+  PendingRecv r = it->second;
+  recvs_.erase(it);
+  refuseSend(r, m.bytes);
 }
 
 void Connection::offerEagerBuffer() {
@@ -198,9 +285,7 @@ uint32_t Connection::takeCredits() {
 void Connection::takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes) {
   const std::string which = "receive #" + std::to_string(r.seq);
   if (bytes != r.bytes) {
-    r.t->fail(ErrorCode::kInvalidArgument, which + ": the peer's send is " + std::to_string(bytes) +
-                                               " bytes, this receive expects " + std::to_string(r.bytes) +
-                                               "; sizes must match exactly (nothing was written)");
+    refuseSend(r, bytes);
   } else {
     try {
       copyFromHost(r.piece.region.base + r.piece.offset, r.piece.region.kind,
@@ -210,17 +295,19 @@ void Connection::takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes) 
       r.t->fail(e.code(), e.what());
     }
   }
-  if (++creditsFreed_ >= kCreditBatch) {
-    // Receives posted ahead of their data have sent their clear-to-send already: report the credits on their own.
-    ControlMsg credit;
-    credit.type = MsgType::kCredit;
-    credit.credits = takeCredits();
-    postControl(credit);
-  }
+  // The freed slot is this side's confirmation that the send arrived whole: it goes back with the next eager write
+  // to the peer (a reply), with the next receive posted, or on its own once it is kCreditDelayNs old.
+  if (creditsFreed_++ == 0) creditsOwedSinceNs_ = nowNs();
+  if (creditsFreed_ >= kCreditBatch) flushCredits();
 }
 
 void Connection::onEagerData(uint32_t imm, uint64_t bytes) {
-  const uint32_t key = imm & kSeqMask;
+  onCredits((imm >> kEagerCreditShift) & kEagerCreditMask);
+  // Sends arrive in the order of their numbers: the full number is the next one at or after the last arrival's
+  // successor with these low bits (sends refused before they left leave gaps, never 2^16 of them).
+  const uint64_t seq = nextArrival_ + ((static_cast<uint64_t>(imm & kEagerSeqBits) - nextArrival_) & kEagerSeqBits);
+  nextArrival_ = seq + 1;
+  const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
   const uint32_t slot = static_cast<uint32_t>(eagerArrived_++ % kEagerSlots);
   if (bytes == 0 || bytes > kEagerBytes || early_.size() >= kEagerSlots || eagerBuffer_.empty())
     return failAll(ErrorCode::kProtocol, "eager data of " + std::to_string(bytes) + " bytes for send #" +
@@ -451,10 +538,8 @@ void Connection::trySends() {
       sends_.pop_front();
       continue;
     }
-    if (eager) {
-      const ControlMsg* cts = it == cts_.end() ? nullptr : &it->second;
-      if (!postEager(s.t, s.seq, s.piece, cts)) return;  // no credit or no key yet: later sends wait behind it
-      if (cts) cts_.erase(it);
+    if (eager) {                                    // a clear-to-send for it would name a large receive: refused above
+      if (!postEager(s.t, s.seq, s.piece)) return;  // no credit or no key yet: later sends wait behind it
       sends_.pop_front();
       continue;
     }
@@ -486,8 +571,7 @@ void Connection::trySends() {
   }
 }
 
-bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece,
-                           const ControlMsg* cts) {
+bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece) {
   if (!remoteKnown_.count(kEagerWindow)) {
     // The peer sends its buffer's key before its first small receive's clear-to-send; ask when the send came first.
     if (!eagerKeyAsked_) {
@@ -503,6 +587,7 @@ bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, con
     return false;
   }
   const std::string which = "send #" + std::to_string(seq) + " of " + std::to_string(piece.size) + " bytes";
+  const uint32_t credits = takeCredits();  // ride along: the peer's sends this side took since the last report
   try {
     ensureLocal(piece.region);
     WriteOp op;
@@ -513,20 +598,18 @@ bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, con
     op.remoteOffset = (eagerSent_ % kEagerSlots) * kEagerBytes;
     op.bytes = piece.size;
     op.withImm = true;
-    op.imm = kEagerImm | (static_cast<uint32_t>(seq) & kSeqMask);
+    op.imm = kEagerImm | (credits << kEagerCreditShift) | (static_cast<uint32_t>(seq) & kEagerSeqBits);
     op.cookie = nextId_++;
     lane_->post(op);
     --eagerCredits_;
     ++eagerSent_;
-    if (cts) {
-      cookies_[op.cookie] = t;  // its receive is known to match: done once the write completes
-      t->setWaiting("the transport's completion of " + which);
-    } else {
-      eagerSends_[seq] = EagerSend{t, piece.size};
-      eagerCookies_[op.cookie] = seq;
-      t->setWaiting("the clear-to-send of the peer's matching receive (" + which + " left eagerly)");
-    }
+    // Done once the write completed and the peer's receive took it (its credit came back).
+    eagerSends_[seq] = EagerSend{t, piece.size};
+    eagerOrder_.push_back(seq);
+    eagerCookies_[op.cookie] = seq;
+    t->setWaiting("the peer's receive to take it (" + which + " left eagerly; its credit confirms it)");
   } catch (const Error& e) {
+    creditsFreed_ += credits;  // not sent: still owed
     t->fail(e.code(), e.what());
   }
   return true;
@@ -631,11 +714,7 @@ void Connection::handleMessage(const ControlMsg& m) {
     }
     case MsgType::kClearToSend:
     case MsgType::kCredit:
-      if (m.credits > kEagerSlots - eagerCredits_)
-        return failAll(ErrorCode::kProtocol, "the peer returned " + std::to_string(m.credits) +
-                                                 " eager credits; only " + std::to_string(kEagerSlots - eagerCredits_) +
-                                                 " were out");
-      eagerCredits_ += m.credits;
+      onCredits(m.credits);
       if (m.type == MsgType::kClearToSend) {
         if (eagerSends_.count(m.id))
           matchEager(m);
@@ -643,6 +722,25 @@ void Connection::handleMessage(const ControlMsg& m) {
           cts_[m.id] = m;
       }
       return trySends();
+    case MsgType::kRequestToSend: return onRequestToSend(m);
+    case MsgType::kReceiveRefused: {
+      const std::string expects = " bytes: the receive the peer posted for it expects " + std::to_string(m.bytes) +
+                                  " bytes; sizes must match exactly";
+      auto eager = eagerSends_.find(m.id);
+      if (eager != eagerSends_.end()) {  // its slot's credit still comes, and is skipped
+        eager->second.t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(m.id) + " of " +
+                                                               std::to_string(eager->second.bytes) + expects +
+                                                               " (the peer dropped the data)");
+        eagerSends_.erase(eager);
+      } else if (!sends_.empty() && sends_.front().seq == m.id) {  // a large send waiting for its clear-to-send
+        sends_.front().t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(m.id) + " of " +
+                                                                std::to_string(sends_.front().piece.size) + expects +
+                                                                " (nothing was sent)");
+        sends_.pop_front();
+        trySends();
+      }
+      return;
+    }
     case MsgType::kSendRefused: {
       auto it = recvs_.find(static_cast<uint32_t>(m.id) & kSeqMask);
       if (it == recvs_.end()) return;
@@ -693,6 +791,7 @@ void Connection::handle(const Event& e) {
     if (it == recvs_.end())
       return failAll(ErrorCode::kProtocol,
                      "data arrived for receive #" + std::to_string(e.imm) + ", which was never posted");
+    nextArrival_ = it->second.seq + 1;
     it->second.t->finishPart();
     recvs_.erase(it);
     return;
@@ -718,8 +817,10 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
   reads_.clear();
   keyWaiters_.clear();
   eagerSends_.clear();
+  eagerOrder_.clear();
   eagerCookies_.clear();
   early_.clear();
+  rts_.clear();
 }
 
 void Connection::sweep() {
@@ -804,6 +905,7 @@ bool Connection::round() {
   Completion done[kMaxCompletions];
   size_t n = lane_->poll(done, kMaxCompletions);
   for (size_t i = 0; i < n; ++i) handleCompletion(done[i]);
+  if (creditsFreed_ > 0 && failed.empty() && nowNs() - creditsOwedSinceNs_ >= kCreditDelayNs) flushCredits();
   sweep();
   // Completions of the lane are polled, not announced: come back soon while any is due.
   return lane_->inFlight() > 0 || !ops.empty() || !events.empty();

@@ -5,11 +5,14 @@
 // land (kClearToSend, after the window's key); the sender numbers its sends the same way and writes the n-th send
 // into the n-th receive with a write-with-immediate carrying n, which completes the receive once its data is in
 // place. Sizes must match exactly; a mismatch fails both sides by name and writes nothing (kSendRefused).
-// Sends of at most kEagerBytes do not wait for the clear-to-send: they are written at once into the receiver's eager
-// buffer (a slot per credit, protocol.hpp), which the receive copies from, whether it was posted before the data
-// arrived or after; such a send completes once its write completed and its receive's clear-to-send named the same
-// size. Sends leave in their numbered order either way (an eager send waits behind an earlier one that waits for its
-// clear-to-send), so every message of a connection arrives in order.
+// Sends of at most kEagerBytes do not wait for a clear-to-send, and their receives send none: they are written at
+// once into the receiver's eager buffer (a slot per credit, protocol.hpp), which the receive copies from, whether it
+// was posted before the data arrived or after. The freed slot goes back as a credit, which also confirms the send
+// (its receive took it whole): in the immediate of the receiver's next eager write (a reply), with its next receive
+// posted, else on its own after kCreditDelayNs; such a send completes once its write completed and its credit came
+// back. A size mismatch fails both sides by name: the receive that finds it says so (kReceiveRefused), a larger send
+// announces itself (kRequestToSend) so that a small receive can. Sends leave in their numbered order either way (an
+// eager send waits behind an earlier one that waits for its clear-to-send), so every message arrives in order.
 // One-sided: advertise() registers exactly the advertised range as a window of its own, so the peer's transport
 // refuses anything outside it; a writer learns the window's key on first use (kKeyRequest) and completes a write
 // once a fence posted after it is acknowledged, i.e. once its data is in place at the peer. A read asks the owner
@@ -187,7 +190,7 @@ class Connection {
   void handleCompletion(const Completion& c);
   /// Posts the eager send at the head of sends_ into the next slot of the peer's eager buffer; false when it must
   /// wait (no credit, or the key of the peer's eager buffer has not arrived).
-  bool postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece, const ControlMsg* cts);
+  bool postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece);
   /// The clear-to-send of an eager send that left before it arrived: completes or fails the send.
   void matchEager(const ControlMsg& cts);
   /// Eager data of `bytes` in `slot` for receive `r`: copied into its buffer, or the receive fails on a size
@@ -196,8 +199,16 @@ class Connection {
   void onEagerData(uint32_t imm, uint64_t bytes);
   /// Makes sure this side's eager buffer exists and its key went to the peer (before the first small receive).
   void offerEagerBuffer();
-  /// Credits freed since the last report, for a clear-to-send (resets the count).
+  /// Credits freed since the last report, for a clear-to-send or an eager write (resets the count).
   uint32_t takeCredits();
+  /// Reports owed credits on their own (kCredit), if any.
+  void flushCredits();
+  /// The peer returned `n` credits: as many more eager sends may leave, and the oldest `n` in flight are confirmed.
+  void onCredits(uint32_t n);
+  /// A send larger than kEagerBytes announced itself: a small receive for it fails (and tells the sender).
+  void onRequestToSend(const ControlMsg& m);
+  /// Fails receive `r`, whose send is `sendBytes`, and tells the sender (kReceiveRefused).
+  void refuseSend(const PendingRecv& r, uint64_t sendBytes);
   void handle(const Event& e);
   void handleMessage(const ControlMsg& m);
   void onKeyPart(const ControlMsg& m);
@@ -259,11 +270,15 @@ class Connection {
   uint64_t eagerSent_ = 0;
   bool eagerKeyAsked_ = false;
   std::map<uint64_t, EagerSend> eagerSends_;
+  std::deque<uint64_t> eagerOrder_;  ///< numbers of eager sends not yet confirmed, in the order they left
   std::unordered_map<uint64_t, uint64_t> eagerCookies_;
   // Receiver side: slots filled so far (they fill in order), data waiting for its receive, credits to report.
   uint64_t eagerArrived_ = 0;
   std::unordered_map<uint32_t, EarlyData> early_;
   uint32_t creditsFreed_ = 0;
+  uint64_t creditsOwedSinceNs_ = 0;
+  uint64_t nextArrival_ = 0;                    ///< the number after the last send whose data arrived
+  std::unordered_map<uint32_t, uint64_t> rts_;  ///< sizes of large sends announced before their receive
 };
 
 }  // namespace gdx::p2p

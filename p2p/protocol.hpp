@@ -7,16 +7,17 @@
 //   kKeyRequest   window                      a writer asks for the transport key of an advertised window
 //   kKeyPart      window bytes total at data   one piece of that key (keys are longer than one message)
 //   kKeyRefused   window                      the window was never advertised on this connection (or is gone)
-//   kClearToSend  seq window offset bytes credits   a receive is posted: the seq-th send may write there, exactly
-//                                             `bytes` (window kEagerWindow: a receive of at most kEagerBytes, which the
-//                                             send fills through the eager buffer); `credits` eager slots freed since
-//                                             the last report
+//   kClearToSend  seq window offset bytes credits   a receive of more than kEagerBytes is posted: the seq-th send
+//                                             may write there, exactly `bytes`; `credits` eager slots freed since the
+//                                             last report
 //   kSendRefused  seq sendBytes               the seq-th send did not match its receive's size; nothing was written
 //   kFence        id                          answered by kFenceAck once every earlier write of the lane is in place
 //   kFenceAck     id
 //   kReadRequest  id srcWindow srcOffset bytes dstWindow dstOffset   the owner writes the range back, then kReadDone
 //   kReadDone     id status
-//   kCredit       credits                     eager slots freed since the last report (when no receive is posted)
+//   kCredit       credits                     eager slots freed since the last report, on their own
+//   kReceiveRefused seq bytes                 the seq-th send did not match its receive of `bytes`; the receive failed
+//   kRequestToSend seq bytes                  the seq-th send is larger than kEagerBytes (a small receive refuses it)
 #pragma once
 
 #include <cstddef>
@@ -38,6 +39,8 @@ enum class MsgType : uint8_t {
   kReadRequest = 8,
   kReadDone = 9,
   kCredit = 10,
+  kReceiveRefused = 11,
+  kRequestToSend = 12,
 };
 
 /// Why a read was refused (kReadDone's status).
@@ -59,12 +62,12 @@ struct ControlMsg {
   std::string keyPiece;   ///< kKeyPart
 };
 
-/// Eager sends: a send of at most kEagerBytes does not wait for its receive's clear-to-send; it is written at once
-/// into the next of kEagerSlots slots of the receiver's eager buffer (window kEagerWindow, host memory the receiver
-/// registers on first use), and the receive copies it out. The sender holds one credit per free slot and waits (in
-/// order, bounded by its deadline) when it has none; the receiver returns credits as receives take the data out. The
-/// send still completes only once the clear-to-send of its receive arrived and named the same size, so a size
-/// mismatch fails both sides as it does for the other sends. Both sides must agree on these numbers.
+/// Eager sends: a send of at most kEagerBytes does not wait for a clear-to-send (its receive sends none); it is
+/// written at once into the next of kEagerSlots slots of the receiver's eager buffer (window kEagerWindow, host memory
+/// the receiver registers on first use), and the receive copies it out. The sender holds one credit per free slot and
+/// waits (in order, bounded by its deadline) when it has none; the receiver returns credits as receives take the data
+/// out, and a returned credit is also what completes the send, so a size mismatch fails both sides as it does for the
+/// other sends (connection.hpp). Both sides must agree on these numbers.
 constexpr uint64_t kEagerBytes = 4096;
 constexpr uint32_t kEagerSlots = 32;
 /// The window of the eager buffer: just below the advertised windows, above every memory region id.

@@ -1,9 +1,9 @@
-// Eager sends of gdx::p2p::Endpoint (messages of at most p2p::kEagerBytes travel without waiting for the receive's
-// clear-to-send, into the receiver's eager buffer) between real processes on loopback: sizes around the threshold,
-// receives posted before and after the data arrived, many small messages in order beyond the buffer's slots (the
-// sender waits for credits), size mismatches when the data came first, a receiver that never receives, and a peer
-// that dies mid-stream. Random bytes, poisoned buffers, every byte compared. Runs over GDX_TRANSPORT (tcp here; the
-// Soft-RoCE VM runs it with GDX_TRANSPORT=verbs).
+// Eager sends of gdx::p2p::Endpoint (messages of at most p2p::kEagerBytes travel without a clear-to-send, into the
+// receiver's eager buffer, and complete when its credit comes back) between real processes on loopback: sizes around
+// the threshold, receives posted before and after the data arrived, many small messages in order beyond the buffer's
+// slots (the sender waits for credits), size mismatches either way round, a receiver that takes a message and goes
+// quiet, a receiver that never receives, and a peer that dies mid-stream. Random bytes, poisoned buffers, every byte
+// compared. Runs over GDX_TRANSPORT (tcp here; the Soft-RoCE VM runs it with GDX_TRANSPORT=verbs).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -158,6 +158,72 @@ TEST(P2pEager, ASizeMismatchAfterTheDataCameFirstFailsBothSidesAndTheConnectionG
       }));
 }
 
+TEST(P2pEager, ALargeSendIntoASmallReceiveFailsBothSidesWhicheverCameFirst) {
+  constexpr size_t kLarge = 3 * kEagerBytes;
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        const uint64_t conn = ep.accept().connId;
+        std::vector<unsigned char> buf(100, 0);
+        const uint64_t mr = ep.reg(buf.data(), buf.size());
+        for (bool receiveFirst : {true, false}) {
+          if (receiveFirst) sendBlob(ep, conn, "receiving");  // the receive is posted before the send starts
+          if (!receiveFirst) usleep(200 * 1000);              // the send announced itself before the receive
+          ErrorCode code = ErrorCode::kOk;
+          const std::string why = errorOf([&] { ep.recv(conn, mr, buf.data(), buf.size()); }, &code);
+          CHILD_CHECK(code == ErrorCode::kInvalidArgument);
+          CHILD_CHECK(why.find("the peer's send is " + std::to_string(kLarge) + " bytes, this receive expects 100") !=
+                      std::string::npos);
+        }
+        CHILD_CHECK(recvBlob(ep, conn) == "still works");
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::vector<unsigned char> buf(kLarge, 1);
+        const uint64_t mr = ep.reg(buf.data(), buf.size());
+        for (bool receiveFirst : {true, false}) {
+          if (receiveFirst) CHILD_CHECK(recvBlob(ep, conn) == "receiving");
+          ErrorCode code = ErrorCode::kOk;
+          const std::string why = errorOf([&] { ep.send(conn, mr, buf.data(), buf.size()); }, &code);
+          CHILD_CHECK(code == ErrorCode::kInvalidArgument);
+          CHILD_CHECK(why.find("expects 100 bytes") != std::string::npos);
+          if (!receiveFirst) std::fprintf(stderr, "as expected: %s\n", why.c_str());
+        }
+        sendBlob(ep, conn, "still works");
+        return 0;
+      }));
+}
+
+TEST(P2pEager, ASendCompletesSoonAfterAReceiverThatThenGoesQuietTookIt) {
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        const uint64_t conn = ep.accept().connId;
+        std::vector<unsigned char> got(256, 0xA5), want(256);
+        ep.recv(conn, ep.reg(got.data(), got.size()), got.data(), got.size());
+        fillRandom(want.data(), want.size(), 11);
+        CHILD_CHECK(firstMismatch(got.data(), want.data(), want.size()) == -1);
+        usleep(2000 * 1000);  // sends nothing and posts no receive: the confirmation goes on its own
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::vector<unsigned char> data(256);
+        fillRandom(data.data(), data.size(), 11);
+        const uint64_t t0 = nowNs();
+        ep.send(conn, ep.reg(data.data(), data.size()), data.data(), data.size());
+        const uint64_t tookNs = nowNs() - t0;
+        std::fprintf(stderr, "the send was confirmed after %.3f ms\n", tookNs / 1e6);
+        CHILD_CHECK(tookNs < 500ull * 1000 * 1000);  // about a millisecond; far below the receiver's 2 s of quiet
+        return 0;
+      }));
+}
+
 TEST(P2pEager, AReceiverThatNeverReceivesStopsTheSenderAtTheEagerBufferWithinTheTimeout) {
   const int sends = static_cast<int>(p2p::kEagerSlots) + 8;
   expectAllZero(runServerClients(
@@ -184,7 +250,7 @@ TEST(P2pEager, AReceiverThatNeverReceivesStopsTheSenderAtTheEagerBufferWithinThe
           // The first sends left (their receives were never posted); the next found the eager buffer full, and the
           // rest queued behind it.
           const int slots = static_cast<int>(p2p::kEagerSlots);
-          const char* want = i < slots    ? "clear-to-send"
+          const char* want = i < slots    ? "the peer's receive to take it"
                              : i == slots ? "room in the peer's eager buffer"
                                           : "a matching receive posted by the peer";
           CHILD_CHECK(why.find(want) != std::string::npos);

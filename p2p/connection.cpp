@@ -283,16 +283,15 @@ uint32_t Connection::takeCredits() {
 }
 
 void Connection::takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes) {
-  const std::string which = "receive #" + std::to_string(r.seq);
   if (bytes != r.bytes) {
     refuseSend(r, bytes);
   } else {
     try {
       copyFromHost(r.piece.region.base + r.piece.offset, r.piece.region.kind,
-                   eagerBuffer_.data() + static_cast<uint64_t>(slot) * kEagerBytes, bytes, which.c_str());
+                   eagerBuffer_.data() + static_cast<uint64_t>(slot) * kEagerBytes, bytes, "copying eager data");
       r.t->finishPart();
     } catch (const Error& e) {
-      r.t->fail(e.code(), e.what());
+      r.t->fail(e.code(), "receive #" + std::to_string(r.seq) + ": " + e.what());
     }
   }
   // The freed slot is this side's confirmation that the send arrived whole: it goes back with the next eager write
@@ -524,14 +523,15 @@ void Connection::trySends() {
       sends_.pop_front();
       continue;
     }
-    const std::string which = "send #" + std::to_string(s.seq) + " of " + std::to_string(s.piece.size) + " bytes";
+    // Built only off the eager path: a small send's hot path makes no strings.
+    auto which = [&s] { return "send #" + std::to_string(s.seq) + " of " + std::to_string(s.piece.size) + " bytes"; };
     if (it != cts_.end() && it->second.bytes != s.piece.size) {
       ControlMsg no;
       no.type = MsgType::kSendRefused;
       no.id = s.seq;
       no.bytes = s.piece.size;
       postControl(no);
-      s.t->fail(ErrorCode::kInvalidArgument, which + ": the receive the peer posted for it expects " +
+      s.t->fail(ErrorCode::kInvalidArgument, which() + ": the receive the peer posted for it expects " +
                                                  std::to_string(it->second.bytes) +
                                                  " bytes; sizes must match exactly (nothing was sent)");
       cts_.erase(it);
@@ -545,11 +545,12 @@ void Connection::trySends() {
     }
     const ControlMsg cts = it->second;
     cts_.erase(it);
+    const std::string what = which();
     PendingSend send = s;
     sends_.pop_front();
     try {
       if (!remoteKnown_.count(cts.window))
-        throw Error(ErrorCode::kProtocol, which + ": the peer's clear-to-send names window " +
+        throw Error(ErrorCode::kProtocol, what + ": the peer's clear-to-send names window " +
                                               std::to_string(cts.window) + ", whose key never arrived");
       ensureLocal(send.piece.region);
       WriteOp op;
@@ -563,7 +564,7 @@ void Connection::trySends() {
       op.imm = static_cast<uint32_t>(send.seq) & kSeqMask;
       op.cookie = nextId_++;
       cookies_[op.cookie] = send.t;
-      send.t->setWaiting("the transport's completion of " + which);
+      send.t->setWaiting("the transport's completion of " + what);
       lane_->post(op);
     } catch (const Error& e) {
       send.t->fail(e.code(), e.what());
@@ -586,7 +587,6 @@ bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, con
                   " slots hold data its receives have not taken yet)");
     return false;
   }
-  const std::string which = "send #" + std::to_string(seq) + " of " + std::to_string(piece.size) + " bytes";
   const uint32_t credits = takeCredits();  // ride along: the peer's sends this side took since the last report
   try {
     ensureLocal(piece.region);
@@ -607,7 +607,7 @@ bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, con
     eagerSends_[seq] = EagerSend{t, piece.size};
     eagerOrder_.push_back(seq);
     eagerCookies_[op.cookie] = seq;
-    t->setWaiting("the peer's receive to take it (" + which + " left eagerly; its credit confirms it)");
+    t->setWaiting("the peer's receive to take it (the send left eagerly; its credit confirms it)");
   } catch (const Error& e) {
     creditsFreed_ += credits;  // not sent: still owed
     t->fail(e.code(), e.what());

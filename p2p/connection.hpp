@@ -73,7 +73,8 @@ using WindowResolver = std::function<bool(uint32_t window, MemoryRegion* out)>;
 
 /// Immediates with this bit are notified writes (waitForWrite); the others carry a send's number.
 constexpr uint32_t kNotifyImm = 0x80000000u;
-/// Immediates of eager sends (written into the eager buffer) carry this bit beside the send's number.
+/// Immediates of eager sends (written into the eager buffer) carry this bit beside the low bits of the send's number
+/// and the credits the writer returns (connection.cpp).
 constexpr uint32_t kEagerImm = 0x40000000u;
 /// Windows of advertised ranges; windows below are endpoint memory regions (window = mrId).
 constexpr uint32_t kAdvertisedWindowBase = 0x80000000u;
@@ -114,7 +115,7 @@ class Connection {
   /// it on this connection fails by name. Waits for nothing: the caller makes sure no transfer still uses it.
   void forget(uint32_t window);
   void setResolver(WindowResolver r);
-  /// Called from the progress thread for every notified write that arrived.
+  /// Called from whichever thread runs the connection, for every notified write that arrived.
   void setNotifyHandler(std::function<void()> h);
 
   /// Runs the connection's work (queued operations, what arrived, completions, deadlines) unless another thread is
@@ -167,7 +168,7 @@ class Connection {
     uint32_t slot;
     uint64_t bytes;
   };
-  /// An eager send written before its clear-to-send arrived: done once both happened (and the sizes matched).
+  /// An eager send in flight: done once its write completed and its credit came back (its receive took it whole).
   struct EagerSend {
     std::shared_ptr<Transfer> t;
     uint64_t bytes;
@@ -191,7 +192,7 @@ class Connection {
   /// Posts the eager send at the head of sends_ into the next slot of the peer's eager buffer; false when it must
   /// wait (no credit, or the key of the peer's eager buffer has not arrived).
   bool postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece);
-  /// The clear-to-send of an eager send that left before it arrived: completes or fails the send.
+  /// A clear-to-send naming an eager send: its receive is a large one, so the send fails on the size mismatch.
   void matchEager(const ControlMsg& cts);
   /// Eager data of `bytes` in `slot` for receive `r`: copied into its buffer, or the receive fails on a size
   /// mismatch; the slot is free again either way.

@@ -1,5 +1,5 @@
 // The state of one asynchronous operation of an endpoint (a send, a receive, a vector of them, a write, a read):
-// how many parts are still outstanding, and the first failure. The connection's progress thread finishes parts;
+// how many parts are still outstanding, and the first failure. Whichever thread runs the connection finishes parts;
 // the caller polls or waits, bounded by the deadline the operation was given.
 #pragma once
 

@@ -224,6 +224,9 @@ TEST(Context, ProxyRejectsInvalidCommandsFromTheRing) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (atomicLoad(ring.completed, kAcquire) <= pos && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // The proxy counts a rejected command after it marks it completed: let the count settle (bounded).
+    while (ctx.proxy().totalCounters().errors < 8 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     int bad = 0;
     if (st != Status::kProxyError) {
       std::fprintf(stderr, "waitCompleted returned %s\n", statusName(st));

@@ -14,10 +14,6 @@ ProgressPool::ProgressPool(int threads) {
 }
 
 ProgressPool::~ProgressPool() {
-  stop();
-}
-
-void ProgressPool::stop() {
   stop_ = true;
   for (auto& w : workers_) {
     {
@@ -71,7 +67,6 @@ void ProgressPool::loop(Worker& w) {
     }
     bool busy = false;
     for (auto& c : conns) {
-      if (c->driven()) continue;  // a caller runs it now, and wakes this thread when it stops
       try {
         busy |= c->progress();
       } catch (const std::exception& e) {

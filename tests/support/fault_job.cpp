@@ -38,8 +38,8 @@ std::vector<int> runFaultJob(const std::string& transport, const std::string& fa
     // Before the barrier: rank 0 cannot start sending before this rank entered it, so a delay of the sender shows
     // in full in what this rank measures (after the barrier, a late exit from it would hide part of the delay).
     const auto t0 = std::chrono::steady_clock::now();
-    ctx.barrier();
     if (rank == 0) {
+      ctx.barrier();
       Channel ch = ctx.channel(1);
       try {
         for (int i = 0; i < kPuts; ++i) ch.putWithSignal(d, i * kBytes, s, i * kBytes, kBytes, 0, 1);
@@ -60,6 +60,9 @@ std::vector<int> runFaultJob(const std::string& transport, const std::string& fa
       _exit(0);
     }
     try {
+      // Inside the try: a sender whose fault fails the peer at once may exit (ending the rendezvous it hosts) before
+      // this rank read the barrier's release, and that error, a failed peer naming rank 0, is one this rank expects.
+      ctx.barrier();
       ctx.wait(0, kPuts);
       const long long ms =
           std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();

@@ -364,6 +364,7 @@ def _gpu_pair(rank, world, to_client, to_server):
         descriptor = theirs.get(timeout=60)
         assert ep.write_ipc(send, None, descriptor)
         back = torch.full((n,), POISON, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()  # the poison is in place before the IPC copy (its own stream) writes over it
         assert ep.read_ipc(back, None, descriptor)
         assert torch.equal(back, send), f"rank {rank}: read_ipc differs from what write_ipc wrote"
         mine.put("written")

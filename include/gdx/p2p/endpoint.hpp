@@ -118,7 +118,8 @@ class Endpoint {
   /// A descriptor of [ptr, ptr + size) of GPU region `mrId` that a process on this host opens with CUDA IPC.
   std::string advertiseIpc(uint64_t mrId, const void* ptr, size_t size);
   /// Copies local GPU (or pinned host) [ptr, ...) into the IPC-advertised range at `remoteOffset`, peer to peer;
-  /// returns once the copy finished.
+  /// returns once the copy finished. The copy runs on a stream of its own, not ordered after work already queued on
+  /// the caller's streams: synchronise what writes [ptr, ...) (or, for readIpc, still uses it) first.
   void writeIpc(const void* ptr, size_t size, const std::string& descriptor, uint64_t remoteOffset = 0);
   void readIpc(void* ptr, size_t size, const std::string& descriptor, uint64_t remoteOffset = 0);
 

@@ -281,12 +281,15 @@ class Endpoint:
         return True
 
     def write_ipc(self, src: Any, size: Optional[int], slot_item: Any, remote_offset: int = 0) -> bool:
-        """Copies local GPU (or pinned host) memory into the IPC-advertised range, peer to peer."""
+        """Copies local GPU (or pinned host) memory into the IPC-advertised range, peer to peer, and returns once it
+        finished. The copy runs on a stream of its own, not after work queued on torch's streams: synchronise the
+        kernels that write `src` (for read_ipc: that still use `dst`) first."""
         p, n = _memory(src, size, "write_ipc")
         self._native.write_ipc(p, n, bytes(slot_item), remote_offset)
         return True
 
     def read_ipc(self, dst: Any, size: Optional[int], slot_item: Any, remote_offset: int = 0) -> bool:
+        """Copies the IPC-advertised range into local GPU (or pinned host) memory; ordering as write_ipc."""
         p, n = _memory(dst, size, "read_ipc")
         self._native.read_ipc(p, n, bytes(slot_item), remote_offset)
         return True

@@ -189,7 +189,7 @@ void Buffer::assignHostsAndRelays(const std::vector<uint32_t>& remoteMasks) {
   std::vector<int> localIndex(R), hostSize(R, 0);
   for (int r = 0; r < R; ++r) {
     int h = 0;
-    while ((remoteMasks[r] >> h) & 1u) ++h;  // the lowest rank r reaches directly (r itself at the latest)
+    while (h < r && ((remoteMasks[r] >> h) & 1u)) ++h;  // the lowest rank r reaches directly (r itself at the latest)
     t.hostOf[r] = static_cast<int8_t>(h);
     localIndex[r] = hostSize[h]++;
   }

@@ -176,27 +176,6 @@ __device__ inline bool putRowsToRemote(const Team& t, int r, int32_t rows, uint3
                      kSlotHeaderBytes + uint64_t(rows) * rowBytes, kFlagData, e);
 }
 
-/// Called by every block once its stores are issued; the last block to get here tells the ranks of this host that
-/// this rank's stores of epoch e are in place (a release store of dataDone[rank] into each one's Ctrl, its own
-/// included) and puts the staged rows to the remote ranks in `net`.
-__device__ inline void signalSent(const Team& t, uint64_t e, const NetRows& net) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();  // this block's stores (ordered before by the barrier) reach the peers first
-    const unsigned old = atomicAdd(&t.state->sendBlocks, 1u);
-    if (old == gridDim.x - 1) {
-      t.state->sendBlocks = 0;
-      __threadfence_system();  // every block's stores, seen through the counter, before the flags
-      for (int d = 0; d < t.numRanks; ++d) {
-        if ((net.putMask >> d) & 1u)
-          putRowsToRemote(t, d, net.rows[d], net.rowBytes, e);
-        else if ((t.localMask >> d) & 1u)
-          atomicStore(&ctrlOf(t, d)->dataDone[t.rank], e, kRelease);
-      }
-    }
-  }
-}
-
 /// Counts the blocks done with a phase in *counter; true on thread 0 of the last one (after a system fence that
 /// orders every block's stores before what it does next). Every thread of every block must call it.
 __device__ inline bool lastBlockDone(unsigned* counter) {
@@ -211,6 +190,19 @@ __device__ inline bool lastBlockDone(unsigned* counter) {
     }
   }
   return last;
+}
+
+/// Called by every block once its stores are issued; the last block to get here tells the ranks of this host that
+/// this rank's stores of epoch e are in place (a release store of dataDone[rank] into each one's Ctrl, its own
+/// included) and puts the staged rows to the remote ranks in `net`.
+__device__ inline void signalSent(const Team& t, uint64_t e, const NetRows& net) {
+  if (!lastBlockDone(&t.state->sendBlocks)) return;  // its fences: every block's stores before the flags
+  for (int d = 0; d < t.numRanks; ++d) {
+    if ((net.putMask >> d) & 1u)
+      putRowsToRemote(t, d, net.rows[d], net.rowBytes, e);
+    else if ((t.localMask >> d) & 1u)
+      atomicStore(&ctrlOf(t, d)->dataDone[t.rank], e, kRelease);
+  }
 }
 
 /// Ends an operation: the last block of its last kernel advances the epoch (every block read it at its start).

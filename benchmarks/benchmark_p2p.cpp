@@ -12,12 +12,14 @@
 //   write      latency: one blocking write (it returns once the data is placed at the server); bandwidth:
 //              --depth writeAsync in flight into the region the server advertised
 //   read       the same with read / readAsync
-// and, over TCP, the kernel's own TCP beside it in the same run: the one-way latency of a raw socket ping-pong of the
-// same size on loopback, and iperf3 with as many streams (-P) as the endpoint's connection has sockets
-// (GDX_TCP_SOCKETS). A table on stdout, the same as JSON in --json. Over verbs, perftest's ib_write_bw/ib_read_bw
-// are the peer (tests/softroce/bench-p2p-in-vm.sh runs them in the same VM boot). On GPUs --device gpu puts both
-// regions in cudaMalloc memory (server GPU 0, client GPU 1 where there are two; GDX_CUDA_DEVICE overrides), and --ipc
-// adds writeIpc/readIpc GPU to GPU beside cudaMemcpyPeerAsync between the same GPUs (a table, not yet in the JSON).
+// and, over TCP, what lies beneath it in the same run: gdx's TCP transport alone (half the round trip of a
+// write-with-immediate answered by one, benchmarks/transport_round_trip.hpp), the kernel's TCP (the one-way latency
+// of a raw socket ping-pong of the same size on loopback), and iperf3 with as many streams (-P) as the endpoint's
+// connection has sockets (GDX_TCP_SOCKETS). A table on stdout, the same as JSON in --json. Over verbs, perftest's
+// ib_write_bw/ib_read_bw are the peer (tests/softroce/bench-p2p-in-vm.sh runs them in the same VM boot). On GPUs
+// --device gpu puts both regions in cudaMalloc memory (server GPU 0, client GPU 1 where there are two; GDX_CUDA_DEVICE
+// overrides), and --ipc adds writeIpc/readIpc GPU to GPU beside cudaMemcpyPeerAsync between the same GPUs (a table, not
+// yet in the JSON).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +34,7 @@
 #include "benchmarks/peer_tcp.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
+#include "benchmarks/transport_round_trip.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
 
@@ -79,6 +82,11 @@ std::vector<Plan> plans(const Args& a) {
   return out;
 }
 
+/// Round trips of the transport alone per size: as many as the endpoint's send/recv latency takes.
+int transportIters(const Plan& p) {
+  return p.latencyIters;
+}
+
 double secondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -104,7 +112,8 @@ std::vector<Iov> pieces(uint64_t mr, const Region& r, uint64_t bytes) {
 }
 
 /// The server's side of every measurement, in the client's order; it serves writes and reads in the background.
-void serve(const Args& a, Endpoint& ep, uint64_t conn, uint64_t mr, const Region& r, uint64_t ackMr, char* ack) {
+void serve(const Args& a, Endpoint& ep, uint64_t conn, uint64_t mr, const Region& r, uint64_t ackMr, char* ack,
+           bench::TransportRoundTrip* transport) {
   for (const Plan& p : plans(a)) {
     for (int i = 0; i < p.latencyIters; ++i) {
       ep.recv(conn, mr, r.p, p.bytes);
@@ -117,17 +126,18 @@ void serve(const Args& a, Endpoint& ep, uint64_t conn, uint64_t mr, const Region
       ep.send(conn, ackMr, ack, 8);
     }
     ep.recv(conn, ackMr, ack, 8);  // the client is done with writes and reads of this size
+    if (transport) transport->run(p.bytes, transportIters(p));
   }
 }
 
 struct Row {
   uint64_t bytes = 0;
   double sendUs = 0, sendGbps = 0, sendvGbps = -1, writeUs = 0, writeGbps = 0, readUs = 0, readGbps = 0;
-  double rawTcpUs = -1;
+  double transportUs = -1, rawTcpUs = -1;
 };
 
 Row measure(const Args& a, const Plan& p, Endpoint& ep, uint64_t conn, uint64_t mr, const Region& r, uint64_t ackMr,
-            char* ack, const std::string& desc, bool tcp) {
+            char* ack, const std::string& desc, bench::TransportRoundTrip* transport) {
   Row row;
   row.bytes = p.bytes;
   const double bytes = static_cast<double>(p.bytes);
@@ -160,7 +170,10 @@ Row measure(const Args& a, const Plan& p, Endpoint& ep, uint64_t conn, uint64_t 
   pipeline(ep, p.bandwidthOps, a.depth, [&](int) { return ep.readAsync(conn, mr, r.p, p.bytes, desc); });
   row.readGbps = bytes * p.bandwidthOps / secondsSince(t0) / 1e9;
   ep.send(conn, ackMr, ack, 8);
-  if (tcp) row.rawTcpUs = bench::tcpPingPongUs(p.bytes, std::min(p.latencyIters, 200));
+  if (transport) {
+    row.transportUs = transport->run(p.bytes, transportIters(p));
+    row.rawTcpUs = bench::tcpPingPongUs(p.bytes, std::min(p.latencyIters, 200));
+  }
   return row;
 }
 
@@ -173,22 +186,22 @@ std::string num(double v) {
 void report(const Args& a, const Endpoint& ep, const std::string& shape, const std::vector<Row>& rows,
             const bench::Iperf3Result* iperf3) {
   std::printf("benchmark_p2p: %s, device %s, depth %d, client -> server\n", shape.c_str(), a.device.c_str(), a.depth);
-  std::printf("%11s | %9s %9s %9s | %9s %9s | %9s %9s | %9s\n", "bytes", "send us", "send GB/s", "sendv GB/s",
-              "write us", "wr GB/s", "read us", "rd GB/s", "raw tcp us");
+  std::printf("%11s | %9s %9s %9s | %9s %9s | %9s %9s | %12s %9s\n", "bytes", "send us", "send GB/s", "sendv GB/s",
+              "write us", "wr GB/s", "read us", "rd GB/s", "transport us", "raw tcp us");
   std::ostringstream js;
   js << "{\"benchmark\":\"benchmark_p2p\",\"transport\":" << bench::jsonString(ep.transport())
      << ",\"connection\":" << bench::jsonString(shape) << ",\"device\":\"" << a.device << "\",\"depth\":" << a.depth
      << bench::runInfoJson(bench::hostMachine()) << ",\"results\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    std::printf("%11llu | %9.2f %9.3f %9s | %9.2f %9.3f | %9.2f %9.3f | %9s\n",
+    std::printf("%11llu | %9.2f %9.3f %9s | %9.2f %9.3f | %9.2f %9.3f | %12s %9s\n",
                 static_cast<unsigned long long>(r.bytes), r.sendUs, r.sendGbps,
                 r.sendvGbps < 0 ? "-" : num(r.sendvGbps).c_str(), r.writeUs, r.writeGbps, r.readUs, r.readGbps,
-                r.rawTcpUs < 0 ? "-" : num(r.rawTcpUs).c_str());
+                r.transportUs < 0 ? "-" : num(r.transportUs).c_str(), r.rawTcpUs < 0 ? "-" : num(r.rawTcpUs).c_str());
     js << (i ? "," : "") << "{\"bytes\":" << r.bytes << ",\"send_us\":" << r.sendUs
        << ",\"send_gb_per_s\":" << r.sendGbps << ",\"sendv_gb_per_s\":" << r.sendvGbps << ",\"write_us\":" << r.writeUs
        << ",\"write_gb_per_s\":" << r.writeGbps << ",\"read_us\":" << r.readUs << ",\"read_gb_per_s\":" << r.readGbps
-       << ",\"raw_tcp_us\":" << r.rawTcpUs << "}";
+       << ",\"transport_us\":" << r.transportUs << ",\"raw_tcp_us\":" << r.rawTcpUs << "}";
   }
   js << "]";
   if (iperf3) {
@@ -288,9 +301,24 @@ int run(const Args& a) {
   const uint64_t conn = a.role == "server" ? ep.accept().connId : ep.connect(a.peer, -1, a.port);
   const uint64_t mr = ep.reg(r.p, a.maxBytes), ackMr = ep.reg(ack, sizeof ack);
   const std::string shape = ep.connectionTransport(conn);
+  // Over TCP, a transport of its own between the same two processes, its address and key passed over the endpoint
+  // (the client speaks first: a blocking send waits for the peer's receive).
+  std::unique_ptr<bench::TransportRoundTrip> transport;
+  if (ep.transport() == "tcp") {
+    auto swap = [&](const std::string& mine) {
+      if (a.role == "client") {
+        sendText(ep, conn, mine);
+        return recvText(ep, conn);
+      }
+      std::string theirs = recvText(ep, conn);
+      sendText(ep, conn, mine);
+      return theirs;
+    };
+    transport = std::make_unique<bench::TransportRoundTrip>(a.role == "client" ? 0 : 1, a.maxBytes, swap);
+  }
   if (a.role == "server") {
     sendText(ep, conn, ep.advertise(conn, mr, r.p, a.maxBytes));
-    serve(a, ep, conn, mr, r, ackMr, ack);
+    serve(a, ep, conn, mr, r, ackMr, ack, transport.get());
     if (a.ipc) sendText(ep, conn, ep.advertiseIpc(mr, r.p, a.maxBytes) + "@" + std::to_string(o.localGpu));
     ep.recv(conn, ackMr, ack, 8);  // the client has finished: nothing is in flight when this side closes
     std::printf("server: served %s over %s; the client prints the results\n", a.device.c_str(), shape.c_str());
@@ -298,8 +326,8 @@ int run(const Args& a) {
   }
   const std::string desc = recvText(ep, conn);
   std::vector<Row> rows;
-  const bool tcp = ep.transport() == "tcp";
-  for (const Plan& p : plans(a)) rows.push_back(measure(a, p, ep, conn, mr, r, ackMr, ack, desc, tcp));
+  const bool tcp = transport != nullptr;
+  for (const Plan& p : plans(a)) rows.push_back(measure(a, p, ep, conn, mr, r, ackMr, ack, desc, transport.get()));
   if (a.ipc) {  // the server's IPC descriptor, then "@" and its GPU
     const std::string text = recvText(ep, conn);
     const size_t at = text.rfind('@');

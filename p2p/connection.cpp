@@ -1,18 +1,38 @@
 #include "p2p/connection.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <tuple>
 
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
+#include "p2p/memory_kind.hpp"
 
 namespace gdx::p2p {
 namespace {
 
-constexpr uint32_t kSeqMask = 0x7fffffffu;
+/// The bits of a send's number the immediate of a write into the receive's own buffer carries.
+constexpr uint32_t kSeqMask = 0x3fffffffu;
+/// An eager write's immediate: kEagerImm, the credits this side returns (bits 16..29), the send's number's low bits.
+constexpr uint32_t kEagerSeqBits = 0xffffu;
+constexpr int kEagerCreditShift = 16;
+constexpr uint32_t kEagerCreditMask = 0x3fffu;
+static_assert(kEagerSlots <= kEagerCreditMask, "an eager immediate carries up to a buffer's worth of credits");
+/// Credits owed for longer than this are reported on their own (kCredit) by the next round of the connection: a
+/// reply within it carries them in its immediate instead. Rounds run at least every millisecond (progress thread).
+constexpr uint64_t kCreditDelayNs = 100 * 1000;
 constexpr uint64_t kSweepEveryNs = 10 * 1000 * 1000;
 constexpr size_t kMaxCompletions = 64;
+/// How long drive() polls after the last sign of activity before it sleeps: about the round trip of a small
+/// message over loopback TCP, so that a reply is caught without a wake-up, and short enough not to burn a core.
+constexpr uint64_t kDriveSpinNs = 50 * 1000;
+/// Longest sleep of drive() between looks at the deadline (a wake-up can be missed only when a transfer is finished
+/// by the progress thread between drive()'s look and its sleep; that costs at most this).
+constexpr uint64_t kDriveSleepNs = 1000 * 1000;
+/// The receiver reports freed eager slots on its own (kCredit) once this many are unreported; fewer ride on the
+/// next clear-to-send.
+constexpr uint32_t kCreditBatch = kEagerSlots / 2;
 
 const char* readStatusText(ReadStatus s) {
   switch (s) {
@@ -35,6 +55,8 @@ Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::func
 
 Connection::~Connection() {
   try {
+    // Sends this side took and has not confirmed yet are confirmed before the goodbye: their senders wait for it.
+    if (lane_ && creditsFreed_ > 0 && failure().empty()) flushCredits();
     link_.transport->shutdown();
   } catch (const std::exception& e) {
     GDX_ERROR(name_ << ": closing: " << e.what());
@@ -46,6 +68,7 @@ void Connection::start() {
     Event e;
     e.kind = Event::kImm;
     e.imm = w.imm;
+    e.bytes = w.bytes;
     push(std::move(e));
   });
   link_.transport->setMessageHandler([this](const RemoteMessage& m) {
@@ -74,16 +97,34 @@ void Connection::queue(std::function<void()> op) {
   {
     std::lock_guard<std::mutex> lock(opsMutex_);
     ops_.push_back(std::move(op));
+    pending_ = true;
   }
-  wake_();
+  // Run it here unless another thread drives the connection (it sees pending_ before it lets go). What is left in
+  // flight afterwards (completions to poll) goes to the progress thread unless the caller is about to drive().
+  const bool busy = progress();
+  if (busy && drivers_.load() == 0) wake_();
 }
 
 void Connection::push(Event e) {
   {
     std::lock_guard<std::mutex> lock(opsMutex_);
     inbox_.push_back(std::move(e));
+    pending_ = true;
   }
-  wake_();
+  wakeDriver();
+}
+
+void Connection::leaveDriving() {
+  // drivers_ and pending_ are sequentially consistent: either push() sees no driver and wakes the progress thread,
+  // or this sees its pending_.
+  if (drivers_.fetch_sub(1) == 1 && (pending_.load() || (lane_ && lane_->inFlight() > 0))) wake_();
+}
+
+void Connection::wakeDriver() {
+  if (drivers_.load() > 0)
+    driverCv_.notify_all();  // a driver polls or sleeps on driverCv_ and does the work in its own thread
+  else
+    wake_();
 }
 
 void Connection::setResolver(WindowResolver r) {
@@ -105,7 +146,19 @@ uint64_t Connection::track(std::shared_ptr<Transfer> t) {
 void Connection::send(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
   queue([this, t, pieces = std::move(pieces)] {
     track(t);
-    for (const Piece& p : pieces) sends_.push_back(PendingSend{nextSendSeq_++, t, p});
+    for (const Piece& p : pieces) {
+      const uint64_t seq = nextSendSeq_++;
+      sends_.push_back(PendingSend{seq, t, p});
+      if (p.size > kEagerBytes) {
+        // Its receive tells where it goes (clear-to-send) if it is as large; a small receive, which sends nothing,
+        // learns from this that the sizes differ.
+        ControlMsg rts;
+        rts.type = MsgType::kRequestToSend;
+        rts.id = seq;
+        rts.bytes = p.size;
+        postControl(rts);
+      }
+    }
     t->setWaiting("a matching receive posted by the peer");
     trySends();
   });
@@ -117,22 +170,157 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
     t->setWaiting("the peer's matching send");
     for (const Piece& p : pieces) {
       const uint64_t seq = nextRecvSeq_++;
+      const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
       try {
-        std::string key = ensureLocal(p.region);
-        sendKey(p.region.window, key, p.region.bytes);
-        recvs_[static_cast<uint32_t>(seq) & kSeqMask] = PendingRecv{t, p.size, seq};
+        PendingRecv r{t, p.size, seq, p};
+        auto early = early_.find(key);
+        auto announced = rts_.find(key);
+        const uint64_t largeSend = announced == rts_.end() ? 0 : announced->second;
+        if (announced != rts_.end()) rts_.erase(announced);
+        if (p.size <= kEagerBytes) {
+          // A send of this size comes through the eager buffer and needs nothing from this side but credits: those
+          // owed go now (a receive posted after the last one returned means the application reads a stream).
+          offerEagerBuffer();
+          flushCredits();
+          if (early != early_.end()) {  // the data came first: take it now (or fail on a size mismatch)
+            const EarlyData e = early->second;
+            early_.erase(early);
+            takeEager(r, e.slot, e.bytes);
+          } else if (largeSend) {
+            refuseSend(r, largeSend);
+          } else {
+            recvs_[key] = r;
+          }
+          continue;
+        }
+        std::string windowKey = ensureLocal(p.region);
+        sendKey(p.region.window, windowKey, p.region.bytes);
         ControlMsg cts;
         cts.type = MsgType::kClearToSend;
         cts.id = seq;
         cts.window = p.region.window;
         cts.offset = p.offset;
         cts.bytes = p.size;
+        if (early != early_.end()) {  // a small send's data is here for this large receive: both fail
+          const EarlyData e = early->second;
+          early_.erase(early);
+          takeEager(r, e.slot, e.bytes);
+        } else {
+          recvs_[key] = r;
+        }
+        cts.credits = takeCredits();
         postControl(cts);
       } catch (const Error& e) {
         t->fail(e.code(), std::string("receive #") + std::to_string(seq) + ": " + e.what());
       }
     }
   });
+}
+
+void Connection::refuseSend(const PendingRecv& r, uint64_t sendBytes) {
+  r.t->fail(ErrorCode::kInvalidArgument, "receive #" + std::to_string(r.seq) + ": the peer's send is " +
+                                             std::to_string(sendBytes) + " bytes, this receive expects " +
+                                             std::to_string(r.bytes) +
+                                             "; sizes must match exactly (nothing was written)");
+  ControlMsg no;
+  no.type = MsgType::kReceiveRefused;
+  no.id = r.seq;
+  no.bytes = r.bytes;
+  postControl(no);
+}
+
+void Connection::flushCredits() {
+  if (creditsFreed_ == 0) return;
+  ControlMsg credit;
+  credit.type = MsgType::kCredit;
+  credit.credits = takeCredits();
+  postControl(credit);
+}
+
+void Connection::onCredits(uint32_t n) {
+  if (n == 0) return;
+  if (n > kEagerSlots - eagerCredits_)
+    return failAll(ErrorCode::kProtocol, "the peer returned " + std::to_string(n) + " eager credits; only " +
+                                             std::to_string(kEagerSlots - eagerCredits_) + " were out");
+  eagerCredits_ += n;
+  // The peer takes eager data in the order it was sent, so these credits confirm the oldest eager sends: their
+  // receives took them (a receive that refused one said so before, kReceiveRefused).
+  for (uint32_t i = 0; i < n && !eagerOrder_.empty(); ++i) {
+    auto it = eagerSends_.find(eagerOrder_.front());
+    eagerOrder_.pop_front();
+    if (it == eagerSends_.end()) continue;
+    it->second.matched = true;
+    if (!it->second.written) continue;
+    it->second.t->finishPart();
+    eagerSends_.erase(it);
+  }
+}
+
+void Connection::onRequestToSend(const ControlMsg& m) {
+  const uint32_t key = static_cast<uint32_t>(m.id) & kSeqMask;
+  auto it = recvs_.find(key);
+  if (it == recvs_.end()) {
+    rts_[key] = m.bytes;  // the receive is not posted yet: it checks when it is
+    return;
+  }
+  if (it->second.bytes > kEagerBytes) return;  // a large receive sent its clear-to-send; the sender compares sizes
+  PendingRecv r = it->second;
+  recvs_.erase(it);
+  refuseSend(r, m.bytes);
+}
+
+void Connection::offerEagerBuffer() {
+  if (keysSent_.count(kEagerWindow)) return;
+  MemoryRegion r;
+  resolveLocal(kEagerWindow, &r);
+  sendKey(kEagerWindow, ensureLocal(r), r.bytes);
+}
+
+uint32_t Connection::takeCredits() {
+  const uint32_t n = creditsFreed_;
+  creditsFreed_ = 0;
+  return n;
+}
+
+void Connection::takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes) {
+  if (bytes != r.bytes) {
+    refuseSend(r, bytes);
+  } else {
+    try {
+      copyFromHost(r.piece.region.base + r.piece.offset, r.piece.region.kind,
+                   eagerBuffer_.data() + static_cast<uint64_t>(slot) * kEagerBytes, bytes, "copying eager data");
+      r.t->finishPart();
+    } catch (const Error& e) {
+      r.t->fail(e.code(), "receive #" + std::to_string(r.seq) + ": " + e.what());
+    }
+  }
+  // The freed slot is this side's confirmation that the send arrived whole: it goes back with the next eager write
+  // to the peer (a reply), with the next receive posted, or on its own once it is kCreditDelayNs old.
+  if (creditsFreed_++ == 0) creditsOwedSinceNs_ = nowNs();
+  if (creditsFreed_ >= kCreditBatch) flushCredits();
+}
+
+void Connection::onEagerData(uint32_t imm, uint64_t bytes) {
+  onCredits((imm >> kEagerCreditShift) & kEagerCreditMask);
+  // Sends arrive in the order of their numbers: the full number is the next one at or after the last arrival's
+  // successor with these low bits (sends refused before they left leave gaps, never 2^16 of them).
+  const uint64_t seq = nextArrival_ + ((static_cast<uint64_t>(imm & kEagerSeqBits) - nextArrival_) & kEagerSeqBits);
+  nextArrival_ = seq + 1;
+  const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
+  const uint32_t slot = static_cast<uint32_t>(eagerArrived_++ % kEagerSlots);
+  if (bytes == 0 || bytes > kEagerBytes || early_.size() >= kEagerSlots || eagerBuffer_.empty())
+    return failAll(ErrorCode::kProtocol, "eager data of " + std::to_string(bytes) + " bytes for send #" +
+                                             std::to_string(key) + " does not fit the eager buffer (" +
+                                             std::to_string(early_.size()) + " of " + std::to_string(kEagerSlots) +
+                                             " slots held): the peer ignored its credits");
+  auto it = recvs_.find(key);
+  if (it == recvs_.end()) {
+    early_[key] = EarlyData{slot, bytes};  // held until the receive is posted
+    return;
+  }
+  PendingRecv r = it->second;
+  recvs_.erase(it);
+  takeEager(r, slot, bytes);
 }
 
 void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op) {
@@ -281,6 +469,14 @@ bool Connection::resolveLocal(uint32_t window, MemoryRegion* out) {
   WindowResolver resolver;
   {
     std::lock_guard<std::mutex> lock(winMutex_);
+    if (window == kEagerWindow) {  // made on first use: connections that carry no small sends never pay for it
+      if (eagerBuffer_.empty()) eagerBuffer_.resize(static_cast<size_t>(kEagerSlots) * kEagerBytes);
+      out->window = kEagerWindow;
+      out->base = eagerBuffer_.data();
+      out->bytes = eagerBuffer_.size();
+      out->kind = MemoryKind::kHost;
+      return true;
+    }
     auto it = advertised_.find(window);
     if (it != advertised_.end()) {
       *out = it->second.region;
@@ -320,26 +516,41 @@ void Connection::trySends() {
   while (!sends_.empty()) {
     PendingSend& s = sends_.front();
     auto it = cts_.find(s.seq);
-    if (it == cts_.end()) return;
+    const bool eager = s.piece.size <= kEagerBytes;
+    if (it == cts_.end() && !eager) return;  // waits for its receive's clear-to-send
+    if (s.t->finished()) {
+      if (it != cts_.end()) cts_.erase(it);
+      sends_.pop_front();
+      continue;
+    }
+    // Built only off the eager path: a small send's hot path makes no strings.
+    auto which = [&s] { return "send #" + std::to_string(s.seq) + " of " + std::to_string(s.piece.size) + " bytes"; };
+    if (it != cts_.end() && it->second.bytes != s.piece.size) {
+      ControlMsg no;
+      no.type = MsgType::kSendRefused;
+      no.id = s.seq;
+      no.bytes = s.piece.size;
+      postControl(no);
+      s.t->fail(ErrorCode::kInvalidArgument, which() + ": the receive the peer posted for it expects " +
+                                                 std::to_string(it->second.bytes) +
+                                                 " bytes; sizes must match exactly (nothing was sent)");
+      cts_.erase(it);
+      sends_.pop_front();
+      continue;
+    }
+    if (eager) {                                    // a clear-to-send for it would name a large receive: refused above
+      if (!postEager(s.t, s.seq, s.piece)) return;  // no credit or no key yet: later sends wait behind it
+      sends_.pop_front();
+      continue;
+    }
     const ControlMsg cts = it->second;
     cts_.erase(it);
+    const std::string what = which();
     PendingSend send = s;
     sends_.pop_front();
-    if (send.t->finished()) continue;
-    const std::string which = "send #" + std::to_string(send.seq) + " of " + std::to_string(send.piece.size) + " bytes";
     try {
-      if (cts.bytes != send.piece.size) {
-        ControlMsg no;
-        no.type = MsgType::kSendRefused;
-        no.id = send.seq;
-        no.bytes = send.piece.size;
-        postControl(no);
-        throw Error(ErrorCode::kInvalidArgument, which + ": the receive the peer posted for it expects " +
-                                                     std::to_string(cts.bytes) +
-                                                     " bytes; sizes must match exactly (nothing was sent)");
-      }
       if (!remoteKnown_.count(cts.window))
-        throw Error(ErrorCode::kProtocol, which + ": the peer's clear-to-send names window " +
+        throw Error(ErrorCode::kProtocol, what + ": the peer's clear-to-send names window " +
                                               std::to_string(cts.window) + ", whose key never arrived");
       ensureLocal(send.piece.region);
       WriteOp op;
@@ -353,12 +564,72 @@ void Connection::trySends() {
       op.imm = static_cast<uint32_t>(send.seq) & kSeqMask;
       op.cookie = nextId_++;
       cookies_[op.cookie] = send.t;
-      send.t->setWaiting("the transport's completion of " + which);
+      send.t->setWaiting("the transport's completion of " + what);
       lane_->post(op);
     } catch (const Error& e) {
       send.t->fail(e.code(), e.what());
     }
   }
+}
+
+bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece) {
+  if (!remoteKnown_.count(kEagerWindow)) {
+    // The peer sends its buffer's key before its first small receive's clear-to-send; ask when the send came first.
+    if (!eagerKeyAsked_) {
+      eagerKeyAsked_ = true;
+      whenKnown(kEagerWindow, t, [this] { trySends(); });
+    }
+    t->setWaiting("the key of the peer's eager buffer");
+    return false;
+  }
+  if (eagerCredits_ == 0) {
+    t->setWaiting("room in the peer's eager buffer (all " + std::to_string(kEagerSlots) +
+                  " slots hold data its receives have not taken yet)");
+    return false;
+  }
+  const uint32_t credits = takeCredits();  // ride along: the peer's sends this side took since the last report
+  try {
+    ensureLocal(piece.region);
+    WriteOp op;
+    op.peer = link_.peer();
+    op.localWindow = piece.region.window;
+    op.localOffset = piece.offset;
+    op.remoteWindow = kEagerWindow;
+    op.remoteOffset = (eagerSent_ % kEagerSlots) * kEagerBytes;
+    op.bytes = piece.size;
+    op.withImm = true;
+    op.imm = kEagerImm | (credits << kEagerCreditShift) | (static_cast<uint32_t>(seq) & kEagerSeqBits);
+    op.cookie = nextId_++;
+    lane_->post(op);
+    --eagerCredits_;
+    ++eagerSent_;
+    // Done once the write completed and the peer's receive took it (its credit came back).
+    eagerSends_[seq] = EagerSend{t, piece.size};
+    eagerOrder_.push_back(seq);
+    eagerCookies_[op.cookie] = seq;
+    t->setWaiting("the peer's receive to take it (the send left eagerly; its credit confirms it)");
+  } catch (const Error& e) {
+    creditsFreed_ += credits;  // not sent: still owed
+    t->fail(e.code(), e.what());
+  }
+  return true;
+}
+
+void Connection::matchEager(const ControlMsg& cts) {
+  auto it = eagerSends_.find(cts.id);
+  if (it == eagerSends_.end()) return;
+  EagerSend& e = it->second;
+  if (cts.bytes != e.bytes) {
+    e.t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(cts.id) + " of " + std::to_string(e.bytes) +
+                                               " bytes: the receive the peer posted for it expects " +
+                                               std::to_string(cts.bytes) +
+                                               " bytes; sizes must match exactly (the peer dropped the data)");
+  } else {
+    e.matched = true;
+    if (!e.written) return;
+    e.t->finishPart();
+  }
+  eagerSends_.erase(it);
 }
 
 void Connection::onKeyPart(const ControlMsg& m) {
@@ -441,7 +712,35 @@ void Connection::handleMessage(const ControlMsg& m) {
                           ": it was not advertised on this connection (a forged, stale or foreign descriptor)");
       return;
     }
-    case MsgType::kClearToSend: cts_[m.id] = m; return trySends();
+    case MsgType::kClearToSend:
+    case MsgType::kCredit:
+      onCredits(m.credits);
+      if (m.type == MsgType::kClearToSend) {
+        if (eagerSends_.count(m.id))
+          matchEager(m);
+        else
+          cts_[m.id] = m;
+      }
+      return trySends();
+    case MsgType::kRequestToSend: return onRequestToSend(m);
+    case MsgType::kReceiveRefused: {
+      const std::string expects = " bytes: the receive the peer posted for it expects " + std::to_string(m.bytes) +
+                                  " bytes; sizes must match exactly";
+      auto eager = eagerSends_.find(m.id);
+      if (eager != eagerSends_.end()) {  // its slot's credit still comes, and is skipped
+        eager->second.t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(m.id) + " of " +
+                                                               std::to_string(eager->second.bytes) + expects +
+                                                               " (the peer dropped the data)");
+        eagerSends_.erase(eager);
+      } else if (!sends_.empty() && sends_.front().seq == m.id) {  // a large send waiting for its clear-to-send
+        sends_.front().t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(m.id) + " of " +
+                                                                std::to_string(sends_.front().piece.size) + expects +
+                                                                " (nothing was sent)");
+        sends_.pop_front();
+        trySends();
+      }
+      return;
+    }
     case MsgType::kSendRefused: {
       auto it = recvs_.find(static_cast<uint32_t>(m.id) & kSeqMask);
       if (it == recvs_.end()) return;
@@ -487,10 +786,12 @@ void Connection::handle(const Event& e) {
       if (notify_) notify_();
       return;
     }
+    if (e.imm & kEagerImm) return onEagerData(e.imm, e.bytes);
     auto it = recvs_.find(e.imm);
     if (it == recvs_.end())
       return failAll(ErrorCode::kProtocol,
                      "data arrived for receive #" + std::to_string(e.imm) + ", which was never posted");
+    nextArrival_ = it->second.seq + 1;
     it->second.t->finishPart();
     recvs_.erase(it);
     return;
@@ -515,6 +816,11 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
   fences_.clear();
   reads_.clear();
   keyWaiters_.clear();
+  eagerSends_.clear();
+  eagerOrder_.clear();
+  eagerCookies_.clear();
+  early_.clear();
+  rts_.clear();
 }
 
 void Connection::sweep() {
@@ -525,14 +831,56 @@ void Connection::sweep() {
                              [&](const std::shared_ptr<Transfer>& t) {
                                if (t->finished()) return true;
                                if (now < t->deadlineNs()) return false;
+                               const std::string waiting = t->waiting();
                                t->fail(ErrorCode::kTimeout, "not done within GDX_TIMEOUT_MS (" +
-                                                                std::to_string(timeoutNs_ / 1000000) + " ms)");
+                                                                std::to_string(timeoutNs_ / 1000000) + " ms)" +
+                                                                (waiting.empty() ? "" : "; waiting for " + waiting));
                                return true;
                              }),
               live_.end());
 }
 
 bool Connection::progress() {
+  if (!lane_) return false;  // not started yet: start() is followed by the progress thread's first round
+  std::unique_lock<std::mutex> lock(progressMutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;  // the holder runs whatever was queued before it lets go (pending_)
+  bool busy = false;
+  while (pending_.exchange(false)) busy |= round();
+  busy |= round();  // completions are polled, not announced: one more round polls them even when nothing was queued
+  lock.unlock();
+  if (drivers_.load() > 0) {
+    // A driver may sleep waiting for a transfer this round finished: taking opsMutex_ orders this notification
+    // after its last look at the transfer.
+    { std::lock_guard<std::mutex> ops(opsMutex_); }
+    driverCv_.notify_all();
+  }
+  return busy;
+}
+
+void Connection::drive(const Transfer& t, uint64_t deadlineNs) {
+  Driving self(*this);
+  uint64_t spins = 0;
+  uint64_t activeNs = nowNs();
+  while (!t.finished()) {
+    const bool busy = progress();
+    if (t.finished()) break;
+    const uint64_t now = nowNs();
+    if (now >= deadlineNs) break;
+    if (busy) activeNs = now;
+    if (now - activeNs < kDriveSpinNs) {
+      spinPause(++spins);
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(opsMutex_);
+    driverCv_.wait_for(lock, std::chrono::nanoseconds(std::min(kDriveSleepNs, deadlineNs - now)),
+                       [&] { return pending_.load() || t.finished(); });
+    activeNs = nowNs();
+    spins = 0;
+  }
+  // ~Driving hands whatever is still in flight (other transfers' completions) back to the progress thread.
+}
+
+bool Connection::round() {
   std::deque<std::function<void()>> ops;
   std::deque<Event> events;
   {
@@ -556,20 +904,39 @@ bool Connection::progress() {
   }
   Completion done[kMaxCompletions];
   size_t n = lane_->poll(done, kMaxCompletions);
-  for (size_t i = 0; i < n; ++i) {
-    if (done[i].cookie == 0) continue;
-    auto it = cookies_.find(done[i].cookie);
-    if (it == cookies_.end()) continue;
-    if (done[i].status == Status::kOk)
-      it->second->finishPart();
-    else
-      it->second->fail(errorCodeFor(done[i].status), std::string("the transport failed the write: ") +
-                                                         statusName(done[i].status) + " (" + failure() + ")");
-    cookies_.erase(it);
-  }
+  for (size_t i = 0; i < n; ++i) handleCompletion(done[i]);
+  if (creditsFreed_ > 0 && failed.empty() && nowNs() - creditsOwedSinceNs_ >= kCreditDelayNs) flushCredits();
   sweep();
   // Completions of the lane are polled, not announced: come back soon while any is due.
   return lane_->inFlight() > 0 || !ops.empty() || !events.empty();
+}
+
+void Connection::handleCompletion(const Completion& c) {
+  if (c.cookie == 0) return;
+  auto eager = eagerCookies_.find(c.cookie);
+  if (eager != eagerCookies_.end()) {
+    auto it = eagerSends_.find(eager->second);
+    eagerCookies_.erase(eager);
+    if (it == eagerSends_.end()) return;  // failed already (its clear-to-send named another size)
+    if (c.status != Status::kOk) {
+      it->second.t->fail(errorCodeFor(c.status), std::string("the transport failed the eager write: ") +
+                                                     statusName(c.status) + " (" + failure() + ")");
+    } else {
+      it->second.written = true;
+      if (!it->second.matched) return;
+      it->second.t->finishPart();
+    }
+    eagerSends_.erase(it);
+    return;
+  }
+  auto it = cookies_.find(c.cookie);
+  if (it == cookies_.end()) return;
+  if (c.status == Status::kOk)
+    it->second->finishPart();
+  else
+    it->second->fail(errorCodeFor(c.status),
+                     std::string("the transport failed the write: ") + statusName(c.status) + " (" + failure() + ")");
+  cookies_.erase(it);
 }
 
 }  // namespace gdx::p2p

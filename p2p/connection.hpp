@@ -5,16 +5,28 @@
 // land (kClearToSend, after the window's key); the sender numbers its sends the same way and writes the n-th send
 // into the n-th receive with a write-with-immediate carrying n, which completes the receive once its data is in
 // place. Sizes must match exactly; a mismatch fails both sides by name and writes nothing (kSendRefused).
+// Sends of at most kEagerBytes do not wait for a clear-to-send, and their receives send none: they are written at
+// once into the receiver's eager buffer (a slot per credit, protocol.hpp), which the receive copies from, whether it
+// was posted before the data arrived or after. The freed slot goes back as a credit, which also confirms the send
+// (its receive took it whole): in the immediate of the receiver's next eager write (a reply), with its next receive
+// posted, else on its own after kCreditDelayNs; such a send completes once its write completed and its credit came
+// back. A size mismatch fails both sides by name: the receive that finds it says so (kReceiveRefused), a larger send
+// announces itself (kRequestToSend) so that a small receive can. Sends leave in their numbered order either way (an
+// eager send waits behind an earlier one that waits for its clear-to-send), so every message arrives in order.
 // One-sided: advertise() registers exactly the advertised range as a window of its own, so the peer's transport
 // refuses anything outside it; a writer learns the window's key on first use (kKeyRequest) and completes a write
 // once a fence posted after it is acknowledged, i.e. once its data is in place at the peer. A read asks the owner
 // to write the range back (kReadRequest); the owner's progress thread does it and answers kReadDone after the data.
 //
-// Threads: callers queue operations; one progress thread (the endpoint's, chosen per connection) runs them, owns the
-// transport lane, handles what arrives and fails transfers whose deadline passed. Handlers of the transport only
-// queue what they get and wake that thread.
+// Threads: callers queue operations; whichever thread holds the connection's progress lock runs them, owns the
+// transport lane, handles what arrives and fails transfers whose deadline passed. That is the calling thread itself
+// when nobody else holds it (an operation is posted to the transport without a hand-off), a caller waiting for one
+// of its transfers (drive(): it polls, then sleeps until the transport's handlers wake it), or else the endpoint's
+// progress thread. Handlers of the transport only queue what they get and wake whoever drives the connection.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -61,6 +73,9 @@ using WindowResolver = std::function<bool(uint32_t window, MemoryRegion* out)>;
 
 /// Immediates with this bit are notified writes (waitForWrite); the others carry a send's number.
 constexpr uint32_t kNotifyImm = 0x80000000u;
+/// Immediates of eager sends (written into the eager buffer) carry this bit beside the low bits of the send's number
+/// and the credits the writer returns (connection.cpp).
+constexpr uint32_t kEagerImm = 0x40000000u;
 /// Windows of advertised ranges; windows below are endpoint memory regions (window = mrId).
 constexpr uint32_t kAdvertisedWindowBase = 0x80000000u;
 
@@ -86,7 +101,8 @@ class Connection {
   const std::string& transportDetail() const { return link_.detail; }
   uint64_t timeoutNs() const { return timeoutNs_; }
 
-  /// Queue operations; the transfer counts one part per piece (write: one more for the fence).
+  /// Queue operations and run them in the calling thread when no other thread drives the connection (else that
+  /// thread runs them); the transfer counts one part per piece (write: one more for the fence).
   void send(std::shared_ptr<Transfer> t, std::vector<Piece> pieces);
   void recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces);
   void write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std::vector<RemotePiece> dst, bool notify);
@@ -99,11 +115,32 @@ class Connection {
   /// it on this connection fails by name. Waits for nothing: the caller makes sure no transfer still uses it.
   void forget(uint32_t window);
   void setResolver(WindowResolver r);
-  /// Called from the progress thread for every notified write that arrived.
+  /// Called from whichever thread runs the connection, for every notified write that arrived.
   void setNotifyHandler(std::function<void()> h);
 
-  /// One round of work; true while something is in flight (the thread should come back soon).
+  /// Runs the connection's work (queued operations, what arrived, completions, deadlines) unless another thread is
+  /// doing so right now, which then does this work too before it lets go. true while something is in flight (the
+  /// thread should come back soon).
   bool progress();
+  /// Drives the connection from the calling thread until `t` is finished or `deadlineNs` passes: it polls for a
+  /// short while (a reply to a small message comes within tens of microseconds), then sleeps until the transport
+  /// hands over something or the endpoint's progress thread finished a transfer. Work it leaves behind goes back to
+  /// the progress thread.
+  void drive(const Transfer& t, uint64_t deadlineNs);
+  /// true while a caller drives the connection (the progress thread leaves it to that caller).
+  bool driven() const { return drivers_.load() > 0; }
+  /// Marks the calling thread as about to drive() the connection (a blocking call), so that queueing its operation
+  /// does not also wake the progress thread for completions the caller will poll itself.
+  class Driving {
+   public:
+    explicit Driving(Connection& c) : c_(c) { c_.drivers_.fetch_add(1); }
+    ~Driving() { c_.leaveDriving(); }
+    Driving(const Driving&) = delete;
+    Driving& operator=(const Driving&) = delete;
+
+   private:
+    Connection& c_;
+  };
   /// "" while healthy, else why the connection failed.
   std::string failure() const;
 
@@ -112,6 +149,7 @@ class Connection {
     enum Kind { kMessage, kImm, kFailure } kind = kMessage;
     RemoteMessage msg;
     uint32_t imm = 0;
+    uint64_t bytes = 0;  ///< kImm: the size of the write
     std::string why;
   };
   struct PendingSend {
@@ -123,6 +161,19 @@ class Connection {
     std::shared_ptr<Transfer> t;
     uint64_t bytes;
     uint64_t seq;
+    Piece piece;  ///< where an eager send's data is copied to
+  };
+  /// Eager data that arrived before its receive was posted: which slot of the eager buffer holds it.
+  struct EarlyData {
+    uint32_t slot;
+    uint64_t bytes;
+  };
+  /// An eager send in flight: done once its write completed and its credit came back (its receive took it whole).
+  struct EagerSend {
+    std::shared_ptr<Transfer> t;
+    uint64_t bytes;
+    bool written = false;
+    bool matched = false;
   };
   struct Advertised {
     MemoryRegion region;  ///< the advertised range, as a window of its own
@@ -131,6 +182,34 @@ class Connection {
 
   void queue(std::function<void()> op);
   void push(Event e);
+  /// Wakes whoever should run the connection next: a thread in drive(), else the progress thread.
+  void wakeDriver();
+  /// The last driver hands what is queued or in flight back to the progress thread.
+  void leaveDriving();
+  /// One round of work (the caller holds progressMutex_); true while something is in flight.
+  bool round();
+  void handleCompletion(const Completion& c);
+  /// Posts the eager send at the head of sends_ into the next slot of the peer's eager buffer; false when it must
+  /// wait (no credit, or the key of the peer's eager buffer has not arrived).
+  bool postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece);
+  /// A clear-to-send naming an eager send: its receive is a large one, so the send fails on the size mismatch.
+  void matchEager(const ControlMsg& cts);
+  /// Eager data of `bytes` in `slot` for receive `r`: copied into its buffer, or the receive fails on a size
+  /// mismatch; the slot is free again either way.
+  void takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes);
+  void onEagerData(uint32_t imm, uint64_t bytes);
+  /// Makes sure this side's eager buffer exists and its key went to the peer (before the first small receive).
+  void offerEagerBuffer();
+  /// Credits freed since the last report, for a clear-to-send or an eager write (resets the count).
+  uint32_t takeCredits();
+  /// Reports owed credits on their own (kCredit), if any.
+  void flushCredits();
+  /// The peer returned `n` credits: as many more eager sends may leave, and the oldest `n` in flight are confirmed.
+  void onCredits(uint32_t n);
+  /// A send larger than kEagerBytes announced itself: a small receive for it fails (and tells the sender).
+  void onRequestToSend(const ControlMsg& m);
+  /// Fails receive `r`, whose send is `sendBytes`, and tells the sender (kReceiveRefused).
+  void refuseSend(const PendingRecv& r, uint64_t sendBytes);
   void handle(const Event& e);
   void handleMessage(const ControlMsg& m);
   void onKeyPart(const ControlMsg& m);
@@ -154,7 +233,11 @@ class Connection {
   std::string name_;
   TransportLane* lane_ = nullptr;
 
+  std::mutex progressMutex_;          ///< held by the thread running the connection (progress())
+  std::atomic<bool> pending_{false};  ///< work was queued since the last round began
+  std::atomic<int> drivers_{0};       ///< threads in drive() or about to be (Driving)
   std::mutex opsMutex_;
+  std::condition_variable driverCv_;  ///< drive() sleeps here (with opsMutex_)
   std::deque<std::function<void()>> ops_;
   std::deque<Event> inbox_;
 
@@ -166,6 +249,7 @@ class Connection {
   uint32_t nextAdvertised_ = kAdvertisedWindowBase;
   WindowResolver resolver_;
   std::string failure_;
+  std::vector<char> eagerBuffer_;  ///< this side's eager buffer (kEagerSlots x kEagerBytes), made on first use
 
   // Progress thread only.
   std::function<void()> notify_;
@@ -181,6 +265,21 @@ class Connection {
   std::map<uint32_t, std::vector<std::pair<std::shared_ptr<Transfer>, std::function<void()>>>> keyWaiters_;
   std::vector<std::shared_ptr<Transfer>> live_;
   uint64_t nextSweepNs_ = 0;
+  // Eager sends, sender side: credits (free slots of the peer's buffer), slots used so far, sends awaiting their
+  // clear-to-send, and their writes by cookie.
+  uint32_t eagerCredits_ = kEagerSlots;
+  uint64_t eagerSent_ = 0;
+  bool eagerKeyAsked_ = false;
+  std::map<uint64_t, EagerSend> eagerSends_;
+  std::deque<uint64_t> eagerOrder_;  ///< numbers of eager sends not yet confirmed, in the order they left
+  std::unordered_map<uint64_t, uint64_t> eagerCookies_;
+  // Receiver side: slots filled so far (they fill in order), data waiting for its receive, credits to report.
+  uint64_t eagerArrived_ = 0;
+  std::unordered_map<uint32_t, EarlyData> early_;
+  uint32_t creditsFreed_ = 0;
+  uint64_t creditsOwedSinceNs_ = 0;
+  uint64_t nextArrival_ = 0;                    ///< the number after the last send whose data arrived
+  std::unordered_map<uint32_t, uint64_t> rts_;  ///< sizes of large sends announced before their receive
 };
 
 }  // namespace gdx::p2p

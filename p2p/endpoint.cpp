@@ -87,9 +87,16 @@ Endpoint::Impl::Impl(const EndpointOptions& o) : options(o) {
 Endpoint::Impl::~Impl() {
   stopping = true;
   if (passive.joinable()) passive.join();
-  pool.reset();  // no progress thread touches a connection after this
-  std::lock_guard<std::mutex> lock(mutex);
-  conns.clear();
+  pool->stop();  // no progress thread touches a connection after this
+  std::map<uint64_t, std::shared_ptr<Connection>> closing;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    closing.swap(conns);
+  }
+  for (auto& c : closing) pool->remove(c.second.get());
+  // The connections close here, while their transport threads may still wake the (stopped) pool: it outlives them.
+  closing.clear();
+  pool.reset();
 }
 
 std::string Endpoint::Impl::who() const {

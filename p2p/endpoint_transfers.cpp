@@ -49,8 +49,14 @@ Piece Endpoint::Impl::piece(uint64_t mrId, const void* ptr, size_t size, const c
   return p;
 }
 
-std::shared_ptr<Transfer> Endpoint::Impl::newTransfer(const std::string& what, int parts) {
-  return std::make_shared<Transfer>(what, parts, deadlineNs());
+std::shared_ptr<Transfer> Endpoint::Impl::newTransfer(const std::string& what, int parts,
+                                                      const std::shared_ptr<Connection>& c) {
+  auto t = std::make_shared<Transfer>(what, parts, deadlineNs());
+  std::weak_ptr<Connection> weak = c;
+  t->setDriver([weak](const Transfer& self, uint64_t deadline) {
+    if (auto conn = weak.lock()) conn->drive(self, deadline);
+  });
+  return t;
 }
 
 uint64_t Endpoint::Impl::remember(std::shared_ptr<Transfer> t) {
@@ -82,7 +88,7 @@ uint64_t Endpoint::reg(const void* ptr, size_t bytes) {
   r.bytes = bytes;
   r.kind = pointerKind(ptr);
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  if (impl_->nextMr >= kAdvertisedWindowBase)
+  if (impl_->nextMr >= kEagerWindow)
     throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": reg: out of memory region ids");
   uint64_t id = impl_->nextMr++;
   r.window = static_cast<uint32_t>(id);
@@ -127,7 +133,7 @@ uint64_t twoSided(Endpoint::Impl& d, uint64_t connId, const std::vector<Iov>& io
     pieces.push_back(d.piece(v.mrId, v.ptr, v.size, op));
     total += v.size;
   }
-  auto t = d.newTransfer(describe(noun, pieces.size(), total, *c), static_cast<int>(pieces.size()));
+  auto t = d.newTransfer(describe(noun, pieces.size(), total, *c), static_cast<int>(pieces.size()), c);
   post(*c, t, std::move(pieces));
   return d.remember(t);
 }
@@ -150,16 +156,22 @@ uint64_t Endpoint::sendAsync(uint64_t connId, uint64_t mrId, const void* ptr, si
 uint64_t Endpoint::recvAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
   return recvvAsync(connId, {Iov{mrId, ptr, size}});
 }
+// The blocking calls drive their connection from the calling thread (Connection::Driving, then wait()): the
+// operation is posted and its completions polled here, with no hand-off to the progress thread.
 void Endpoint::send(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
+  Connection::Driving driving(*impl_->connection(connId, "send"));
   wait(sendAsync(connId, mrId, ptr, size));
 }
 void Endpoint::recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
+  Connection::Driving driving(*impl_->connection(connId, "recv"));
   wait(recvAsync(connId, mrId, ptr, size));
 }
 void Endpoint::sendv(uint64_t connId, const std::vector<Iov>& iovs) {
+  Connection::Driving driving(*impl_->connection(connId, "send"));
   wait(sendvAsync(connId, iovs));
 }
 void Endpoint::recvv(uint64_t connId, const std::vector<Iov>& iovs) {
+  Connection::Driving driving(*impl_->connection(connId, "recv"));
   wait(recvvAsync(connId, iovs));
 }
 
@@ -229,7 +241,7 @@ uint64_t Endpoint::writeAsync(uint64_t connId, uint64_t mrId, const void* ptr, s
   auto c = impl_->connection(connId, "write");
   Piece p = impl_->piece(mrId, ptr, size, "write");
   RemotePiece r = remotePiece(impl_->who(), *c, descriptor, remoteOffset, size, "write");
-  auto t = impl_->newTransfer(describe("write", 1, size, *c), 2);
+  auto t = impl_->newTransfer(describe("write", 1, size, *c), 2, c);
   c->write(t, {p}, {r}, false);
   return impl_->remember(t);
 }
@@ -239,18 +251,20 @@ uint64_t Endpoint::readAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t s
   auto c = impl_->connection(connId, "read");
   Piece p = impl_->piece(mrId, ptr, size, "read");
   RemotePiece r = remotePiece(impl_->who(), *c, descriptor, remoteOffset, size, "read");
-  auto t = impl_->newTransfer(describe("read", 1, size, *c), 1);
+  auto t = impl_->newTransfer(describe("read", 1, size, *c), 1, c);
   c->read(t, {p}, {r});
   return impl_->remember(t);
 }
 
 void Endpoint::write(uint64_t connId, uint64_t mrId, const void* ptr, size_t size, const std::string& descriptor,
                      uint64_t remoteOffset) {
+  Connection::Driving driving(*impl_->connection(connId, "write"));
   wait(writeAsync(connId, mrId, ptr, size, descriptor, remoteOffset));
 }
 
 void Endpoint::read(uint64_t connId, uint64_t mrId, void* ptr, size_t size, const std::string& descriptor,
                     uint64_t remoteOffset) {
+  Connection::Driving driving(*impl_->connection(connId, "read"));
   wait(readAsync(connId, mrId, ptr, size, descriptor, remoteOffset));
 }
 
@@ -282,17 +296,19 @@ OneSidedVector oneSidedVector(Endpoint::Impl& d, Connection& c, const std::vecto
 
 void Endpoint::writev(uint64_t connId, const std::vector<Iov>& iovs, const std::vector<std::string>& descriptors) {
   auto c = impl_->connection(connId, "writev");
+  Connection::Driving driving(*c);
   OneSidedVector v = oneSidedVector(*impl_, *c, iovs, descriptors, "writev");
   // One part per piece and one for the fence that says they are all in place.
-  auto t = impl_->newTransfer(describe("write", v.local.size(), v.total, *c), static_cast<int>(v.local.size()) + 1);
+  auto t = impl_->newTransfer(describe("write", v.local.size(), v.total, *c), static_cast<int>(v.local.size()) + 1, c);
   c->write(t, std::move(v.local), std::move(v.remote), false);
   impl_->finish(t);
 }
 
 void Endpoint::readv(uint64_t connId, const std::vector<Iov>& iovs, const std::vector<std::string>& descriptors) {
   auto c = impl_->connection(connId, "readv");
+  Connection::Driving driving(*c);
   OneSidedVector v = oneSidedVector(*impl_, *c, iovs, descriptors, "readv");
-  auto t = impl_->newTransfer(describe("read", v.local.size(), v.total, *c), static_cast<int>(v.local.size()));
+  auto t = impl_->newTransfer(describe("read", v.local.size(), v.total, *c), static_cast<int>(v.local.size()), c);
   c->read(t, std::move(v.local), std::move(v.remote));
   impl_->finish(t);
 }

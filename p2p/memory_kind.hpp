@@ -2,10 +2,16 @@
 // build). Managed memory counts as host memory: the CPU may touch it, so the transports copy it like host memory.
 #pragma once
 
+#include <cstddef>
+
 #include "gdx/types.hpp"
 
 namespace gdx::p2p {
 
 MemoryKind pointerKind(const void* p);
+
+/// Copies `n` bytes of host memory `src` to `dst`, which lies in memory of `dstKind` (a plain memcpy for host memory,
+/// a synchronous cudaMemcpy for GPU memory). Throws gdx::Error(kCuda) naming `what` when the copy fails.
+void copyFromHost(void* dst, MemoryKind dstKind, const void* src, size_t n, const char* what);
 
 }  // namespace gdx::p2p

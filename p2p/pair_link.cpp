@@ -34,6 +34,9 @@ TcpShape tcpShapeFromEnv() {
   return TcpShape{static_cast<uint16_t>(t.socketsPerPeer), t.chunkBytes};
 }
 
+/// Eager sends and control messages, and a little more.
+constexpr size_t kInlineSendBytes = 16 << 10;
+
 std::unique_ptr<Transport> makePairTransport(const std::string& kind, int rank, const std::string& secret,
                                              const std::string& bindAddress, uint64_t timeoutNs, const TcpShape& shape,
                                              std::string* detail) {
@@ -43,6 +46,8 @@ std::unique_ptr<Transport> makePairTransport(const std::string& kind, int rank, 
     t.timeoutNs = timeoutNs;
     t.socketsPerPeer = shape.sockets;
     t.chunkBytes = shape.chunkBytes;
+    // An endpoint's caller posts a small message and waits for it: sending it from that thread saves a hand-off.
+    t.inlineSendBytes = kInlineSendBytes;
     *detail = "tcp, " + std::to_string(t.socketsPerPeer) + " sockets, " + std::to_string(t.chunkBytes) + "-byte chunks";
     return makeTcpTransport(t);
   }

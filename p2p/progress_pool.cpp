@@ -14,6 +14,10 @@ ProgressPool::ProgressPool(int threads) {
 }
 
 ProgressPool::~ProgressPool() {
+  stop();
+}
+
+void ProgressPool::stop() {
   stop_ = true;
   for (auto& w : workers_) {
     {
@@ -67,6 +71,7 @@ void ProgressPool::loop(Worker& w) {
     }
     bool busy = false;
     for (auto& c : conns) {
+      if (c->driven()) continue;  // a caller runs it now, and wakes this thread when it stops
       try {
         busy |= c->progress();
       } catch (const std::exception& e) {

@@ -1,7 +1,7 @@
 // The progress threads of an endpoint: numCpus threads, each driving the connections given to it (round-robin).
 // A thread sleeps until a connection wakes it (an operation queued, a message or an immediate arrived) and polls
 // without sleeping while a connection has completions due; it also wakes every millisecond so that deadlines are
-// checked.
+// checked. A connection that a caller drives itself (Connection::drive) is left to that caller.
 #pragma once
 
 #include <atomic>
@@ -20,6 +20,9 @@ class ProgressPool {
  public:
   explicit ProgressPool(int threads);
   ~ProgressPool();  ///< stops the threads (connections are not touched after it returns)
+  /// Stops the threads but keeps what waker() returned valid: connections still being shut down (their transport
+  /// threads report a closing peer through it) may call it until the pool is destroyed. Idempotent.
+  void stop();
 
   /// The thread that will drive a connection with this id; pass its wake() to the Connection.
   int threadFor(uint64_t connId) const { return static_cast<int>(connId % workers_.size()); }

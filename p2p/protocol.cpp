@@ -28,6 +28,9 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kFenceAck: return "fence ack";
     case MsgType::kReadRequest: return "read request";
     case MsgType::kReadDone: return "read done";
+    case MsgType::kCredit: return "credit";
+    case MsgType::kReceiveRefused: return "receive refused";
+    case MsgType::kRequestToSend: return "request to send";
   }
   return "unknown";
 }
@@ -42,8 +45,11 @@ MessageOp encode(const ControlMsg& m, int peer) {
       w.put(m.window).put(m.bytes).put(m.keyTotal).put(m.keyAt).put<uint8_t>(static_cast<uint8_t>(m.keyPiece.size()));
       w.putRaw(m.keyPiece.data(), m.keyPiece.size());
       break;
-    case MsgType::kClearToSend: w.put(m.id).put(m.window).put(m.offset).put(m.bytes); break;
-    case MsgType::kSendRefused: w.put(m.id).put(m.bytes); break;
+    case MsgType::kClearToSend: w.put(m.id).put(m.window).put(m.offset).put(m.bytes).put(m.credits); break;
+    case MsgType::kCredit: w.put(m.credits); break;
+    case MsgType::kSendRefused:
+    case MsgType::kReceiveRefused:
+    case MsgType::kRequestToSend: w.put(m.id).put(m.bytes); break;
     case MsgType::kFence:
     case MsgType::kFenceAck: w.put(m.id); break;
     case MsgType::kReadRequest:
@@ -79,8 +85,13 @@ std::string decode(const RemoteMessage& msg, ControlMsg* out) {
       r.getRaw(&m.keyPiece[0], len);
       break;
     }
-    case MsgType::kClearToSend: r.get(&m.id) && r.get(&m.window) && r.get(&m.offset) && r.get(&m.bytes); break;
-    case MsgType::kSendRefused: r.get(&m.id) && r.get(&m.bytes); break;
+    case MsgType::kClearToSend:
+      r.get(&m.id) && r.get(&m.window) && r.get(&m.offset) && r.get(&m.bytes) && r.get(&m.credits);
+      break;
+    case MsgType::kCredit: r.get(&m.credits); break;
+    case MsgType::kSendRefused:
+    case MsgType::kReceiveRefused:
+    case MsgType::kRequestToSend: r.get(&m.id) && r.get(&m.bytes); break;
     case MsgType::kFence:
     case MsgType::kFenceAck: r.get(&m.id); break;
     case MsgType::kReadRequest:

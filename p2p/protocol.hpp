@@ -7,12 +7,17 @@
 //   kKeyRequest   window                      a writer asks for the transport key of an advertised window
 //   kKeyPart      window bytes total at data   one piece of that key (keys are longer than one message)
 //   kKeyRefused   window                      the window was never advertised on this connection (or is gone)
-//   kClearToSend  seq window offset bytes     a receive is posted: the seq-th send may write there, exactly `bytes`
+//   kClearToSend  seq window offset bytes credits   a receive of more than kEagerBytes is posted: the seq-th send
+//                                             may write there, exactly `bytes`; `credits` eager slots freed since the
+//                                             last report
 //   kSendRefused  seq sendBytes               the seq-th send did not match its receive's size; nothing was written
 //   kFence        id                          answered by kFenceAck once every earlier write of the lane is in place
 //   kFenceAck     id
 //   kReadRequest  id srcWindow srcOffset bytes dstWindow dstOffset   the owner writes the range back, then kReadDone
 //   kReadDone     id status
+//   kCredit       credits                     eager slots freed since the last report, on their own
+//   kReceiveRefused seq bytes                 the seq-th send did not match its receive of `bytes`; the receive failed
+//   kRequestToSend seq bytes                  the seq-th send is larger than kEagerBytes (a small receive refuses it)
 #pragma once
 
 #include <cstddef>
@@ -33,6 +38,9 @@ enum class MsgType : uint8_t {
   kFenceAck = 7,
   kReadRequest = 8,
   kReadDone = 9,
+  kCredit = 10,
+  kReceiveRefused = 11,
+  kRequestToSend = 12,
 };
 
 /// Why a read was refused (kReadDone's status).
@@ -50,8 +58,20 @@ struct ControlMsg {
   ReadStatus status = ReadStatus::kOk;
   uint16_t keyTotal = 0;  ///< kKeyPart: length of the whole key
   uint16_t keyAt = 0;     ///< kKeyPart: where this piece goes
+  uint32_t credits = 0;   ///< kClearToSend, kCredit: eager slots the receiver freed since its last report
   std::string keyPiece;   ///< kKeyPart
 };
+
+/// Eager sends: a send of at most kEagerBytes does not wait for a clear-to-send (its receive sends none); it is
+/// written at once into the next of kEagerSlots slots of the receiver's eager buffer (window kEagerWindow, host memory
+/// the receiver registers on first use), and the receive copies it out. The sender holds one credit per free slot and
+/// waits (in order, bounded by its deadline) when it has none; the receiver returns credits as receives take the data
+/// out, and a returned credit is also what completes the send, so a size mismatch fails both sides as it does for the
+/// other sends (connection.hpp). Both sides must agree on these numbers.
+constexpr uint64_t kEagerBytes = 4096;
+constexpr uint32_t kEagerSlots = 32;
+/// The window of the eager buffer: just below the advertised windows, above every memory region id.
+constexpr uint32_t kEagerWindow = 0x7fffffffu;
 
 /// Key bytes that fit in one kKeyPart message.
 constexpr size_t kKeyPieceBytes = kMaxMessageBytes - 1 - 4 - 8 - 2 - 2 - 1;

@@ -26,6 +26,11 @@ void Transfer::setWaiting(const std::string& what) {
   waiting_ = what;
 }
 
+std::string Transfer::waiting() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waiting_;
+}
+
 bool Transfer::finished() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failed_ || parts_ == 0;
@@ -42,6 +47,7 @@ bool Transfer::poll() const {
 }
 
 void Transfer::wait(uint64_t deadlineNs) const {
+  if (driver_) driver_(*this, deadlineNs);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!failed_ && parts_ > 0) {
     uint64_t now = nowNs();

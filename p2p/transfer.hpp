@@ -1,10 +1,11 @@
 // The state of one asynchronous operation of an endpoint (a send, a receive, a vector of them, a write, a read):
-// how many parts are still outstanding, and the first failure. The connection's progress thread finishes parts;
+// how many parts are still outstanding, and the first failure. Whichever thread runs the connection finishes parts;
 // the caller polls or waits, bounded by the deadline the operation was given.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -27,11 +28,16 @@ class Transfer {
   bool finished() const;
   /// What the transfer waits for now, for the error if it never comes ("a matching receive posted by the peer").
   void setWaiting(const std::string& what);
+  std::string waiting() const;
   /// true when done, false while pending; throws gdx::Error (the failure's code) when it failed.
   bool poll() const;
   /// Waits until it is done or failed, at most until `deadlineNs` (gdx::nowNs clock); throws as poll() does, and
-  /// kTimeout naming the operation and the parts still outstanding when the deadline passes.
+  /// kTimeout naming the operation and the parts still outstanding when the deadline passes. With a driver, the
+  /// waiting thread first runs the driver (it does the connection's work itself until the transfer is done).
   void wait(uint64_t deadlineNs) const;
+  using Driver = std::function<void(const Transfer&, uint64_t deadlineNs)>;
+  /// Set before the transfer is shared with other threads.
+  void setDriver(Driver d) { driver_ = std::move(d); }
 
  private:
   void throwIfFailed() const;
@@ -44,6 +50,7 @@ class Transfer {
   std::string why_;
   std::string waiting_;
   const uint64_t deadline_;
+  Driver driver_;
 };
 
 }  // namespace gdx::p2p

@@ -72,7 +72,7 @@ RegisteredMemory::RegisteredMemory(const void* buf, size_t len, int cudaDev) : b
     GDX_INFO("RegisteredMemory: " << len << " bytes for GPU " << cudaDev << " are host memory; registered as such");
   Registry& g = Registry::get();
   std::lock_guard<std::mutex> lock(g.mutex);
-  if (g.next >= kAdvertisedWindowBase) throw Error(ErrorCode::kInvalidArgument, "RegisteredMemory: out of ids");
+  if (g.next >= kEagerWindow) throw Error(ErrorCode::kInvalidArgument, "RegisteredMemory: out of ids");
   id_ = r.window = g.next++;
   g.regions[id_] = r;
 }
@@ -250,7 +250,7 @@ std::future<Status> UrlTransport::write(RegisteredMemory::View local, const Remo
   size_t len = 0;
   int used = 0;
   if (std::sscanf(remote.accessKey.c_str(), "gdxmem:%u:%llx:%zu%n", &id, &base, &len, &used) != 3 ||
-      used != static_cast<int>(remote.accessKey.size()) || id == 0 || id >= kAdvertisedWindowBase)
+      used != static_cast<int>(remote.accessKey.size()) || id == 0 || id >= kEagerWindow)
     return refuse("the access key '" + remote.accessKey + "' is not a RegisteredMemory::remoteKey()");
   const uintptr_t p = reinterpret_cast<uintptr_t>(remote.ptr);
   if (p < base || p - base > len || local.size() > len - (p - base))

@@ -72,8 +72,15 @@ void TcpLane::post(const WriteOp& op) {
   // Chunk i goes to socket (first + i) % sockets; each socket's share is queued under one lock. Starting where
   // the previous write stopped spreads streams of small writes over the sockets too.
   const int sockets = t_.sockets_;
-  const uint32_t first = nextSocket_[op.peer];
-  nextSocket_[op.peer] = static_cast<uint32_t>((first + chunks) % sockets);
+  const uint32_t first = chunks == 1 ? socketForOne(op.peer, op.bytes) : nextSocket_[op.peer];
+  if (chunks > 1) nextSocket_[op.peer] = static_cast<uint32_t>((first + chunks) % sockets);
+  if (chunks == 1) {
+    h.chunkOffset = 0;
+    h.chunkBytes = static_cast<uint32_t>(op.bytes);
+    TxItem item{h, src, state, cudaDevice};
+    item.fault = fault;
+    if (trySendNow(t_.txSocket(index_, op.peer, static_cast<int>(first)), item)) return;
+  }
   for (int k = 0; k < sockets && static_cast<uint64_t>(k) < chunks; ++k) {
     int s = static_cast<int>((first + k) % sockets);
     TxSocket& tx = t_.txSocket(index_, op.peer, s);
@@ -130,9 +137,9 @@ void TcpLane::queueInline(const MessageHeader& h, int peer, uint64_t cookie, con
   std::memcpy(item.inlined, payload, h.chunkBytes);
   item.fault = t_.fault_.next(peer);
   // Any socket keeps the order (the receiver sequences by seq); the next one in turn spreads the load.
-  const uint32_t s = nextSocket_[peer];
-  nextSocket_[peer] = (s + 1) % static_cast<uint32_t>(t_.sockets_);
+  const uint32_t s = socketForOne(peer, h.chunkBytes);
   TxSocket& tx = t_.txSocket(index_, peer, static_cast<int>(s));
+  if (trySendNow(tx, item)) return;
   {
     std::lock_guard<std::mutex> lock(tx.mutex);
     if (tx.closed) {  // a post racing with shutdown(): the sender thread is gone
@@ -142,6 +149,36 @@ void TcpLane::queueInline(const MessageHeader& h, int peer, uint64_t cookie, con
     tx.queue.push_back(item);
   }
   tx.cv.notify_one();
+}
+
+uint32_t TcpLane::socketForOne(int peer, uint64_t bytes) {
+  // In latency mode small messages share socket 0: back-to-back ones (a reply and the next clear-to-send, say) then
+  // reach the peer's one receiver thread, which takes them in one wake-up, instead of waking one thread each.
+  if (t_.options_.inlineSendBytes > 0 && bytes <= t_.options_.inlineSendBytes) return 0;
+  const uint32_t s = nextSocket_[peer];
+  nextSocket_[peer] = (s + 1) % static_cast<uint32_t>(t_.sockets_);
+  return s;
+}
+
+bool TcpLane::trySendNow(TxSocket& tx, const TxItem& item) {
+  // Only what cannot block for long or needs the sender thread's staging buffer: one small chunk of host memory.
+  if (item.header.chunkBytes > t_.options_.inlineSendBytes || item.cudaDevice >= 0 ||
+      item.fault != common::FaultAction::kNone)
+    return false;
+  {
+    std::lock_guard<std::mutex> lock(tx.mutex);
+    if (tx.closed || tx.sending || !tx.queue.empty()) return false;  // queued chunks go first, in order
+    tx.sending = true;
+  }
+  finishChunk(item.op, t_.sendItem(tx, item, nullptr));
+  bool more = false;
+  {
+    std::lock_guard<std::mutex> lock(tx.mutex);
+    tx.sending = false;
+    more = !tx.queue.empty() || tx.goodbye;
+  }
+  if (more) tx.cv.notify_one();  // the sender thread waited for the socket
+  return true;
 }
 
 MessageHeader TcpLane::nextMessage(MessageType type, int peer, uint32_t window, uint64_t offset, uint64_t bytes) {
@@ -193,35 +230,44 @@ void TcpTransport::senderLoop(TxSocket& s) {
     TxItem item;
     {
       std::unique_lock<std::mutex> lock(s.mutex);
-      // Woken by post(), shutdown() and failPeer(); the timeout only bounds a missed wake-up.
-      while (s.queue.empty() && !s.goodbye) s.cv.wait_for(lock, std::chrono::milliseconds(100));
+      // Woken by post(), shutdown() and failPeer(); the timeout only bounds a missed wake-up. A poster sending
+      // inline has the socket meanwhile (`sending`), and wakes this thread when it is done.
+      while ((s.queue.empty() && !s.goodbye) || s.sending) s.cv.wait_for(lock, std::chrono::milliseconds(100));
       if (s.queue.empty()) {
         s.closed = true;  // post() completes anything that comes later itself
         break;
       }
       item = s.queue.front();
       s.queue.pop_front();
+      s.sending = true;
     }
-    Status status = Status::kOk;
-    if (txAborted())
-      status = Status::kShutdown;
-    else if (s.broken || peerState_[s.peer].load() != kPeerOk)
-      status = failedStatus(s.peer);
-    else if (item.fault != common::FaultAction::kNone)
-      status = sendFaulty(s, item, staging);
-    else
-      status = sendChunk(s, item, staging);
-    if (status == Status::kOk && peerState_[s.peer].load() == kPeerFailed) status = Status::kPeerFailed;
-    lane.finishChunk(item.op, status);
+    lane.finishChunk(item.op, sendItem(s, item, &staging));
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.sending = false;
   }
   sayGoodbye(s);
 }
 
-Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, common::CudaStaging& staging) {
+Status TcpTransport::sendItem(TxSocket& s, const TxItem& item, common::CudaStaging* staging) {
+  Status status = Status::kOk;
+  if (txAborted())
+    status = Status::kShutdown;
+  else if (s.broken || peerState_[s.peer].load() != kPeerOk)
+    status = failedStatus(s.peer);
+  else if (item.fault != common::FaultAction::kNone)
+    status = sendFaulty(s, item, staging);
+  else
+    status = sendChunk(s, item, staging);
+  if (status == Status::kOk && peerState_[s.peer].load() == kPeerFailed) status = Status::kPeerFailed;
+  return status;
+}
+
+Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, common::CudaStaging* staging) {
   const char* payload = item.data;
   if (item.data != nullptr && item.cudaDevice >= 0) {
-    // A chunk of a GPU window: device -> this thread's pinned buffer, finished before a byte of it is sent.
-    std::string bad = staging.fromDevice(item.data, item.header.chunkBytes, item.cudaDevice);
+    // A chunk of a GPU window: device -> this thread's pinned buffer, finished before a byte of it is sent (only
+    // the sender thread has a staging buffer; inline sends are of host memory).
+    std::string bad = staging->fromDevice(item.data, item.header.chunkBytes, item.cudaDevice);
     if (!bad.empty()) {
       // Nothing of the chunk went out, but the receiver cannot complete the direction without it: the peer fails,
       // as a queue pair goes to the error state after a local error.
@@ -234,7 +280,7 @@ Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, common::CudaStag
       return Status::kPeerFailed;
     }
     std::string unused;
-    payload = staging.buffer(&unused);
+    payload = staging->buffer(&unused);
   }
   iovec iov[2];
   iov[0].iov_base = const_cast<MessageHeader*>(&item.header);
@@ -254,7 +300,7 @@ Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, common::CudaStag
 }
 
 // GDX_FAULT's chosen chunk (rdma/common/fault.hpp).
-Status TcpTransport::sendFaulty(TxSocket& s, TxItem item, common::CudaStaging& staging) {
+Status TcpTransport::sendFaulty(TxSocket& s, TxItem item, common::CudaStaging* staging) {
   const std::string what = fault_.plan().describe() + ": " + describe(item.header);
   switch (item.fault) {
     case common::FaultAction::kDrop: GDX_WARN("TCP transport rank " << rank_ << ": " << what); return Status::kOk;

@@ -79,6 +79,7 @@ struct TxSocket : LaneSocket {
   bool goodbye = false;  ///< shutdown(): send GOODBYE once the queue is empty, then stop
   bool broken = false;   ///< a send failed; the stream is no longer in step, so nothing more is sent
   bool closed = false;   ///< the sender thread has finished; post() must not queue anything more
+  bool sending = false;  ///< a thread (the sender, or a poster sending inline) is writing to the socket
   std::thread thread;
 };
 
@@ -110,6 +111,12 @@ class TcpLane : public TransportLane {
   /// Queues a one-chunk message (an atomic or a control message, `h.chunkBytes` bytes of `payload` carried inline)
   /// on the next socket to `peer` in turn; any socket keeps the order, as the receiver sequences by seq.
   void queueInline(const MessageHeader& h, int peer, uint64_t cookie, const void* payload);
+  /// The socket to `peer` for a one-chunk item of `bytes`: the next in turn, or socket 0 for a small item in latency
+  /// mode (inlineSendBytes).
+  uint32_t socketForOne(int peer, uint64_t bytes);
+  /// Sends `item` from the calling thread when `tx` is idle and the item qualifies (inlineSendBytes); true when it
+  /// did (the item is finished), false when the item must be queued.
+  bool trySendNow(TxSocket& tx, const TxItem& item);
 
   TcpTransport& t_;
   const int index_;
@@ -160,8 +167,11 @@ class TcpTransport : public common::TransportBase {
 
   // Data path (tcp_sender.cpp, tcp_receiver.cpp).
   void senderLoop(TxSocket& s);
-  Status sendChunk(TxSocket& s, const TxItem& item, common::CudaStaging& staging);
-  Status sendFaulty(TxSocket& s, TxItem item, common::CudaStaging& staging);
+  /// Sends one chunk on `s` (the caller has the socket to itself: `sending`), with the checks every chunk gets
+  /// first; `staging` may be null for chunks of host memory.
+  Status sendItem(TxSocket& s, const TxItem& item, common::CudaStaging* staging);
+  Status sendChunk(TxSocket& s, const TxItem& item, common::CudaStaging* staging);
+  Status sendFaulty(TxSocket& s, TxItem item, common::CudaStaging* staging);
   Status onSendFailure(TxSocket& s, const net::IoStatus& io, const std::string& why);
   void sayGoodbye(TxSocket& s);
   void receiverLoop(RxSocket& s);

@@ -15,6 +15,7 @@
 #include "gdx/p2p/endpoint.hpp"
 #include "gpu/gpu_test_support.hpp"
 #include "gpu/spawn_ranks.hpp"
+#include "p2p/protocol.hpp"
 #include "support/p2p_helpers.hpp"
 #include "support/test_support.hpp"
 
@@ -23,7 +24,8 @@ namespace {
 
 using p2p::Endpoint;
 
-const std::vector<size_t> kSizes = {1, 4097, (1 << 20) + 5, 64 << 20};
+// 1, 256 and 4096 bytes travel eagerly (copied from the receiver's eager buffer into GPU memory), the rest straight.
+const std::vector<size_t> kSizes = {1, 256, p2p::kEagerBytes, p2p::kEagerBytes + 1, (1 << 20) + 5, 64 << 20};
 constexpr size_t kRegion = 16 << 20;  // one-sided: four quarters, one per way of moving data
 constexpr size_t kQuarter = kRegion / 4;
 

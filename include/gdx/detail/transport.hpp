@@ -167,6 +167,11 @@ struct TcpTransportOptions {
   std::string secret;            ///< the job secret; a connection that does not present it is refused
   uint64_t timeoutNs = kDefaultTimeoutNs;
   std::string fault;  ///< GDX_FAULT: a fault to inject for tests (rdma/common/fault.hpp); empty: none
+  /// A write, atomic or control message of at most this many bytes (host memory, one chunk) is sent by the posting
+  /// thread itself when its socket is idle (nothing queued, its sender thread not sending), saving the hand-off to
+  /// the sender thread: latency for callers that post one small message and wait (p2p endpoints), where a proxy
+  /// draining a ring is better off handing off. 0 (the default): every chunk goes through the sender threads.
+  size_t inlineSendBytes = 0;
   /// Fills the fields above from GDX_TCP_SOCKETS / GDX_TCP_CHUNK / GDX_TCP_BIND_ADDR, GDX_TIMEOUT_MS and GDX_FAULT.
   static TcpTransportOptions fromEnv(int rank, int worldSize, const std::string& secret);
 };

@@ -83,6 +83,10 @@ class Endpoint {
   void dereg(uint64_t mrId);
 
   // ---- two-sided: each send matches the peer's receive of the same position, of exactly the same size ----
+  // Messages of at most 4 KiB leave at once into a buffer the receiver keeps per connection (32 of them at most
+  // before the sender waits); a send of one completes once the peer's receive took it (confirmed with the peer's next
+  // message, or within about a millisecond). Larger ones wait for the receive and are written in place. Blocking
+  // calls do the connection's work in the calling thread; asynchronous ones leave it to the progress threads.
   void send(uint64_t connId, uint64_t mrId, const void* ptr, size_t size);
   void recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size);
   void sendv(uint64_t connId, const std::vector<Iov>& iovs);

@@ -20,11 +20,12 @@ __device__ inline char* rowsOf(const Team& t, int r) {
 
 /// Records the first error of the Buffer (later ones are dropped: the first is the cause).
 __device__ inline void report(const Team& t, uint32_t kind, uint32_t where, int peer, int64_t value, int64_t value2,
-                              uint64_t epoch) {
+                              uint64_t epoch, int token = -1) {
   if (atomicCAS(&t.state->reportClaim, 0u, 1u) != 0u) return;
   Report* r = t.report;
   r->where = where;
   r->peer = peer;
+  r->token = token;
   r->value = value;
   r->value2 = value2;
   r->epoch = epoch;

@@ -202,7 +202,7 @@ LowLatencyBuffer::~LowLatencyBuffer() {
 LowLatencyHandle LowLatencyBuffer::newHandle() const {
   const LlLayout& y = impl_->team.lay;
   const size_t rows = size_t(y.L) * y.T * y.R;
-  const size_t bytes = rows * 8 + size_t(y.L) * y.R * 8;
+  const size_t bytes = rows * 8 + size_t(y.L) * y.R * 8 + 16;
   void* p = nullptr;
   GDX_CUDA_CHECK(cudaMalloc(&p, bytes));
   GDX_CUDA_CHECK(cudaMemset(p, 0, bytes));
@@ -212,6 +212,7 @@ LowLatencyHandle LowLatencyBuffer::newHandle() const {
   h.layoutRange_ = static_cast<int64_t*>(p);
   h.srcInfo_ = reinterpret_cast<int32_t*>(h.layoutRange_ + size_t(y.L) * y.R);
   h.srcSlot_ = h.srcInfo_ + rows;
+  h.refused_ = h.srcSlot_ + rows;
   return h;
 }
 
@@ -229,12 +230,23 @@ void LowLatencyBuffer::checkErrors() const {
   const Report r = *rep;
   std::memset(rep, 0, sizeof(Report));
   GDX_CUDA_CHECK(cudaMemset(&impl_->state->common.reportClaim, 0, sizeof(uint32_t)));
-  std::string what = kind == kBadExpert ? "expert id " + std::to_string(r.value) + " outside [-1, " +
-                                              std::to_string(r.value2) + "): that top-k entry was skipped"
-                     : kind == kRecvCapacity
-                         ? std::to_string(r.value) + " rows for one expert from one rank, more than maxTokensPerRank " +
-                               std::to_string(r.value2) + " (an expert named twice in a token's top-k?): rows dropped"
-                         : "error " + std::to_string(kind);
+  const std::string v = std::to_string(r.value), v2 = std::to_string(r.value2), token = std::to_string(r.token);
+  std::string what;
+  switch (kind) {
+    case kBadExpert:
+      what = "token " + token + ": expert id " + v + " outside [-1, " + v2 + "): that top-k entry was skipped";
+      break;
+    case kExpertRows:
+      what = "low_latency_dispatch refused, nothing sent: token " + token + " names expert " + v +
+             " in more than one top-k slot, and the top-k entries naming expert " + v + " (" + v2 +
+             ") are more rows than a rank may send one expert (maxTokensPerRank " +
+             std::to_string(config_.maxTokensPerRank) + ")";
+      break;
+    case kRecvCapacity:
+      what = "internal error: row " + v + " for one expert from token " + token + ", past maxTokensPerRank " + v2;
+      break;
+    default: what = "error " + std::to_string(kind);
+  }
   invalid(rank_, what + " (call " + std::to_string(r.epoch) + ")");
 }
 
@@ -283,6 +295,7 @@ void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, co
   a.srcInfo = handle.srcInfo_;
   a.srcSlot = handle.srcSlot_;
   a.layoutRange = handle.layoutRange_;
+  a.refused = handle.refused_;
   GDX_CUDA_CHECK(launchLlDispatchSend(impl_->team, a, stream));
   ++impl_->calls;
   handle.numTokens_ = in.numTokens;
@@ -323,6 +336,7 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
   a.srcInfo = handle.srcInfo_;
   a.srcSlot = handle.srcSlot_;
   a.layoutRange = handle.layoutRange_;
+  a.refused = handle.refused_;
   GDX_CUDA_CHECK(launchLlCombineSend(impl_->team, a, stream));
   ++impl_->calls;
   auto args = std::make_shared<HookArgs>(HookArgs{false, {}, a, nullptr});

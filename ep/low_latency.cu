@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <climits>
+
 #include "ep/device_common.cuh"
 #include "ep/low_latency_protocol.hpp"
 
@@ -119,19 +121,73 @@ __device__ inline void packToken(const LlDispatchArgs& a, int H, int maxTopk, in
   if (lane < maxTopk) meta[1 + lane] = lane < a.numTopk ? int32_t(expert) : -1;
 }
 
+/// First half of the check that the call fits: the block counts the call's top-k entries per expert (every block
+/// alike, from topkIdx alone, so that all reach the same verdict without talking to each other). No trailing sync.
+__device__ inline void countEntries(const LlDispatchArgs& a, int E, int* entries) {
+  for (int i = threadIdx.x; i < E; i += blockDim.x) entries[i] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.numTokens * a.numTopk; i += blockDim.x) {
+    const int64_t ex = a.topkIdx[i];
+    if (ex >= 0 && ex < E) atomicAdd(&entries[ex], 1);
+  }
+}
+
+/// Second half (after a sync): a rank may send one expert at most T rows (the receiver's area for it), which only a
+/// token naming the expert in several slots can exceed. Returns the lowest expert the call would overfill, or -1;
+/// block 0 reports it with a token naming it twice (there is one: without such tokens an expert gets <= N <= T).
+__device__ inline int overfullExpert(const LlTeam& lt, const LlDispatchArgs& a, const int* entries, uint64_t e) {
+  const LlLayout& y = lt.lay;
+  __shared__ int over, token;
+  if (threadIdx.x == 0) over = token = INT_MAX;
+  __syncthreads();
+  for (int i = threadIdx.x; i < y.E; i += blockDim.x)
+    if (entries[i] > y.T) atomicMin(&over, i);
+  __syncthreads();
+  if (over == INT_MAX) return -1;
+  if (blockIdx.x == 0) {
+    for (int tok = threadIdx.x; tok < a.numTokens; tok += blockDim.x) {
+      int m = 0;
+      for (int k = 0; k < a.numTopk; ++k) m += a.topkIdx[int64_t(tok) * a.numTopk + k] == over;
+      if (m > 1) atomicMin(&token, tok);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) report(lt.t, kExpertRows, 0, lt.t.rank, over, entries[over], e, token);
+  }
+  return over;
+}
+
+/// The row positions of the warp's token at the experts its slots name (lane k: slot k; -1: nothing to send). Slots
+/// naming one expert get consecutive positions in slot order, reserved at once by the first of them: the receiver
+/// relies on that order to tell them apart (low_latency_protocol.hpp).
+__device__ inline int reserveRows(const LlTeam& lt, int b, int64_t expert, int lane) {
+  const unsigned same = __match_any_sync(0xffffffffu, expert);
+  const int first = __ffs(same) - 1;
+  int pos = -1;
+  if (lane == first && expert >= 0 && !isMasked(lt, int(expert / lt.lay.L)))
+    pos = atomicAdd(&lt.ll->sendCount[b][expert], __popc(same));
+  pos = __shfl_sync(0xffffffffu, pos, first);
+  return pos < 0 ? -1 : pos + __popc(same & ((1u << lane) - 1u));
+}
+
 __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs a) {
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->sendSeq + 1;
   const int b = int(e & 1), me = t.rank, lane = threadIdx.x & 31;
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
-  waitFreed(lt, e);
-  for (int tok = gw; tok < a.numTokens; tok += W) {
+  __shared__ int entries[kMaxExperts];
+  const bool mayOverfill = a.numTokens * a.numTopk > y.T;  // else no expert can get more than T entries
+  if (mayOverfill) countEntries(a, y.E, entries);
+  waitFreed(lt, e);  // its sync completes the counts
+  const bool refused = mayOverfill && overfullExpert(lt, a, entries, e) >= 0;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;             // read by this handle's combine
+  for (int tok = refused ? a.numTokens : gw; tok < a.numTokens; tok += W) {  // refused: no token sends
     int64_t expert = lane < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + lane] : -1;
     if (expert < -1 || expert >= y.E) {
-      report(t, kBadExpert, 0, me, expert, y.E, e);
+      report(t, kBadExpert, 0, me, expert, y.E, e, tok);
       expert = -1;
     }
+    const int myPos = reserveRows(lt, b, expert, lane);
     const bool remoteHere = expert >= 0 && isRemote(t, int(expert / y.L)) && !isMasked(lt, int(expert / y.L));
     const bool anyRemote = __any_sync(0xffffffffu, remoteHere);
     char* row = lt.scratch + (uint64_t(b) * y.T + tok) * y.slotBytes;
@@ -143,14 +199,11 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     }
     for (int k = 0; k < a.numTopk; ++k) {
       const int64_t ex = __shfl_sync(0xffffffffu, expert, k);
-      if (ex < 0) continue;
+      const int pos = __shfl_sync(0xffffffffu, myPos, k);
+      if (ex < 0 || pos < 0) continue;  // no expert, or its rank is masked
       const int d = int(ex / y.L), j = int(ex % y.L);
-      if (isMasked(lt, d)) continue;
-      int pos = 0;
-      if (lane == 0) pos = atomicAdd(&lt.ll->sendCount[b][ex], 1);
-      pos = __shfl_sync(0xffffffffu, pos, 0);
-      if (pos >= y.T) {  // a token that names one expert twice: more rows than a source may send an expert
-        if (lane == 0) report(t, kRecvCapacity, 0, me, pos + 1, y.T, e);
+      if (pos >= y.T) {  // cannot happen after overfullExpert's check; guards the other sources' rows
+        if (lane == 0) report(t, kRecvCapacity, 0, me, pos + 1, y.T, e, tok);
         continue;
       }
       if (!isRemote(t, d)) {
@@ -187,6 +240,16 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   }
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
+}
+
+/// The message rank `src` put at position `pos` of local expert j's rows in buffer b: this rank's window (direct
+/// path) or the receive mirror.
+__device__ inline const char* dispatchedMessage(const LlTeam& lt, int b, int j, int src, int pos) {
+  return isRemote(lt.t, src) ? lt.t.mirror + lt.lay.mirrorDispRow(b, j, lt.remoteSlot[src], pos)
+                             : lt.t.base[lt.t.rank] + lt.lay.gpuDispRow(b, j, src, pos);
+}
+__device__ inline int dispatchedToken(const LlTeam& lt, const LlDispatchArgs& a, int b, int j, int src, int pos) {
+  return reinterpret_cast<const int32_t*>(dispatchedMessage(lt, b, j, src, pos) + a.msg.metaOffset)[0];
 }
 
 __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs a) {
@@ -230,18 +293,23 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
       int src = 0;
       while (i >= first[src + 1]) ++src;
       const int pos = i - first[src];
-      const char* m = isRemote(t, src) ? t.mirror + y.mirrorDispRow(b, j, lt.remoteSlot[src], pos)
-                                       : t.base[me] + y.gpuDispRow(b, j, src, pos);
+      const char* m = dispatchedMessage(lt, b, j, src, pos);
       const int64_t row = int64_t(j) * rowsPerExpert + i;
       warpCopy16(static_cast<char*>(a.out.recvX) + row * xOut, m, xOut, lane);
       if (a.fp8)
         warpCopyFloats(a.out.recvXScales + row * nScales, reinterpret_cast<const float*>(m + a.msg.scaleOffset),
                        nScales, lane);
       const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
-      const bool mine = lane < a.numTopk && meta[1 + lane] == me * y.L + j;
-      const unsigned hit = __ballot_sync(0xffffffffu, mine);
+      // Every slot of the message's top-k (maxTopk entries, -1 past the sender's numTopk) naming this expert.
+      const bool mine = lane < y.K && meta[1 + lane] == me * y.L + j;
+      unsigned hit = __ballot_sync(0xffffffffu, mine);
       if (lane == 0) {
-        a.srcInfo[row] = meta[0];
+        const int tok = meta[0];
+        // Several slots name it: this row is the n-th of their consecutive rows (n rows before it carry the token).
+        for (int p = pos - 1, n = __popc(hit) - 1; n > 0 && p >= 0 && dispatchedToken(lt, a, b, j, src, p) == tok;
+             --p, --n)
+          hit &= hit - 1;
+        a.srcInfo[row] = tok;
         a.srcSlot[row] = hit ? __ffs(hit) - 1 : -1;
       }
     }
@@ -330,11 +398,12 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
   if (threadIdx.x == 0) mask = atomicLoad(&lt.ll->mask, kRelaxed);
   __syncthreads();
   const uint32_t vecs = uint32_t(y.H) / 8;
+  const bool refused = *a.refused != 0;  // its dispatch sent nothing: no row comes back, every sum is zero
   for (int tok = gw; tok < a.numTokens; tok += W) {
     const char* src[kMaxTopk];
     float wt[kMaxTopk];
     int n = 0;
-    for (int k = 0; k < K; ++k) {
+    for (int k = 0; k < (refused ? 0 : K); ++k) {
       const int64_t ex = a.topkIdx[int64_t(tok) * K + k];
       if (ex < 0 || ex >= y.E) continue;
       const int d = int(ex / y.L);

@@ -16,6 +16,11 @@
 // When a receive kernel is done with buffer b it tells every source freed[receiver] = e (a store, or the signal
 // freed[receiver]); a send kernel of epoch e first waits for freed >= e - 2 from every rank, so nobody overwrites a
 // buffer its receiver still reads. Waits that time out mask the rank (see low_latency.hpp).
+//
+// Slots. A dispatch message carries its token and the token's whole top-k, and a row's slot at its source is the
+// top-k entry naming the receiving expert. A token naming that expert in m slots sends m rows: the sender reserves
+// m consecutive positions at once and gives the n-th slot naming it the n-th, so the receiver tells which of the m a
+// row is by counting the rows just before it with the same token. Combine rows are kept per (token, slot).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -116,6 +121,7 @@ struct LlDispatchArgs {
   int32_t* srcInfo;
   int32_t* srcSlot;
   int64_t* layoutRange;
+  int32_t* refused;  // the handle's: set by the send kernel, 1 when it refused the top-k
 };
 
 struct LlCombineArgs {
@@ -127,6 +133,7 @@ struct LlCombineArgs {
   const int32_t* srcInfo;
   const int32_t* srcSlot;
   const int64_t* layoutRange;
+  const int32_t* refused;  // the dispatch refused this rank's top-k: nothing came back, every sum is zero
 };
 
 cudaError_t launchLlDispatchSend(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream);

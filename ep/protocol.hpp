@@ -57,6 +57,7 @@ enum ErrorKind : uint32_t {
   kPeerFailed = 5,     // the context's failure word was set while waiting on `peer`
   kBadHandle = 6,      // the handle's routing is not valid (its prepare failed)
   kRelayCapacity = 7,  // peer: the relay, value: the source's tokens, value2: the relay rows its handle holds
+  kExpertRows = 8,  // low-latency: value: the expert, value2: the top-k entries naming it; token: one naming it twice
 };
 
 /// Which wait timed out (Report::where).
@@ -67,7 +68,7 @@ struct Report {
   uint32_t kind;
   uint32_t where;
   int32_t peer;
-  int32_t pad;
+  int32_t token;  // the token the error is about, -1: none
   int64_t value;
   int64_t value2;
   uint64_t epoch;

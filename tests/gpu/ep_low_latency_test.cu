@@ -1,8 +1,9 @@
 // gdx::ep::LowLatencyBuffer on two ranks (two GPUs, or one serving both; direct path) and on four ranks as two
 // emulated hosts of two (GDX_HOSTS=2: ranks on the other host through the proxy and TCP): dispatch (BF16, FP8, FP8
-// with UE8M0 scales) checked row by row against the source token, counts and ranges against the all-gathered top-k,
-// combine against the weighted sum, the hook form with two calls in flight and the error of a third, 100 replays
-// of a CUDA graph, and a rank killed mid-job. The test re-executes itself once per rank.
+// with UE8M0 scales) checked row by row against the source token and top-k slot, counts and ranges against the
+// all-gathered top-k, combine against the weighted sum over slots (tokens that name one expert in several slots
+// included), the hook form with two calls in flight and the error of a third, a top-k refused before anything is
+// sent, 100 replays of a CUDA graph, and a rank killed mid-job. The test re-executes itself once per rank.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ep_reference.hpp"
@@ -29,6 +31,12 @@ float tokenValue(const Case& c, int s, int t, int i) {
   if (i == 0) return float(s);
   if (i == 1) return float(t);
   return floatOfBf16(bf16Of(expertValue(c, s, t, i)));
+}
+
+// The "experts" return the received token scaled by a factor of the top-k slot the row fills: a row summed in the
+// place of another slot (two slots naming one expert carry the same token) shows in the combined values.
+float slotFactor(int k) {
+  return k < 0 ? 0.f : 0.5f + 0.25f * float(k);
 }
 
 float fp8e4m3ToFloat(uint8_t v) {
@@ -95,8 +103,9 @@ std::vector<bool> maskOf(const Job& j) {
   return m;
 }
 
-// Every received row against its source token; counts and layout ranges against the all-gathered top-k of the
-// ranks not masked. Returns the experts' outputs (BF16 of the received values) for combine.
+// Every received row against its source token and slot (a token naming the expert in two slots is two rows); counts
+// and layout ranges against the all-gathered top-k of the ranks not masked. Returns the experts' outputs (BF16 of
+// the received values times slotFactor) for combine.
 std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Outputs& o, const ep::LowLatencyHandle& h,
                                     const std::vector<std::vector<int64_t>>& allIdx, const std::string& form) {
   const Case& c = lc.c;
@@ -106,6 +115,7 @@ std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Output
   auto counts = o.count->get<int32_t>(j.L);
   auto ranges = Dev::getFrom<int64_t>(h.layoutRange(), size_t(j.L) * j.R);
   auto src = Dev::getFrom<int32_t>(h.srcInfo(), size_t(j.L) * rowsPerExpert);
+  auto slot = Dev::getFrom<int32_t>(h.srcSlot(), size_t(j.L) * rowsPerExpert);
   auto x = o.x->get<uint8_t>(size_t(j.L) * rowsPerExpert * xb);
   auto sc = o.scales->get<float>(lc.fp8 ? size_t(j.L) * rowsPerExpert * ns : 0);
   std::vector<uint16_t> y(size_t(j.L) * rowsPerExpert * H, 0);
@@ -114,19 +124,19 @@ std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Output
     const int64_t global = int64_t(me) * j.L + e;
     int run = 0;
     for (int s = 0; s < j.R; ++s) {
-      std::vector<int> want;
+      std::vector<std::pair<int, int>> want;  // (token, slot), one row each
       if (!masked[s])
         for (int t = 0; t < c.tokensOf(s); ++t)
           for (int k = 0; k < K; ++k)
-            if (allIdx[s][size_t(t) * K + k] == global) want.push_back(t);
+            if (allIdx[s][size_t(t) * K + k] == global) want.push_back({t, k});
       const int64_t r = ranges[size_t(e) * j.R + s];
       EXPECT_EQ(r >> 32, run) << form << ": first row of rank " << s << " at expert " << e;
       EXPECT_EQ(r & 0xffffffff, int64_t(want.size())) << form << ": rows from rank " << s << " at expert " << e;
-      std::vector<int> got;
+      std::vector<std::pair<int, int>> got;
       for (int i = int(r >> 32); i < int(r >> 32) + int(r & 0xffffffff) && i < int(rowsPerExpert); ++i) {
         const size_t row = size_t(e) * rowsPerExpert + i;
         const int t = src[row];
-        got.push_back(t);
+        got.push_back({t, slot[row]});
         for (int col = 0; col < H; ++col) {
           const float v = tokenValue(c, s, t, col);
           float g;
@@ -148,11 +158,11 @@ std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Output
               break;
             }
           }
-          y[row * H + col] = bf16Of(g);
+          y[row * H + col] = bf16Of(g * slotFactor(slot[row]));
         }
       }
       std::sort(got.begin(), got.end());
-      EXPECT_EQ(got, want) << form << ": tokens of rank " << s << " at expert " << e;
+      EXPECT_EQ(got, want) << form << ": (token, slot) of the rows from rank " << s << " at expert " << e;
       run += int(want.size());
     }
     EXPECT_EQ(counts[e], run) << form << ": count of expert " << e;
@@ -176,7 +186,8 @@ std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Output
   return y;
 }
 
-// Combine of `y` (the experts' outputs) against sum_k w_k x_t over the experts of ranks not masked.
+// Combine of `y` (the experts' outputs) against sum_k w_k slotFactor(k) x_t over the slots whose expert's rank is
+// not masked.
 void checkCombine(const Job& j, const LlCase& lc, const Inputs& in, const ep::LowLatencyHandle& h,
                   const std::vector<uint16_t>& y, const std::string& form, ep::LowLatencyHook* hook = nullptr) {
   const Case& c = lc.c;
@@ -192,15 +203,14 @@ void checkCombine(const Job& j, const LlCase& lc, const Inputs& in, const ep::Lo
   auto got = out.get<uint16_t>(size_t(in.n) * H);
   std::vector<double> ref(got.size()), g(got.size());
   for (int t = 0; t < in.n; ++t) {
-    double wsum = 0;
     for (int k = 0; k < K; ++k) {
       const int64_t e = in.hidx[size_t(t) * K + k];
-      if (e >= 0 && !masked[e / j.L]) wsum += in.hw[size_t(t) * K + k];
+      if (e < 0 || masked[e / j.L]) continue;
+      const double w = in.hw[size_t(t) * K + k];
+      for (int i = 0; i < H; ++i)
+        ref[size_t(t) * H + i] += w * floatOfBf16(bf16Of(slotFactor(k) * tokenValue(c, me, t, i)));
     }
-    for (int i = 0; i < H; ++i) {
-      ref[size_t(t) * H + i] = wsum * tokenValue(c, me, t, i);
-      g[size_t(t) * H + i] = floatOfBf16(got[size_t(t) * H + i]);
-    }
+    for (int i = 0; i < H; ++i) g[size_t(t) * H + i] = floatOfBf16(got[size_t(t) * H + i]);
   }
   EXPECT_LT(calcDiff(ref, g), lc.fp8 ? 9e-4 : 1e-5) << form << ": combine calc_diff";
 }
@@ -238,6 +248,10 @@ std::vector<LlCase> cases(int T) {
        9},
       false);
   add({"fp8 one expert H2048 K8 E16", T - 24, 2048, 8, 16, true, Values::kRandom, Routing::kOneExpert, -1, 1, 11},
+      true);
+  add({"bf16 duplicates H2048 K8 E16", T - 24, 2048, 8, 16, false, Values::kRandom, Routing::kDuplicates, -1, 1, 13},
+      false);
+  add({"fp8 duplicates H4096 K6 E32", T - 24, 4096, 6, 32, true, Values::kRandom, Routing::kDuplicates, -1, 1, 15},
       true);
   return v;
 }
@@ -292,6 +306,46 @@ void doubleBuffering(Context& ctx, cudaStream_t stream, int T) {
       },
       "not one a dispatch", "unfilled handle");
   ctx.barrier();
+}
+
+// The last rank's tokens name one expert in every slot: more rows than maxTokensPerRank for that expert. Its dispatch
+// is refused before anything is sent, with an error naming the rank, a token and the expert; the others receive no
+// row from it, its combine sums nothing, and the buffer works afterwards.
+void refusedTopk(Context& ctx, cudaStream_t stream, int T) {
+  const int R = ctx.worldSize(), me = ctx.rank(), culprit = R - 1, expert = 3;
+  LlCase lc{{"refused top-k H2048 K4 E16", T - 24, 2048, 4, 16, false, Values::kRandom, Routing::kRandom, -1, 1, 41}};
+  ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 4});
+  Job j{ctx, buf, stream, R, 16 / R};
+  Inputs in = makeInputs(j, lc.c);
+  if (me == culprit) {
+    std::fill(in.hidx.begin(), in.hidx.end(), expert);
+    in.idx->put(in.hidx.data(), in.hidx.size() * 8);
+  }
+  auto received = allGather(ctx, in.hidx);
+  std::fill(received[culprit].begin(), received[culprit].end(), -1);  // what the others get from it: nothing
+  Outputs o(j, lc.c, false);
+  ep::LowLatencyHandle h = buf.newHandle();
+  buf.lowLatencyDispatch({in.x->p, in.idx->as<int64_t>(), in.n, 4, false}, o.out, h, stream);
+  GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+  if (me == culprit) {
+    const std::vector<std::string> texts{"rank " + std::to_string(culprit) + ": low_latency_dispatch refused",
+                                         "token 0 names expert 3",
+                                         "naming expert 3 (" + std::to_string(in.n * 4) + ")"};
+    try {
+      buf.checkErrors();
+      ADD_FAILURE() << "the refused top-k raised no error";
+    } catch (const Error& e) {
+      for (const std::string& text : texts) EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  }
+  buf.checkErrors();  // nothing (more) on any rank
+  const auto y = checkDispatch(j, lc, o, h, received, "dispatch with a refused top-k");
+  if (me == culprit) std::fill(in.hidx.begin(), in.hidx.end(), -1);  // its reference: every sum zero
+  checkCombine(j, lc, in, h, y, "combine after a refused top-k");
+  runCase(j,
+          {{"after a refused top-k: duplicates H2048 K4 E16", T - 24, 2048, 4, 16, false, Values::kRandom,
+            Routing::kDuplicates, -1, 1, 43}},
+          true);
 }
 
 // Dispatch + combine captured in a CUDA graph and replayed 100 times: the same rows and sums every time.
@@ -350,6 +404,7 @@ void childMain() {
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   runCases(ctx, stream, kT);
   doubleBuffering(ctx, stream, kT);
+  refusedTopk(ctx, stream, kT);
   graphReplays(ctx, stream, kT);
   cudaStreamDestroy(stream);
 }

@@ -3,6 +3,7 @@
 // reference a receiver expects from the all-gathered top-k of every rank.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,7 +14,9 @@
 namespace gdx::test::ep {
 
 enum class Values { kRandom, kRankValued };
-enum class Routing { kRandom, kWithHoles, kOneExpert };
+// kDuplicates: about a third of the slots after the first name an expert an earlier slot of the token names too
+// (a token may name one expert two or three times), each slot with its own weight.
+enum class Routing { kRandom, kWithHoles, kOneExpert, kDuplicates };
 
 struct Case {
   std::string name;
@@ -81,6 +84,8 @@ inline void routing(const Case& c, int s, std::vector<int64_t>& idx, std::vector
       int64_t e = -1;
       if (c.routing == Routing::kOneExpert) {
         e = k == 0 ? (c.experts / 2 + 1) % c.experts : -1;
+      } else if (c.routing == Routing::kDuplicates && k > 0 && rng() % 3 == 0) {
+        e = idx[size_t(t) * c.topk + rng() % k];
       } else if (c.routing == Routing::kWithHoles && rng() % 4 == 0) {
         e = -1;
       } else {

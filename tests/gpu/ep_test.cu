@@ -1,7 +1,8 @@
 // gdx::ep::Buffer on two ranks (two GPUs, or one GPU serving both) over the direct path, and on four ranks as two
 // emulated hosts of two (GDX_HOSTS=2: ranks on the other host through the proxy and TCP): layout, dispatch (prepare
 // + send, the cached form, the numWorstTokens form) and combine, checked against a reference built from every rank's
-// all-gathered top-k; bad inputs; a peer that dies mid-dispatch. The test re-executes itself once per rank.
+// all-gathered top-k (tokens naming one expert in several slots included); bad inputs; a peer that dies mid-dispatch.
+// The test re-executes itself once per rank.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -231,6 +232,10 @@ std::vector<Case> cases() {
   v.push_back(
       {"bf16 rank-valued H3072 K6 E96", 77, 3072, 6, 96, false, Values::kRankValued, Routing::kRandom, -1, 1, 15});
   v.push_back({"fp8 H6144 K7 E128", 150, 6144, 7, 128, true, Values::kRandom, Routing::kRandom, -1, 1, 17});
+  // Tokens naming one expert in two or three slots: sent once per rank, each slot listed with its weight, counted
+  // once per slot (DeepEP's num_tokens_per_expert), summed once per rank in combine.
+  v.push_back(
+      {"bf16 duplicates H2048 K8 E16", 90, 2048, 8, 16, false, Values::kRandom, Routing::kDuplicates, -1, 1, 19});
   return v;
 }
 

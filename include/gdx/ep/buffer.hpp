@@ -26,6 +26,11 @@
 // or, without any host synchronisation (CUDA-graph capturable), `dispatchWorst(in, h, out, numWorstTokens, ...)`
 // with outputs of numWorstTokens rows; the received count is then only on the device (out.numRecvTokens).
 //
+// A token whose top-k names one expert in several slots is still sent once to that expert's rank: recvTopkIdx and
+// recvTopkWeights list the expert in each such slot with that slot's weight, and the per-expert counts count each
+// slot (as DeepEP's num_tokens_per_expert); combine adds the one row that rank returns for the token (weighting the
+// slots' outputs into it is the caller's, before combine).
+//
 // Errors, never hangs: arguments the host can check (expert count not a multiple of the ranks, hidden size, dtype,
 // top-k, more tokens than the buffer holds) throw gdx::Error(kInvalidArgument) before anything is launched. What
 // only the GPU sees (an expert id >= E or < -1, more received rows than the outputs hold) is exchanged among the

@@ -28,6 +28,13 @@
 // (received counts exclude them, their combine contributions are zero), later calls skip it at once, and
 // maskedRanks() names it. Bad input the host can see throws before anything is launched; an expert id outside
 // [-1, numExperts) is skipped by the kernel and thrown by the next call or checkErrors().
+//
+// A token may name one expert in several top-k slots: every slot is its own (token, expert) pair, so the expert
+// receives the token once per slot (the counts include each), and combine weights each slot's row by that slot's
+// weight (handle.srcSlot() says which slot a row fills). A rank may send one expert at most maxTokensPerRank rows,
+// which only such tokens can exceed: a dispatch whose top-k would is refused whole by its kernel before anything is
+// sent (the others receive no rows from that rank, its combine sums nothing), and the next call or checkErrors()
+// throws kInvalidArgument naming the rank, a token and the expert.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -96,6 +103,9 @@ class LowLatencyHandle {
   LowLatencyHandle() = default;
   /// [L, T * R] int32: the source token of each received row.
   const int32_t* srcInfo() const { return srcInfo_; }
+  /// [L, T * R] int32: the top-k slot at its source that each received row fills (a token naming the expert in two
+  /// slots arrives as two rows, one per slot; combine weights each by its slot's weight).
+  const int32_t* srcSlot() const { return srcSlot_; }
   /// [L, R] int64: (first row << 32) | rows, per local expert and source rank.
   const int64_t* layoutRange() const { return layoutRange_; }
   /// Tokens and top-k of the dispatch that filled it (-1 before).
@@ -107,8 +117,9 @@ class LowLatencyHandle {
   std::shared_ptr<void> memory_;
   const LowLatencyBuffer* owner_ = nullptr;
   int32_t* srcInfo_ = nullptr;
-  int32_t* srcSlot_ = nullptr;  // [L, T * R]: the top-k slot of the row's expert at its source
+  int32_t* srcSlot_ = nullptr;
   int64_t* layoutRange_ = nullptr;
+  int32_t* refused_ = nullptr;  // [1]: 1 when the dispatch's kernel refused its top-k (nothing sent, nothing to sum)
   int numTokens_ = -1;
   int numTopk_ = -1;
   bool received_ = false;  // the receive half of its dispatch was launched
@@ -155,7 +166,8 @@ class LowLatencyBuffer {
 
   /// Ranks masked so far (dead or unreachable), read from host-mapped memory: no synchronisation.
   std::vector<int> maskedRanks() const;
-  /// Throws the first error a kernel recorded (an expert id out of range), naming rank and value; no sync.
+  /// Throws the first error a kernel recorded (an expert id out of range, a refused top-k), naming rank and values;
+  /// no sync.
   void checkErrors() const;
 
  private:

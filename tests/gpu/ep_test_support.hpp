@@ -35,7 +35,12 @@ struct Dev {
     if (count) EXPECT_EQ(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
     return v;
   }
-  void put(const void* src, size_t n) { EXPECT_EQ(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), cudaSuccess); }
+  /// Synchronised too: a cudaMemcpy from pageable memory returns once the bytes are staged, before its DMA has
+  /// landed, and a call under test on a non-blocking stream right after could read the memory first.
+  void put(const void* src, size_t n) {
+    EXPECT_EQ(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
   /// `count` values from any device pointer (outputs a library call owns, such as a handle's arrays).
   template <typename T>
   static std::vector<T> getFrom(const T* src, size_t count) {

@@ -40,11 +40,19 @@ struct GpuBuffer {
   size_t bytes;
 };
 
+/// Waits until earlier copies and memsets have landed. A cudaMemcpy from pageable memory returns once the bytes are
+/// staged, a cudaMemset at once; the endpoint's copies (a transport's staging, IPC) run on streams of their own and
+/// do not wait for either: an eager send right after the upload would otherwise send what was there before.
+void landed() {
+  if (cudaDeviceSynchronize() != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaDeviceSynchronize failed");
+}
+
 void upload(void* dst, size_t n, uint64_t seed) {
   std::vector<unsigned char> h(n);
   fillRandom(h.data(), n, seed);
   if (cudaMemcpy(dst, h.data(), n, cudaMemcpyHostToDevice) != cudaSuccess)
     throw Error(ErrorCode::kCuda, "cudaMemcpy to the GPU failed");
+  landed();
 }
 
 /// -1 when the `n` GPU bytes at `src` are fillRandom(seed)'s, else the first that differs.
@@ -64,6 +72,7 @@ int serverMain(int gpu, int port) {
   for (size_t n : kSizes) {
     GpuBuffer dst(n);
     CHILD_CHECK(cudaMemset(dst.p, 0xA5, n) == cudaSuccess);  // poisoned
+    landed();
     uint64_t mr = ep.reg(dst.p, n);
     ep.recv(conn, mr, dst.p, n);
     CHILD_CHECK(mismatchOnGpu(dst.p, n, 1000 + n) == -1);
@@ -72,6 +81,7 @@ int serverMain(int gpu, int port) {
   // Quarters: 0 written over the transport, 1 written over IPC, 2 read over the transport, 3 read over IPC.
   GpuBuffer region(kRegion);
   CHILD_CHECK(cudaMemset(region.p, 0x5A, 2 * kQuarter) == cudaSuccess);
+  landed();
   upload(region.at(2 * kQuarter), kQuarter, 12);
   upload(region.at(3 * kQuarter), kQuarter, 13);
   uint64_t mr = ep.reg(region.p, kRegion);
@@ -102,6 +112,7 @@ int clientMain(int gpu, int port) {
   upload(mine.at(0), kQuarter, 10);
   upload(mine.at(kQuarter), kQuarter, 11);
   CHILD_CHECK(cudaMemset(mine.at(2 * kQuarter), 0xCC, 2 * kQuarter) == cudaSuccess);
+  landed();
   uint64_t mr = ep.reg(mine.p, kRegion);
   ep.write(conn, mr, mine.at(0), kQuarter, desc, 0);
   ep.writeIpc(mine.at(kQuarter), kQuarter, ipcDesc, kQuarter);

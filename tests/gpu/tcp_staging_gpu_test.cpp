@@ -76,7 +76,11 @@ class TestBuffer {
   /// The host mirror: filled by the test, then upload(); or download() and then read.
   unsigned char* mirror() { return host_.data(); }
   void upload() {
-    if (gpu_) GDX_CUDA_CHECK(cudaMemcpy(dev_, host_.data(), bytes_, cudaMemcpyHostToDevice));
+    if (!gpu_) return;
+    GDX_CUDA_CHECK(cudaMemcpy(dev_, host_.data(), bytes_, cudaMemcpyHostToDevice));
+    // From pageable memory the copy returns before its DMA has landed; the transport's staging copy runs on a
+    // non-blocking stream of its own and would not wait for it.
+    GDX_CUDA_CHECK(cudaDeviceSynchronize());
   }
   /// Reads [offset, offset + n) of the window into `out` (from the GPU, or straight from host memory).
   void read(size_t offset, size_t n, unsigned char* out) const {

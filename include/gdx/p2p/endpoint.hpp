@@ -8,7 +8,10 @@
 // side sends and the accepting side receives in the seed API's terms, but every call works in both directions.
 // Memory: reg() records a region; each connection registers it with its transport on first use (verbs: dmabuf,
 // then peermem, else staged through host buffers; TCP: staged through pinned buffers). A transfer names
-// (mrId, ptr, size) and must lie inside the region.
+// (mrId, ptr, size) and must lie inside the region. GPU memory is read and written by the endpoint's own copies
+// (staging, IPC), not ordered after work queued on the caller's streams: synchronise what writes the source of a
+// send/write first (a cudaMemcpy from pageable memory can return before its DMA has landed), and what still reads
+// the destination of a recv/read.
 // Waits: every blocking call and wait() ends within GDX_TIMEOUT_MS; errors are gdx::Error naming the connection
 // (peer address, GPU, transport), the operation and what it waited for. A failed connection fails only its own
 // transfers; the endpoint and its other connections go on.

@@ -169,6 +169,7 @@ void Context::init() {
 
   registry_ = std::make_unique<WindowRegistry>(rank, world, kMaxWindows);
   windowInUse_.assign(kMaxWindows, false);
+  fenceOnDeregister_.assign(kMaxWindows, false);
   // The signal array, then the failure word on its own line and the peers' words after it; all host-mapped so
   // kernels can poll them.
   const size_t signalBytes = size_t{options_.numSignals} * 8;
@@ -260,6 +261,7 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
   std::vector<std::string> all =
       bootstrap_->allGather(encodeWindowRecord(id, bytes, key, direct_->windowBlob(base, bytes, kind)), tag);
   direct_->addLocal(id, base, bytes, kind);
+  bool anyDirect = false;
   for (int p = 0; p < worldSize(); ++p) {
     WindowRecord r = decodeWindowRecord(all[p], p);
     const uint32_t peerId = r.id;
@@ -274,6 +276,11 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
     transport_->addRemoteWindow(p, id, peerBytes, peerKey);
     registry_->addRemote(p, id, peerBytes);
     direct_->addRemote(p, id, peerBytes, peerDirect);
+    anyDirect = anyDirect || !peerDirect.empty();
+  }
+  {
+    std::lock_guard<std::mutex> lock(windowMutex_);
+    fenceOnDeregister_[id] = anyDirect;  // the same on every rank: all decide from the same records
   }
   GDX_DEBUG("registered window " << id << " of " << bytes << " bytes");
   return window;
@@ -284,13 +291,42 @@ void Context::deregister(uint32_t id) noexcept {
   drainRings("destroying window " + std::to_string(id), false);
   try {
     direct_->removeLocal(id);
+    direct_->removeRemote(id);
     registry_->removeLocal(id);
     transport_->deregisterWindow(id);
   } catch (const std::exception& e) {
     GDX_ERROR("deregistering window " << id << ": " << e.what());
   }
+  bool fence = false;
+  {
+    std::lock_guard<std::mutex> lock(windowMutex_);
+    fence = fenceOnDeregister_[id];
+  }
+  if (fence) fenceDeregistration(id);
   std::lock_guard<std::mutex> lock(windowMutex_);
   windowInUse_[id] = false;
+  fenceOnDeregister_[id] = false;
+}
+
+void Context::fenceDeregistration(uint32_t id) noexcept {
+  // Same-host peers mapped the window's GPU memory (CUDA IPC) for their kernels' direct stores. Its owner frees it
+  // once the Window is gone, and freeing memory another process still maps is undefined in CUDA (stores through
+  // the old mapping would be lost, a new allocation at the address would find it): every rank has unmapped its
+  // peers' window `id` above; this waits until all have.
+  if (failedPeers_.load(std::memory_order_acquire) > 0) {
+    GDX_WARN("rank " << rank() << ": destroying window " << id
+                     << " without waiting for the other ranks to unmap it: a peer has failed");
+    return;
+  }
+  try {
+    const std::string kind = "deregisterWindow " + std::to_string(id);
+    bootstrap_->allGather(std::string(), tagged(kind.c_str()));
+  } catch (const std::exception& e) {
+    GDX_ERROR("rank " << rank() << ": destroying window " << id
+                      << ": the wait for every rank to unmap it failed (windows must be destroyed in the same "
+                         "order on every rank): "
+                      << e.what());
+  }
 }
 
 Channel Context::channel(int peer, int ringIndex) {

@@ -109,7 +109,7 @@ DirectPaths::DirectPaths(Bootstrap& bootstrap, const GpuInfo& gpu, uint32_t numS
     peer.signalMapping = mapped;
     peer.host.peerSignals = static_cast<uint64_t*>(mapped);
     peer.host.peerNumSignals = r.numSignals;
-    peer.windowKey.assign(kMaxWindows, 0);
+    peer.windowKey.assign(kMaxWindows, std::string());
     GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&peer.device), sizeof(DirectPeer)));
     upload(peer);
     GDX_INFO("peer " << p << ": direct path over "
@@ -195,7 +195,7 @@ void DirectPaths::removeLocal(uint32_t id) {
   }
 }
 
-void DirectPaths::releaseMapping(int peer, uint64_t key) {
+void DirectPaths::releaseMapping(int peer, const std::string& key) {
 #if defined(GDX_HAVE_CUDA)
   auto it = mappings_.find({peer, key});
   if (it == mappings_.end()) return;
@@ -216,14 +216,11 @@ void DirectPaths::addRemote(int peer, uint32_t id, uint64_t bytes, const std::st
   Peer& p = pit->second;
   std::lock_guard<std::mutex> lock(mutex_);
   DeviceGuard guard(device_);
-  if (p.windowKey[id]) releaseMapping(peer, p.windowKey[id]);
-  p.windowKey[id] = 0;
-  p.host.peerBase[id] = nullptr;
-  p.host.peerBytes[id] = 0;
+  forgetRemote(peer, p, id);
   WindowBlob b{};
   if (blob.size() == sizeof b) {
     std::memcpy(&b, blob.data(), sizeof b);
-    auto key = std::make_pair(peer, b.allocBase);
+    auto key = std::make_pair(peer, std::string(reinterpret_cast<const char*>(&b.handle), sizeof b.handle));
     auto it = mappings_.find(key);
     void* mapped = nullptr;
     if (it != mappings_.end()) {
@@ -241,7 +238,7 @@ void DirectPaths::addRemote(int peer, uint32_t id, uint64_t bytes, const std::st
       }
     }
     if (mapped) {
-      p.windowKey[id] = b.allocBase;
+      p.windowKey[id] = key.second;
       p.host.peerBase[id] = static_cast<char*>(mapped) + b.offset;
       p.host.peerBytes[id] = bytes;
     }
@@ -249,6 +246,31 @@ void DirectPaths::addRemote(int peer, uint32_t id, uint64_t bytes, const std::st
   upload(p);
 #else
   (void)peer, (void)id, (void)bytes, (void)blob;
+#endif
+}
+
+void DirectPaths::forgetRemote(int peer, Peer& p, uint32_t id) {
+  if (!p.windowKey[id].empty()) releaseMapping(peer, p.windowKey[id]);
+  p.windowKey[id].clear();
+  p.host.peerBase[id] = nullptr;
+  p.host.peerBytes[id] = 0;
+}
+
+void DirectPaths::removeRemote(uint32_t id) {
+#if defined(GDX_HAVE_CUDA)
+  if (peers_.empty() || id >= kMaxWindows) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceGuard guard(device_);
+  for (auto& p : peers_) {
+    if (p.second.windowKey[id].empty()) continue;
+    // The table first: a put naming the window now takes the proxy path, which the owner's transport refuses.
+    p.second.host.peerBase[id] = nullptr;
+    p.second.host.peerBytes[id] = 0;
+    upload(p.second);
+    forgetRemote(p.first, p.second, id);
+  }
+#else
+  (void)id;
 #endif
 }
 

@@ -34,6 +34,9 @@ class DirectPaths {
   void addLocal(uint32_t id, void* base, size_t bytes, MemoryKind kind);
   void addRemote(int peer, uint32_t id, uint64_t bytes, const std::string& blob);
   void removeLocal(uint32_t id);
+  /// Forgets window `id` of every peer and closes the mappings no other window uses. This rank's kernels must be
+  /// done with those windows; their owners may free the memory once every peer did this (Context::deregister).
+  void removeRemote(uint32_t id);
 
   bool isDirect(int peer) const;
   /// The device table for `peer`; null: the proxy path.
@@ -59,10 +62,11 @@ class DirectPaths {
     DirectPeer host{};             // mirror of the device table
     DirectPeer* device = nullptr;  // the table kernels read
     void* signalMapping = nullptr;
-    std::vector<uint64_t> windowKey;  // per window id: key into mappings_ (peer allocation base), 0: none
+    std::vector<std::string> windowKey;  // per window id: key into mappings_ (the allocation's IPC handle), "": none
   };
   void upload(Peer& p);
-  void releaseMapping(int peer, uint64_t key);
+  void releaseMapping(int peer, const std::string& key);
+  void forgetRemote(int peer, Peer& p, uint32_t id);
 
   mutable std::mutex mutex_;  // window registration and deregistration may come from different threads
   int rank_ = 0;
@@ -70,9 +74,11 @@ class DirectPaths {
   uint32_t numSignals_ = 0;
   uint64_t* deviceSignals_ = nullptr;
   bool mayReceive_ = false;
-  void* stream_ = nullptr;                                              // cudaStream_t
-  std::map<int, Peer> peers_;                                           // direct peers only
-  std::map<std::pair<int, uint64_t>, std::pair<void*, int>> mappings_;  // (peer, allocation base) -> (mapping, refs)
+  void* stream_ = nullptr;     // cudaStream_t
+  std::map<int, Peer> peers_;  // direct peers only
+  // (peer, IPC handle of the allocation) -> (mapping, windows using it). Keyed by the handle, not the address: an
+  // allocation freed and another made at the same address has a new handle, and must not find the old mapping.
+  std::map<std::pair<int, std::string>, std::pair<void*, int>> mappings_;
 };
 
 }  // namespace gdx

@@ -79,6 +79,9 @@ class Context {
   /// against each other (bootstrap.hpp's CollectiveTag): a rank in another collective (a barrier), at another window
   /// id, or with another non-empty `name` makes the call throw kInvalidArgument on every rank, naming both sides.
   /// Throws too when the memory range is empty or when all window ids are in use.
+  /// Destroying a GPU window of a job with GPUs is collective too (same order on every rank; kernels that use it
+  /// finished on every rank): same-host peers map its memory for their kernels' direct stores, and each unmaps it
+  /// before any rank's Window destructor returns, so that the memory may then be freed (window.hpp).
   Window registerWindow(void* base, size_t bytes, MemoryKind kind = MemoryKind::kHost, const std::string& name = {});
   /// A channel to `peer` on ring `ringIndex` (-1: spread channels over the rings by peer).
   Channel channel(int peer, int ringIndex = -1);
@@ -142,6 +145,8 @@ class Context {
   /// Logs at ERROR the peers whose commands on `ring` (called `ringName`) failed (for ~Context).
   void reportFaults(const std::string& ringName, const CommandRing& ring) const;
   void deregister(uint32_t id) noexcept;
+  /// The collective half of deregister for windows peers may have mapped: returns once every rank forgot window `id`.
+  void fenceDeregistration(uint32_t id) noexcept;
   /// Window::peerData for another rank: the direct path's mapping of `peer`'s window `id`, null when none.
   void* directWindowBase(int peer, uint32_t id) const;
   void onImm(const RemoteWrite& w);
@@ -173,6 +178,7 @@ class Context {
   uint32_t* peerWords_ = nullptr;
   std::mutex windowMutex_;
   std::vector<bool> windowInUse_;
+  std::vector<bool> fenceOnDeregister_;  // per window id: some rank's record carried a direct-path mapping
   GpuInfo gpu_;
   // Host-mapped Status words (kernels read them): failed_ is set once any peer failed, peerStatus_[p] once peer p did.
   uint32_t* failed_ = nullptr;

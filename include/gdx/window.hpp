@@ -1,6 +1,9 @@
 // Window: memory registered with a Context under an id that is the same on every rank (windows are
 // registered collectively, in the same order everywhere). Commands name windows and offsets, never raw
-// addresses, so every access is bounds-checked. RAII: destroying the Window deregisters it locally.
+// addresses, so every access is bounds-checked. RAII: destroying the Window deregisters it: locally for host
+// memory; for GPU memory in a job with GPUs collectively (every rank destroys its windows in the same order, after
+// the kernels using them finished), since same-host peers map the memory for direct stores and must unmap it
+// before it may be freed (a mismatched order is logged at ERROR naming both sides; a failed peer skips the wait).
 //
 // A Window may outlive its Context: it holds a shared link to it (detail/context_link.hpp), not a raw pointer.
 // Once the Context is destroyed, valid() is false, remoteSize() and peerData() throw gdx::Error(kShutdown) naming

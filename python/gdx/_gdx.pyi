@@ -131,6 +131,62 @@ class ep:
         def counts_matrix(self, handle: "ep.DispatchHandle") -> int: ...
         def check_errors(self) -> None: ...
 
+    # The low-latency mode (python/src/ep_low_latency_api.cpp).
+    class LowLatencyConfig:
+        max_tokens_per_rank: int
+        hidden: int
+        num_experts: int
+        max_topk: int
+        num_sms: int
+        num_threads: int
+
+    @staticmethod
+    def low_latency_bytes_hint(config: "ep.LowLatencyConfig", num_ranks: int,
+                               num_remote_ranks: int) -> Tuple[int, int]: ...
+
+    class LowLatencyDispatchInputs:
+        x: int
+        topk_idx: int
+        num_tokens: int
+        num_topk: int
+        use_fp8: bool
+        round_scale: bool
+
+    class LowLatencyDispatchOutputs:
+        recv_x: int
+        recv_x_scales: int
+        recv_count: int
+
+    class LowLatencyCombineInputs:
+        x: int
+        topk_idx: int
+        topk_weights: int
+
+    class LowLatencyHandle:
+        src_info: int
+        src_slot: int
+        layout_range: int
+        num_tokens: int
+        num_topk: int
+
+    class LowLatencyHook:
+        pending: bool
+        def run(self, stream: int) -> None: ...
+
+    class LowLatencyBuffer:
+        rank: int
+        num_ranks: int
+        num_local_experts: int
+        config: "ep.LowLatencyConfig"
+        def __init__(self, context: _Context, config: "ep.LowLatencyConfig") -> None: ...
+        def new_handle(self) -> "ep.LowLatencyHandle": ...
+        def dispatch(self, inputs: "ep.LowLatencyDispatchInputs", outputs: "ep.LowLatencyDispatchOutputs",
+                     handle: "ep.LowLatencyHandle", stream: int, hook: Optional["ep.LowLatencyHook"] = ...) -> None: ...
+        def combine(self, inputs: "ep.LowLatencyCombineInputs", handle: "ep.LowLatencyHandle", combined: int,
+                    stream: int, hook: Optional["ep.LowLatencyHook"] = ...) -> None: ...
+        def masked_ranks(self) -> List[int]: ...
+        def check_errors(self) -> None: ...
+
 # The P2P layer (python/src/p2p_api.cpp); gdx.p2p wraps it with the seed's names.
 P2P_DESCRIPTOR_BYTES: int
 

@@ -17,6 +17,8 @@ void bindErrors(py::module_& m);
 void bindHostApi(py::module_& m);
 /// _EpBuffer and its argument structs (the MoE layer); only in builds with CUDA, else ep_available() is False.
 void bindEp(py::module_& m);
+/// The low-latency mode's LowLatencyBuffer, handle and hook, into the ep submodule (bindEp calls it).
+void bindEpLowLatency(py::module_& ep);
 /// _Endpoint (gdx::p2p::Endpoint), _UrlTransport, _RegisteredMemory, _Future: the P2P layer.
 void bindP2p(py::module_& m);
 

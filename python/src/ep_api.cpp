@@ -33,7 +33,7 @@ void pointerField(py::class_<C>& cls, const char* name, T* C::*member) {
 }  // namespace
 
 void bindEp(py::module_& m) {
-  py::module_ ep = m.def_submodule("ep", "gdx::ep (MoE dispatch/combine, normal mode)");
+  py::module_ ep = m.def_submodule("ep", "gdx::ep (MoE dispatch/combine: normal and low-latency modes)");
   m.def("ep_available", [] { return true; });
   ep.attr("MAX_RANKS") = ep::kMaxRanks;
   ep.attr("MAX_EXPERTS") = ep::kMaxExperts;
@@ -133,6 +133,7 @@ void bindEp(py::module_& m) {
       .def("counts_matrix",
            [](const ep::Buffer& b, const ep::DispatchHandle& h) { return addressOf(b.countsMatrix(h)); })
       .def("check_errors", &ep::Buffer::checkErrors);
+  bindEpLowLatency(ep);
 }
 
 #else

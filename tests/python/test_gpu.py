@@ -78,7 +78,7 @@ def _ep_buffer(rank, world, store_port):
         local = NUM_EXPERTS // world
         cfg = Buffer.get_dispatch_config(world)
         buf = Buffer(dist.group.WORLD, cfg.get_nvl_buffer_size_hint(HIDDEN * 2, world), 0)
-        with pytest.raises(NotImplementedError, match="low-latency"):
+        with pytest.raises(gdx.InvalidArgumentError, match="low_latency_mode=True"):
             buf.low_latency_dispatch(None, None, 128, NUM_EXPERTS)
 
         all_idx, all_w = zip(*[_routing(torch, r, NUM_TOKENS) for r in range(world)])
@@ -223,3 +223,145 @@ def test_ep_buffer_like_deepep_intranode_test():
     if not gdx._gdx.ep_available():
         pytest.skip("gdx was built without CUDA")
     run_ranks(2, _ep_buffer, free_port())
+
+
+# ---- gdx.ep.Buffer, low-latency mode -------------------------------------------------------------------------------
+
+LL_TOKENS, LL_HIDDEN, LL_EXPERTS, LL_TOPK = 64, 2048, 16, 4
+
+
+def _ll_inputs(torch, rank):
+    """DeepEP's low-latency test inputs: every element of token t is the rank, except the last 128, which are t (one
+    FP8 scale block each, so both survive FP8 exactly); top-k over random scores with some slots -1."""
+    n = LL_TOKENS - 5 * rank  # the ranks send different numbers of tokens
+    g = torch.Generator().manual_seed(1300 + rank)
+    x = torch.full((n, LL_HIDDEN), float(rank), dtype=torch.bfloat16)
+    x[:, -128:] = torch.arange(n, dtype=torch.bfloat16)[:, None]
+    topk_idx = torch.topk(torch.rand((n, LL_EXPERTS), generator=g), LL_TOPK, dim=-1).indices.to(torch.int64)
+    topk_idx[torch.rand((n, LL_TOPK), generator=g) < 0.15] = -1
+    weights = torch.rand((n, LL_TOPK), generator=g, dtype=torch.float32)
+    return x.cuda(), topk_idx.cuda(), weights.cuda()
+
+
+def _check_ll_dispatch(torch, rank, world, recv, recv_count, handle, all_idx, use_fp8, what):
+    local = LL_EXPERTS // world
+    recv_x, scales = recv if use_fp8 else (recv, None)
+    # FP8 read back as DeepEP's per_token_cast_back does: times the scale, rounded to BF16.
+    values = (recv_x.float() * scales.repeat_interleave(128, dim=2)).to(torch.bfloat16).float() if use_fp8 else \
+        recv_x.float()
+    values, count = values.cpu(), recv_count.cpu()
+    src_info, layout = handle[0].cpu(), handle[1].cpu()
+    assert handle[2:] == (LL_TOKENS, LL_HIDDEN, LL_EXPERTS), what
+    for j in range(local):
+        expert = rank * local + j
+        first = 0
+        for s in range(world):
+            want = torch.nonzero((all_idx[s] == expert).any(1)).flatten()
+            begin, rows = int(layout[j][s]) >> 32, int(layout[j][s]) & 0xFFFFFFFF
+            assert (begin, rows) == (first, len(want)), f"{what}: expert {j}, source {s}: range"
+            got = src_info[j][begin:begin + rows].long()
+            assert torch.equal(got.sort().values, want), f"{what}: expert {j}, source {s}: tokens"
+            block = values[j][begin:begin + rows]
+            assert bool((block[:, :-128] == s).all()), f"{what}: expert {j}: rows from rank {s} differ"
+            assert torch.equal(block[:, -1], got.float()), f"{what}: expert {j}: token ids from rank {s}"
+            first += rows
+        assert int(count[j]) == first, f"{what}: count of expert {j}"
+    return values
+
+
+def _ll_combine_reference(torch, x, topk_idx, weights):
+    return x.float() * weights.masked_fill(topk_idx < 0, 0).sum(1, keepdim=True)
+
+
+def _calc_diff(a, b):
+    a, b = a.double() + 1, b.double() + 1  # + 1: DeepEP's calc_diff
+    return float(1 - 2 * (a * b).sum() / (a * a + b * b).sum())
+
+
+def _ep_low_latency(rank, world, store_port):
+    torch = _set_device(rank)
+    import torch.distributed as dist
+    from gdx.ep import Buffer
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{store_port}", rank=rank, world_size=world)
+    try:
+        hint = Buffer.get_low_latency_rdma_size_hint(LL_TOKENS, LL_HIDDEN, world, LL_EXPERTS)
+        assert hint > 0
+        buf = Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=LL_EXPERTS // world)
+        with pytest.raises(gdx.InvalidArgumentError, match="low-latency mode only"):
+            buf.dispatch(torch.zeros((1, LL_HIDDEN), dtype=torch.bfloat16, device="cuda"))
+        x, topk_idx, weights = _ll_inputs(torch, rank)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, topk_idx.cpu())
+        all_idx = gathered
+        reference = _ll_combine_reference(torch, x, topk_idx, weights)
+        stats = torch.zeros(LL_EXPERTS // world, dtype=torch.int32, device="cuda")
+        calls = 0
+        for use_fp8 in (False, True):
+            for with_hook in (False, True):
+                what = f"rank {rank}, {'fp8' if use_fp8 else 'bf16'}{', hook' if with_hook else ''}"
+                recv, count, handle, event, hook = buf.low_latency_dispatch(
+                    x, topk_idx, LL_TOKENS, LL_EXPERTS, cumulative_local_expert_recv_stats=stats,
+                    use_fp8=use_fp8, return_recv_hook=with_hook)
+                assert (hook is not None) == with_hook
+                if with_hook:
+                    hook()
+                calls += 1
+                values = _check_ll_dispatch(torch, rank, world, recv, count, handle, all_idx, use_fp8, what)
+                # The experts' outputs: the received rows themselves (dequantised for FP8), as DeepEP's test.
+                expert_out = values.to(torch.bfloat16).cuda()
+                combined, _, chook = buf.low_latency_combine(expert_out, topk_idx, weights, handle,
+                                                             return_recv_hook=with_hook)
+                if with_hook:
+                    chook()
+                diff = _calc_diff(combined.float(), reference)
+                assert diff < (9e-4 if use_fp8 else 1e-5), f"{what}: combine calc_diff {diff}"
+                # Into a caller's tensor.
+                out = torch.full_like(combined, 7)
+                again, _, _ = buf.low_latency_combine(expert_out, topk_idx, weights, handle, out=out)
+                assert again is out and torch.equal(out.cpu(), combined.cpu()), f"{what}: combine into out"
+        assert torch.equal(stats.cpu(), count.cpu() * calls), f"rank {rank}: cumulative stats"
+
+        # Two dispatches in flight through hooks (two micro-batches), then both hooks in order.
+        ra, ca, ha, _, hook_a = buf.low_latency_dispatch(x, topk_idx, LL_TOKENS, LL_EXPERTS, use_fp8=False,
+                                                         return_recv_hook=True)
+        rb, cb, hb, _, hook_b = buf.low_latency_dispatch(x, topk_idx, LL_TOKENS, LL_EXPERTS, use_fp8=False,
+                                                         return_recv_hook=True)
+        hook_a()
+        hook_b()
+        for recv, count, handle in ((ra, ca, ha), (rb, cb, hb)):
+            _check_ll_dispatch(torch, rank, world, recv, count, handle, all_idx, False, f"rank {rank}, in flight")
+
+        # A CUDA graph of dispatch + combine (warmed up first, as graphs are), replayed: the right sums every time.
+        del ra, rb, ha, hb, handle, recv, hook_a, hook_b
+        static_x = x.clone()
+
+        def step():
+            recv_s, _, handle_s, _, _ = buf.low_latency_dispatch(static_x, topk_idx, LL_TOKENS, LL_EXPERTS,
+                                                                 use_fp8=False)
+            return buf.low_latency_combine(recv_s, topk_idx, weights, handle_s)[0]
+
+        step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            combined_g = step()
+        for i in range(4):
+            static_x.copy_(x * 2 ** i)  # powers of two: exact in BF16
+            graph.replay()
+            torch.cuda.synchronize()
+            diff = _calc_diff(combined_g.float(), reference * 2 ** i)
+            assert diff < 1e-5, f"rank {rank}: graph replay {i}: combine calc_diff {diff}"
+        with pytest.raises(NotImplementedError, match="use_ue8m0"):
+            buf.low_latency_dispatch(x, topk_idx, LL_TOKENS, LL_EXPERTS, use_ue8m0=True)
+        assert buf.low_latency_masked_ranks() == []
+        dist.barrier()
+        buf.destroy()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ep_low_latency_like_deepep_test():
+    _cuda_or_skip()
+    if not gdx._gdx.ep_available():
+        pytest.skip("gdx was built without CUDA")
+    run_ranks(2, _ep_low_latency, free_port())

@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Tuple, Union
 from .. import _gdx
 from ..context import Context
 from ..errors import InvalidArgumentError
+from .low_latency import LowLatencyHandle, LowLatencyState
 
 
 def _torch():
@@ -31,8 +32,7 @@ def _native_ep():
     return _gdx.ep
 
 
-_LOW_LATENCY = ("gdx.ep: the low-latency mode ({what}) is not implemented yet; use the normal mode "
-                "(Buffer(group, num_nvl_bytes), dispatch, combine)")
+_NOT_OFFERED = "gdx.ep: {what} is not offered by gdx's low-latency mode ({why})"
 
 
 class Config:
@@ -173,8 +173,6 @@ class Buffer:
     def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
                  allow_mnnvl: bool = False, explicitly_destroy: bool = False, *, config: Optional[Config] = None):
-        if low_latency_mode:
-            raise NotImplementedError(_LOW_LATENCY.format(what="low_latency_mode=True"))
         native_ep = _native_ep()
         self._owns_context = not isinstance(group, Context)  # made from a torch group: closed by destroy()
         self._context = group if isinstance(group, Context) else Context.from_process_group(group)
@@ -185,9 +183,16 @@ class Buffer:
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
-        cfg = (config or Config(Buffer.num_sms))._native(self.group_size)
-        self.runtime = native_ep.Buffer(self._context._native, num_nvl_bytes, num_rdma_bytes, cfg)
+        # The normal mode's buffer, unless the Buffer is for the low-latency mode only (DeepEP's num_nvl_bytes 0).
+        self._normal = not low_latency_mode or num_nvl_bytes > 0
+        self.runtime = None
+        if self._normal:
+            cfg = (config or Config(Buffer.num_sms))._native(self.group_size)
+            self.runtime = native_ep.Buffer(self._context._native, num_nvl_bytes,
+                                            0 if low_latency_mode else num_rdma_bytes, cfg)
         self._handles: dict = {}  # free native handles by capacity, reused in stream order
+        self._low_latency = LowLatencyState(self._context, num_rdma_bytes) if low_latency_mode else None
+        self._destroyed = False
 
     # ---- DeepEP's static helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -216,13 +221,21 @@ class Buffer:
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
                                        num_experts: int) -> int:
-        raise NotImplementedError(_LOW_LATENCY.format(what="get_low_latency_rdma_size_hint"))
+        """Bytes (GPU window plus pinned host memory) the low-latency mode takes for these shapes at most: every
+        other rank on another host, top-k up to gdx.ep's MAX_TOPK. Pass it as num_rdma_bytes."""
+        cfg = LowLatencyState.native_config(num_max_dispatch_tokens_per_rank, hidden, num_experts,
+                                            _native_ep().MAX_TOPK)
+        gpu, host = _native_ep().low_latency_bytes_hint(cfg, num_ranks, num_ranks - 1)
+        return gpu + host
 
     def destroy(self) -> None:
         """Frees the buffer now (DeepEP's explicitly_destroy), and the gdx.Context it made from the group (one it
         was given stays open); collective."""
         self.runtime = None
+        self._destroyed = True
         self._handles.clear()
+        if self._low_latency is not None:
+            self._low_latency.close()
         if self._owns_context:
             self._context.close()
 
@@ -358,22 +371,148 @@ class Buffer:
         self.runtime.combine(cin, handle._native, cout, stream.cuda_stream)
         return combined_x, combined_w, self._end(stream, async_finish, (x, topk_weights, combined_x))
 
-    # ---- low-latency mode (not yet) ------------------------------------------------------------------------------
-    def clean_low_latency_buffer(self, *args, **kwargs) -> None:
-        raise NotImplementedError(_LOW_LATENCY.format(what="clean_low_latency_buffer"))
+    # ---- low-latency mode --------------------------------------------------------------------------------------
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int = 0, hidden: int = 0,
+                                 num_experts: int = 0) -> None:
+        """Nothing to do: gdx's low-latency calls are sequence-numbered, so no buffer needs zeroing between them."""
+        self._ll_state("clean_low_latency_buffer")
 
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
-                             *args, return_recv_hook: bool = False, **kwargs):
-        raise NotImplementedError(_LOW_LATENCY.format(what="low_latency_dispatch"))
+                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
+                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False):
+        """Sends each (token, expert) pair of `topk_idx` ([N, K] int64, -1: none) to the expert's rank, one put
+        from the kernel each. `x`: [N, hidden] bfloat16, N <= num_max_dispatch_tokens_per_rank (T). Returns, as
+        DeepEP, (recv_x, recv_count, handle, event, hook): recv_x [L, T * R, hidden] (float8_e4m3fn with float32
+        scales [L, T * R, hidden / 128] as a tuple when use_fp8, else bfloat16), the rows of local expert j being
+        [0, recv_count[j]) grouped by source rank (handle[1]); hook is None, or with return_recv_hook a callable
+        that launches the receive half on the then-current stream (until then recv_x and recv_count are not
+        written). No host synchronisation."""
+        torch = _torch()
+        ep = _native_ep()
+        state = self._ll_state("low_latency_dispatch")
+        if use_ue8m0:
+            raise NotImplementedError(_NOT_OFFERED.format(
+                what="use_ue8m0", why="scales are float32; round_scale=True rounds them up to powers of two"))
+        if dispatch_wait_recv_cost_stats is not None:
+            raise NotImplementedError(_NOT_OFFERED.format(what="dispatch_wait_recv_cost_stats",
+                                                          why="the kernels keep no per-rank wait times"))
+        stream = torch.cuda.current_stream()
+        x = self._check(x, torch.bfloat16, 2, "x")
+        topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
+        n, hidden = x.shape
+        if topk_idx.shape[0] != n:
+            raise InvalidArgumentError(f"low_latency_dispatch: topk_idx has {topk_idx.shape[0]} rows, x {n}")
+        if num_experts % self.group_size:
+            raise InvalidArgumentError(f"low_latency_dispatch: {num_experts} experts over {self.group_size} ranks")
+        tokens_per_rank, k = num_max_dispatch_tokens_per_rank, topk_idx.shape[1]
+        key, native = state.buffer(tokens_per_rank, hidden, num_experts, k)
+        local, rows = num_experts // self.group_size, tokens_per_rank * self.group_size
+        if use_fp8:
+            recv_x = torch.empty((local, rows, hidden), dtype=torch.float8_e4m3fn, device=x.device)
+            recv_scales = torch.empty((local, rows, hidden // 128), dtype=torch.float32, device=x.device)
+        else:
+            recv_x = torch.empty((local, rows, hidden), dtype=torch.bfloat16, device=x.device)
+            recv_scales = None
+        recv_count = torch.empty(local, dtype=torch.int32, device=x.device)
+        ins = ep.LowLatencyDispatchInputs()
+        ins.x, ins.topk_idx, ins.num_tokens, ins.num_topk = x.data_ptr(), topk_idx.data_ptr(), n, k
+        ins.use_fp8, ins.round_scale = use_fp8, round_scale
+        outs = ep.LowLatencyDispatchOutputs()
+        outs.recv_x, outs.recv_count = recv_x.data_ptr(), recv_count.data_ptr()
+        outs.recv_x_scales = recv_scales.data_ptr() if recv_scales is not None else 0
+        pooled = state.take_handle(key)
+        native_hook = ep.LowLatencyHook() if return_recv_hook else None
+        native.dispatch(ins, outs, pooled.native, stream.cuda_stream, native_hook)
+        handle = LowLatencyHandle(pooled, x.device, self.group_size, local, tokens_per_rank, hidden, num_experts,
+                                  n, k, key)
 
-    def low_latency_combine(self, x, topk_idx, topk_weights, handle, *args, return_recv_hook: bool = False,
-                            **kwargs):
-        raise NotImplementedError(_LOW_LATENCY.format(what="low_latency_combine"))
+        def received():
+            if cumulative_local_expert_recv_stats is not None:
+                cumulative_local_expert_recv_stats.add_(recv_count)
+
+        hook = None
+        if native_hook is None:
+            received()
+        else:
+            hook = self._ll_hook(native_hook, (pooled, recv_x, recv_scales, recv_count), received)
+        event = self._end(stream, async_finish, (x, topk_idx, recv_x, recv_scales, recv_count))
+        return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, event, hook
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False,
+                            zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
+                            out=None, combine_wait_recv_cost_stats=None):
+        """Sends every row of `handle`'s dispatch back to its source token, where the rows are summed weighted by
+        `topk_weights` ([N, K] float32; `topk_idx` the dispatch's). `x`: [L, T * R, hidden] bfloat16 (the experts'
+        outputs in the rows the dispatch wrote). Returns (combined_x [N, hidden] bfloat16 (`out` when given),
+        event, hook), as DeepEP; with return_recv_hook the sum is done by hook()."""
+        torch = _torch()
+        ep = _native_ep()
+        state = self._ll_state("low_latency_combine")
+        for name, used in (("use_logfmt", use_logfmt), ("zero_copy", zero_copy),
+                           ("combine_wait_recv_cost_stats", combine_wait_recv_cost_stats is not None)):
+            if used:
+                raise NotImplementedError(_NOT_OFFERED.format(what=name, why="BF16 rows are sent as given"))
+        if not isinstance(handle, LowLatencyHandle):
+            raise InvalidArgumentError("low_latency_combine: handle must be the one low_latency_dispatch returned")
+        stream = torch.cuda.current_stream()
+        x = self._check(x, torch.bfloat16, 3, "x")
+        topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
+        topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
+        tokens_per_rank, hidden = handle[2], handle[3]
+        want = (handle.src_info.shape[0], tokens_per_rank * self.group_size, hidden)
+        if tuple(x.shape) != want:
+            raise InvalidArgumentError(f"low_latency_combine: x is {tuple(x.shape)}, the dispatch received {want}")
+        if tuple(topk_idx.shape) != (handle.num_tokens, handle.num_topk) or topk_weights.shape != topk_idx.shape:
+            raise InvalidArgumentError(
+                f"low_latency_combine: topk_idx {tuple(topk_idx.shape)} and topk_weights "
+                f"{tuple(topk_weights.shape)} must both be the dispatch's [{handle.num_tokens}, {handle.num_topk}]")
+        if out is None:
+            out = torch.empty((handle.num_tokens, hidden), dtype=torch.bfloat16, device=x.device)
+        else:
+            out = self._check(out, torch.bfloat16, 2, "out")
+            if tuple(out.shape) != (handle.num_tokens, hidden):
+                raise InvalidArgumentError(f"low_latency_combine: out is {tuple(out.shape)}, not "
+                                           f"[{handle.num_tokens}, {hidden}]")
+        cin = ep.LowLatencyCombineInputs()
+        cin.x, cin.topk_idx, cin.topk_weights = x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr()
+        native_hook = ep.LowLatencyHook() if return_recv_hook else None
+        state.native(handle._key).combine(cin, handle.native, out.data_ptr(), stream.cuda_stream, native_hook)
+        hook = None
+        if native_hook is not None:
+            hook = self._ll_hook(native_hook, (handle, x, topk_idx, topk_weights, out), lambda: None)
+        return out, self._end(stream, async_finish, (x, topk_idx, topk_weights, out)), hook
+
+    def low_latency_masked_ranks(self) -> List[int]:
+        """Ranks the low-latency calls masked so far (dead or unreachable: their tokens count as not sent)."""
+        state = self._ll_state("low_latency_masked_ranks")
+        return sorted({r for key in state._buffers for r in state.native(key).masked_ranks()})
+
+    def _ll_state(self, what: str) -> LowLatencyState:
+        if self._destroyed:
+            raise InvalidArgumentError(f"gdx.ep.Buffer.{what}: used after destroy()")
+        if self._low_latency is None:
+            raise InvalidArgumentError(f"gdx.ep.Buffer.{what}: the Buffer was made without low_latency_mode=True")
+        return self._low_latency
+
+    @staticmethod
+    def _ll_hook(native_hook, keep: Tuple, after):
+        """The callable DeepEP returns as its recv hook: runs the receive half on the current stream, once."""
+
+        def hook():
+            native_hook.run(_torch().cuda.current_stream().cuda_stream)
+            after()
+
+        hook.keep = keep  # the handle and tensors the receive half writes or reads stay alive until it ran
+        return hook
 
     # ---- helpers -----------------------------------------------------------------------------------------------
     def _begin(self, previous_event: Optional[EventOverlap]):
-        if self.runtime is None:
+        if self._destroyed:
             raise InvalidArgumentError("gdx.ep.Buffer: used after destroy()")
+        if self.runtime is None:
+            raise InvalidArgumentError("gdx.ep.Buffer: made for the low-latency mode only (num_nvl_bytes 0): "
+                                       "give num_nvl_bytes for dispatch/combine")
         if previous_event is not None and previous_event.event is not None:
             previous_event.current_stream_wait()
         return _torch().cuda.current_stream()

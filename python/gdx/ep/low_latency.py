@@ -1,0 +1,129 @@
+"""The low-latency mode of gdx.ep.Buffer (DeepEP's low_latency_dispatch / low_latency_combine) over
+gdx::ep::LowLatencyBuffer (include/gdx/ep/low_latency.hpp): every (token, expert) pair is one put issued by the
+kernel, no host synchronisation, so both calls can be captured in a CUDA graph.
+
+What differs from DeepEP, each on purpose:
+- The native buffer's shapes are fixed when it is made: gdx makes one per (num_max_dispatch_tokens_per_rank, hidden,
+  num_experts, top-k) at the first call with them (collective: every rank makes the same calls in the same order),
+  checked against the num_rdma_bytes the Buffer was given. Warm up outside a graph capture first.
+- FP8 scales are float32 [L, T * R, hidden / 128], contiguous (DeepEP gives a transposed view); round_scale rounds
+  them up to powers of two; use_ue8m0's packed scales, use_logfmt and zero_copy are not offered.
+- clean_low_latency_buffer is not needed (calls are sequence-numbered) and does nothing.
+"""
+
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import _gdx
+from ..errors import InvalidArgumentError
+
+
+def _torch():
+    import torch
+    return torch
+
+
+class _DeviceArray:
+    """Device memory of the native handle that torch.as_tensor takes without copying; holds the handle's owner."""
+
+    def __init__(self, ptr: int, shape: Tuple[int, ...], typestr: str, owner: Any):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3,
+                                         "strides": None}
+        self._owner = owner
+
+
+class _PooledHandle:
+    """A native LowLatencyHandle taken from its buffer's pool; back in the pool once nothing refers to this (the
+    LowLatencyHandle and the tensors viewing its memory), unless a CUDA graph captured it: the graph's replays
+    write it, so it is never handed out again."""
+
+    def __init__(self, native: Any, pool: Optional[List[Any]]):
+        self.native = native
+        if pool is not None:
+            weakref.finalize(self, pool.append, native)
+
+
+class LowLatencyHandle:
+    """What low_latency_dispatch returns for its combine. Indexed or unpacked like DeepEP's tuple: (src_info
+    [L, T * R] int32 (source token of each row), layout_range [L, R] int64 ((first row << 32) | rows per source rank),
+    num_max_dispatch_tokens_per_rank, hidden, num_experts). ``src_slot`` says which top-k slot of its token each row
+    fills (a token naming one expert in two slots arrives as two rows)."""
+
+    def __init__(self, pooled: _PooledHandle, device: Any, ranks: int, local_experts: int, tokens_per_rank: int,
+                 hidden: int, num_experts: int, num_tokens: int, num_topk: int, key: Tuple):
+        torch = _torch()
+        native = pooled.native
+        rows = tokens_per_rank * ranks
+        self._pooled = pooled
+        self._key = key
+        self.num_tokens = num_tokens
+        self.num_topk = num_topk
+        self.src_info = torch.as_tensor(_DeviceArray(native.src_info, (local_experts, rows), "<i4", pooled),
+                                        device=device)
+        self.src_slot = torch.as_tensor(_DeviceArray(native.src_slot, (local_experts, rows), "<i4", pooled),
+                                        device=device)
+        self.layout_range = torch.as_tensor(_DeviceArray(native.layout_range, (local_experts, ranks), "<i8", pooled),
+                                            device=device)
+        self._tuple = (self.src_info, self.layout_range, tokens_per_rank, hidden, num_experts)
+
+    @property
+    def native(self) -> Any:
+        return self._pooled.native
+
+    def __getitem__(self, i):
+        return self._tuple[i]
+
+    def __len__(self) -> int:
+        return len(self._tuple)
+
+    def __iter__(self):
+        return iter(self._tuple)
+
+
+class LowLatencyState:
+    """The native low-latency buffers of one gdx.ep.Buffer, by shape, with their pools of handles."""
+
+    def __init__(self, context: Any, num_rdma_bytes: int):
+        self._context = context
+        self._num_rdma_bytes = num_rdma_bytes
+        self._buffers: Dict[Tuple, Any] = {}
+        self._pools: Dict[Tuple, List[Any]] = {}
+
+    @staticmethod
+    def native_config(tokens_per_rank: int, hidden: int, num_experts: int, max_topk: int):
+        c = _gdx.ep.LowLatencyConfig()
+        c.max_tokens_per_rank = tokens_per_rank
+        c.hidden = hidden
+        c.num_experts = num_experts
+        c.max_topk = max_topk
+        return c
+
+    def buffer(self, tokens_per_rank: int, hidden: int, num_experts: int, topk: int):
+        key = (tokens_per_rank, hidden, num_experts, topk)
+        native = self._buffers.get(key)
+        if native is None:
+            cfg = self.native_config(*key)
+            ranks = self._context.world_size
+            gpu, host = _gdx.ep.low_latency_bytes_hint(cfg, ranks, ranks - 1)
+            if self._num_rdma_bytes and gpu + host > self._num_rdma_bytes:
+                raise InvalidArgumentError(
+                    f"low_latency_dispatch: {tokens_per_rank} tokens per rank of hidden {hidden}, {num_experts} "
+                    f"experts, top-{topk} need up to {gpu + host} bytes, more than num_rdma_bytes "
+                    f"{self._num_rdma_bytes} (Buffer.get_low_latency_rdma_size_hint)")
+            native = _gdx.ep.LowLatencyBuffer(self._context._native, cfg)
+            self._buffers[key] = native
+            # Two handles at once (two calls may be in flight), made now: a graph capture cannot allocate them.
+            self._pools[key] = [native.new_handle(), native.new_handle()]
+        return key, native
+
+    def take_handle(self, key: Tuple) -> _PooledHandle:
+        pool = self._pools[key]
+        native = pool.pop() if pool else self._buffers[key].new_handle()
+        return _PooledHandle(native, None if _torch().cuda.is_current_stream_capturing() else pool)
+
+    def native(self, key: Tuple):
+        return self._buffers[key]
+
+    def close(self) -> None:
+        self._buffers.clear()
+        self._pools.clear()

@@ -1,0 +1,121 @@
+// The MoE low-latency mode for Python: gdx::ep::LowLatencyBuffer with its argument structs, handle and hook, under
+// gdx._gdx.ep. Pointers are Python ints, streams cudaStream_t values as ints; gdx/ep/buffer.py gives it DeepEP's
+// names (low_latency_dispatch / low_latency_combine / return_recv_hook). Construction waits on the host and
+// releases the GIL; the calls only launch kernels (no host synchronisation, so they can be captured in CUDA graphs).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "python/src/bindings.hpp"
+#include "python/src/py_objects.hpp"
+
+#if GDX_HAVE_CUDA
+#include <memory>
+
+#include "gdx/ep/low_latency.hpp"
+#endif
+
+namespace gdx::python {
+
+#if GDX_HAVE_CUDA
+namespace {
+
+cudaStream_t llStream(uintptr_t s) {
+  return reinterpret_cast<cudaStream_t>(s);
+}
+
+template <typename C, typename T>
+void llPointer(py::class_<C>& cls, const char* name, T* C::*member) {
+  cls.def_property(
+      name, [member](const C& c) { return addressOf(c.*member); },
+      [member](C& c, uintptr_t v) { c.*member = static_cast<T*>(pointerFrom(v)); });
+}
+
+}  // namespace
+
+void bindEpLowLatency(py::module_& ep) {
+  py::class_<ep::LowLatencyConfig>(ep, "LowLatencyConfig")
+      .def(py::init<>())
+      .def_readwrite("max_tokens_per_rank", &ep::LowLatencyConfig::maxTokensPerRank)
+      .def_readwrite("hidden", &ep::LowLatencyConfig::hidden)
+      .def_readwrite("num_experts", &ep::LowLatencyConfig::numExperts)
+      .def_readwrite("max_topk", &ep::LowLatencyConfig::maxTopk)
+      .def_readwrite("num_sms", &ep::LowLatencyConfig::numSms)
+      .def_readwrite("num_threads", &ep::LowLatencyConfig::numThreads);
+  ep.def(
+      "low_latency_bytes_hint",
+      [](const ep::LowLatencyConfig& c, int numRanks, int numRemoteRanks) {
+        const ep::LowLatencyBytes b = ep::lowLatencyBytesHint(c, numRanks, numRemoteRanks);
+        return std::make_pair(b.gpu, b.host);
+      },
+      "(GPU bytes, pinned host bytes) a LowLatencyBuffer of this shape takes with numRemoteRanks on other hosts.");
+
+  py::class_<ep::LowLatencyDispatchInputs> in(ep, "LowLatencyDispatchInputs");
+  in.def(py::init<>())
+      .def_readwrite("num_tokens", &ep::LowLatencyDispatchInputs::numTokens)
+      .def_readwrite("num_topk", &ep::LowLatencyDispatchInputs::numTopk)
+      .def_readwrite("use_fp8", &ep::LowLatencyDispatchInputs::useFp8)
+      .def_readwrite("round_scale", &ep::LowLatencyDispatchInputs::roundScale);
+  llPointer(in, "x", &ep::LowLatencyDispatchInputs::x);
+  llPointer(in, "topk_idx", &ep::LowLatencyDispatchInputs::topkIdx);
+
+  py::class_<ep::LowLatencyDispatchOutputs> out(ep, "LowLatencyDispatchOutputs");
+  out.def(py::init<>());
+  llPointer(out, "recv_x", &ep::LowLatencyDispatchOutputs::recvX);
+  llPointer(out, "recv_x_scales", &ep::LowLatencyDispatchOutputs::recvXScales);
+  llPointer(out, "recv_count", &ep::LowLatencyDispatchOutputs::recvCount);
+
+  py::class_<ep::LowLatencyCombineInputs> cin(ep, "LowLatencyCombineInputs");
+  cin.def(py::init<>());
+  llPointer(cin, "x", &ep::LowLatencyCombineInputs::x);
+  llPointer(cin, "topk_idx", &ep::LowLatencyCombineInputs::topkIdx);
+  llPointer(cin, "topk_weights", &ep::LowLatencyCombineInputs::topkWeights);
+
+  py::class_<ep::LowLatencyHandle>(ep, "LowLatencyHandle")
+      .def_property_readonly("src_info", [](const ep::LowLatencyHandle& h) { return addressOf(h.srcInfo()); })
+      .def_property_readonly("src_slot", [](const ep::LowLatencyHandle& h) { return addressOf(h.srcSlot()); })
+      .def_property_readonly("layout_range", [](const ep::LowLatencyHandle& h) { return addressOf(h.layoutRange()); })
+      .def_property_readonly("num_tokens", &ep::LowLatencyHandle::numTokens)
+      .def_property_readonly("num_topk", &ep::LowLatencyHandle::numTopk);
+
+  py::class_<ep::LowLatencyHook>(ep, "LowLatencyHook")
+      .def(py::init<>())
+      .def_property_readonly("pending", &ep::LowLatencyHook::pending)
+      .def("run", [](ep::LowLatencyHook& h, uintptr_t stream) { h.run(llStream(stream)); });
+
+  // Keeps the _Context alive (keep_alive): the buffer holds a reference to it.
+  py::class_<ep::LowLatencyBuffer>(ep, "LowLatencyBuffer")
+      .def(py::init([](PyContext& context, const ep::LowLatencyConfig& config) {
+             Context& ctx = context.get();
+             py::gil_scoped_release release;
+             return std::make_unique<ep::LowLatencyBuffer>(ctx, config);
+           }),
+           py::keep_alive<1, 2>())
+      .def_property_readonly("rank", &ep::LowLatencyBuffer::rank)
+      .def_property_readonly("num_ranks", &ep::LowLatencyBuffer::numRanks)
+      .def_property_readonly("num_local_experts", &ep::LowLatencyBuffer::numLocalExperts)
+      .def_property_readonly("config", &ep::LowLatencyBuffer::config)
+      .def("new_handle", &ep::LowLatencyBuffer::newHandle)
+      .def(
+          "dispatch",
+          [](ep::LowLatencyBuffer& b, const ep::LowLatencyDispatchInputs& in, const ep::LowLatencyDispatchOutputs& o,
+             ep::LowLatencyHandle& h, uintptr_t stream,
+             ep::LowLatencyHook* hook) { b.lowLatencyDispatch(in, o, h, llStream(stream), hook); },
+          py::arg("inputs"), py::arg("outputs"), py::arg("handle"), py::arg("stream"), py::arg("hook") = nullptr)
+      .def(
+          "combine",
+          [](ep::LowLatencyBuffer& b, const ep::LowLatencyCombineInputs& in, const ep::LowLatencyHandle& h,
+             uintptr_t combined, uintptr_t stream, ep::LowLatencyHook* hook) {
+            b.lowLatencyCombine(in, h, pointerFrom(combined), llStream(stream), hook);
+          },
+          py::arg("inputs"), py::arg("handle"), py::arg("combined"), py::arg("stream"), py::arg("hook") = nullptr)
+      .def("masked_ranks", &ep::LowLatencyBuffer::maskedRanks)
+      .def("check_errors", &ep::LowLatencyBuffer::checkErrors);
+}
+
+#else
+
+void bindEpLowLatency(py::module_&) {}
+
+#endif
+
+}  // namespace gdx::python

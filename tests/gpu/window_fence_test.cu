@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -66,8 +66,8 @@ void exchange(Context& ctx, const Window& dst, const Window& src, void* srcMemor
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(static_cast<Status>(*status), Status::kOk) << what << ": " << statusName(static_cast<Status>(*status));
   cudaFreeHost(status);
-  EXPECT_EQ(mismatch(mine, seedOf(peer, round)), -1) << what << ": rank " << me << " did not get rank " << peer
-                                                     << "'s bytes of round " << round;
+  EXPECT_EQ(mismatch(mine, seedOf(peer, round)), -1)
+      << what << ": rank " << me << " did not get rank " << peer << "'s bytes of round " << round;
   ctx.barrier();
 }
 

@@ -104,9 +104,8 @@ void bindEpLowLatency(py::module_& ep) {
       .def(
           "combine",
           [](ep::LowLatencyBuffer& b, const ep::LowLatencyCombineInputs& in, const ep::LowLatencyHandle& h,
-             uintptr_t combined, uintptr_t stream, ep::LowLatencyHook* hook) {
-            b.lowLatencyCombine(in, h, pointerFrom(combined), llStream(stream), hook);
-          },
+             uintptr_t combined, uintptr_t stream,
+             ep::LowLatencyHook* hook) { b.lowLatencyCombine(in, h, pointerFrom(combined), llStream(stream), hook); },
           py::arg("inputs"), py::arg("handle"), py::arg("combined"), py::arg("stream"), py::arg("hook") = nullptr)
       .def("masked_ranks", &ep::LowLatencyBuffer::maskedRanks)
       .def("check_errors", &ep::LowLatencyBuffer::checkErrors);

@@ -459,8 +459,8 @@ class Buffer:
         x = self._check(x, torch.bfloat16, 3, "x")
         topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
         topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
-        tokens_per_rank, hidden = handle[2], handle[3]
-        want = (handle.src_info.shape[0], tokens_per_rank * self.group_size, hidden)
+        tokens_per_rank, hidden = handle.tokens_per_rank, handle.hidden
+        want = (handle.num_experts // self.group_size, tokens_per_rank * self.group_size, hidden)
         if tuple(x.shape) != want:
             raise InvalidArgumentError(f"low_latency_combine: x is {tuple(x.shape)}, the dispatch received {want}")
         if tuple(topk_idx.shape) != (handle.num_tokens, handle.num_topk) or topk_weights.shape != topk_idx.shape:

@@ -51,33 +51,49 @@ class LowLatencyHandle:
 
     def __init__(self, pooled: _PooledHandle, device: Any, ranks: int, local_experts: int, tokens_per_rank: int,
                  hidden: int, num_experts: int, num_tokens: int, num_topk: int, key: Tuple):
-        torch = _torch()
-        native = pooled.native
-        rows = tokens_per_rank * ranks
         self._pooled = pooled
         self._key = key
+        self._device = device
+        self._shape = (local_experts, tokens_per_rank * ranks)
+        self._ranks = ranks
         self.num_tokens = num_tokens
         self.num_topk = num_topk
-        self.src_info = torch.as_tensor(_DeviceArray(native.src_info, (local_experts, rows), "<i4", pooled),
-                                        device=device)
-        self.src_slot = torch.as_tensor(_DeviceArray(native.src_slot, (local_experts, rows), "<i4", pooled),
-                                        device=device)
-        self.layout_range = torch.as_tensor(_DeviceArray(native.layout_range, (local_experts, ranks), "<i8", pooled),
-                                            device=device)
-        self._tuple = (self.src_info, self.layout_range, tokens_per_rank, hidden, num_experts)
+        self.tokens_per_rank, self.hidden, self.num_experts = tokens_per_rank, hidden, num_experts
+
+    # The tensors are made on first use, not in the dispatch: a dispatch inside a CUDA graph capture then makes no
+    # call but its kernel launches.
+    def _view(self, ptr: int, shape: Tuple[int, ...], typestr: str):
+        return _torch().as_tensor(_DeviceArray(ptr, shape, typestr, self._pooled), device=self._device)
+
+    @property
+    def src_info(self):
+        return self._view(self.native.src_info, self._shape, "<i4")
+
+    @property
+    def src_slot(self):
+        return self._view(self.native.src_slot, self._shape, "<i4")
+
+    @property
+    def layout_range(self):
+        return self._view(self.native.layout_range, (self._shape[0], self._ranks), "<i8")
 
     @property
     def native(self) -> Any:
         return self._pooled.native
 
+    def _as_tuple(self) -> Tuple:
+        return (self.src_info, self.layout_range, self.tokens_per_rank, self.hidden, self.num_experts)
+
     def __getitem__(self, i):
-        return self._tuple[i]
+        if isinstance(i, int) and i in (2, 3, 4, -1, -2, -3):
+            return (self.tokens_per_rank, self.hidden, self.num_experts)[i - 2 if i >= 0 else i]
+        return self._as_tuple()[i]
 
     def __len__(self) -> int:
-        return len(self._tuple)
+        return 5
 
     def __iter__(self):
-        return iter(self._tuple)
+        return iter(self._as_tuple())
 
 
 class LowLatencyState:
@@ -88,6 +104,7 @@ class LowLatencyState:
         self._num_rdma_bytes = num_rdma_bytes
         self._buffers: Dict[Tuple, Any] = {}
         self._pools: Dict[Tuple, List[Any]] = {}
+        self._captured: List[Any] = []  # handles a CUDA graph captured
 
     @staticmethod
     def native_config(tokens_per_rank: int, hidden: int, num_experts: int, max_topk: int):
@@ -119,7 +136,12 @@ class LowLatencyState:
     def take_handle(self, key: Tuple) -> _PooledHandle:
         pool = self._pools[key]
         native = pool.pop() if pool else self._buffers[key].new_handle()
-        return _PooledHandle(native, None if _torch().cuda.is_current_stream_capturing() else pool)
+        if _torch().cuda.is_current_stream_capturing():
+            # The graph's replays write this handle's memory: kept for good (dropping it would free the memory
+            # during the capture, which invalidates it, and under the graph afterwards).
+            self._captured.append(native)
+            return _PooledHandle(native, None)
+        return _PooledHandle(native, pool)
 
     def native(self, key: Tuple):
         return self._buffers[key]
@@ -127,3 +149,4 @@ class LowLatencyState:
     def close(self) -> None:
         self._buffers.clear()
         self._pools.clear()
+        self._captured.clear()

@@ -116,6 +116,10 @@ struct RingDeviceHandle {
   /// On the device, the threads of a warp that reserve on the same ring at the same time are served by one
   /// atomic on head (warp aggregation), which is what lets many warps reach tens of millions of commands/s.
   GDX_HOST_DEVICE_INLINE Status reserve(uint32_t n, uint64_t* pos) const {
+    // Read before reserving, so that this load overlaps the atomic below instead of waiting for its answer (on the
+    // GPU each is a round trip to L2, most of what a lone producer's push costs beyond its store). The cached tail
+    // only grows: a value older than the reservation can only send the check below to the slow path.
+    const uint64_t cached = atomicLoad(cachedTail, kRelaxed);
 #if GDX_DEVICE_COMPILE
     const unsigned active = __activemask();
     const unsigned group = __match_any_sync(active, reinterpret_cast<unsigned long long>(head));
@@ -133,7 +137,7 @@ struct RingDeviceHandle {
 #endif
     *pos = p;
     uint64_t last = p + n - 1;
-    if (last < atomicLoad(cachedTail, kRelaxed) + capacity) return Status::kOk;
+    if (last < cached + capacity) return Status::kOk;
     uint64_t start = 0;
     for (uint64_t spins = 0;; ++spins) {
       // Another producer may have refreshed the cached copy already; only then pay for reading the real tail.

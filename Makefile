@@ -57,6 +57,7 @@ fuzz: all
 bench: all
 	$(BUILD)/benchmarks/bench_ring --benchmark_out=$(BUILD)/bench_ring.json --benchmark_out_format=json
 	$(BUILD)/benchmarks/bench_tcp --benchmark_out=$(BUILD)/bench_tcp.json --benchmark_out_format=json
+	$(BUILD)/benchmarks/bench_proxy --benchmark_out=$(BUILD)/bench_proxy.json --benchmark_out_format=json
 
 # Builds only what it runs: the library and benchmark_local (about a minute on 2 cores), then runs it.
 run: configure

@@ -369,7 +369,9 @@ void graphReplays(Context& ctx, cudaStream_t stream, int T) {
   GDX_TEST_CUDA(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  GDX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  // Global mode, CUDA's and torch's default: the capture is invalidated by any thread of the process making an unsafe
+  // CUDA call meanwhile, so this also shows that gdx's own threads (proxy, transports) make none.
+  GDX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   buf.lowLatencyDispatch(di, o.out, h, stream);
   buf.lowLatencyCombine({ones.p, in.idx->as<int64_t>(), in.w->as<float>()}, h, out.p, stream);
   GDX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));

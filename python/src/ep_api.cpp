@@ -11,27 +11,12 @@
 #include <memory>
 
 #include "gdx/ep/buffer.hpp"
+#include "python/src/ep_bindings.hpp"
 #endif
 
 namespace gdx::python {
 
 #if GDX_HAVE_CUDA
-namespace {
-
-cudaStream_t streamFrom(uintptr_t s) {
-  return reinterpret_cast<cudaStream_t>(s);
-}
-
-// A pointer field as a Python int property.
-template <typename C, typename T>
-void pointerField(py::class_<C>& cls, const char* name, T* C::*member) {
-  cls.def_property(
-      name, [member](const C& c) { return addressOf(c.*member); },
-      [member](C& c, uintptr_t v) { c.*member = static_cast<T*>(pointerFrom(v)); });
-}
-
-}  // namespace
-
 void bindEp(py::module_& m) {
   py::module_ ep = m.def_submodule("ep", "gdx::ep (MoE dispatch/combine: normal and low-latency modes)");
   m.def("ep_available", [] { return true; });

@@ -12,26 +12,12 @@
 #include <memory>
 
 #include "gdx/ep/low_latency.hpp"
+#include "python/src/ep_bindings.hpp"
 #endif
 
 namespace gdx::python {
 
 #if GDX_HAVE_CUDA
-namespace {
-
-cudaStream_t llStream(uintptr_t s) {
-  return reinterpret_cast<cudaStream_t>(s);
-}
-
-template <typename C, typename T>
-void llPointer(py::class_<C>& cls, const char* name, T* C::*member) {
-  cls.def_property(
-      name, [member](const C& c) { return addressOf(c.*member); },
-      [member](C& c, uintptr_t v) { c.*member = static_cast<T*>(pointerFrom(v)); });
-}
-
-}  // namespace
-
 void bindEpLowLatency(py::module_& ep) {
   py::class_<ep::LowLatencyConfig>(ep, "LowLatencyConfig")
       .def(py::init<>())
@@ -55,20 +41,20 @@ void bindEpLowLatency(py::module_& ep) {
       .def_readwrite("num_topk", &ep::LowLatencyDispatchInputs::numTopk)
       .def_readwrite("use_fp8", &ep::LowLatencyDispatchInputs::useFp8)
       .def_readwrite("round_scale", &ep::LowLatencyDispatchInputs::roundScale);
-  llPointer(in, "x", &ep::LowLatencyDispatchInputs::x);
-  llPointer(in, "topk_idx", &ep::LowLatencyDispatchInputs::topkIdx);
+  pointerField(in, "x", &ep::LowLatencyDispatchInputs::x);
+  pointerField(in, "topk_idx", &ep::LowLatencyDispatchInputs::topkIdx);
 
   py::class_<ep::LowLatencyDispatchOutputs> out(ep, "LowLatencyDispatchOutputs");
   out.def(py::init<>());
-  llPointer(out, "recv_x", &ep::LowLatencyDispatchOutputs::recvX);
-  llPointer(out, "recv_x_scales", &ep::LowLatencyDispatchOutputs::recvXScales);
-  llPointer(out, "recv_count", &ep::LowLatencyDispatchOutputs::recvCount);
+  pointerField(out, "recv_x", &ep::LowLatencyDispatchOutputs::recvX);
+  pointerField(out, "recv_x_scales", &ep::LowLatencyDispatchOutputs::recvXScales);
+  pointerField(out, "recv_count", &ep::LowLatencyDispatchOutputs::recvCount);
 
   py::class_<ep::LowLatencyCombineInputs> cin(ep, "LowLatencyCombineInputs");
   cin.def(py::init<>());
-  llPointer(cin, "x", &ep::LowLatencyCombineInputs::x);
-  llPointer(cin, "topk_idx", &ep::LowLatencyCombineInputs::topkIdx);
-  llPointer(cin, "topk_weights", &ep::LowLatencyCombineInputs::topkWeights);
+  pointerField(cin, "x", &ep::LowLatencyCombineInputs::x);
+  pointerField(cin, "topk_idx", &ep::LowLatencyCombineInputs::topkIdx);
+  pointerField(cin, "topk_weights", &ep::LowLatencyCombineInputs::topkWeights);
 
   py::class_<ep::LowLatencyHandle>(ep, "LowLatencyHandle")
       .def_property_readonly("src_info", [](const ep::LowLatencyHandle& h) { return addressOf(h.srcInfo()); })
@@ -80,7 +66,7 @@ void bindEpLowLatency(py::module_& ep) {
   py::class_<ep::LowLatencyHook>(ep, "LowLatencyHook")
       .def(py::init<>())
       .def_property_readonly("pending", &ep::LowLatencyHook::pending)
-      .def("run", [](ep::LowLatencyHook& h, uintptr_t stream) { h.run(llStream(stream)); });
+      .def("run", [](ep::LowLatencyHook& h, uintptr_t stream) { h.run(streamFrom(stream)); });
 
   // Keeps the _Context alive (keep_alive): the buffer holds a reference to it.
   py::class_<ep::LowLatencyBuffer>(ep, "LowLatencyBuffer")
@@ -99,13 +85,13 @@ void bindEpLowLatency(py::module_& ep) {
           "dispatch",
           [](ep::LowLatencyBuffer& b, const ep::LowLatencyDispatchInputs& in, const ep::LowLatencyDispatchOutputs& o,
              ep::LowLatencyHandle& h, uintptr_t stream,
-             ep::LowLatencyHook* hook) { b.lowLatencyDispatch(in, o, h, llStream(stream), hook); },
+             ep::LowLatencyHook* hook) { b.lowLatencyDispatch(in, o, h, streamFrom(stream), hook); },
           py::arg("inputs"), py::arg("outputs"), py::arg("handle"), py::arg("stream"), py::arg("hook") = nullptr)
       .def(
           "combine",
           [](ep::LowLatencyBuffer& b, const ep::LowLatencyCombineInputs& in, const ep::LowLatencyHandle& h,
              uintptr_t combined, uintptr_t stream,
-             ep::LowLatencyHook* hook) { b.lowLatencyCombine(in, h, pointerFrom(combined), llStream(stream), hook); },
+             ep::LowLatencyHook* hook) { b.lowLatencyCombine(in, h, pointerFrom(combined), streamFrom(stream), hook); },
           py::arg("inputs"), py::arg("handle"), py::arg("combined"), py::arg("stream"), py::arg("hook") = nullptr)
       .def("masked_ranks", &ep::LowLatencyBuffer::maskedRanks)
       .def("check_errors", &ep::LowLatencyBuffer::checkErrors);

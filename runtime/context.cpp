@@ -289,14 +289,23 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
 void Context::deregister(uint32_t id) noexcept {
   // Commands naming the window may still be in the rings (puts not flushed): let them finish first.
   drainRings("destroying window " + std::to_string(id), false);
-  try {
-    direct_->removeLocal(id);
-    direct_->removeRemote(id);
-    registry_->removeLocal(id);
-    transport_->deregisterWindow(id);
-  } catch (const std::exception& e) {
-    GDX_ERROR("deregistering window " << id << ": " << e.what());
-  }
+  // Each step on its own: one that fails (a sticky CUDA error, say) must not leave the others undone, or the id
+  // would be free here and still registered below.
+  auto step = [&](const char* what, auto&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      GDX_ERROR("rank " << rank() << ": destroying window " << id << ": " << what << ": " << e.what());
+    }
+  };
+  // Copies the relay queued into a same-host peer's windows finish before any mapping is closed.
+  step("waiting for the relay's forwarded copies", [&] {
+    if (PeerCopyQueue* q = relay_ ? relay_->forwarder() : nullptr) q->waitCompleted(q->submitted());
+  });
+  step("direct-path source", [&] { direct_->removeLocal(id); });
+  step("direct-path mappings", [&] { direct_->removeRemote(id); });
+  step("window registry", [&] { registry_->removeLocal(id); });
+  step("transport", [&] { transport_->deregisterWindow(id); });
   bool fence = false;
   {
     std::lock_guard<std::mutex> lock(windowMutex_);
@@ -312,12 +321,9 @@ void Context::fenceDeregistration(uint32_t id) noexcept {
   // Same-host peers mapped the window's GPU memory (CUDA IPC) for their kernels' direct stores. Its owner frees it
   // once the Window is gone, and freeing memory another process still maps is undefined in CUDA (stores through
   // the old mapping would be lost, a new allocation at the address would find it): every rank has unmapped its
-  // peers' window `id` above; this waits until all have.
-  if (failedPeers_.load(std::memory_order_acquire) > 0) {
-    GDX_WARN("rank " << rank() << ": destroying window " << id
-                     << " without waiting for the other ranks to unmap it: a peer has failed");
-    return;
-  }
+  // peers' window `id` above; this waits until all have. Also after a peer failed: whether a rank has seen that
+  // yet differs between ranks, and a rank that skipped the wait would meet the others' in its next collective. A
+  // dead rank ends the wait at once (its bootstrap connection closes); one that hangs, within GDX_TIMEOUT_MS.
   try {
     const std::string kind = "deregisterWindow " + std::to_string(id);
     bootstrap_->allGather(std::string(), tagged(kind.c_str()));

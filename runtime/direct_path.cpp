@@ -140,7 +140,8 @@ DirectPaths::~DirectPaths() {
 
 std::string DirectPaths::windowBlob(void* base, size_t bytes, MemoryKind kind) const {
 #if defined(GDX_HAVE_CUDA)
-  if (device_ < 0 || kind != MemoryKind::kCuda) return {};
+  // No GPU rank on this host besides this one: nobody could map the window (and its destruction need not wait).
+  if (device_ < 0 || kind != MemoryKind::kCuda || !mayReceive_) return {};
   DeviceGuard guard(device_);
   uintptr_t allocBase = 0;
   size_t allocBytes = 0;

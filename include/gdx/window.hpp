@@ -3,7 +3,8 @@
 // addresses, so every access is bounds-checked. RAII: destroying the Window deregisters it: locally for host
 // memory; for GPU memory in a job with GPUs collectively (every rank destroys its windows in the same order, after
 // the kernels using them finished), since same-host peers map the memory for direct stores and must unmap it
-// before it may be freed (a mismatched order is logged at ERROR naming both sides; a failed peer skips the wait).
+// before it may be freed (a mismatched order is logged at ERROR naming both sides; the wait is bounded by
+// GDX_TIMEOUT_MS and ends at once when a rank died).
 //
 // A Window may outlive its Context: it holds a shared link to it (detail/context_link.hpp), not a raw pointer.
 // Once the Context is destroyed, valid() is false, remoteSize() and peerData() throw gdx::Error(kShutdown) naming

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gdx/channel_device.hpp"
@@ -90,7 +91,15 @@ void childMain() {
     firstId = a.id();
     EXPECT_NE(a.peerData(peer), nullptr) << "the peer's window is not mapped here";
     exchange(ctx, a, srcWindow, src, first, 1, "round 1");
-  }  // both destroyed, in the same order on both ranks: neither rank maps the other's allocation any more
+    // Destroyed in the same order on both ranks; rank 1 comes a second late, and rank 0's destructor must wait for
+    // it: until then rank 1 still maps rank 0's allocation, which rank 0 frees right after.
+    if (me == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+    const auto t0 = std::chrono::steady_clock::now();
+    b = Window();
+    a = Window();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (me == 0) EXPECT_GE(waited, 0.8) << "rank 0's windows were destroyed before rank 1 unmapped them";
+  }
   ASSERT_EQ(cudaFree(first), cudaSuccess);
 
   // Round 2: a new allocation of the same size, usually at the same address, registered under the freed id.

@@ -315,10 +315,13 @@ def _ep_low_latency(rank, world, store_port):
                     chook()
                 diff = _calc_diff(combined.float(), reference)
                 assert diff < (9e-4 if use_fp8 else 1e-5), f"{what}: combine calc_diff {diff}"
-                # Into a caller's tensor.
+                # Into a caller's tensor; one that is not contiguous is refused (it could not be written in place).
                 out = torch.full_like(combined, 7)
                 again, _, _ = buf.low_latency_combine(expert_out, topk_idx, weights, handle, out=out)
                 assert again is out and torch.equal(out.cpu(), combined.cpu()), f"{what}: combine into out"
+                strided = torch.empty((LL_HIDDEN, combined.shape[0]), dtype=torch.bfloat16, device="cuda").t()
+                with pytest.raises(gdx.InvalidArgumentError, match="contiguous"):
+                    buf.low_latency_combine(expert_out, topk_idx, weights, handle, out=strided)
         assert torch.equal(stats.cpu(), count.cpu() * calls), f"rank {rank}: cumulative stats"
 
         # Two dispatches in flight through hooks (two micro-batches), then both hooks in order.
@@ -356,6 +359,15 @@ def _ep_low_latency(rank, world, store_port):
         assert buf.low_latency_masked_ranks() == []
         dist.barrier()
         buf.destroy()
+        # A recv hook run after its Buffer was destroyed is refused, not launched on freed memory.
+        late = Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True)
+        *_, late_hook = late.low_latency_dispatch(x, topk_idx, LL_TOKENS, LL_EXPERTS, use_fp8=False,
+                                                  return_recv_hook=True)
+        torch.cuda.synchronize()
+        dist.barrier()
+        late.destroy()
+        with pytest.raises(gdx.InvalidArgumentError, match="after destroy"):
+            late_hook()
     finally:
         dist.destroy_process_group()
 

@@ -397,6 +397,9 @@ class Buffer:
         if dispatch_wait_recv_cost_stats is not None:
             raise NotImplementedError(_NOT_OFFERED.format(what="dispatch_wait_recv_cost_stats",
                                                           why="the kernels keep no per-rank wait times"))
+        if async_finish and return_recv_hook:
+            raise InvalidArgumentError("low_latency_dispatch: async_finish and return_recv_hook exclude each other "
+                                       "(the hook's receive half is what would be waited for), as in DeepEP")
         stream = torch.cuda.current_stream()
         x = self._check(x, torch.bfloat16, 2, "x")
         topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
@@ -408,6 +411,11 @@ class Buffer:
         tokens_per_rank, k = num_max_dispatch_tokens_per_rank, topk_idx.shape[1]
         key, native = state.buffer(tokens_per_rank, hidden, num_experts, k)
         local, rows = num_experts // self.group_size, tokens_per_rank * self.group_size
+        stats = cumulative_local_expert_recv_stats
+        if stats is not None and (stats.dtype != torch.int32 or tuple(stats.shape) != (local,) or not stats.is_cuda):
+            raise InvalidArgumentError(f"low_latency_dispatch: cumulative_local_expert_recv_stats must be a CUDA "
+                                       f"int32 tensor of [{local}] (local experts), got {stats.dtype} "
+                                       f"{tuple(stats.shape)} on {stats.device}")
         if use_fp8:
             recv_x = torch.empty((local, rows, hidden), dtype=torch.float8_e4m3fn, device=x.device)
             recv_scales = torch.empty((local, rows, hidden // 128), dtype=torch.float32, device=x.device)
@@ -449,6 +457,8 @@ class Buffer:
         torch = _torch()
         ep = _native_ep()
         state = self._ll_state("low_latency_combine")
+        if async_finish and return_recv_hook:
+            raise InvalidArgumentError("low_latency_combine: async_finish and return_recv_hook exclude each other")
         for name, used in (("use_logfmt", use_logfmt), ("zero_copy", zero_copy),
                            ("combine_wait_recv_cost_stats", combine_wait_recv_cost_stats is not None)):
             if used:
@@ -470,6 +480,8 @@ class Buffer:
         if out is None:
             out = torch.empty((handle.num_tokens, hidden), dtype=torch.bfloat16, device=x.device)
         else:
+            if not out.is_contiguous():  # a contiguous copy would be filled instead of the caller's tensor
+                raise InvalidArgumentError("low_latency_combine: out must be contiguous (it is written in place)")
             out = self._check(out, torch.bfloat16, 2, "out")
             if tuple(out.shape) != (handle.num_tokens, hidden):
                 raise InvalidArgumentError(f"low_latency_combine: out is {tuple(out.shape)}, not "
@@ -495,11 +507,11 @@ class Buffer:
             raise InvalidArgumentError(f"gdx.ep.Buffer.{what}: the Buffer was made without low_latency_mode=True")
         return self._low_latency
 
-    @staticmethod
-    def _ll_hook(native_hook, keep: Tuple, after):
+    def _ll_hook(self, native_hook, keep: Tuple, after):
         """The callable DeepEP returns as its recv hook: runs the receive half on the current stream, once."""
 
         def hook():
+            self._ll_state("recv hook")  # not after destroy(): the native buffer it would launch on is gone
             native_hook.run(_torch().cuda.current_stream().cuda_stream)
             after()
 

@@ -135,12 +135,19 @@ class LowLatencyState:
 
     def take_handle(self, key: Tuple) -> _PooledHandle:
         pool = self._pools[key]
-        native = pool.pop() if pool else self._buffers[key].new_handle()
         if _torch().cuda.is_current_stream_capturing():
+            if not pool:  # making one allocates and synchronises, which a capture does not allow
+                raise InvalidArgumentError(
+                    "low_latency_dispatch in a CUDA graph capture: no free handle (each capture keeps the ones it "
+                    "takes; the calls outside a capture keep two ready): make an eager call before this capture")
             # The graph's replays write this handle's memory: kept for good (dropping it would free the memory
             # during the capture, which invalidates it, and under the graph afterwards).
+            native = pool.pop()
             self._captured.append(native)
             return _PooledHandle(native, None)
+        native = pool.pop() if pool else self._buffers[key].new_handle()
+        while len(pool) < 2:  # two ready for a capture that may follow (two calls may be in flight there)
+            pool.append(self._buffers[key].new_handle())
         return _PooledHandle(native, pool)
 
     def native(self, key: Tuple):

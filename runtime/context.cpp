@@ -302,8 +302,7 @@ void Context::deregister(uint32_t id) noexcept {
   step("waiting for the relay's forwarded copies", [&] {
     if (PeerCopyQueue* q = relay_ ? relay_->forwarder() : nullptr) q->waitCompleted(q->submitted());
   });
-  step("direct-path source", [&] { direct_->removeLocal(id); });
-  step("direct-path mappings", [&] { direct_->removeRemote(id); });
+  step("direct path", [&] { direct_->removeWindow(id); });
   step("window registry", [&] { registry_->removeLocal(id); });
   step("transport", [&] { transport_->deregisterWindow(id); });
   bool fence = false;

@@ -37,9 +37,9 @@ struct SetupRecord {
 };
 
 struct WindowBlob {
-  cudaIpcMemHandle_t handle;
-  uint64_t allocBase;  // the allocation's base in the owner's address space: identifies the allocation
-  uint64_t offset;     // of the window inside the allocation
+  cudaIpcMemHandle_t
+      handle;       // of the allocation: identifies it (a new allocation at a freed one's address has a new one)
+  uint64_t offset;  // of the window inside the allocation
 };
 
 }  // namespace
@@ -151,7 +151,6 @@ std::string DirectPaths::windowBlob(void* base, size_t bytes, MemoryKind kind) c
     cudaGetLastError();
     return {};
   }
-  b.allocBase = allocBase;
   b.offset = reinterpret_cast<uintptr_t>(base) - allocBase;
   if (b.offset + bytes > allocBytes) return {};
   return std::string(reinterpret_cast<const char*>(&b), sizeof b);
@@ -186,13 +185,22 @@ void DirectPaths::addLocal(uint32_t id, void* base, size_t bytes, MemoryKind kin
 #endif
 }
 
-void DirectPaths::removeLocal(uint32_t id) {
+void DirectPaths::removeWindow(uint32_t id) {
   if (id >= kMaxWindows || peers_.empty()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& p : peers_) {
-    p.second.host.localBase[id] = nullptr;
-    p.second.host.localBytes[id] = 0;
-    upload(p.second);
+#if defined(GDX_HAVE_CUDA)
+  DeviceGuard guard(device_);
+#endif
+  for (auto& [peer, p] : peers_) {
+    p.host.localBase[id] = nullptr;
+    p.host.localBytes[id] = 0;
+    p.host.peerBase[id] = nullptr;
+    p.host.peerBytes[id] = 0;
+    // The table first: a put naming the window now takes the proxy path (which the owner's transport refuses)
+    // before the mapping it used goes away.
+    upload(p);
+    if (!p.windowKey[id].empty()) releaseMapping(peer, p.windowKey[id]);
+    p.windowKey[id].clear();
   }
 }
 
@@ -217,7 +225,10 @@ void DirectPaths::addRemote(int peer, uint32_t id, uint64_t bytes, const std::st
   Peer& p = pit->second;
   std::lock_guard<std::mutex> lock(mutex_);
   DeviceGuard guard(device_);
-  forgetRemote(peer, p, id);
+  if (!p.windowKey[id].empty()) releaseMapping(peer, p.windowKey[id]);
+  p.windowKey[id].clear();
+  p.host.peerBase[id] = nullptr;
+  p.host.peerBytes[id] = 0;
   WindowBlob b{};
   if (blob.size() == sizeof b) {
     std::memcpy(&b, blob.data(), sizeof b);
@@ -247,31 +258,6 @@ void DirectPaths::addRemote(int peer, uint32_t id, uint64_t bytes, const std::st
   upload(p);
 #else
   (void)peer, (void)id, (void)bytes, (void)blob;
-#endif
-}
-
-void DirectPaths::forgetRemote(int peer, Peer& p, uint32_t id) {
-  if (!p.windowKey[id].empty()) releaseMapping(peer, p.windowKey[id]);
-  p.windowKey[id].clear();
-  p.host.peerBase[id] = nullptr;
-  p.host.peerBytes[id] = 0;
-}
-
-void DirectPaths::removeRemote(uint32_t id) {
-#if defined(GDX_HAVE_CUDA)
-  if (peers_.empty() || id >= kMaxWindows) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  DeviceGuard guard(device_);
-  for (auto& p : peers_) {
-    if (p.second.windowKey[id].empty()) continue;
-    // The table first: a put naming the window now takes the proxy path, which the owner's transport refuses.
-    p.second.host.peerBase[id] = nullptr;
-    p.second.host.peerBytes[id] = 0;
-    upload(p.second);
-    forgetRemote(p.first, p.second, id);
-  }
-#else
-  (void)id;
 #endif
 }
 

@@ -33,10 +33,10 @@ class DirectPaths {
   std::string windowBlob(void* base, size_t bytes, MemoryKind kind) const;
   void addLocal(uint32_t id, void* base, size_t bytes, MemoryKind kind);
   void addRemote(int peer, uint32_t id, uint64_t bytes, const std::string& blob);
-  void removeLocal(uint32_t id);
-  /// Forgets window `id` of every peer and closes the mappings no other window uses. This rank's kernels must be
-  /// done with those windows; their owners may free the memory once every peer did this (Context::deregister).
-  void removeRemote(uint32_t id);
+  /// Forgets window `id`, this rank's and every peer's, and closes the mappings no other window uses. This rank's
+  /// kernels must be done with those windows; their owners may free the memory once every peer did this
+  /// (Context::deregister).
+  void removeWindow(uint32_t id);
 
   bool isDirect(int peer) const;
   /// The device table for `peer`; null: the proxy path.
@@ -66,7 +66,6 @@ class DirectPaths {
   };
   void upload(Peer& p);
   void releaseMapping(int peer, const std::string& key);
-  void forgetRemote(int peer, Peer& p, uint32_t id);
 
   mutable std::mutex mutex_;  // window registration and deregistration may come from different threads
   int rank_ = 0;

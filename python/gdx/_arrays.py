@@ -4,7 +4,7 @@ byte count and where the memory lives. Nothing here imports torch: a tensor is r
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Tuple
 
 from .errors import InvalidArgumentError
 
@@ -115,3 +115,13 @@ def raw_view(obj: Any, what: str = "array") -> RawView:
     if mv.nbytes == 0:
         return RawView(0, 0, "host")
     return RawView(ctypes.addressof(ctypes.c_char.from_buffer(mv)), mv.nbytes, "host")
+
+
+class DeviceArray:
+    """The other direction: device memory gdx owns (a handle's arrays), as an object torch.as_tensor and other
+    __cuda_array_interface__ consumers take without copying. Holds `owner`, so the memory outlives every view."""
+
+    def __init__(self, ptr: int, shape: Tuple[int, ...], typestr: str, owner: Any):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3,
+                                         "strides": None}
+        self._owner = owner

@@ -16,6 +16,7 @@ What differs from DeepEP, each on purpose:
 from typing import Any, List, Optional, Tuple, Union
 
 from .. import _gdx
+from .._arrays import DeviceArray
 from ..context import Context
 from ..errors import InvalidArgumentError
 from .low_latency import LowLatencyHandle, LowLatencyState
@@ -97,14 +98,6 @@ _DEEPEP_HANDLE = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_p
                   "is_token_in_rank (not given to this dispatch)", "send_head")
 
 
-class _DeviceInt32Matrix:
-    """[R, R] int32 device memory that torch.as_tensor takes (__cuda_array_interface__) without copying."""
-
-    def __init__(self, ptr: int, ranks: int):
-        self.__cuda_array_interface__ = {"shape": (ranks, ranks), "typestr": "<i4", "data": (ptr, False),
-                                         "version": 3, "strides": None}
-
-
 class DispatchHandle:
     """The routing of one dispatch (which token went to which rank and row): pass it to combine, or to dispatch for
     the cached form. ``num_recv_tokens`` is None after a num_worst_tokens dispatch (the count is on the device).
@@ -134,7 +127,8 @@ class DispatchHandle:
         if self._rank_prefix_matrix is None:
             torch = _torch()
             ranks = self._buffer.group_size
-            counts = torch.as_tensor(_DeviceInt32Matrix(self._buffer.runtime.counts_matrix(self._native), ranks),
+            counts = torch.as_tensor(DeviceArray(self._buffer.runtime.counts_matrix(self._native), (ranks, ranks),
+                                                 "<i4", self._native),
                                      device=self.recv_src_idx.device)
             self._rank_prefix_matrix = counts.cumsum(0, dtype=torch.int32)  # a copy: the handle may be reused
         return self._rank_prefix_matrix
@@ -184,9 +178,8 @@ class Buffer:
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
         # The normal mode's buffer, unless the Buffer is for the low-latency mode only (DeepEP's num_nvl_bytes 0).
-        self._normal = not low_latency_mode or num_nvl_bytes > 0
         self.runtime = None
-        if self._normal:
+        if not low_latency_mode or num_nvl_bytes > 0:
             cfg = (config or Config(Buffer.num_sms))._native(self.group_size)
             self.runtime = native_ep.Buffer(self._context._native, num_nvl_bytes,
                                             0 if low_latency_mode else num_rdma_bytes, cfg)
@@ -432,8 +425,7 @@ class Buffer:
         pooled = state.take_handle(key)
         native_hook = ep.LowLatencyHook() if return_recv_hook else None
         native.dispatch(ins, outs, pooled.native, stream.cuda_stream, native_hook)
-        handle = LowLatencyHandle(pooled, x.device, self.group_size, local, tokens_per_rank, hidden, num_experts,
-                                  n, k, key)
+        handle = LowLatencyHandle(pooled, key, x.device, self.group_size, n)
 
         def received():
             if cumulative_local_expert_recv_stats is not None:

@@ -15,21 +15,13 @@ import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import _gdx
+from .._arrays import DeviceArray
 from ..errors import InvalidArgumentError
 
 
 def _torch():
     import torch
     return torch
-
-
-class _DeviceArray:
-    """Device memory of the native handle that torch.as_tensor takes without copying; holds the handle's owner."""
-
-    def __init__(self, ptr: int, shape: Tuple[int, ...], typestr: str, owner: Any):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3,
-                                         "strides": None}
-        self._owner = owner
 
 
 class _PooledHandle:
@@ -49,21 +41,19 @@ class LowLatencyHandle:
     num_max_dispatch_tokens_per_rank, hidden, num_experts). ``src_slot`` says which top-k slot of its token each row
     fills (a token naming one expert in two slots arrives as two rows)."""
 
-    def __init__(self, pooled: _PooledHandle, device: Any, ranks: int, local_experts: int, tokens_per_rank: int,
-                 hidden: int, num_experts: int, num_tokens: int, num_topk: int, key: Tuple):
+    def __init__(self, pooled: _PooledHandle, key: Tuple, device: Any, ranks: int, num_tokens: int):
         self._pooled = pooled
-        self._key = key
+        self._key = key  # the native buffer's: (tokens per rank, hidden, experts, top-k)
         self._device = device
-        self._shape = (local_experts, tokens_per_rank * ranks)
         self._ranks = ranks
         self.num_tokens = num_tokens
-        self.num_topk = num_topk
-        self.tokens_per_rank, self.hidden, self.num_experts = tokens_per_rank, hidden, num_experts
+        self.tokens_per_rank, self.hidden, self.num_experts, self.num_topk = key
+        self._shape = (self.num_experts // ranks, self.tokens_per_rank * ranks)
 
     # The tensors are made on first use, not in the dispatch: a dispatch inside a CUDA graph capture then makes no
     # call but its kernel launches.
     def _view(self, ptr: int, shape: Tuple[int, ...], typestr: str):
-        return _torch().as_tensor(_DeviceArray(ptr, shape, typestr, self._pooled), device=self._device)
+        return _torch().as_tensor(DeviceArray(ptr, shape, typestr, self._pooled), device=self._device)
 
     @property
     def src_info(self):

@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "benchmarks/self_launch.hpp"
+#include "gdx/config.hpp"
 #include "gdx/context.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/detail/put_commands.hpp"
 #include "gdx/detail/ring.hpp"
 
@@ -35,6 +37,18 @@ inline void relax(uint64_t spins) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
+}
+
+// Spins until done(), for at most GDX_TIMEOUT_MS: a proxy or echo thread that stopped answering ends the run with
+// an error instead of hanging it. False on timeout.
+template <typename Done>
+bool spinUntil(Done done) {
+  const uint64_t start = gdx::nowNs(), bound = gdx::defaultTimeoutNs();
+  for (uint64_t spins = 0; !done(); ++spins) {
+    relax(spins);
+    if ((spins & 1023) == 1023 && gdx::nowNs() - start > bound) return false;
+  }
+  return true;
 }
 
 // One Context for every benchmark run: a world of one on the loopback transport, two small host windows.
@@ -79,7 +93,13 @@ void BM_PutWithSignalPingPong(benchmark::State& state) {
       break;
     }
     ++w.pings;
-    for (uint64_t spins = 0; w.ctx->signalValue(0) < w.pings; ++spins) relax(spins);
+    if (!spinUntil([&] { return w.ctx->signalValue(0) >= w.pings; })) {
+      const std::string what = "signal 0 stayed at " + std::to_string(w.ctx->signalValue(0)) + ", waiting for " +
+                               std::to_string(w.pings) + " (ring position " + std::to_string(pos) +
+                               "); proxy: " + w.ctx->proxy().lastError();
+      state.SkipWithError(what.c_str());
+      break;
+    }
   }
 }
 BENCHMARK(BM_PutWithSignalPingPong)->UseRealTime()->MinTime(1.0);
@@ -107,7 +127,12 @@ void BM_RawFlagPingPong(benchmark::State& state) {
   uint64_t i = 0;
   for (auto _ : state) {
     ping.store(++i, std::memory_order_release);
-    for (uint64_t spins = 0; pong.load(std::memory_order_acquire) < i; ++spins) relax(spins);
+    if (!spinUntil([&] { return pong.load(std::memory_order_acquire) >= i; })) {
+      const std::string what =
+          "the echo thread answered " + std::to_string(pong.load()) + ", waiting for " + std::to_string(i);
+      state.SkipWithError(what.c_str());
+      break;
+    }
   }
   stop = true;
   echo.join();

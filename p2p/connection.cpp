@@ -491,17 +491,7 @@ void Connection::sendKey(uint32_t window, const std::string& key, uint64_t bytes
   if (!keysSent_.insert(window).second) return;
   if (key.size() > kMaxKeyBytes)
     throw Error(ErrorCode::kInternal, name_ + ": a window key of " + std::to_string(key.size()) + " bytes");
-  for (size_t at = 0; at == 0 || at < key.size(); at += kKeyPieceBytes) {
-    ControlMsg part;
-    part.type = MsgType::kKeyPart;
-    part.window = window;
-    part.bytes = bytes;
-    part.keyTotal = static_cast<uint16_t>(key.size());
-    part.keyAt = static_cast<uint16_t>(at);
-    part.keyPiece = key.substr(at, kKeyPieceBytes);
-    postControl(part);
-    if (key.empty()) break;
-  }
+  for (const ControlMsg& part : splitKey(window, key, bytes)) postControl(part);
 }
 
 void Connection::postControl(const ControlMsg& m) {
@@ -633,18 +623,16 @@ void Connection::matchEager(const ControlMsg& cts) {
 }
 
 void Connection::onKeyPart(const ControlMsg& m) {
-  std::string& key = keyAssembly_[m.window];
-  if (m.keyAt == 0) key.assign(m.keyTotal, '\0');
-  if (key.size() != m.keyTotal) return failAll(ErrorCode::kProtocol, "the peer sent a key part out of order");
-  key.replace(m.keyAt, m.keyPiece.size(), m.keyPiece);
-  if (size_t{m.keyAt} + m.keyPiece.size() < m.keyTotal) return;
-  std::string full = std::move(key);
-  keyAssembly_.erase(m.window);
+  bool complete = false;
+  KeyAssembly::Key k;
+  const std::string bad = keyAssembly_.add(m, &complete, &k);
+  if (!bad.empty()) return failAll(ErrorCode::kProtocol, "the peer sent " + bad);
+  if (!complete) return;
   auto waiters = std::move(keyWaiters_[m.window]);
   keyWaiters_.erase(m.window);
   try {
-    link_.transport->addRemoteWindow(link_.peer(), m.window, m.bytes, full);
-    remoteKnown_[m.window] = m.bytes;
+    link_.transport->addRemoteWindow(link_.peer(), k.window, k.bytes, k.key);
+    remoteKnown_[k.window] = k.bytes;
   } catch (const Error& e) {
     for (auto& w : waiters) w.first->fail(e.code(), e.what());
     return;

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "gdx/types.hpp"
+#include "p2p/key_assembly.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/protocol.hpp"
 #include "p2p/transfer.hpp"
@@ -261,7 +262,7 @@ class Connection {
   std::unordered_map<uint64_t, std::shared_ptr<Transfer>> fences_, reads_;
   std::unordered_map<uint32_t, uint64_t> remoteKnown_;  ///< peer windows added to the transport, with their size
   std::set<uint32_t> keysSent_;
-  std::map<uint32_t, std::string> keyAssembly_;
+  KeyAssembly keyAssembly_;
   std::map<uint32_t, std::vector<std::pair<std::shared_ptr<Transfer>, std::function<void()>>>> keyWaiters_;
   std::vector<std::shared_ptr<Transfer>> live_;
   uint64_t nextSweepNs_ = 0;

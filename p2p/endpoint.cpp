@@ -10,15 +10,11 @@
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
-#include "p2p/bytes.hpp"
 #include "p2p/endpoint_impl.hpp"
 #include "p2p/protocol.hpp"
 
 namespace gdx::p2p {
 namespace {
-
-constexpr uint32_t kMetadataMagic = 0x4d584447;  // "GDXM"
-constexpr uint16_t kMetadataVersion = 1;
 
 /// The address peers should dial: the bind address when it names one, else GDX_TCP_BIND_ADDR, else the interface
 /// of the default route, else loopback.
@@ -246,33 +242,15 @@ void Endpoint::startPassiveAccept() {
 }
 
 std::string Endpoint::metadata() const {
-  ByteWriter w;
-  w.put(kMetadataMagic).put(kMetadataVersion).putString(impl_->ip).put<int32_t>(impl_->port);
-  w.put<int32_t>(impl_->options.localGpu);
-  w.put(checksum(w.bytes().data(), w.bytes().size()));
-  return w.bytes();
+  return encodeMetadata(EndpointAddress{impl_->ip, impl_->port, impl_->options.localGpu});
 }
 
 uint64_t Endpoint::addRemoteEndpoint(const std::string& metadata) {
-  ByteReader r(metadata);
-  uint32_t magic = 0;
-  uint16_t version = 0;
-  std::string ip;
-  int32_t port = 0, gpu = -1;
-  uint64_t sum = 0;
-  const std::string who = impl_->who() + ": addRemoteEndpoint";
-  if (!(r.get(&magic) && r.get(&version)) || magic != kMetadataMagic)
-    throw Error(ErrorCode::kInvalidArgument,
-                who + ": not endpoint metadata (" + std::to_string(metadata.size()) + " bytes)");
-  if (version != kMetadataVersion)
-    throw Error(ErrorCode::kInvalidArgument, who + ": metadata version " + std::to_string(version) + ", expected " +
-                                                 std::to_string(kMetadataVersion));
-  const size_t body = metadata.size() >= 8 ? metadata.size() - 8 : 0;
-  if (!(r.getString(&ip, 255) && r.get(&port) && r.get(&gpu) && r.get(&sum)) || r.left() != 0)
-    throw Error(ErrorCode::kInvalidArgument,
-                who + ": truncated or overlong metadata (" + std::to_string(metadata.size()) + " bytes)");
-  if (sum != checksum(metadata.data(), body))
-    throw Error(ErrorCode::kInvalidArgument, who + ": damaged metadata (checksum does not match)");
+  EndpointAddress a;
+  const std::string bad = decodeMetadata(metadata, &a);
+  if (!bad.empty()) throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": addRemoteEndpoint: " + bad);
+  const std::string& ip = a.ip;
+  const int32_t port = a.port, gpu = a.gpu;
   const std::string key = net::hostPort(ip, port) + "/" + std::to_string(gpu);
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);

@@ -8,7 +8,6 @@
 #include "gdx/detail/gpu.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
-#include "p2p/bytes.hpp"
 #include "p2p/protocol.hpp"
 
 #if defined(GDX_HAVE_CUDA)
@@ -21,37 +20,11 @@
 namespace gdx::p2p {
 namespace {
 
-constexpr uint32_t kIpcMagic = 0x49584447;  // "GDXI"
-constexpr uint16_t kIpcVersion = 1;
-constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
-
 /// Names this host for IPC descriptors: a handle opens only on the host that made it.
 uint64_t hostId() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   return checksum(name, std::strlen(name));
-}
-
-struct IpcDescriptor {
-  uint64_t host = 0, pid = 0, allocBase = 0, offset = 0, bytes = 0;
-  int32_t device = -1;
-  char handle[kHandleBytes] = {};
-};
-
-std::string decodeIpc(const std::string& bytes, IpcDescriptor* d) {
-  ByteReader r(bytes);
-  uint32_t magic = 0;
-  uint16_t version = 0;
-  uint64_t sum = 0;
-  if (!(r.get(&magic) && r.get(&version)) || magic != kIpcMagic) return "not a gdx IPC descriptor";
-  if (version != kIpcVersion) return "IPC descriptor version " + std::to_string(version);
-  if (!(r.get(&d->host) && r.get(&d->pid) && r.get(&d->device) && r.getRaw(d->handle, kHandleBytes) &&
-        r.get(&d->allocBase) && r.get(&d->offset) && r.get(&d->bytes)))
-    return "a truncated IPC descriptor (" + std::to_string(bytes.size()) + " bytes)";
-  const size_t body = r.consumed();
-  if (!r.get(&sum) || r.left() != 0) return "a truncated or overlong IPC descriptor";
-  if (sum != checksum(bytes.data(), body)) return "damaged IPC descriptor (checksum does not match)";
-  return "";
 }
 
 }  // namespace
@@ -79,14 +52,16 @@ std::string IpcPeers::advertise(const void* ptr, size_t size, const std::string&
     cudaGetLastError();
     throw Error(ErrorCode::kInvalidArgument, who + ": advertiseIpc: cudaIpcGetMemHandle: " + cudaGetErrorString(rc));
   }
-  ByteWriter w;
-  w.put(kIpcMagic).put(kIpcVersion).put(hostId()).put<uint64_t>(static_cast<uint64_t>(getpid())).put<int32_t>(a.device);
-  w.putRaw(&h, kHandleBytes)
-      .put<uint64_t>(base)
-      .put<uint64_t>(reinterpret_cast<uintptr_t>(ptr) - base)
-      .put<uint64_t>(size);
-  w.put(checksum(w.bytes().data(), w.bytes().size()));
-  return w.bytes();
+  IpcDescriptor d;
+  d.host = hostId();
+  d.pid = static_cast<uint64_t>(getpid());
+  d.device = a.device;
+  static_assert(sizeof h == IpcDescriptor::kHandleBytes, "an IPC handle fills the descriptor's handle field");
+  std::memcpy(d.handle, &h, sizeof h);
+  d.allocBase = base;
+  d.offset = reinterpret_cast<uintptr_t>(ptr) - base;
+  d.bytes = size;
+  return encodeIpc(d);
 }
 
 void* IpcPeers::open(const std::string& who, const void* handle, uint64_t pid, uint64_t allocBase) {
@@ -94,7 +69,7 @@ void* IpcPeers::open(const std::string& who, const void* handle, uint64_t pid, u
   auto it = opened_.find(key);
   if (it != opened_.end()) return it->second;
   cudaIpcMemHandle_t h;
-  std::memcpy(&h, handle, kHandleBytes);
+  std::memcpy(&h, handle, sizeof h);
   void* mapped = nullptr;
   cudaError_t rc = cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess);
   if (rc != cudaSuccess) {

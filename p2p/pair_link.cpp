@@ -7,14 +7,10 @@
 #include "gdx/config.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
-#include "p2p/bytes.hpp"
+#include "p2p/handshake.hpp"
 
 namespace gdx::p2p {
 namespace {
-
-constexpr uint32_t kHelloMagic = 0x50584447;  // "GDXP"
-constexpr uint16_t kHelloVersion = 2;         // 2: the dialler's TCP sockets and chunk size
-constexpr size_t kMaxHandshakeBytes = 16384;
 
 std::string hexSecret() {
   char buf[33];
@@ -120,61 +116,37 @@ PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, 
   const std::string secret = hexSecret();
   const TcpShape shape = transport == "tcp" ? tcpShapeFromEnv() : TcpShape{};
   link.transport = makePairTransport(transport, 0, secret, net::localAddress(fd.get()), timeoutNs, shape, &link.detail);
-  ByteWriter hello;
-  hello.put(kHelloMagic).put(kHelloVersion).putString(transport).put<int32_t>(localGpu).putString(secret);
-  hello.putString(link.transport->localAddress()).put(shape.sockets).put(shape.chunkBytes);
-  sendBlob(fd.get(), hello.bytes(), deadline, who);
+  Hello hello;
+  hello.transport = transport;
+  hello.gpu = localGpu;
+  hello.secret = secret;
+  hello.address = link.transport->localAddress();
+  hello.sockets = shape.sockets;
+  hello.chunkBytes = shape.chunkBytes;
+  sendBlob(fd.get(), encodeHello(hello), deadline, who);
 
-  const std::string blob = recvBlob(fd.get(), kMaxHandshakeBytes, deadline, who);
-  ByteReader r(blob);
-  uint32_t magic = 0;
-  uint16_t version = 0;
-  uint8_t ok = 0;
-  std::string reason, address;
-  int32_t gpu = -1;
-  if (!(r.get(&magic) && r.get(&version)) || magic != kHelloMagic) refused(who, "the peer is not a gdx endpoint");
-  if (version != kHelloVersion)
-    refused(who, "the peer speaks version " + std::to_string(version) + ", this one " + std::to_string(kHelloVersion));
-  if (!(r.get(&ok) && r.getString(&reason, kMaxHandshakeBytes))) refused(who, "a truncated answer");
-  if (!ok) throw Error(ErrorCode::kInvalidArgument, who + ": refused by the peer: " + reason);
-  if (!(r.get(&gpu) && r.getString(&address, kMaxHandshakeBytes) && r.get(&link.token)))
-    refused(who, "a truncated answer");
-  link.peerGpu = gpu;
-  link.addresses = {link.transport->localAddress(), address};
+  Answer answer;
+  const std::string bad = decodeAnswer(recvBlob(fd.get(), kMaxHandshakeBytes, deadline, who), &answer);
+  if (!bad.empty()) refused(who, bad);
+  if (!answer.ok) throw Error(ErrorCode::kInvalidArgument, who + ": refused by the peer: " + answer.reason);
+  link.token = answer.token;
+  link.peerGpu = answer.gpu;
+  link.addresses = {link.transport->localAddress(), answer.address};
   return link;
 }
 
 PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
                     net::Deadline deadline, const std::string& who) {
-  const std::string blob = recvBlob(fd.get(), kMaxHandshakeBytes, deadline, who);
-  ByteReader r(blob);
-  uint32_t magic = 0;
-  uint16_t version = 0;
-  std::string theirTransport, secret, address;
-  int32_t gpu = -1;
-  TcpShape shape;
-  std::string why;
-  if (!(r.get(&magic) && r.get(&version)) || magic != kHelloMagic) {
-    why = "the peer is not a gdx endpoint";
-  } else if (version != kHelloVersion) {
-    why = "the peer speaks version " + std::to_string(version) + ", this one " + std::to_string(kHelloVersion);
-  } else if (!(r.getString(&theirTransport, 64) && r.get(&gpu) && r.getString(&secret, 4096) &&
-               r.getString(&address, kMaxHandshakeBytes) && r.get(&shape.sockets) && r.get(&shape.chunkBytes))) {
-    why = "a truncated hello";
-  } else if (theirTransport != transport) {
-    why = "the peer uses transport '" + theirTransport + "', this endpoint '" + transport +
+  Hello hello;
+  std::string why = decodeHello(recvBlob(fd.get(), kMaxHandshakeBytes, deadline, who), &hello);
+  if (why.empty() && hello.transport != transport)
+    why = "the peer uses transport '" + hello.transport + "', this endpoint '" + transport +
           "' (set GDX_TRANSPORT alike on both sides)";
-  } else if (transport == "tcp" &&
-             (shape.sockets < 1 || shape.sockets > 64 || shape.chunkBytes < 1 || shape.chunkBytes > (1u << 30))) {
-    why = "the peer asks for " + std::to_string(shape.sockets) + " sockets of " + std::to_string(shape.chunkBytes) +
-          "-byte chunks (1..64 sockets, chunks up to 1 GiB)";
-  }
-  ByteWriter answer;
-  answer.put(kHelloMagic).put(kHelloVersion);
+  Answer answer;
   if (!why.empty()) {
-    answer.put<uint8_t>(0).putString(why);
+    answer.reason = why;
     try {
-      sendBlob(fd.get(), answer.bytes(), deadline, who);
+      sendBlob(fd.get(), encodeAnswer(answer), deadline, who);
     } catch (const Error&) {
       // the refusal is best effort; the error below says why
     }
@@ -183,12 +155,17 @@ PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport
   PairLink link;
   link.self = 1;
   link.peerIp = net::peerName(fd.get());
-  link.peerGpu = gpu;
+  link.peerGpu = hello.gpu;
   link.token = randomU64();
-  link.transport = makePairTransport(transport, 1, secret, net::localAddress(fd.get()), timeoutNs, shape, &link.detail);
-  link.addresses = {address, link.transport->localAddress()};
-  answer.put<uint8_t>(1).putString("").put<int32_t>(localGpu).putString(link.transport->localAddress()).put(link.token);
-  sendBlob(fd.get(), answer.bytes(), deadline, who);
+  const TcpShape shape{hello.sockets, hello.chunkBytes};
+  link.transport =
+      makePairTransport(transport, 1, hello.secret, net::localAddress(fd.get()), timeoutNs, shape, &link.detail);
+  link.addresses = {hello.address, link.transport->localAddress()};
+  answer.ok = true;
+  answer.gpu = localGpu;
+  answer.address = link.transport->localAddress();
+  answer.token = link.token;
+  sendBlob(fd.get(), encodeAnswer(answer), deadline, who);
   return link;
 }
 

@@ -7,6 +7,22 @@ namespace {
 
 constexpr uint32_t kDescriptorMagic = 0x44584447;  // "GDXD"
 constexpr uint16_t kDescriptorVersion = 1;
+constexpr uint32_t kMetadataMagic = 0x4d584447;  // "GDXM"
+constexpr uint16_t kMetadataVersion = 1;
+constexpr uint32_t kIpcMagic = 0x49584447;  // "GDXI"
+constexpr uint16_t kIpcVersion = 1;
+
+/// The checksum that ends `w`'s bytes.
+void sealWithChecksum(ByteWriter& w) {
+  w.put(checksum(w.bytes().data(), w.bytes().size()));
+}
+
+/// True when `r` holds exactly the checksum of the `body` bytes before it.
+bool checksumMatches(ByteReader& r, const std::string& bytes) {
+  const size_t body = r.consumed();
+  uint64_t sum = 0;
+  return r.get(&sum) && r.left() == 0 && sum == checksum(bytes.data(), body);
+}
 
 }  // namespace
 
@@ -118,7 +134,7 @@ std::string decode(const RemoteMessage& msg, ControlMsg* out) {
 std::string encodeDescriptor(const Descriptor& d) {
   ByteWriter w;
   w.put(kDescriptorMagic).put(kDescriptorVersion).put(d.token).put(d.window).put(d.bytes);
-  w.put(checksum(w.bytes().data(), w.bytes().size()));
+  sealWithChecksum(w);
   return w.bytes();
 }
 
@@ -136,6 +152,59 @@ std::string decodeDescriptor(const std::string& bytes, Descriptor* out) {
   if (version != kDescriptorVersion)
     return "descriptor version " + std::to_string(version) + ", expected " + std::to_string(kDescriptorVersion);
   if (sum != checksum(bytes.data(), kDescriptorBytes - 8)) return "damaged descriptor (checksum does not match)";
+  *out = d;
+  return "";
+}
+
+std::string encodeMetadata(const EndpointAddress& a) {
+  ByteWriter w;
+  w.put(kMetadataMagic).put(kMetadataVersion).putString(a.ip).put<int32_t>(a.port).put<int32_t>(a.gpu);
+  sealWithChecksum(w);
+  return w.bytes();
+}
+
+std::string decodeMetadata(const std::string& bytes, EndpointAddress* out) {
+  ByteReader r(bytes);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  EndpointAddress a;
+  if (!(r.get(&magic) && r.get(&version)) || magic != kMetadataMagic)
+    return "not endpoint metadata (" + std::to_string(bytes.size()) + " bytes)";
+  if (version != kMetadataVersion)
+    return "metadata version " + std::to_string(version) + ", expected " + std::to_string(kMetadataVersion);
+  if (!(r.getString(&a.ip, kMaxMetadataIpBytes) && r.get(&a.port) && r.get(&a.gpu)) || r.left() != 8)
+    return "truncated or overlong metadata (" + std::to_string(bytes.size()) + " bytes)";
+  if (!checksumMatches(r, bytes)) return "damaged metadata (checksum does not match)";
+  if (a.ip.empty() || a.port < 1 || a.port > 65535 || a.gpu < -1)
+    return "metadata naming " + (a.ip.empty() ? std::string("no address") : "'" + a.ip + "'") + ", port " +
+           std::to_string(a.port) + ", GPU " + std::to_string(a.gpu);
+  *out = std::move(a);
+  return "";
+}
+
+std::string encodeIpc(const IpcDescriptor& d) {
+  ByteWriter w;
+  w.put(kIpcMagic).put(kIpcVersion).put(d.host).put(d.pid).put<int32_t>(d.device);
+  w.putRaw(d.handle, IpcDescriptor::kHandleBytes).put(d.allocBase).put(d.offset).put(d.bytes);
+  sealWithChecksum(w);
+  return w.bytes();
+}
+
+std::string decodeIpc(const std::string& bytes, IpcDescriptor* out) {
+  ByteReader r(bytes);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  IpcDescriptor d;
+  if (!(r.get(&magic) && r.get(&version)) || magic != kIpcMagic) return "not a gdx IPC descriptor";
+  if (version != kIpcVersion) return "IPC descriptor version " + std::to_string(version);
+  if (!(r.get(&d.host) && r.get(&d.pid) && r.get(&d.device) && r.getRaw(d.handle, IpcDescriptor::kHandleBytes) &&
+        r.get(&d.allocBase) && r.get(&d.offset) && r.get(&d.bytes)) ||
+      r.left() != 8)
+    return "a truncated or overlong IPC descriptor (" + std::to_string(bytes.size()) + " bytes)";
+  if (!checksumMatches(r, bytes)) return "damaged IPC descriptor (checksum does not match)";
+  if (d.device < 0 || d.offset > ~uint64_t{0} - d.bytes)
+    return "an IPC descriptor of GPU " + std::to_string(d.device) + " naming " + std::to_string(d.bytes) +
+           " bytes at offset " + std::to_string(d.offset);
   *out = d;
   return "";
 }

@@ -97,6 +97,37 @@ std::string encodeDescriptor(const Descriptor& d);
 /// damaged: the checksum does not match).
 std::string decodeDescriptor(const std::string& bytes, Descriptor* out);
 
+/// What metadata() returns: where to dial an endpoint, and its GPU.
+struct EndpointAddress {
+  std::string ip;
+  int32_t port = 0;
+  int32_t gpu = -1;
+};
+/// Longest address in metadata.
+constexpr size_t kMaxMetadataIpBytes = 255;
+
+std::string encodeMetadata(const EndpointAddress& a);
+/// "" and *out when `bytes` is metadata made by encodeMetadata(), else why not (not metadata, another version,
+/// truncated or overlong, damaged, a port outside 1..65535, a GPU below -1).
+std::string decodeMetadata(const std::string& bytes, EndpointAddress* out);
+
+/// What advertiseIpc() returns: a range of a GPU allocation named by its CUDA IPC handle, on one host.
+struct IpcDescriptor {
+  static constexpr size_t kHandleBytes = 64;  ///< sizeof(cudaIpcMemHandle_t)
+  uint64_t host = 0;                          ///< names the host (a handle opens only there)
+  uint64_t pid = 0;                           ///< the owner process
+  int32_t device = -1;
+  char handle[kHandleBytes] = {};
+  uint64_t allocBase = 0;  ///< the allocation's address in the owner (names it in the cache of opened handles)
+  uint64_t offset = 0;     ///< where the range starts in the allocation
+  uint64_t bytes = 0;
+};
+
+std::string encodeIpc(const IpcDescriptor& d);
+/// "" and *out when `bytes` is a descriptor made by encodeIpc(), else why not (also a negative device, or a range
+/// whose end does not fit in 64 bits).
+std::string decodeIpc(const std::string& bytes, IpcDescriptor* out);
+
 /// FNV-1a over `n` bytes: the checksum of descriptors and metadata (catches damage, not malice; the transport's own
 /// checks bound what a forged one can reach).
 uint64_t checksum(const void* p, size_t n);

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "gdx/error.hpp"
+#include "p2p/handshake.hpp"
+#include "p2p/key_assembly.hpp"
+#include "p2p/protocol.hpp"
 #include "rdma/bootstrap/protocol.hpp"
 #include "rdma/tcp/wire.hpp"
 #include "rdma/verbs/verbs_wire.hpp"
@@ -178,6 +181,107 @@ TEST(RuntimeDecoders, WindowRecordAndForwardRequest) {
   EXPECT_NE(gdx::resolveForward(got, nullptr, &t), "");
   m.data[offsetof(gdx::ForwardRequest, hasSignal)] = 2;
   EXPECT_NE(gdx::decodeForward(m, &got), "");
+}
+
+TEST(P2pDecoders, HandshakeMetadataAndIpcDescriptors) {
+  using namespace gdx::p2p;
+  Hello h;
+  h.transport = "tcp";
+  h.gpu = 1;
+  h.secret = "s";
+  h.address = "10.0.0.1:4000";
+  h.sockets = 4;
+  h.chunkBytes = 1 << 20;
+  Hello back;
+  ASSERT_EQ(decodeHello(encodeHello(h), &back), "");
+  EXPECT_EQ(back.address, h.address);
+  EXPECT_EQ(back.sockets, 4);
+  EXPECT_NE(decodeHello(encodeHello(h) + "x", &back).find("1 bytes too many"), std::string::npos);
+  EXPECT_NE(decodeHello(encodeHello(h).substr(0, 20), &back).find("truncated"), std::string::npos);
+  h.sockets = 65;
+  EXPECT_NE(decodeHello(encodeHello(h), &back).find("65 sockets"), std::string::npos);
+  h.transport = "verbs";  // a verbs link has no TCP shape to check
+  EXPECT_EQ(decodeHello(encodeHello(h), &back), "");
+  h.gpu = -2;
+  EXPECT_NE(decodeHello(encodeHello(h), &back).find("GPU -2"), std::string::npos);
+  EXPECT_NE(decodeHello("GET / HTTP/1.1\r\n", &back).find("not a gdx endpoint"), std::string::npos);
+
+  Answer refusal;
+  refusal.reason = "another transport";
+  Answer a;
+  ASSERT_EQ(decodeAnswer(encodeAnswer(refusal), &a), "");
+  EXPECT_FALSE(a.ok);
+  EXPECT_EQ(a.reason, "another transport");
+  std::string verdict = encodeAnswer(refusal);
+  verdict[6] = 2;  // after the magic and version
+  EXPECT_NE(decodeAnswer(verdict, &a).find("verdict is 2"), std::string::npos);
+
+  EndpointAddress m;
+  ASSERT_EQ(decodeMetadata(encodeMetadata({"10.0.0.2", 5000, 0}), &m), "");
+  EXPECT_EQ(m.ip, "10.0.0.2");
+  EXPECT_EQ(m.port, 5000);
+  EXPECT_NE(decodeMetadata(encodeMetadata({"10.0.0.2", 70000, 0}), &m).find("port 70000"), std::string::npos);
+  EXPECT_NE(decodeMetadata(encodeMetadata({"", 5000, 0}), &m).find("no address"), std::string::npos);
+  std::string damaged = encodeMetadata({"10.0.0.2", 5000, 0});
+  damaged[10] ^= 1;  // in the address, after magic, version and its length
+  EXPECT_NE(decodeMetadata(damaged, &m).find("checksum"), std::string::npos);
+
+  IpcDescriptor d;
+  d.device = 0;
+  d.offset = 64;
+  d.bytes = 4096;
+  IpcDescriptor out;
+  ASSERT_EQ(decodeIpc(encodeIpc(d), &out), "");
+  EXPECT_EQ(out.bytes, 4096u);
+  d.offset = ~uint64_t{0} - 100;  // a range whose end wraps around
+  EXPECT_NE(decodeIpc(encodeIpc(d), &out).find("naming 4096 bytes"), std::string::npos);
+  EXPECT_NE(decodeIpc(encodeIpc(out).substr(1), &out).find("not a gdx IPC descriptor"), std::string::npos);
+}
+
+TEST(P2pDecoders, WindowKeysComeBackWholeOrAreRefused) {
+  using namespace gdx::p2p;
+  const std::string key(3 * kKeyPieceBytes + 5, 'k');
+  std::vector<ControlMsg> parts = splitKey(9, key, 4096);
+  ASSERT_EQ(parts.size(), 4u);
+  KeyAssembly whole;
+  KeyAssembly::Key k;
+  bool complete = false;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    ASSERT_EQ(whole.add(parts[i], &complete, &k), "");
+    EXPECT_EQ(complete, i + 1 == parts.size());
+  }
+  EXPECT_EQ(k.key, key);
+  EXPECT_EQ(k.bytes, 4096u);
+  EXPECT_EQ(whole.unfinished(), 0u);
+
+  KeyAssembly gap;  // the second piece lost: the third does not continue the key, which is dropped
+  ASSERT_EQ(gap.add(parts[0], &complete, &k), "");
+  EXPECT_NE(gap.add(parts[2], &complete, &k).find("does not continue"), std::string::npos);
+  EXPECT_FALSE(complete);
+  EXPECT_EQ(gap.unfinished(), 0u);
+  EXPECT_NE(gap.add(parts[3], &complete, &k).find("no key of that window was begun"), std::string::npos);
+
+  KeyAssembly resized;  // a piece that changes the window's size
+  ASSERT_EQ(resized.add(parts[0], &complete, &k), "");
+  ControlMsg other = parts[1];
+  other.bytes = 8192;
+  EXPECT_NE(resized.add(other, &complete, &k).find("window of 4096 bytes"), std::string::npos);
+
+  KeyAssembly crowded;  // keys begun and never finished are bounded
+  for (uint32_t w = 0; w < KeyAssembly::kMaxUnfinished; ++w) {
+    ControlMsg first = parts[0];
+    first.window = w;
+    ASSERT_EQ(crowded.add(first, &complete, &k), "");
+  }
+  ControlMsg one_more = parts[0];
+  one_more.window = 1000;
+  EXPECT_NE(crowded.add(one_more, &complete, &k).find("unfinished already"), std::string::npos);
+
+  std::vector<ControlMsg> empty = splitKey(3, "", 16);  // an empty key is one empty piece
+  ASSERT_EQ(empty.size(), 1u);
+  ASSERT_EQ(KeyAssembly().add(empty[0], &complete, &k), "");
+  EXPECT_TRUE(complete);
+  EXPECT_EQ(k.key, "");
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "gdx/detail/signal_imm.hpp"
+#include "p2p/handshake.hpp"
+#include "p2p/key_assembly.hpp"
+#include "p2p/protocol.hpp"
 #include "rdma/bootstrap/protocol.hpp"
 #include "rdma/common/window_table.hpp"
 #include "rdma/tcp/wire.hpp"
@@ -148,6 +151,66 @@ void runtimeSeeds() {
        raw(imm) + bytesOf({0, 65, 29, 33, 4, 0, 7, static_cast<int>(sizeof f)}) + raw(f) + bytesOf({1}));
 }
 
+/// A message as fuzz_p2p_wire's sequence of control messages reads it: its length byte, then its bytes.
+std::string p2pMessage(const gdx::p2p::ControlMsg& m) {
+  const gdx::MessageOp op = gdx::p2p::encode(m, 1);
+  return bytesOf({static_cast<int>(op.bytes)}) + std::string(reinterpret_cast<const char*>(op.data), op.bytes);
+}
+
+void p2pSeeds() {
+  using namespace gdx::p2p;
+  // 0: control messages. A 100-byte key in pieces, then a clear-to-send, a read request and a read done.
+  std::string messages = bytesOf({0});
+  for (const ControlMsg& part : splitKey(7, std::string(100, 'k'), 1 << 20)) messages += p2pMessage(part);
+  ControlMsg cts;
+  cts.type = MsgType::kClearToSend;
+  cts.id = 3;
+  cts.window = 7;
+  cts.offset = 64;
+  cts.bytes = 4096;
+  cts.credits = 2;
+  ControlMsg read;
+  read.type = MsgType::kReadRequest;
+  read.id = 9;
+  read.window = 7;
+  read.bytes = 256;
+  read.dstWindow = 2;
+  ControlMsg done;
+  done.type = MsgType::kReadDone;
+  done.id = 9;
+  seed("fuzz_p2p_wire", "control", messages + p2pMessage(cts) + p2pMessage(read) + p2pMessage(done));
+  // 1: a key cut and put back together: window 7 of 4096 bytes, a 90-byte key.
+  seed("fuzz_p2p_wire", "key-round-trip",
+       bytesOf({1}) + raw(uint32_t{7}) + raw(uint64_t{4096}) + raw(uint16_t{90}) + std::string(90, 'q'));
+  seed("fuzz_p2p_wire", "descriptor", bytesOf({2}) + encodeDescriptor(Descriptor{0x1234, 7, 4096}));
+  IpcDescriptor ipc;
+  ipc.host = 1;
+  ipc.pid = 4242;
+  ipc.device = 0;
+  ipc.allocBase = 0x7f0000000000;
+  ipc.offset = 512;
+  ipc.bytes = 4096;
+  seed("fuzz_p2p_wire", "ipc-descriptor", bytesOf({3}) + encodeIpc(ipc));
+  seed("fuzz_p2p_wire", "metadata", bytesOf({4}) + encodeMetadata(EndpointAddress{"10.0.0.2", 5000, 1}));
+  Hello hello;
+  hello.transport = "tcp";
+  hello.gpu = 0;
+  hello.secret = "0123456789abcdef";
+  hello.address = "10.0.0.1:41000";
+  hello.sockets = 4;
+  hello.chunkBytes = 1 << 20;
+  seed("fuzz_p2p_wire", "hello", bytesOf({5}) + encodeHello(hello));
+  Answer yes;
+  yes.ok = true;
+  yes.gpu = 1;
+  yes.address = "10.0.0.2:41001";
+  yes.token = 77;
+  seed("fuzz_p2p_wire", "answer", bytesOf({6}) + encodeAnswer(yes));
+  Answer no;
+  no.reason = "the peer uses transport 'verbs', this endpoint 'tcp'";
+  seed("fuzz_p2p_wire", "answer-refused", bytesOf({6}) + encodeAnswer(no));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -166,5 +229,6 @@ int main(int argc, char** argv) {
   tcpSeeds();
   verbsSeeds();
   runtimeSeeds();
+  p2pSeeds();
   return 0;
 }

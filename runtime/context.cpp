@@ -245,25 +245,59 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
                                                    std::to_string(kMaxUserWindows) + " window ids are in use");
     windowInUse_[id] = true;
   }
-  std::string key;
+  // This rank's own step may fail (its transport refuses the memory) where the others' succeed: it still joins the
+  // exchange with a failure record, so that every rank fails the call together and names it, instead of the others
+  // waiting for it until the timeout and meeting its next collective call in this one's place.
+  std::string key, failure;
+  ErrorCode failureCode = ErrorCode::kOk;
+  bool inTransport = false;
   try {
     key = transport_->registerWindow(id, base, bytes, kind);
+    inTransport = true;
     registry_->addLocal(id, base, bytes, kind);
-  } catch (...) {
+  } catch (const Error& e) {
+    failure = e.message();
+    failureCode = e.code() == ErrorCode::kOk ? ErrorCode::kInternal : e.code();
+  } catch (const std::exception& e) {
+    failure = e.what();
+    failureCode = ErrorCode::kInternal;
+  }
+  if (failureCode != ErrorCode::kOk) {
+    if (inTransport) {
+      try {
+        transport_->deregisterWindow(id);
+      } catch (const std::exception& e) {
+        GDX_ERROR("rank " << rank() << ": undoing the registration of window " << id << ": " << e.what());
+      }
+    }
     std::lock_guard<std::mutex> lock(windowMutex_);
     windowInUse_[id] = false;
-    throw;
   }
-  Window window(link_, id, base, bytes, kind, name);
   CollectiveTag tag = tagged("registerWindow");
   tag.size = bytes;
   tag.name = name;
+  const std::string call = "registerWindow of " + std::to_string(bytes) + " bytes" +
+                           (name.empty() ? std::string() : " named '" + name + "'");
+  if (failureCode != ErrorCode::kOk) {
+    bootstrap_->allGather(encodeFailedWindowRecord(failure), tag);
+    throw Error(failureCode, "rank " + std::to_string(rank()) + ": " + call + ": " + failure);
+  }
+  // From here on the Window deregisters what was set up if the exchange or a later step throws.
+  Window window(link_, id, base, bytes, kind, name);
   std::vector<std::string> all =
       bootstrap_->allGather(encodeWindowRecord(id, bytes, key, direct_->windowBlob(base, bytes, kind)), tag);
+  std::vector<WindowRecord> records;
+  for (int p = 0; p < worldSize(); ++p) {
+    records.push_back(decodeWindowRecord(all[p], p));
+    if (records.back().failed())
+      throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": " + call + ": rank " +
+                                                   std::to_string(p) +
+                                                   " could not register its memory: " + records.back().key);
+  }
   direct_->addLocal(id, base, bytes, kind);
   bool anyDirect = false;
   for (int p = 0; p < worldSize(); ++p) {
-    WindowRecord r = decodeWindowRecord(all[p], p);
+    const WindowRecord& r = records[p];
     const uint32_t peerId = r.id;
     const uint64_t peerBytes = r.bytes;
     const std::string& peerKey = r.key;

@@ -15,6 +15,10 @@ std::string encodeWindowRecord(uint32_t id, uint64_t bytes, const std::string& k
   return out + key + direct;
 }
 
+std::string encodeFailedWindowRecord(const std::string& reason) {
+  return encodeWindowRecord(kFailedWindowRecord, 0, reason);
+}
+
 WindowRecord decodeWindowRecord(const std::string& blob, int peer) {
   uint32_t keyBytes = 0;
   if (blob.size() >= kWindowRecordHeaderBytes) std::memcpy(&keyBytes, blob.data() + 12, 4);

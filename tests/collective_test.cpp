@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -102,6 +104,35 @@ TEST(Collective, SizesThatMustMatchAndDoNotAreNamedWithTheSequenceNumber) {
     std::vector<std::string> all = b.allGather(std::to_string(rank), tag);  // #3: matches
     CHILD_CHECK(all.size() == 2 && all[0] == "0" && all[1] == "1");
     b.barrier();
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// A registration that fails on one rank only (here its transport refuses the memory: host memory said to be GPU
+// memory) fails on every rank at once, naming that rank and its reason, instead of leaving the others waiting in
+// the exchange until the timeout; and the job goes on with the ids the failed call took free again.
+TEST(Collective, ARegistrationThatFailsOnOneRankFailsOnEveryRankWithItsReason) {
+  auto codes = runRanks(2, [](int rank) {
+    std::vector<unsigned char> buf(4096, static_cast<unsigned char>(rank + 1)), dst(4096, 0);
+    setenv("GDX_TIMEOUT_MS", "20000", 1);
+    Context ctx;
+    const auto start = std::chrono::steady_clock::now();
+    CHILD_CHECK(refusedNaming(
+        [&] { ctx.registerWindow(buf.data(), buf.size(), rank == 1 ? MemoryKind::kCuda : MemoryKind::kHost, "buf"); },
+        {"rank 1", "registerWindow", "buf"}));
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "rank %d: the failed registration returned after %.3f s\n", rank, waited);
+    CHILD_CHECK(waited < 5.0);  // not the 20 s timeout
+    Window s = ctx.registerWindow(buf.data(), buf.size(), MemoryKind::kHost, "src");
+    Window d = ctx.registerWindow(dst.data(), dst.size(), MemoryKind::kHost, "dst");
+    CHILD_CHECK(s.id() == 0 && d.id() == 1);
+    Channel ch = ctx.channel(1 - rank);
+    ch.putWithSignal(d, 0, s, 0, buf.size(), 0, 1);
+    ctx.wait(0, 1);
+    ch.flush();
+    CHILD_CHECK(dst[0] == 2 - rank && dst[4095] == 2 - rank);
+    ctx.barrier();
     return 0;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));

@@ -34,9 +34,12 @@ class Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message);
   ErrorCode code() const noexcept { return code_; }
+  /// what() without its "gdx <code>: " prefix: for an error that carries another as its cause.
+  const char* message() const noexcept { return what() + prefixBytes_; }
 
  private:
   ErrorCode code_;
+  size_t prefixBytes_;
 };
 
 /// A C library / kernel call failed; carries errno.

@@ -329,6 +329,11 @@ void VerbsLane::reapSendCq() {
   if (n < 0) GDX_ERROR(who() << ": ibv_poll_cq (send) failed");
 }
 
+bool VerbsLane::armCompletion() {
+  if (!t_.connected_ || t_.stopping_.load(std::memory_order_relaxed)) return false;
+  return ibv_req_notify_cq(sendCq_.get(), 0) == 0;
+}
+
 size_t VerbsLane::poll(Completion* out, size_t max) {
   progress();
   const size_t k = common::takeCompletions(done_, out, max);

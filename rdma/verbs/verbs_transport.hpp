@@ -31,11 +31,13 @@
 // (bounded by timeoutNs, making progress on the lane meanwhile).
 //
 // Receiving: every QP keeps `recvDepth` receives posted, each with a kRecvSlotBytes slot of one registered buffer. One
-// thread per transport polls the shared receive CQ (busy for a while, then blocking on a completion channel with a
-// short timeout so shutdown stays bounded). An IBV_WC_RECV_RDMA_WITH_IMM becomes an ImmHandler call (RC delivers
-// in order, so the write's data and every earlier write of that QP are in place); every consumed receive is
-// reposted. The QPs' rnr_retry is infinite (verbs_resources.cpp), so a SEND that finds no receive posted waits for
-// the repost instead of failing.
+// thread per transport polls the shared receive CQ (busy for kReceiveSpinNs after the last receive, then blocking on
+// the completion channel with a short timeout so shutdown stays bounded). The lanes' send CQs share that channel: a
+// lane's caller that has nothing to do but wait for completions arms its send CQ (armCompletion()) and sleeps, and
+// the receiver thread, woken by the event, calls the CompletionHandler, so no thread spins on a send CQ. An
+// IBV_WC_RECV_RDMA_WITH_IMM becomes an ImmHandler call (RC delivers in order, so the write's data and every earlier
+// write of that QP are in place); every consumed receive is reposted. The QPs' rnr_retry is infinite
+// (verbs_resources.cpp), so a SEND that finds no receive posted waits for the repost instead of failing.
 //
 // Control messages (postMessage): an IBV_WR_SEND of a MessageRecord (8-byte header and the message's bytes, inline
 // when the QP allows it, else from the lane's registered control slots) on the lane's RC QP to the peer. It
@@ -163,7 +165,11 @@ class VerbsLane : public TransportLane {
   void postMessage(const MessageOp& op) override;
   size_t poll(Completion* out, size_t max) override;
   size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
+  /// Requests an event for the next send completion (ibv_req_notify_cq); the receiver thread turns it into a call
+  /// of the CompletionHandler.
+  bool armCompletion() override;
 
+  int index() const { return index_; }
   ibv_qp* qp(int peer) const { return qps_[peer].qp.get(); }
   uint32_t psn(int peer) const { return qps_[peer].psn; }
   uint32_t maxInline() const { return maxInline_; }
@@ -271,6 +277,9 @@ class VerbsTransport : public common::TransportBase {
 
   // Receiving (verbs_receive.cpp).
   void receiverLoop();
+  /// Takes every event waiting on the completion channel (without blocking): a receive CQ event disarms it (*recvArmed
+  /// false), a send CQ event goes to the CompletionHandler with its lane.
+  void takeChannelEvents(bool* recvArmed);
   void onReceive(const ibv_wc& wc);
   /// Acts on a received SEND of `bytes` bytes at `data` (a control record or a message); "" or why it is malformed.
   std::string applySend(int lane, int peer, const char* data, uint32_t bytes);

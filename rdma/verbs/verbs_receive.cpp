@@ -105,6 +105,7 @@ void VerbsTransport::onReceive(const ibv_wc& wc) {
     return;
   }
   if (failed(peer)) return;
+  heardNs_[peer].store(nowNs(), std::memory_order_relaxed);  // it is alive, whatever its heartbeat says
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     common::announce(immHandler_, RemoteWrite{peer, kUnknownRemoteWindow, 0, wc.byte_len, ntohl(wc.imm_data)},
                      [this] { return who(); });

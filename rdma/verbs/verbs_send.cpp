@@ -216,7 +216,7 @@ void VerbsLane::failBacklog(int peer) {
 void VerbsLane::retire(int peer, const PostedWr& w, Status status) {
   if (w.sendSlot >= 0) sendSlotBusy_[w.sendSlot] = false;
   QpSlot& q = qps_[peer];
-  if (w.what == PostedWr::kHeartbeat) q.heartbeatNs = 0;
+  if (w.what == PostedWr::kHeartbeat) q.heartbeat.stop();
   if (w.what == PostedWr::kCreditRead) creditReadDone(peer, status);
   if (w.op != kNoOp) finishWr(w.op, status);
 }

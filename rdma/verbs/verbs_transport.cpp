@@ -64,6 +64,8 @@ VerbsTransport::VerbsTransport(const VerbsTransportOptions& o)
                     " (GDX_IB_SIGNAL_EVERY) and timeoutNs (GDX_TIMEOUT_MS) must be positive");
   peerFailed_.reset(new std::atomic<bool>[world_]);
   for (int p = 0; p < world_; ++p) peerFailed_[p].store(false);
+  heardNs_.reset(new std::atomic<uint64_t>[world_]);
+  for (int p = 0; p < world_; ++p) heardNs_[p].store(0);
   windows_.setPeers(world_);
 
   ctx_ = openPort(o.hca, o.gidIndex, &port_);

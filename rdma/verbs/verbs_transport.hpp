@@ -82,6 +82,7 @@
 #include "rdma/common/delivery.hpp"
 #include "rdma/common/fault.hpp"
 #include "rdma/common/window_table.hpp"
+#include "rdma/verbs/heartbeat_clock.hpp"
 #include "rdma/verbs/verbs_resources.hpp"
 #include "rdma/verbs/verbs_wire.hpp"
 
@@ -91,8 +92,9 @@ namespace gdx::verbs {
 constexpr uint64_t kWordBytes = 8;
 constexpr uint32_t kMaxChunk = 1u << 30;
 constexpr uint64_t kHeartbeatNs = 100ull * 1000 * 1000;
-/// A heartbeat unanswered this long (or timeoutNs / 4, if less) fails the peer: it is posted to an idle QP, so
-/// nothing queues before it, and some devices (Soft-RoCE) keep retrying a vanished peer far longer.
+/// A heartbeat unanswered this long (or timeoutNs / 4, if less) while nothing arrives from the peer fails it
+/// (heartbeat_clock.hpp says how the time is counted): some devices (Soft-RoCE) keep retrying a vanished peer far
+/// longer than that.
 constexpr uint64_t kHeartbeatTimeoutNs = 2000ull * 1000 * 1000;
 constexpr uint32_t kNoOp = 0xffffffffu;
 constexpr uint64_t kSeqMask = (uint64_t{1} << 40) - 1;
@@ -140,7 +142,7 @@ struct QpSlot {
   uint64_t nextSeq = 0;         ///< sequence number of the next posted work request
   uint64_t progressNs = 0;      ///< when the QP last completed work, or got work while idle
   uint64_t lastPostNs = 0;      ///< when work was last posted (heartbeats go to QPs idle for kHeartbeatNs)
-  uint64_t heartbeatNs = 0;     ///< when the heartbeat now outstanding was queued; 0: none
+  HeartbeatClock heartbeat;     ///< the heartbeat now outstanding, if any, and how long the peer has been silent
   std::deque<PostedWr> posted;  ///< in posting order; its size is what the QP has outstanding
   std::deque<PendingWr> backlog;
   // Staging towards this peer's staged windows: chunks sent into its ring (this lane, this rank), and the
@@ -322,6 +324,8 @@ class VerbsTransport : public common::TransportBase {
   std::vector<std::unique_ptr<VerbsLane>> lanes_;
 
   std::unique_ptr<std::atomic<bool>[]> peerFailed_;
+  /// When anything last arrived from each peer (receiver thread; nowNs(), 0: never): proof that it is alive.
+  std::unique_ptr<std::atomic<uint64_t>[]> heardNs_;
 
   bool connectStarted_ = false;
   bool connected_ = false;

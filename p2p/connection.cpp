@@ -83,6 +83,7 @@ void Connection::start() {
     e.why = why;
     push(std::move(e));
   });
+  link_.transport->setCompletionHandler([this](int) { onCompletionReady(); });
   link_.transport->connect(link_.addresses, 1);
   lane_ = &link_.transport->lane(0);
   GDX_INFO(name_ << ": connected over " << link_.transport->name() << " as rank " << link_.self);
@@ -101,14 +102,21 @@ void Connection::queue(std::function<void()> op) {
   }
   // Run it here unless another thread drives the connection (it sees pending_ before it lets go). What is left in
   // flight afterwards (completions to poll) goes to the progress thread unless the caller is about to drive().
-  const bool busy = progress();
-  if (busy && drivers_.load() == 0) wake_();
+  if (progress() != Activity::kIdle && drivers_.load() == 0) wake_();
 }
 
 void Connection::push(Event e) {
   {
     std::lock_guard<std::mutex> lock(opsMutex_);
     inbox_.push_back(std::move(e));
+    pending_ = true;
+  }
+  wakeDriver();
+}
+
+void Connection::onCompletionReady() {
+  {
+    std::lock_guard<std::mutex> lock(opsMutex_);  // orders it with drive()'s look at pending_ before it sleeps
     pending_ = true;
   }
   wakeDriver();
@@ -828,13 +836,23 @@ void Connection::sweep() {
               live_.end());
 }
 
-bool Connection::progress() {
-  if (!lane_) return false;  // not started yet: start() is followed by the progress thread's first round
+Connection::Activity Connection::progress(bool arm) {
+  if (!lane_) return Activity::kIdle;  // not started yet: start() is followed by the progress thread's first round
   std::unique_lock<std::mutex> lock(progressMutex_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;  // the holder runs whatever was queued before it lets go (pending_)
-  bool busy = false;
-  while (pending_.exchange(false)) busy |= round();
-  busy |= round();  // completions are polled, not announced: one more round polls them even when nothing was queued
+  if (!lock.owns_lock()) return Activity::kIdle;  // the holder runs whatever was queued before it lets go (pending_)
+  bool worked = false;
+  while (pending_.exchange(false)) worked |= round();
+  worked |= round();  // completions are polled, not announced: one more round polls them even when nothing was queued
+  Activity activity = worked ? Activity::kWorked : Activity::kIdle;
+  if (!worked && lane_->inFlight() > 0) {
+    // Completions are due. Polling for them in every idle thread starves whatever produces them (on a host with few
+    // cores, or Soft-RoCE, whose work is done by the same CPUs): where the transport can announce them, it does, and
+    // one more round takes those that came before it was armed.
+    if (arm && lane_->armCompletion())
+      activity = round() ? Activity::kWorked : Activity::kIdle;
+    else
+      activity = Activity::kPolling;
+  }
   lock.unlock();
   if (drivers_.load() > 0) {
     // A driver may sleep waiting for a transfer this round finished: taking opsMutex_ orders this notification
@@ -842,7 +860,7 @@ bool Connection::progress() {
     { std::lock_guard<std::mutex> ops(opsMutex_); }
     driverCv_.notify_all();
   }
-  return busy;
+  return activity;
 }
 
 void Connection::drive(const Transfer& t, uint64_t deadlineNs) {
@@ -850,19 +868,21 @@ void Connection::drive(const Transfer& t, uint64_t deadlineNs) {
   uint64_t spins = 0;
   uint64_t activeNs = nowNs();
   while (!t.finished()) {
-    const bool busy = progress();
+    // Poll for kDriveSpinNs after the last work done (a reply or completion soon after is caught without a
+    // wake-up), then have completions announced and sleep until something arrives.
+    const bool spin = nowNs() - activeNs < kDriveSpinNs;
+    const Activity activity = progress(!spin);
     if (t.finished()) break;
     const uint64_t now = nowNs();
     if (now >= deadlineNs) break;
-    if (busy) activeNs = now;
-    if (now - activeNs < kDriveSpinNs) {
+    if (activity == Activity::kWorked) activeNs = now;
+    if (spin || activity != Activity::kIdle) {
       spinPause(++spins);
       continue;
     }
     std::unique_lock<std::mutex> lock(opsMutex_);
     driverCv_.wait_for(lock, std::chrono::nanoseconds(std::min(kDriveSleepNs, deadlineNs - now)),
                        [&] { return pending_.load() || t.finished(); });
-    activeNs = nowNs();
     spins = 0;
   }
   // ~Driving hands whatever is still in flight (other transfers' completions) back to the progress thread.
@@ -895,8 +915,7 @@ bool Connection::round() {
   for (size_t i = 0; i < n; ++i) handleCompletion(done[i]);
   if (creditsFreed_ > 0 && failed.empty() && nowNs() - creditsOwedSinceNs_ >= kCreditDelayNs) flushCredits();
   sweep();
-  // Completions of the lane are polled, not announced: come back soon while any is due.
-  return lane_->inFlight() > 0 || !ops.empty() || !events.empty();
+  return n > 0 || !ops.empty() || !events.empty();
 }
 
 void Connection::handleCompletion(const Completion& c) {

@@ -119,14 +119,21 @@ class Connection {
   /// Called from whichever thread runs the connection, for every notified write that arrived.
   void setNotifyHandler(std::function<void()> h);
 
+  /// What progress() leaves for the calling thread.
+  enum class Activity {
+    kIdle,     ///< nothing to do until the connection is woken (or the next deadline check, within a millisecond)
+    kPolling,  ///< completions are due and the transport cannot announce them: come back soon
+    kWorked,   ///< work was done; more may follow at once
+  };
   /// Runs the connection's work (queued operations, what arrived, completions, deadlines) unless another thread is
-  /// doing so right now, which then does this work too before it lets go. true while something is in flight (the
-  /// thread should come back soon).
-  bool progress();
+  /// doing so right now, which then does this work too before it lets go. With `arm`, completions still due are to be
+  /// announced by the transport (TransportLane::armCompletion(): it wakes the connection's driver or progress thread
+  /// when they come), so that the caller may sleep instead of polling: kIdle instead of kPolling where it can.
+  Activity progress(bool arm = false);
   /// Drives the connection from the calling thread until `t` is finished or `deadlineNs` passes: it polls for a
-  /// short while (a reply to a small message comes within tens of microseconds), then sleeps until the transport
-  /// hands over something or the endpoint's progress thread finished a transfer. Work it leaves behind goes back to
-  /// the progress thread.
+  /// short while after the last work it did (a reply to a small message comes within tens of microseconds), then
+  /// sleeps until the transport hands over something (a message, an immediate, an armed completion) or the
+  /// endpoint's progress thread finished a transfer. Work it leaves behind goes back to the progress thread.
   void drive(const Transfer& t, uint64_t deadlineNs);
   /// true while a caller drives the connection (the progress thread leaves it to that caller).
   bool driven() const { return drivers_.load() > 0; }
@@ -183,11 +190,14 @@ class Connection {
 
   void queue(std::function<void()> op);
   void push(Event e);
+  /// The transport announced a completion that was armed for: the driver or progress thread runs a round.
+  void onCompletionReady();
   /// Wakes whoever should run the connection next: a thread in drive(), else the progress thread.
   void wakeDriver();
   /// The last driver hands what is queued or in flight back to the progress thread.
   void leaveDriving();
-  /// One round of work (the caller holds progressMutex_); true while something is in flight.
+  /// One round of work (the caller holds progressMutex_); true if it did any (ran operations, handled arrivals or
+  /// completions).
   bool round();
   void handleCompletion(const Completion& c);
   /// Posts the eager send at the head of sends_ into the next slot of the peer's eager buffer; false when it must

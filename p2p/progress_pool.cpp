@@ -7,6 +7,13 @@
 #include "gdx/detail/log.hpp"
 
 namespace gdx::p2p {
+namespace {
+
+/// How long a thread polls for completions after the last work it did before it has them announced and sleeps: as
+/// Connection::drive() does.
+constexpr uint64_t kSpinNs = 50 * 1000;
+
+}  // namespace
 
 ProgressPool::ProgressPool(int threads) {
   for (int i = 0; i < std::max(threads, 1); ++i) workers_.push_back(std::make_unique<Worker>());
@@ -62,6 +69,7 @@ void ProgressPool::remove(const Connection* c) {
 
 void ProgressPool::loop(Worker& w) {
   uint64_t spins = 0;
+  uint64_t activeNs = nowNs();
   std::vector<std::shared_ptr<Connection>> conns;
   while (!stop_) {
     {
@@ -69,17 +77,23 @@ void ProgressPool::loop(Worker& w) {
       conns = w.conns;
       w.woken = false;
     }
-    bool busy = false;
+    // Completions due soon after the last work are polled for; later ones are announced by the transport where it
+    // can (Connection::progress(arm)), so that an idle thread sleeps instead of taking CPU from whatever produces them.
+    const bool arm = nowNs() - activeNs >= kSpinNs;
+    bool worked = false, polling = false;
     for (auto& c : conns) {
       if (c->driven()) continue;  // a caller runs it now, and wakes this thread when it stops
       try {
-        busy |= c->progress();
+        const Connection::Activity a = c->progress(arm);
+        worked |= a == Connection::Activity::kWorked;
+        polling |= a == Connection::Activity::kPolling;
       } catch (const std::exception& e) {
         GDX_ERROR(c->name() << ": progress: " << e.what());
       }
     }
     conns.clear();
-    if (busy) {
+    if (worked) activeNs = nowNs();
+    if (worked || polling) {
       spinPause(++spins);
       continue;
     }

@@ -1,7 +1,8 @@
 // The progress threads of an endpoint: numCpus threads, each driving the connections given to it (round-robin).
-// A thread sleeps until a connection wakes it (an operation queued, a message or an immediate arrived) and polls
-// without sleeping while a connection has completions due; it also wakes every millisecond so that deadlines are
-// checked. A connection that a caller drives itself (Connection::drive) is left to that caller.
+// A thread sleeps until a connection wakes it (an operation queued, a message, an immediate or an armed completion
+// arrived); it polls without sleeping for a short while after it did work while a connection has completions due,
+// and for as long as they are due where the transport cannot announce them; it also wakes every millisecond so
+// that deadlines are checked. A connection that a caller drives itself (Connection::drive) is left to that caller.
 #pragma once
 
 #include <atomic>

@@ -51,19 +51,21 @@ class PeerFailureNotifier {
   Transport::PeerFailureHandler handler_;
 };
 
-/// The part of a Transport that every backend implements alike: keeping the user's handlers. The immediate and
-/// message handlers are set before connect() (transport.hpp), so transport threads read them without a lock; the
+/// The part of a Transport that every backend implements alike: keeping the user's handlers. The immediate, message
+/// and completion handlers are set before connect() (transport.hpp), so transport threads read them without a lock; the
 /// failure handler may change at any time.
 class TransportBase : public Transport {
  public:
   void setImmHandler(ImmHandler handler) override { immHandler_ = std::move(handler); }
   void setMessageHandler(MessageHandler handler) override { messageHandler_ = std::move(handler); }
   void setPeerFailureHandler(PeerFailureHandler handler) override { failureHandler_.set(std::move(handler)); }
+  void setCompletionHandler(CompletionHandler handler) override { completionHandler_ = std::move(handler); }
 
  protected:
   ImmHandler immHandler_;          ///< called through announce()
   MessageHandler messageHandler_;  ///< called through deliverMessage()
   PeerFailureNotifier failureHandler_;
+  CompletionHandler completionHandler_;  ///< called by backends whose lanes can arm completions (verbs)
 };
 
 }  // namespace gdx::common

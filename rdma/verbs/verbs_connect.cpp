@@ -19,7 +19,9 @@ VerbsLane::VerbsLane(VerbsTransport& t, int index) : t_(t), index_(index), copie
   mr_.reset(ibv_reg_mr(t.pd_.get(), buffer_.get(), bufferBytes, IBV_ACCESS_LOCAL_WRITE));
   if (!mr_) throw VerbsError("ibv_reg_mr (lane scratch)", errno, __FILE__, __LINE__);
   const int cqe = std::min(t.world_ * t.sendDepth_, t.port_.device_attr.max_cqe);
-  sendCq_.reset(ibv_create_cq(t.ctx_.get(), cqe, nullptr, nullptr, 0));
+  // On the transport's completion channel (cq_context: this lane), so that the receiver thread, which waits on it
+  // anyway, can wake a caller that armed the send CQ instead of polling it (armCompletion()).
+  sendCq_.reset(ibv_create_cq(t.ctx_.get(), cqe, this, t.channel_.get(), 0));
   if (!sendCq_) throw VerbsError("ibv_create_cq (send, " + std::to_string(cqe) + ")", errno, __FILE__, __LINE__);
   std::random_device rd;
   qps_.resize(t.world_);

@@ -1,7 +1,7 @@
 // Liveness of the verbs transport's peers, checked by each lane as it makes progress: a zero-byte RDMA write to every
 // QP to another rank that has been idle for kHeartbeatNs, so that a peer that died without a word is noticed (by the
-// retry error, or by the heartbeat going unanswered) even by a rank that only waits; and bounded waiting for work
-// the NIC keeps retrying.
+// retry error, or by the heartbeat going unanswered while the peer sends nothing, heartbeat_clock.hpp) even by a rank
+// that only waits; and bounded waiting for work the NIC keeps retrying.
 #include <algorithm>
 #include <shared_mutex>
 #include <string>
@@ -33,7 +33,7 @@ void VerbsLane::queueHeartbeat(int peer, uint64_t now) {
   h.what = PostedWr::kHeartbeat;
   h.opcode = IBV_WR_RDMA_WRITE;
   h.local.length = 0;  // a zero-byte write
-  q.heartbeatNs = now;
+  q.heartbeat.start(now);
   q.backlog.push_back(h);
   flush(peer);
 }
@@ -49,10 +49,11 @@ void VerbsLane::watchPeers(uint64_t now) {
       continue;
     }
     const uint64_t heartbeatTimeout = std::min(kHeartbeatTimeoutNs, t_.options_.timeoutNs / 4);
-    if (q.heartbeatNs != 0 && now - q.heartbeatNs > heartbeatTimeout)
+    const uint64_t silentNs = q.heartbeat.look(now, t_.heardNs_[p].load(std::memory_order_relaxed));
+    if (silentNs > heartbeatTimeout)
       t_.failPeer(p, "lane " + std::to_string(index_) + ": rank " + std::to_string(p) +
-                         " did not answer a heartbeat for " + std::to_string((now - q.heartbeatNs) / 1000000) +
-                         " ms (status timeout)");
+                         " did not answer a heartbeat and sent nothing for " + std::to_string(silentNs / 1000000) +
+                         " ms (limit " + std::to_string(heartbeatTimeout / 1000000) + " ms; status timeout)");
     else if (!q.posted.empty() && now - q.progressNs > t_.options_.timeoutNs)
       t_.failPeer(p, "lane " + std::to_string(index_) + ": no completion from rank " + std::to_string(p) + " for " +
                          std::to_string((now - q.progressNs) / 1000000) + " ms with " +

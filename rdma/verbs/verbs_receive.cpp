@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "gdx/detail/atomic.hpp"
+#include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 #include "rdma/common/delivery.hpp"
@@ -35,10 +36,35 @@ void VerbsTransport::postReceive(int lane, int peer, uint32_t slot) {
   GDX_IBV_CHECK(ibv_post_recv(lanes_[lane]->qp(peer), &wr, &bad));
 }
 
+namespace {
+
+/// How long the receiver thread polls its CQ after the last receive before it sleeps on the completion channel: a
+/// reply to a small message comes within this on a real NIC, and polling longer only takes CPU from the threads
+/// (and, on Soft-RoCE, the kernel) that produce the next one.
+constexpr uint64_t kReceiveSpinNs = 50 * 1000;
+/// Longest sleep on the completion channel, so that rxStop_ is seen within it.
+constexpr int kReceiveSleepMs = 20;
+
+}  // namespace
+
+void VerbsTransport::takeChannelEvents(bool* recvArmed) {
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  // The channel's fd is non-blocking (constructor): this returns once no event is left.
+  while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
+    ibv_ack_cq_events(cq, 1);
+    if (cq == recvCq_.get()) {
+      *recvArmed = false;
+    } else if (ctx != nullptr && completionHandler_) {
+      completionHandler_(static_cast<VerbsLane*>(ctx)->index());
+    }
+  }
+}
+
 void VerbsTransport::receiverLoop() {
   ibv_wc wc[32];
-  int idle = 0;
   bool armed = false;
+  uint64_t activeNs = nowNs();
   while (!rxStop_.load(std::memory_order_acquire)) {
     int n = ibv_poll_cq(recvCq_.get(), 32, wc);
     if (n < 0) {
@@ -48,10 +74,10 @@ void VerbsTransport::receiverLoop() {
     }
     for (int i = 0; i < n; ++i) onReceive(wc[i]);
     if (n > 0) {
-      idle = 0;
+      activeNs = nowNs();
       continue;
     }
-    if (++idle < 2000) continue;
+    if (nowNs() - activeNs < kReceiveSpinNs) continue;
     if (!armed) {
       if (ibv_req_notify_cq(recvCq_.get(), 0) != 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -61,13 +87,9 @@ void VerbsTransport::receiverLoop() {
       continue;  // poll once more: a completion may have arrived before the CQ was armed
     }
     pollfd pfd{channel_->fd, POLLIN, 0};
-    if (::poll(&pfd, 1, 20) > 0) {
-      ibv_cq* cq = nullptr;
-      void* ctx = nullptr;
-      if (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
-    }
-    armed = false;
-    idle = 0;
+    if (::poll(&pfd, 1, kReceiveSleepMs) > 0) takeChannelEvents(&armed);
+    // A receive event (armed now false) starts a new spell of polling; a send CQ's event alone does not.
+    if (!armed) activeNs = nowNs();
   }
 }
 
@@ -83,6 +105,7 @@ void VerbsTransport::onReceive(const ibv_wc& wc) {
     return;
   }
   if (failed(peer)) return;
+  heardNs_[peer].store(nowNs(), std::memory_order_relaxed);  // it is alive, whatever its heartbeat says
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     common::announce(immHandler_, RemoteWrite{peer, kUnknownRemoteWindow, 0, wc.byte_len, ntohl(wc.imm_data)},
                      [this] { return who(); });

@@ -216,7 +216,7 @@ void VerbsLane::failBacklog(int peer) {
 void VerbsLane::retire(int peer, const PostedWr& w, Status status) {
   if (w.sendSlot >= 0) sendSlotBusy_[w.sendSlot] = false;
   QpSlot& q = qps_[peer];
-  if (w.what == PostedWr::kHeartbeat) q.heartbeatNs = 0;
+  if (w.what == PostedWr::kHeartbeat) q.heartbeat.stop();
   if (w.what == PostedWr::kCreditRead) creditReadDone(peer, status);
   if (w.op != kNoOp) finishWr(w.op, status);
 }
@@ -327,6 +327,11 @@ void VerbsLane::reapSendCq() {
     if (n < 32) break;
   }
   if (n < 0) GDX_ERROR(who() << ": ibv_poll_cq (send) failed");
+}
+
+bool VerbsLane::armCompletion() {
+  if (!t_.connected_ || t_.stopping_.load(std::memory_order_relaxed)) return false;
+  return ibv_req_notify_cq(sendCq_.get(), 0) == 0;
 }
 
 size_t VerbsLane::poll(Completion* out, size_t max) {

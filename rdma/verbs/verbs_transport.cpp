@@ -2,6 +2,8 @@
 // failure and shutdown. The protocol is described in verbs_transport.hpp, which also says where the rest lives.
 #include "rdma/verbs/verbs_transport.hpp"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -62,6 +64,8 @@ VerbsTransport::VerbsTransport(const VerbsTransportOptions& o)
                     " (GDX_IB_SIGNAL_EVERY) and timeoutNs (GDX_TIMEOUT_MS) must be positive");
   peerFailed_.reset(new std::atomic<bool>[world_]);
   for (int p = 0; p < world_; ++p) peerFailed_[p].store(false);
+  heardNs_.reset(new std::atomic<uint64_t>[world_]);
+  for (int p = 0; p < world_; ++p) heardNs_[p].store(0);
   windows_.setPeers(world_);
 
   ctx_ = openPort(o.hca, o.gidIndex, &port_);
@@ -82,6 +86,9 @@ VerbsTransport::VerbsTransport(const VerbsTransportOptions& o)
   if (!pd_) throw VerbsError("ibv_alloc_pd", errno, __FILE__, __LINE__);
   channel_.reset(ibv_create_comp_channel(ctx_.get()));
   if (!channel_) throw VerbsError("ibv_create_comp_channel", errno, __FILE__, __LINE__);
+  // Non-blocking: the receiver thread poll()s the fd and then takes every waiting event without blocking.
+  if (int flags = fcntl(channel_->fd, F_GETFL); flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) != 0)
+    throw VerbsError("fcntl(O_NONBLOCK) on the completion channel", errno, __FILE__, __LINE__);
   const size_t qpsTotal = static_cast<size_t>(o.lanes) * world_;
   const int recvCqe = static_cast<int>(std::min<size_t>(qpsTotal * recvDepth_, dev.max_cqe));
   recvCq_.reset(ibv_create_cq(ctx_.get(), recvCqe, nullptr, channel_.get(), 0));

@@ -31,11 +31,13 @@
 // (bounded by timeoutNs, making progress on the lane meanwhile).
 //
 // Receiving: every QP keeps `recvDepth` receives posted, each with a kRecvSlotBytes slot of one registered buffer. One
-// thread per transport polls the shared receive CQ (busy for a while, then blocking on a completion channel with a
-// short timeout so shutdown stays bounded). An IBV_WC_RECV_RDMA_WITH_IMM becomes an ImmHandler call (RC delivers
-// in order, so the write's data and every earlier write of that QP are in place); every consumed receive is
-// reposted. The QPs' rnr_retry is infinite (verbs_resources.cpp), so a SEND that finds no receive posted waits for
-// the repost instead of failing.
+// thread per transport polls the shared receive CQ (busy for kReceiveSpinNs after the last receive, then blocking on
+// the completion channel with a short timeout so shutdown stays bounded). The lanes' send CQs share that channel: a
+// lane's caller that has nothing to do but wait for completions arms its send CQ (armCompletion()) and sleeps, and
+// the receiver thread, woken by the event, calls the CompletionHandler, so no thread spins on a send CQ. An
+// IBV_WC_RECV_RDMA_WITH_IMM becomes an ImmHandler call (RC delivers in order, so the write's data and every earlier
+// write of that QP are in place); every consumed receive is reposted. The QPs' rnr_retry is infinite
+// (verbs_resources.cpp), so a SEND that finds no receive posted waits for the repost instead of failing.
 //
 // Control messages (postMessage): an IBV_WR_SEND of a MessageRecord (8-byte header and the message's bytes, inline
 // when the QP allows it, else from the lane's registered control slots) on the lane's RC QP to the peer. It
@@ -80,6 +82,7 @@
 #include "rdma/common/delivery.hpp"
 #include "rdma/common/fault.hpp"
 #include "rdma/common/window_table.hpp"
+#include "rdma/verbs/heartbeat_clock.hpp"
 #include "rdma/verbs/verbs_resources.hpp"
 #include "rdma/verbs/verbs_wire.hpp"
 
@@ -89,8 +92,9 @@ namespace gdx::verbs {
 constexpr uint64_t kWordBytes = 8;
 constexpr uint32_t kMaxChunk = 1u << 30;
 constexpr uint64_t kHeartbeatNs = 100ull * 1000 * 1000;
-/// A heartbeat unanswered this long (or timeoutNs / 4, if less) fails the peer: it is posted to an idle QP, so
-/// nothing queues before it, and some devices (Soft-RoCE) keep retrying a vanished peer far longer.
+/// A heartbeat unanswered this long (or timeoutNs / 4, if less) while nothing arrives from the peer fails it
+/// (heartbeat_clock.hpp says how the time is counted): some devices (Soft-RoCE) keep retrying a vanished peer far
+/// longer than that.
 constexpr uint64_t kHeartbeatTimeoutNs = 2000ull * 1000 * 1000;
 constexpr uint32_t kNoOp = 0xffffffffu;
 constexpr uint64_t kSeqMask = (uint64_t{1} << 40) - 1;
@@ -138,7 +142,7 @@ struct QpSlot {
   uint64_t nextSeq = 0;         ///< sequence number of the next posted work request
   uint64_t progressNs = 0;      ///< when the QP last completed work, or got work while idle
   uint64_t lastPostNs = 0;      ///< when work was last posted (heartbeats go to QPs idle for kHeartbeatNs)
-  uint64_t heartbeatNs = 0;     ///< when the heartbeat now outstanding was queued; 0: none
+  HeartbeatClock heartbeat;     ///< the heartbeat now outstanding, if any, and how long the peer has been silent
   std::deque<PostedWr> posted;  ///< in posting order; its size is what the QP has outstanding
   std::deque<PendingWr> backlog;
   // Staging towards this peer's staged windows: chunks sent into its ring (this lane, this rank), and the
@@ -163,7 +167,11 @@ class VerbsLane : public TransportLane {
   void postMessage(const MessageOp& op) override;
   size_t poll(Completion* out, size_t max) override;
   size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
+  /// Requests an event for the next send completion (ibv_req_notify_cq); the receiver thread turns it into a call
+  /// of the CompletionHandler.
+  bool armCompletion() override;
 
+  int index() const { return index_; }
   ibv_qp* qp(int peer) const { return qps_[peer].qp.get(); }
   uint32_t psn(int peer) const { return qps_[peer].psn; }
   uint32_t maxInline() const { return maxInline_; }
@@ -271,6 +279,9 @@ class VerbsTransport : public common::TransportBase {
 
   // Receiving (verbs_receive.cpp).
   void receiverLoop();
+  /// Takes every event waiting on the completion channel (without blocking): a receive CQ event disarms it (*recvArmed
+  /// false), a send CQ event goes to the CompletionHandler with its lane.
+  void takeChannelEvents(bool* recvArmed);
   void onReceive(const ibv_wc& wc);
   /// Acts on a received SEND of `bytes` bytes at `data` (a control record or a message); "" or why it is malformed.
   std::string applySend(int lane, int peer, const char* data, uint32_t bytes);
@@ -313,6 +324,8 @@ class VerbsTransport : public common::TransportBase {
   std::vector<std::unique_ptr<VerbsLane>> lanes_;
 
   std::unique_ptr<std::atomic<bool>[]> peerFailed_;
+  /// When anything last arrived from each peer (receiver thread; nowNs(), 0: never): proof that it is alive.
+  std::unique_ptr<std::atomic<uint64_t>[]> heardNs_;
 
   bool connectStarted_ = false;
   bool connected_ = false;

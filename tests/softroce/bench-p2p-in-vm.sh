@@ -3,7 +3,7 @@
 # write and read can be compared with them. benchmark_p2p's JSON and perftest's tables land in /tmp/out, which
 # run-in-vm.sh --out brings back to the host (softroce_benchmark_p2p.json, softroce_ib_{write,read}_bw.txt).
 set -u
-MIN=${BENCH_MIN_BYTES:-64K}  # Soft-RoCE under TCG moves ~0.01-0.1 GB/s and answers in ms: keep the run short
+MIN=${BENCH_MIN_BYTES:-4K}  # small blocking transfers too: a false peer death once showed there (heartbeat_clock.hpp)
 MAX=${BENCH_MAX_BYTES:-4M}
 rc=0
 mkdir -p /tmp/out

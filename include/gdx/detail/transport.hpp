@@ -119,6 +119,11 @@ class TransportLane {
   virtual size_t poll(Completion* out, size_t max) = 0;
   /// Writes, atomics and messages posted and not yet returned by poll().
   virtual size_t inFlight() const = 0;
+  /// Event-driven waiting, for a thread that would otherwise keep polling while work is in flight: asks the backend
+  /// to call the transport's CompletionHandler (from a transport thread, once) when a completion may be ready for
+  /// poll(). false when the backend cannot announce completions (the caller keeps polling). A completion that became
+  /// ready before the call may go unannounced: poll once more after a true answer, then sleep.
+  virtual bool armCompletion() { return false; }
 };
 
 class Transport {
@@ -126,6 +131,7 @@ class Transport {
   using ImmHandler = std::function<void(const RemoteWrite&)>;
   using MessageHandler = std::function<void(const RemoteMessage&)>;
   using PeerFailureHandler = std::function<void(int peer, const std::string& why)>;
+  using CompletionHandler = std::function<void(int lane)>;
 
   virtual ~Transport() = default;
   virtual std::string name() const = 0;
@@ -150,6 +156,10 @@ class Transport {
   /// before connect(). A message that arrives while no handler is set is dropped (with a WARN naming the peer).
   virtual void setMessageHandler(MessageHandler handler) = 0;
   virtual void setPeerFailureHandler(PeerFailureHandler handler) = 0;
+  /// Called from a transport thread when a lane that asked (TransportLane::armCompletion()) may have completions for
+  /// poll(); must be thread-safe and short, and be set before connect(). Backends that cannot announce completions
+  /// ignore it.
+  virtual void setCompletionHandler(CompletionHandler handler) { (void)handler; }
   /// kOk while the connection to `peer` is healthy, else why it is not.
   virtual Status peerStatus(int peer) const = 0;
 

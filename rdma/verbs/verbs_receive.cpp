@@ -42,6 +42,8 @@ namespace {
 /// reply to a small message comes within this on a real NIC, and polling longer only takes CPU from the threads
 /// (and, on Soft-RoCE, the kernel) that produce the next one.
 constexpr uint64_t kReceiveSpinNs = 50 * 1000;
+/// Polls of the receive CQ between two looks at the completion channel while the thread does not sleep.
+constexpr uint64_t kChannelLookTurns = 64;
 /// Longest sleep on the completion channel, so that rxStop_ is seen within it.
 constexpr int kReceiveSleepMs = 20;
 
@@ -65,7 +67,10 @@ void VerbsTransport::receiverLoop() {
   ibv_wc wc[32];
   bool armed = false;
   uint64_t activeNs = nowNs();
-  while (!rxStop_.load(std::memory_order_acquire)) {
+  for (uint64_t turn = 0; !rxStop_.load(std::memory_order_acquire); ++turn) {
+    // While receives keep this thread polling, a send CQ event (a caller sleeping on its completions) would wait for
+    // the next quiet spell: look at the channel now and then (it is non-blocking), not only when about to sleep.
+    if (turn % kChannelLookTurns == kChannelLookTurns - 1) takeChannelEvents(&armed);
     int n = ibv_poll_cq(recvCq_.get(), 32, wc);
     if (n < 0) {
       GDX_ERROR(who() << ": ibv_poll_cq (receive) failed; receiver stops");

@@ -218,11 +218,18 @@ void Buffer::assignHostsAndRelays(const std::vector<uint32_t>& remoteMasks) {
 // The staging areas, the proxied channels and the flag signals of the ranks on other hosts.
 void Buffer::connectRemote(Context& context, size_t rdmaBytes) {
   Impl& m = *impl_;
-  stageBytes_ = rdmaBytes / numRemote_ / 16 * 16;
+  // Every remote rank gets a staging copy of its Ctrl fields (counts, flags); rows go only to this rank's relays on
+  // the other hosts (dispatch) and back to the sources it relays for (combine), so those share the rest.
+  const uint32_t rowMask = m.team.relayMask | m.team.relayedFrom;
+  const int rowRanks = __builtin_popcount(rowMask);
+  const uint64_t ctrlOnly = uint64_t(numRemote_ - rowRanks) * kCtrlBytes;
+  stageBytes_ = rdmaBytes > ctrlOnly ? (rdmaBytes - ctrlOnly) / rowRanks / 16 * 16 : 0;
   if (stageBytes_ < kCtrlBytes + 4096)
-    invalid(rank_, std::to_string(numRemote_) + " ranks are on other hosts (reached through the proxy): rdmaBytes " +
-                       std::to_string(rdmaBytes) + " must hold a staging area of at least " +
-                       std::to_string(kCtrlBytes + 4096) + " bytes for each");
+    invalid(rank_, std::to_string(numRemote_) + " ranks are on other hosts (reached through the proxy), " +
+                       std::to_string(rowRanks) + " of them relays of this rank's rows or sources it relays for: " +
+                       "rdmaBytes " + std::to_string(rdmaBytes) + " must hold " + std::to_string(kCtrlBytes) +
+                       " bytes of counts for each and a staging area of at least " + std::to_string(kCtrlBytes + 4096) +
+                       " bytes for each of the " + std::to_string(rowRanks));
   const uint32_t flagSignals = 3 * kMaxRanks;
   if (context.numSignals() < flagSignals + 1)
     invalid(rank_, "ranks on other hosts need the top " + std::to_string(flagSignals) +
@@ -240,14 +247,14 @@ void Buffer::connectRemote(Context& context, size_t rdmaBytes) {
     if (!((m.team.remoteMask >> r) & 1u)) continue;
     m.team.stage[r] = m.network.device + offset;
     m.team.stageOffset[r] = offset;
-    offset += stageBytes_;
+    offset += (rowMask >> r) & 1u ? stageBytes_ : kCtrlBytes;
   }
   m.net = uploadNetChannels(context, m.team.remoteMask, numRanks_, &m.team.netSignals);
   m.team.net = m.net;
   GDX_INFO("gdx::ep rank " << rank_ << ": " << numRemote_ << " rank(s) on other hosts through the proxy, relays 0x"
                            << std::hex << m.team.relayMask << ", relaying for 0x" << m.team.relayedFrom << std::dec
-                           << ", " << stageBytes_ << " bytes of staging each, flag signals " << m.team.signalBase
-                           << "..");
+                           << ", " << stageBytes_ << " bytes of staging for each of 0x" << std::hex << rowMask
+                           << std::dec << ", flag signals " << m.team.signalBase << "..");
 }
 
 Buffer::~Buffer() {
@@ -335,7 +342,7 @@ void Buffer::checkDispatchInputs(const DispatchInputs& in, const DispatchHandle&
     invalid(rank_, o + std::to_string(in.numTokens) + " tokens, more than the buffer holds (" +
                        std::to_string(maxTokens) + " per rank with hidden " + std::to_string(in.hidden) + ", " +
                        std::to_string(numRanks_) + " ranks, nvlBytes " + std::to_string(nvlBytes_) +
-                       (numRemote_ ? ", staging " + std::to_string(stageBytes_) + " per remote rank" : "") + ")");
+                       (numRemote_ ? ", staging " + std::to_string(stageBytes_) + " per relay" : "") + ")");
   if (in.numTokens > 0 && (!in.x || reinterpret_cast<uintptr_t>(in.x) % 16 != 0))
     invalid(rank_, o + "x must be a 16-byte aligned device pointer");
   if (in.numTokens > 0 && in.dtype == DType::kFloat8E4M3 && !in.xScales)

@@ -154,9 +154,10 @@ class Buffer {
  public:
   /// Collective over every rank of `context` (one GPU may serve several ranks). `nvlBytes`: GPU memory each rank
   /// lends its peers' stores (the rows it receives, from every rank). `rdmaBytes`: staging for the ranks on other
-  /// hosts (those not reached on the direct path), split evenly among them, in pinned host memory together with a
-  /// host copy of the nvlBytes layout that those ranks store into; 0 when every rank is on the direct
-  /// path, otherwise at least (number of remote ranks) x (36 KiB of counts + the rows this rank sends one rank). Both
+  /// hosts (those not reached on the direct path), in pinned host memory together with a host copy of the nvlBytes
+  /// layout that those ranks store into: 36 KiB of counts for each remote rank, the rest split evenly among the ones
+  /// rows go to (this rank's relay on each other host, and the ranks of other hosts it relays for: one of each per
+  /// other host with equal GPUs per host); 0 when every rank is on the direct path. Both
   /// must be the same on every rank. With ranks on other hosts the Buffer uses the top 3 x kMaxRanks signal ids of the
   /// Context (GDX_NUM_SIGNALS) for its flags: leave them to it.
   Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes = 0, const Config& config = Config());
@@ -219,7 +220,7 @@ class Buffer {
   int rank_ = 0;
   int numRanks_ = 1;
   size_t nvlBytes_ = 0;
-  size_t stageBytes_ = 0;  // per rank on another host
+  size_t stageBytes_ = 0;  // per rank on another host that rows go to (relayMask | relayedFrom)
   int numRemote_ = 0;      // ranks on other hosts
   std::unique_ptr<Impl> impl_;
 };

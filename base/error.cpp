@@ -24,7 +24,7 @@ const char* errorCodeName(ErrorCode code) {
 Error::Error(ErrorCode code, const std::string& message)
     : std::runtime_error(std::string("gdx ") + errorCodeName(code) + ": " + message),
       code_(code),
-      prefixBytes_(std::strlen(what()) - message.size()) {}
+      prefixBytes_(std::strlen("gdx ") + std::strlen(errorCodeName(code)) + std::strlen(": ")) {}
 
 namespace {
 std::string where(const std::string& call, const std::string& what, const char* file, int line) {

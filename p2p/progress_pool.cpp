@@ -75,6 +75,8 @@ void ProgressPool::loop(Worker& w) {
     {
       std::lock_guard<std::mutex> lock(w.mutex);
       conns = w.conns;
+      // Woken for work another thread queued (a posted transfer): its completion comes soon, poll for it first.
+      if (w.woken) activeNs = nowNs();
       w.woken = false;
     }
     // Completions due soon after the last work are polled for; later ones are announced by the transport where it

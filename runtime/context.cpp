@@ -1,5 +1,6 @@
 #include "gdx/context.hpp"
 
+#include <cxxabi.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -248,22 +249,29 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
   // This rank's own step may fail (its transport refuses the memory) where the others' succeed: it still joins the
   // exchange with a failure record, so that every rank fails the call together and names it, instead of the others
   // waiting for it until the timeout and meeting its next collective call in this one's place.
-  std::string key, failure;
+  std::string key, blob, failure;
   ErrorCode failureCode = ErrorCode::kOk;
   bool inTransport = false;
   try {
     key = transport_->registerWindow(id, base, bytes, kind);
     inTransport = true;
     registry_->addLocal(id, base, bytes, kind);
+    blob = direct_->windowBlob(base, bytes, kind);
+  } catch (const abi::__forced_unwind&) {
+    throw;  // thread cancellation must go on unwinding
   } catch (const Error& e) {
     failure = e.message();
     failureCode = e.code() == ErrorCode::kOk ? ErrorCode::kInternal : e.code();
   } catch (const std::exception& e) {
     failure = e.what();
     failureCode = ErrorCode::kInternal;
+  } catch (...) {
+    failure = "an exception that is not a std::exception";
+    failureCode = ErrorCode::kInternal;
   }
   if (failureCode != ErrorCode::kOk) {
     if (inTransport) {
+      registry_->removeLocal(id);
       try {
         transport_->deregisterWindow(id);
       } catch (const std::exception& e) {
@@ -284,8 +292,7 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
   }
   // From here on the Window deregisters what was set up if the exchange or a later step throws.
   Window window(link_, id, base, bytes, kind, name);
-  std::vector<std::string> all =
-      bootstrap_->allGather(encodeWindowRecord(id, bytes, key, direct_->windowBlob(base, bytes, kind)), tag);
+  std::vector<std::string> all = bootstrap_->allGather(encodeWindowRecord(id, bytes, key, blob), tag);
   std::vector<WindowRecord> records;
   for (int p = 0; p < worldSize(); ++p) {
     records.push_back(decodeWindowRecord(all[p], p));

@@ -74,6 +74,18 @@ TEST(HeartbeatClock, AStallOfTheWatcherIsNotCountedAsTheSilenceOfThePeer) {
   EXPECT_GT(watch(c, after, after + kLimit, kMs, 0), kLimit);
 }
 
+TEST(HeartbeatClock, AStallDuringWhichThePeerWasHeardCountsNothingEither) {
+  HeartbeatClock c;
+  c.start(kT0);
+  EXPECT_LE(watch(c, kT0, kT0 + 100 * kMs, kMs, 0), 100 * kMs);
+  // The watcher stalled for 5 s; the receiver thread heard the peer 0.1 s into the stall. Neither the unwatched time
+  // before nor after that message counts: the peer is not late at the next look, and only watched silence adds up.
+  const uint64_t heard = kT0 + 200 * kMs, after = kT0 + 5100 * kMs;
+  EXPECT_EQ(c.look(after, heard), 0u);
+  EXPECT_LE(watch(c, after, after + kLimit / 2, kMs, heard), kLimit / 2);
+  EXPECT_GT(watch(c, after + kLimit / 2, after + kLimit + 10 * kMs, kMs, heard), kLimit);
+}
+
 TEST(HeartbeatClock, ARestartForgetsTheSilenceOfTheLastHeartbeat) {
   HeartbeatClock c;
   c.start(kT0);

@@ -11,11 +11,13 @@ void HeartbeatClock::start(uint64_t nowNs) {
 uint64_t HeartbeatClock::look(uint64_t nowNs, uint64_t heardNs) {
   if (!active_) return 0;
   const uint64_t since = nowNs > lastLookNs_ ? nowNs - lastLookNs_ : 0;
-  if (heardNs > lastLookNs_)
+  const bool heard = heardNs > lastLookNs_;
+  if (since > kMaxLookGapNs)
+    silentNs_ = heard ? 0 : silentNs_;  // a gap in watching (this thread or the machine stalled): nothing counted
+  else if (heard)
     silentNs_ = nowNs > heardNs ? nowNs - heardNs : 0;  // alive then: only the silence after it counts
-  else if (since <= kMaxLookGapNs)
+  else
     silentNs_ += since;
-  // else: a gap in watching (this thread or the machine stalled); the peer may not have run either
   lastLookNs_ = nowNs;
   return silentNs_;
 }

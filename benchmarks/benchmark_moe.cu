@@ -56,10 +56,15 @@ __global__ void fillKernel(uint32_t* p, size_t words, uint32_t seed) {
   }
 }
 
+/// Mean time of `iters` back-to-back collective calls on `s`. The ranks leave the host barrier before it at different
+/// moments (tens of microseconds apart); a few untimed calls queued right before the timed ones let the ranks' kernels
+/// wait for each other there, so that the timed calls start together and a small case does not carry that skew.
 float timeMs(cudaStream_t s, int iters, const std::function<void()>& call) {
+  constexpr int kAlignCalls = 3;
   cudaEvent_t a, b;
   GDX_CUDA_CHECK(cudaEventCreate(&a));
   GDX_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < kAlignCalls; ++i) call();
   GDX_CUDA_CHECK(cudaEventRecord(a, s));
   for (int i = 0; i < iters; ++i) call();
   GDX_CUDA_CHECK(cudaEventRecord(b, s));

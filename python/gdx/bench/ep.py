@@ -68,8 +68,12 @@ def _free_port() -> int:
 
 
 def _time_us(torch, iters: int, call) -> float:
-    """Mean microseconds per call of `iters` back-to-back calls on the current stream."""
+    """Mean microseconds per call of `iters` back-to-back collective calls on the current stream, after a few untimed
+    ones queued right before them that line the ranks' kernels up (as benchmark_moe's timeMs does), so the timed calls
+    do not carry the skew with which the ranks left the barrier."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        call()
     start.record()
     for _ in range(iters):
         call()

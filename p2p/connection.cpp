@@ -24,9 +24,6 @@ static_assert(kEagerSlots <= kEagerCreditMask, "an eager immediate carries up to
 constexpr uint64_t kCreditDelayNs = 100 * 1000;
 constexpr uint64_t kSweepEveryNs = 10 * 1000 * 1000;
 constexpr size_t kMaxCompletions = 64;
-/// How long drive() polls after the last sign of activity before it sleeps: about the round trip of a small
-/// message over loopback TCP, so that a reply is caught without a wake-up, and short enough not to burn a core.
-constexpr uint64_t kDriveSpinNs = 50 * 1000;
 /// Longest sleep of drive() between looks at the deadline (a wake-up can be missed only when a transfer is finished
 /// by the progress thread between drive()'s look and its sleep; that costs at most this).
 constexpr uint64_t kDriveSleepNs = 1000 * 1000;
@@ -868,9 +865,9 @@ void Connection::drive(const Transfer& t, uint64_t deadlineNs) {
   uint64_t spins = 0;
   uint64_t activeNs = nowNs();
   while (!t.finished()) {
-    // Poll for kDriveSpinNs after the last work done (a reply or completion soon after is caught without a
+    // Poll for kSpinNs after the last work done (a reply or completion soon after is caught without a
     // wake-up), then have completions announced and sleep until something arrives.
-    const bool spin = nowNs() - activeNs < kDriveSpinNs;
+    const bool spin = nowNs() - activeNs < kSpinNs;
     const Activity activity = progress(!spin);
     if (t.finished()) break;
     const uint64_t now = nowNs();

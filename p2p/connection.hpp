@@ -82,6 +82,11 @@ constexpr uint32_t kAdvertisedWindowBase = 0x80000000u;
 
 class Connection {
  public:
+  /// How long a thread that runs connections (drive(), the progress threads) polls after the last sign of activity
+  /// before it sleeps: about the round trip of a small message over loopback TCP, so that a reply or a completion
+  /// is caught without a wake-up, and short enough not to burn a core.
+  static constexpr uint64_t kSpinNs = 50 * 1000;
+
   /// `wake` is called (from any thread) when the progress thread has something to do.
   Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::function<void()> wake);
   ~Connection();

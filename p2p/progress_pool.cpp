@@ -7,14 +7,6 @@
 #include "gdx/detail/log.hpp"
 
 namespace gdx::p2p {
-namespace {
-
-/// How long a thread polls for completions after the last work it did before it has them announced and sleeps: as
-/// Connection::drive() does.
-constexpr uint64_t kSpinNs = 50 * 1000;
-
-}  // namespace
-
 ProgressPool::ProgressPool(int threads) {
   for (int i = 0; i < std::max(threads, 1); ++i) workers_.push_back(std::make_unique<Worker>());
   for (auto& w : workers_) w->thread = std::thread([this, worker = w.get()] { loop(*worker); });
@@ -81,7 +73,7 @@ void ProgressPool::loop(Worker& w) {
     }
     // Completions due soon after the last work are polled for; later ones are announced by the transport where it
     // can (Connection::progress(arm)), so that an idle thread sleeps instead of taking CPU from whatever produces them.
-    const bool arm = nowNs() - activeNs >= kSpinNs;
+    const bool arm = nowNs() - activeNs >= Connection::kSpinNs;
     bool worked = false, polling = false;
     for (auto& c : conns) {
       if (c->driven()) continue;  // a caller runs it now, and wakes this thread when it stops

@@ -249,16 +249,14 @@ uint64_t Endpoint::addRemoteEndpoint(const std::string& metadata) {
   EndpointAddress a;
   const std::string bad = decodeMetadata(metadata, &a);
   if (!bad.empty()) throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": addRemoteEndpoint: " + bad);
-  const std::string& ip = a.ip;
-  const int32_t port = a.port, gpu = a.gpu;
-  const std::string key = net::hostPort(ip, port) + "/" + std::to_string(gpu);
+  const std::string key = net::hostPort(a.ip, a.port) + "/" + std::to_string(a.gpu);
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     auto it = impl_->byAddress.find(key);
     if (it != impl_->byAddress.end() && impl_->conns.count(it->second) && impl_->conns[it->second]->failure().empty())
       return it->second;
   }
-  uint64_t id = connect(ip, gpu, port);
+  uint64_t id = connect(a.ip, a.gpu, a.port);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->byAddress[key] = id;
   return id;

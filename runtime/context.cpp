@@ -269,6 +269,11 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
     failure = "an exception that is not a std::exception";
     failureCode = ErrorCode::kInternal;
   }
+  CollectiveTag tag = tagged("registerWindow");
+  tag.size = bytes;
+  tag.name = name;
+  const std::string call = "registerWindow of " + std::to_string(bytes) + " bytes" +
+                           (name.empty() ? std::string() : " named '" + name + "'");
   if (failureCode != ErrorCode::kOk) {
     if (inTransport) {
       registry_->removeLocal(id);
@@ -278,15 +283,10 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
         GDX_ERROR("rank " << rank() << ": undoing the registration of window " << id << ": " << e.what());
       }
     }
-    std::lock_guard<std::mutex> lock(windowMutex_);
-    windowInUse_[id] = false;
-  }
-  CollectiveTag tag = tagged("registerWindow");
-  tag.size = bytes;
-  tag.name = name;
-  const std::string call = "registerWindow of " + std::to_string(bytes) + " bytes" +
-                           (name.empty() ? std::string() : " named '" + name + "'");
-  if (failureCode != ErrorCode::kOk) {
+    {
+      std::lock_guard<std::mutex> lock(windowMutex_);
+      windowInUse_[id] = false;
+    }
     bootstrap_->allGather(encodeFailedWindowRecord(failure), tag);
     throw Error(failureCode, "rank " + std::to_string(rank()) + ": " + call + ": " + failure);
   }

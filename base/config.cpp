@@ -95,6 +95,7 @@ const EnvVar kVariables[] = {
     {"GDX_DEVICE_RINGS_PER_THREAD", kInt, 0, 127, 0, nullptr, "4 with a GPU, else 0",
      "command rings for GPU producers per proxy thread"},
     {"GDX_RING_SIZE", kInt, 2, int64_t{1} << 24, kEnvPowerOfTwo, nullptr, "4096", "slots per command ring"},
+    {"GDX_PROXY_TIMING", kBool, 0, 0, 0, nullptr, "0", "proxy threads time their work (ProxyCounters)"},
     {"GDX_PROXY_MAX_INFLIGHT", kInt, 1, 1 << 20, 0, nullptr, "1024", "operations in flight per proxy thread"},
     {"GDX_NUMA_NODE", kInt, -1, 4095, 0, nullptr, "the GPU's node, else the calling thread's",
      "NUMA node for proxy threads and rings (-1: the default)"},

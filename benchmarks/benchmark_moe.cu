@@ -7,7 +7,8 @@
 // With --hosts N the ranks form N emulated hosts (GDX_HOSTS): ranks on other hosts are reached through the proxy and
 // the transport (TCP here), which is how the internode path is measured on one machine.
 // --mode ll adds the low-latency mode (gdx::ep::LowLatencyBuffer, moe_low_latency.cuh) before the normal mode at the
-// same token counts (default 1 .. 256, 288 experts): whole calls, each half of the hook form, commands per call.
+// same token counts (default 1 .. 256, 288 experts): whole calls, each half of the hook form, and, across
+// emulated hosts, where a call's time goes (kernels, proxy, transport) and whether every command arrived.
 //   benchmark_moe [--json PATH] [--ranks N] [--hosts N] [--tokens LIST] [--iters N] [--sms N] [--mode ll] [--no-nccl]
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -239,6 +240,7 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
   setenv("GDX_MOE_RESULTS", results.c_str(), 1);
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   if (hosts > 1) setenv("GDX_HOSTS", std::to_string(hosts).c_str(), 1);
+  if (o.lowLatency) setenv("GDX_PROXY_TIMING", "1", 0);  // the low-latency mode splits a call's time
   const int rc = runSelfAsJob(ranks, argv);
   unsetenv("GDX_HOSTS");  // not for the NCCL peer
   if (rc != 0) {
@@ -247,9 +249,9 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
   }
   std::string gpu = "?";
   int sms = 0, threads = 0, remote = 0;
-  std::map<std::string, std::pair<double, double>> r;  // "tokens dtype op" -> (us, bytes)
-  std::map<std::string, double> peer;                  // same key -> NCCL us
-  std::map<int, double> cmds;                          // tokens -> commands per low-latency dispatch
+  std::map<std::string, std::pair<double, double>> r;                // "tokens dtype op" -> (us, bytes)
+  std::map<std::string, double> peer;                                // same key -> NCCL us
+  std::map<std::pair<int, std::string>, std::vector<double>> split;  // (tokens, op) -> a "split" line's numbers
   auto readLines = [&](std::istream& in) {
     std::string line;
     while (std::getline(in, line)) {
@@ -267,11 +269,11 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
         std::string n, dt, op;
         double us, bytes;
         if (ls >> n >> dt >> op >> us >> bytes) r[n + "_" + dt + "_" + op] = {us, bytes};
-      } else if (kind == "cmds") {
+      } else if (kind == "split") {
         int n;
         std::string op;
-        double c;
-        if (ls >> n >> op >> c) cmds[n] = c;
+        std::vector<double> v(8);
+        if (ls >> n >> op >> v[0] >> v[1] >> v[2] >> v[3] >> v[4] >> v[5] >> v[6] >> v[7]) split[{n, op}] = v;
       } else if (kind == "nccl") {
         std::string key;
         double us;
@@ -319,16 +321,26 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
            << ", \"nccl_all_to_all_us\": " << nus << ", \"nccl_GBps\": " << ngb << "}";
         first = false;
       }
-  for (auto& [n, c] : cmds) {
-    const auto send = r.find(std::to_string(n) + "_ll-fp8_dispatch-send");
-    const double us = send == r.end() ? -1 : send->second.first;
+  if (!split.empty())
     std::printf(
-        "low-latency, %d tokens: %.0f commands per dispatch call per rank (puts to ranks on other hosts and "
-        "their count puts), %.2f M/s over the send half\n",
-        n, c, us > 0 ? c / us : 0.0);
-    js << (first ? "\n" : ",\n") << "    {\"tokens\": " << n
-       << ", \"op\": \"ll-commands\", \"commands_per_call\": " << c
-       << ", \"commands_per_us\": " << (us > 0 ? c / us : -1) << "}";
+        "low-latency, per call and rank (means over the ranks): the whole call, its send and receive halves (hook "
+        "form), "
+        "the proxy threads' time taking and posting its commands, the time with transport operations in flight (these "
+        "overlap), and the ring slots the proxy took against the slots the kernels must push\n%8s %9s %9s %9s %9s "
+        "%9s %11s %9s %9s %9s\n",
+        "tokens", "op", "call us", "send us", "recv us", "proxy us", "in-flight us", "taken", "expected",
+        "commands/us");
+  for (auto& [key, v] : split) {
+    const int n = key.first;
+    const std::string& op = key.second;
+    const bool accounted = v[5] == v[6] && v[7] == 0;
+    std::printf("%8d %9s %9.1f %9.1f %9.1f %9.1f %11.1f %9.1f %9.1f %9.2f%s\n", n, op.c_str(), v[0], v[1], v[2], v[3],
+                v[4], v[5], v[6], v[1] > 0 ? v[5] / v[1] : 0.0, accounted ? "" : "  << commands missing or extra");
+    js << (first ? "\n" : ",\n") << "    {\"tokens\": " << n << ", \"op\": \"ll-split-" << op
+       << "\", \"call_us\": " << v[0] << ", \"send_half_us\": " << v[1] << ", \"recv_half_us\": " << v[2]
+       << ", \"proxy_handling_us\": " << v[3] << ", \"transport_in_flight_us\": " << v[4]
+       << ", \"commands_taken\": " << v[5] << ", \"commands_expected\": " << v[6] << ", \"ranks_off\": " << v[7]
+       << ", \"commands_accounted\": " << (accounted ? "true" : "false") << "}";
     first = false;
   }
   js << "\n  ],\n  \"units\": \"us: mean per call; GB/s = DeepEP's bytes (received rows x hidden x 2, FP8 x (1 + "

@@ -1,19 +1,26 @@
 // benchmark_moe --mode ll: gdx::ep::LowLatencyBuffer per token count (FP8 dispatch, BF16 combine): the mean time of
 // a whole call, of its send half and of its receive half (the hook form: events around each half of every call),
-// the bytes counted per valid (token, expert) selection (dispatch H + 4H/128 + 16, combine 2H), and the commands the
-// kernels put into the rings per call (one per selection whose expert is on another host, plus one count put or
-// flag signal per such rank). Lines "moe TOKENS ll-fp8 OP US BYTES" and "cmds TOKENS OP COUNT" go to rank 0's results.
+// the bytes counted per valid (token, expert) selection (dispatch H + 4H/128 + 16, combine 2H), and, for ranks on
+// other hosts, where a call's time goes and whether every command arrived: the ring slots the proxy threads took per
+// call against the slots the kernels must push (dispatch: a put per selection whose expert is on another host, the
+// count put-with-signal (two slots) and the receive's release signal per such rank; combine: a put per row going
+// back, the "sent" and the release signal per such rank), the proxy threads' time taking and posting them and the
+// time with transport operations in flight (GDX_PROXY_TIMING, which benchmark_moe sets). Lines
+// "moe TOKENS ll-fp8 OP US BYTES" and "split TOKENS OP ..." go to rank 0's results.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gdx/context.hpp"
 #include "gdx/detail/cuda_check.hpp"
+#include "gdx/detail/proxy.hpp"
 #include "gdx/ep/low_latency.hpp"
 
 namespace gdx::bench {
@@ -49,6 +56,29 @@ inline std::pair<double, double> timeHalves(cudaStream_t s, int iters, const std
   return {first / iters * 1e3, second / iters * 1e3};
 }
 
+/// The proxy's counters once its threads are done with what the kernels pushed (the last receive's release signals
+/// may still be in a ring when the stream is done): equal twice 2 ms apart, at most a second.
+inline ProxyCounters settledCounters(Proxy& proxy) {
+  ProxyCounters a = proxy.totalCounters();
+  for (int i = 0; i < 500; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const ProxyCounters b = proxy.totalCounters();
+    if (b.commands == a.commands && b.inFlightNs == a.inFlightNs && b.handlingNs == a.handlingNs) return b;
+    a = b;
+  }
+  return a;
+}
+
+/// Per call: ring slots the proxy took, its threads' handling and the transport's in-flight time (us), over `calls`.
+struct ProxyShare {
+  double commands = 0, handlingUs = 0, inFlightUs = 0;
+  static ProxyShare between(const ProxyCounters& a, const ProxyCounters& b, int calls) {
+    const double n = calls > 0 ? calls : 1;
+    return {double(b.commands - a.commands) / n, double(b.handlingNs - a.handlingNs) / n / 1e3,
+            double(b.inFlightNs - a.inFlightNs) / n / 1e3};
+  }
+};
+
 /// Every token count of `tokens` on this rank; returns rank 0's result lines (means over the ranks).
 inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const std::vector<int>& tokens, const void* x,
                                  const int64_t* topk, const float* weights, const std::vector<int64_t>& hostTopk,
@@ -74,28 +104,46 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
     ep::LowLatencyDispatchInputs in{x, topk, n, sh.topk, true, false};
     ep::LowLatencyCombineInputs cin{y, topk, weights};
     // Selections and the commands they become: one put per selection whose expert's rank is on another host.
-    double valid = 0, cmds = 0;
+    double valid = 0, remotePairs = 0;
     std::vector<bool> remoteUsed(R, false);
     for (int t = 0; t < n; ++t)
       for (int k = 0; k < sh.topk; ++k) {
         const int64_t e = hostTopk[size_t(t) * sh.topk + k];
         if (e < 0) continue;
         valid += 1;
-        if (int(e / L) != me && !ctx.isDirect(int(e / L))) cmds += 1;
+        if (int(e / L) != me && !ctx.isDirect(int(e / L))) remotePairs += 1;
       }
     int remoteRanks = 0;
     for (int p = 0; p < R; ++p) remoteRanks += p != me && !ctx.isDirect(p);
-    auto dispatch = [&] { buf.lowLatencyDispatch(in, out, h, stream); };
-    auto combine = [&] { buf.lowLatencyCombine(cin, h, combined, stream); };
+    // Ring slots per call (see the header): this rank's dispatch exactly; combine sends back the rows other ranks'
+    // dispatches put here, so only the sum over the ranks is known (each rank's pairs go out and come back once).
+    const double dispExpected = remotePairs + 3.0 * remoteRanks, combExpectedShare = remotePairs + 2.0 * remoteRanks;
+    int calls = 0;
+    auto dispatch = [&] {
+      ++calls;
+      buf.lowLatencyDispatch(in, out, h, stream);
+    };
+    auto combine = [&] {
+      ++calls;
+      buf.lowLatencyCombine(cin, h, combined, stream);
+    };
     for (int i = 0; i < 20; ++i) {
       dispatch();
       combine();
     }
     GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
     ctx.barrier();
+    const ProxyCounters p0 = settledCounters(ctx.proxy());
+    calls = 0;
     const double dispUs = timeMs(stream, sh.iters, dispatch) * 1e3;
     ctx.barrier();
+    const ProxyCounters p1 = settledCounters(ctx.proxy());
+    const ProxyShare dispProxy = ProxyShare::between(p0, p1, calls);
+    calls = 0;
     const double combUs = timeMs(stream, sh.iters, combine) * 1e3;
+    ctx.barrier();
+    const ProxyCounters p2 = settledCounters(ctx.proxy());
+    const ProxyShare combProxy = ProxyShare::between(p1, p2, calls);
     ctx.barrier();
     ep::LowLatencyHook hook;
     const auto dh = timeHalves(
@@ -105,10 +153,14 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
         stream, sh.iters, [&] { buf.lowLatencyCombine(cin, h, combined, stream, &hook); }, [&] { hook.run(stream); });
     buf.checkErrors();
     std::ostringstream mine;
+    const bool timed = ctx.proxy().options().timing;
     mine << dispUs << " " << combUs << " " << dh.first << " " << dh.second << " " << ch.first << " " << ch.second << " "
-         << valid << " " << cmds + remoteRanks;
+         << valid << " " << dispProxy.commands << " " << dispExpected << " " << combProxy.commands << " "
+         << combExpectedShare << " " << (dispProxy.commands != dispExpected ? 1 : 0) << " "
+         << (timed ? dispProxy.handlingUs : -1) << " " << (timed ? dispProxy.inFlightUs : -1) << " "
+         << (timed ? combProxy.handlingUs : -1) << " " << (timed ? combProxy.inFlightUs : -1);
     const std::vector<std::string> all = ctx.bootstrap().allGather(mine.str());
-    double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    double sums[16] = {};
     for (const std::string& a : all) {
       std::istringstream is(a);
       for (double& s : sums) {
@@ -123,7 +175,12 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
     for (int i = 0; i < 6; ++i)
       lines << "moe " << n << " ll-fp8 " << ops[i] << " " << sums[i] / R << " "
             << (i == 0 || i == 2 || i == 3 ? dispBytes : combBytes) << "\n";
-    lines << "cmds " << n << " dispatch " << sums[7] / R << "\n";
+    // "split TOKENS OP CALL SEND-HALF RECV-HALF PROXY-US IN-FLIGHT-US TAKEN EXPECTED RANKS-OFF" (means over the ranks;
+    // TAKEN and EXPECTED per rank and call; RANKS-OFF: ranks whose own count differs, dispatch only).
+    lines << "split " << n << " dispatch " << sums[0] / R << " " << sums[2] / R << " " << sums[3] / R << " "
+          << sums[12] / R << " " << sums[13] / R << " " << sums[7] / R << " " << sums[8] / R << " " << sums[11] << "\n";
+    lines << "split " << n << " combine " << sums[1] / R << " " << sums[4] / R << " " << sums[5] / R << " "
+          << sums[14] / R << " " << sums[15] / R << " " << sums[9] / R << " " << sums[10] / R << " 0\n";
   }
   GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (void* p : {recvX, recvScales, recvCount, y, combined}) cudaFree(p);

@@ -45,6 +45,8 @@ struct Proxy::Thread {
   TransportLane* lane = nullptr;
   std::thread thread;
   std::atomic<uint64_t> commands{0}, bytes{0}, errors{0}, batches{0}, writes{0};
+  std::atomic<uint64_t> handlingNs{0}, inFlightNs{0};  // Options::timing only
+  uint64_t inFlightSince = 0;                          // this thread's: when its lane last went from idle to busy
   Command batch[kBatch];
   Completion done[kBatch];
   std::unique_ptr<TraceBuffer> trace;  // GDX_TRACE only
@@ -146,6 +148,7 @@ Proxy::Options Proxy::Options::fromEnv() {
   o.timeoutNs = defaultTimeoutNs();
   o.trace = envString("GDX_TRACE", "");
   o.traceEvents = static_cast<size_t>(envInt("GDX_TRACE_EVENTS", static_cast<int64_t>(o.traceEvents)));
+  o.timing = envBool("GDX_PROXY_TIMING", false);
   o.validate();
   return o;
 }
@@ -319,9 +322,10 @@ std::string Proxy::lastError() const {
 
 ProxyCounters Proxy::counters(int thread) const {
   const Thread& t = *threads_.at(thread);
-  return ProxyCounters{t.commands.load(std::memory_order_relaxed), t.bytes.load(std::memory_order_relaxed),
-                       t.errors.load(std::memory_order_relaxed), t.batches.load(std::memory_order_relaxed),
-                       t.writes.load(std::memory_order_relaxed)};
+  return ProxyCounters{t.commands.load(std::memory_order_relaxed),  t.bytes.load(std::memory_order_relaxed),
+                       t.errors.load(std::memory_order_relaxed),    t.batches.load(std::memory_order_relaxed),
+                       t.writes.load(std::memory_order_relaxed),    t.handlingNs.load(std::memory_order_relaxed),
+                       t.inFlightNs.load(std::memory_order_relaxed)};
 }
 
 ProxyCounters Proxy::totalCounters() const {
@@ -333,6 +337,8 @@ ProxyCounters Proxy::totalCounters() const {
     sum.errors += c.errors;
     sum.batches += c.batches;
     sum.writes += c.writes;
+    sum.handlingNs += c.handlingNs;
+    sum.inFlightNs += c.inFlightNs;
   }
   return sum;
 }
@@ -504,6 +510,7 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
   if (room < 2) return 0;
   const size_t n = ring.poll(t.batch, std::min(kBatch, room));
   if (n == 0) return 0;
+  const uint64_t startNs = options_.timing ? nowNs() : 0;
   t.batches.fetch_add(1, std::memory_order_relaxed);
   t.commands.fetch_add(n, std::memory_order_relaxed);
   Posting posting(t, r);
@@ -563,6 +570,11 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
   }
   posting.close(ring.consumed());
   ring.publishTail();
+  if (startNs) {
+    const uint64_t endNs = nowNs();
+    t.handlingNs.fetch_add(endNs - startNs, std::memory_order_relaxed);
+    if (t.inFlightSince == 0 && t.lane && t.lane->inFlight() > 0) t.inFlightSince = endNs;
+  }
   return n;
 }
 
@@ -594,6 +606,10 @@ bool Proxy::reapCompletions(Thread& t, size_t* reaped) {
     allIdle = allIdle && t.trackers[r].idle();
   }
   *reaped = m;
+  if (t.inFlightSince != 0 && t.lane->inFlight() == 0) {
+    t.inFlightNs.fetch_add(nowNs() - t.inFlightSince, std::memory_order_relaxed);
+    t.inFlightSince = 0;
+  }
   return allIdle;
 }
 

@@ -1,7 +1,8 @@
 // The proxy over the loopback transport (a world of one, host memory): consecutive puts become one transport write
 // and a putWithSignal that continues them announces their data only once all of it is in place; runs longer than the
 // merge cap are split; a put the registry refuses in the middle of a run is rejected alone while the puts around it
-// arrive. Commands are pushed before the proxy starts, so whole runs land in one batch.
+// arrive; with Options::timing the threads time their handling and the operations in flight, and without it they
+// read no clock. Commands are pushed before the proxy starts, so whole runs land in one batch.
 #include "gdx/detail/proxy.hpp"
 
 #include <gtest/gtest.h>
@@ -53,6 +54,7 @@ class ProxyMerge : public ::testing::Test {
     o.ringCapacity = 4096;
     o.timeoutNs = 10ull * 1000 * 1000 * 1000;
     o.placement = defaultPlacement();
+    o.timing = timing_;
     proxy_ = std::make_unique<Proxy>(o, transport_.get(), registry_);
     ring_ = proxy_->ring(0).hostHandle();
   }
@@ -102,6 +104,7 @@ class ProxyMerge : public ::testing::Test {
   RingDeviceHandle ring_{};
   uint64_t pushed_ = 0;
   uint64_t runStart_ = 0;
+  bool timing_ = false;
   std::vector<RemoteWrite> imms_;
   std::vector<bool> dataInPlaceAtImm_;
 };
@@ -134,6 +137,38 @@ TEST_F(ProxyMerge, ConsecutivePutsBecomeOneWriteAndTheirSignalFollowsAllTheirDat
   // The contiguous run is one write (two if a batch ends inside it); the scattered puts one write each.
   EXPECT_GE(c.writes, 1 + kScattered);
   EXPECT_LE(c.writes, 2 + kScattered) << "consecutive puts were not merged";
+  EXPECT_EQ(c.handlingNs, 0u) << "timed without Options::timing";
+  EXPECT_EQ(c.inFlightNs, 0u) << "timed without Options::timing";
+}
+
+class ProxyTiming : public ProxyMerge {
+ protected:
+  void SetUp() override {
+    timing_ = true;
+    ProxyMerge::SetUp();
+  }
+};
+
+TEST_F(ProxyTiming, TheThreadsTimeTheirHandlingAndTheOperationsInFlight) {
+  constexpr uint64_t kBytes = 4096;
+  for (uint64_t i = 0; i < 300; ++i) put(i * 2 * kBytes, kBytes);  // gaps: 300 writes
+  const auto t0 = std::chrono::steady_clock::now();
+  drain();
+  const uint64_t wallNs = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  for (uint64_t i = 0; i < 300; ++i) expectRange(i * 2 * kBytes, i * 2 * kBytes + kBytes, true);
+  // The operations in flight end when the proxy reaps their completions, which may come after the ring's positions
+  // are published: wait (bounded) for the in-flight span to close.
+  ProxyCounters c = proxy_->totalCounters();
+  for (int i = 0; i < 1000 && c.inFlightNs == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    c = proxy_->totalCounters();
+  }
+  EXPECT_EQ(c.commands, 300u);
+  EXPECT_EQ(c.writes, 300u);
+  EXPECT_GT(c.handlingNs, 0u) << "no handling time recorded";
+  EXPECT_LE(c.handlingNs, wallNs) << "more handling time than the drain lasted (one thread)";
+  EXPECT_GT(c.inFlightNs, 0u) << "no time with operations in flight recorded";
 }
 
 TEST_F(ProxyMerge, RunsLongerThanTheCapAreSplitAndEveryByteArrives) {

@@ -52,6 +52,9 @@ struct ProxyCounters {
   uint64_t errors = 0;    ///< commands rejected plus operations that completed with an error
   uint64_t batches = 0;   ///< non-empty polls of a ring
   uint64_t writes = 0;    ///< transport writes posted (consecutive puts merged into one count once)
+  // With Options::timing (GDX_PROXY_TIMING) only, else 0: where a command's time goes after a kernel pushed it.
+  uint64_t handlingNs = 0;  ///< taking commands out of the rings, checking and posting them
+  uint64_t inFlightNs = 0;  ///< with at least one posted operation not yet completed by the transport
 };
 
 class Proxy {
@@ -66,6 +69,7 @@ class Proxy {
     uint64_t timeoutNs = kDefaultTimeoutNs;  ///< producers' and the drain's bound (GDX_TIMEOUT_MS)
     std::string trace;                       ///< GDX_TRACE: where the trace goes ("%r": the rank); empty: none
     size_t traceEvents = size_t{1} << 16;    ///< GDX_TRACE_EVENTS: events kept per proxy thread
+    bool timing = false;  ///< GDX_PROXY_TIMING: fill ProxyCounters' handlingNs / inFlightNs (a clock read per batch)
     Placement placement;
     static Options fromEnv();
     /// Throws gdx::Error(kInvalidArgument) naming the variable of the first field out of range, and when the rings

@@ -35,6 +35,7 @@
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "benchmarks/transport_round_trip.hpp"
+#include "gdx/config.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
 
@@ -298,13 +299,25 @@ int run(const Args& a) {
   Region r(a.maxBytes, a.device == "gpu");
   char ack[8] = {};
   Endpoint ep(o);
-  const uint64_t conn = a.role == "server" ? ep.accept().connId : ep.connect(a.peer, -1, a.port);
+  std::string peerIp = a.peer;  // the server learns the client's address from accept
+  uint64_t conn = 0;
+  if (a.role == "server") {
+    const p2p::Accepted acc = ep.accept();
+    conn = acc.connId;
+    peerIp = acc.ip;
+  } else {
+    conn = ep.connect(a.peer, -1, a.port);
+  }
   const uint64_t mr = ep.reg(r.p, a.maxBytes), ackMr = ep.reg(ack, sizeof ack);
   const std::string shape = ep.connectionTransport(conn);
   // Over TCP, a transport of its own between the same two processes, its address and key passed over the endpoint
   // (the client speaks first: a blocking send waits for the peer's receive).
   std::unique_ptr<bench::TransportRoundTrip> transport;
   if (ep.transport() == "tcp") {
+    // Its listener advertises the interface that routes to the other side (loopback only reaches a peer on this
+    // host and in this network namespace), unless the user chose one.
+    if (!envFirstSet({"GDX_TCP_BIND_ADDR", "GDX_MASTER_ADDR", "MASTER_ADDR"}))
+      setenv("GDX_MASTER_ADDR", peerIp.c_str(), 1);
     auto swap = [&](const std::string& mine) {
       if (a.role == "client") {
         sendText(ep, conn, mine);

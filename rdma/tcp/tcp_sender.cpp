@@ -208,8 +208,17 @@ size_t TcpLane::poll(Completion* out, size_t max) {
 }
 
 void TcpLane::complete(uint64_t cookie, int peer, Status status) {
-  std::lock_guard<std::mutex> lock(doneMutex_);
-  done_.push_back(Completion{cookie, status, peer});
+  {
+    std::lock_guard<std::mutex> lock(doneMutex_);
+    done_.push_back(Completion{cookie, status, peer});
+  }
+  // After the push: an armed waiter that is woken finds the completion when it polls.
+  if (armed_.load() && armed_.exchange(false) && t_.completionHandler_) t_.completionHandler_(index_);
+}
+
+bool TcpLane::armCompletion() {
+  armed_.store(true);
+  return true;
 }
 
 void TcpLane::finishChunk(OpState* op, Status status) {

@@ -96,6 +96,10 @@ class TcpLane : public TransportLane {
   void postMessage(const MessageOp& op) override;
   size_t poll(Completion* out, size_t max) override;
   size_t inFlight() const override { return inFlight_.load(std::memory_order_relaxed); }
+  /// The next completion calls the transport's CompletionHandler (from the thread that makes it: a sender thread, a
+  /// failure, or the posting thread of an inline send), so a waiting caller sleeps instead of yielding while bulk
+  /// writes are on the wire (on a host with few cores that yielding takes CPU from the sender threads).
+  bool armCompletion() override;
 
   /// Called by sender threads when a chunk of `op` is sent or failed; completes the op after its last chunk.
   void finishChunk(OpState* op, Status status);
@@ -125,6 +129,7 @@ class TcpLane : public TransportLane {
   std::mutex doneMutex_;
   std::deque<Completion> done_;
   std::atomic<size_t> inFlight_{0};
+  std::atomic<bool> armed_{false};  ///< armCompletion() asked for an announcement of the next completion
 };
 
 class TcpTransport : public common::TransportBase {

@@ -292,15 +292,18 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
     runNcclPeer("moe", kNcclScript, args, readLines);  // all_to_all_single of the same bytes per rank
   }
   const std::string date = isoDateUtc();
+  int gpus = 0;  // the ranks share them when there are fewer
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+  gpus = std::max(1, std::min(gpus, ranks));
   std::printf(
-      "benchmark_moe: %d ranks on %s, %d host(s) (%d rank(s) through the proxy per rank), %s; hidden %d, top-%d "
+      "benchmark_moe: %d ranks on %d x %s, %d host(s) (%d rank(s) through the proxy per rank), %s; hidden %d, top-%d "
       "of %d experts, %d SMs x %d threads per kernel, mean of %d calls\n",
-      ranks, gpu.c_str(), std::max(hosts, 1), remote, date.c_str(), kHidden, kTopk, o.experts, sms, threads, o.iters);
+      ranks, gpus, gpu.c_str(), std::max(hosts, 1), remote, date.c_str(), kHidden, kTopk, o.experts, sms, threads, o.iters);
   std::printf("%8s %6s %9s %10s %9s %11s %10s %8s\n", "tokens", "dtype", "op", "us", "GB/s", "NCCL us", "NCCL GB/s",
               "speedup");
   std::ostringstream js;
   js << "{\n  \"benchmark\": \"moe\",\n  \"gpu\": " << jsonString(gpu)
-     << ",\n  \"machine\": " << jsonString(std::to_string(ranks) + " x " + gpu + ", " + hostName())
+     << ",\n  \"machine\": " << jsonString(std::to_string(gpus) + " x " + gpu + ", " + hostName())
      << ",\n  \"date\": " << jsonString(date) << ",\n  \"ranks\": " << ranks << ",\n  \"hosts\": " << std::max(hosts, 1)
      << ",\n  \"remote_ranks_per_rank\": " << remote << ",\n  \"hidden\": " << kHidden << ",\n  \"topk\": " << kTopk
      << ",\n  \"experts\": " << o.experts << ",\n  \"sms\": " << sms << ",\n  \"threads\": " << threads

@@ -134,6 +134,10 @@ int runHostMode(size_t minBytes, size_t maxBytes, const std::string& json, const
   std::printf("%s\n", iperf3.describe().c_str());
   std::printf("proxy: %llu commands, %llu bytes, %llu errors\n", (unsigned long long)run.counters.commands,
               (unsigned long long)run.counters.bytes, (unsigned long long)run.counters.errors);
+  if (run.counters.handlingNs > 0 && run.counters.commands > 0)  // GDX_PROXY_TIMING=1
+    std::printf("proxy time per command (GDX_PROXY_TIMING): handling %.3f us, operations in flight %.3f us\n",
+                run.counters.handlingNs / 1e3 / run.counters.commands,
+                run.counters.inFlightNs / 1e3 / run.counters.commands);
   std::ofstream out(json);
   out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"host\",\"transport\":\"" << run.transport << "\""
       << gdx::bench::runInfoJson(gdx::bench::hostMachine()) << ",\"peer_iperf3\":" << iperf3.json() << ",\"results\":[";

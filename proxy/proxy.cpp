@@ -514,6 +514,16 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
   t.batches.fetch_add(1, std::memory_order_relaxed);
   t.commands.fetch_add(n, std::memory_order_relaxed);
   Posting posting(t, r);
+  // The batch's operations reach the transport's threads together, when it has been posted.
+  struct HeldWakeups {
+    TransportLane* lane;
+    explicit HeldWakeups(TransportLane* l) : lane(l) {
+      if (lane) lane->holdWakeups();
+    }
+    ~HeldWakeups() {
+      if (lane) lane->releaseWakeups();
+    }
+  } held(t.lane);
   WriteMerger merger;
   // The transport refused what the registry allowed (a window deregistered meanwhile): that command fails (and the
   // puts merged with it: the message says how many), recorded as a fault of its peer at `last`, its last position.

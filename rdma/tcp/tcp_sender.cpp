@@ -25,6 +25,10 @@ using net::IoResult;
 using net::IoStatus;
 
 namespace {
+// The lane whose wake-ups this thread holds (TcpLane::holdWakeups) and the sockets to wake at the release.
+thread_local TcpLane* heldLane = nullptr;
+thread_local std::vector<TxSocket*> heldWakes;
+
 // How long a sender whose socket broke waits for the peer's GOODBYE to show up on the receive side before it
 // calls the break a failure: a peer that shuts down closes its end after saying goodbye, so the goodbye is
 // already on its way.
@@ -97,8 +101,27 @@ void TcpLane::post(const WriteOp& op) {
         if (i == 0) tx.queue.back().fault = fault;  // a write's fault strikes its first chunk
       }
     }
-    tx.cv.notify_one();
+    wake(tx);
   }
+}
+
+void TcpLane::wake(TxSocket& tx) {
+  if (heldLane != this) {
+    tx.cv.notify_one();
+    return;
+  }
+  if (std::find(heldWakes.begin(), heldWakes.end(), &tx) == heldWakes.end()) heldWakes.push_back(&tx);
+}
+
+void TcpLane::holdWakeups() {
+  heldLane = this;
+}
+
+void TcpLane::releaseWakeups() {
+  if (heldLane != this) return;
+  heldLane = nullptr;
+  for (TxSocket* tx : heldWakes) tx->cv.notify_one();
+  heldWakes.clear();
 }
 
 static_assert(kAtomicBytes == common::kAtomicWordBytes, "an atomic message carries the word the lane checked");
@@ -148,7 +171,7 @@ void TcpLane::queueInline(const MessageHeader& h, int peer, uint64_t cookie, con
     }
     tx.queue.push_back(item);
   }
-  tx.cv.notify_one();
+  wake(tx);
 }
 
 uint32_t TcpLane::socketForOne(int peer, uint64_t bytes) {

@@ -298,7 +298,8 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
   std::printf(
       "benchmark_moe: %d ranks on %d x %s, %d host(s) (%d rank(s) through the proxy per rank), %s; hidden %d, top-%d "
       "of %d experts, %d SMs x %d threads per kernel, mean of %d calls\n",
-      ranks, gpus, gpu.c_str(), std::max(hosts, 1), remote, date.c_str(), kHidden, kTopk, o.experts, sms, threads, o.iters);
+      ranks, gpus, gpu.c_str(), std::max(hosts, 1), remote, date.c_str(), kHidden, kTopk, o.experts, sms, threads,
+      o.iters);
   std::printf("%8s %6s %9s %10s %9s %11s %10s %8s\n", "tokens", "dtype", "op", "us", "GB/s", "NCCL us", "NCCL GB/s",
               "speedup");
   std::ostringstream js;

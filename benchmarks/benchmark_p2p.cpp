@@ -35,7 +35,6 @@
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "benchmarks/transport_round_trip.hpp"
-#include "gdx/config.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
 
@@ -314,10 +313,6 @@ int run(const Args& a) {
   // (the client speaks first: a blocking send waits for the peer's receive).
   std::unique_ptr<bench::TransportRoundTrip> transport;
   if (ep.transport() == "tcp") {
-    // Its listener advertises the interface that routes to the other side (loopback only reaches a peer on this
-    // host and in this network namespace), unless the user chose one.
-    if (!envFirstSet({"GDX_TCP_BIND_ADDR", "GDX_MASTER_ADDR", "MASTER_ADDR"}))
-      setenv("GDX_MASTER_ADDR", peerIp.c_str(), 1);
     auto swap = [&](const std::string& mine) {
       if (a.role == "client") {
         sendText(ep, conn, mine);
@@ -327,7 +322,10 @@ int run(const Args& a) {
       sendText(ep, conn, mine);
       return theirs;
     };
-    transport = std::make_unique<bench::TransportRoundTrip>(a.role == "client" ? 0 : 1, a.maxBytes, swap);
+    // It listens on the interface that routes to the other side (the default, loopback, only reaches a peer on this
+    // host and in this network namespace).
+    transport = std::make_unique<bench::TransportRoundTrip>(a.role == "client" ? 0 : 1, a.maxBytes, swap,
+                                                            bench::localAddressToward(peerIp));
   }
   if (a.role == "server") {
     sendText(ep, conn, ep.advertise(conn, mr, r.p, a.maxBytes));

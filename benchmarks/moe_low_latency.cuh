@@ -57,13 +57,14 @@ inline std::pair<double, double> timeHalves(cudaStream_t s, int iters, const std
 }
 
 /// The proxy's counters once its threads are done with what the kernels pushed (the last receive's release signals
-/// may still be in a ring when the stream is done): equal twice 2 ms apart, at most a second.
+/// may still be in a ring when the stream is done): nothing in flight and no change over 2 ms, at most a second.
 inline ProxyCounters settledCounters(Proxy& proxy) {
   ProxyCounters a = proxy.totalCounters();
   for (int i = 0; i < 500; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     const ProxyCounters b = proxy.totalCounters();
-    if (b.commands == a.commands && b.inFlightNs == a.inFlightNs && b.handlingNs == a.handlingNs) return b;
+    if (b.inFlight == 0 && b.commands == a.commands && b.inFlightNs == a.inFlightNs && b.handlingNs == a.handlingNs)
+      return b;
     a = b;
   }
   return a;

@@ -8,7 +8,7 @@ set -u
 bin=$1
 json=$2
 shift 2
-ns=gdxb$$
+ns=gdxb$$r$((RANDOM % 1000))  # fresh names even beside what a killed earlier run left behind
 srv=${ns}s cli=${ns}c
 srvAddr=10.78.$(($$ % 250)).1 cliAddr=10.78.$(($$ % 250)).2
 
@@ -17,6 +17,7 @@ cleanup() {
   [ -n "${serverPid:-}" ] && kill "$serverPid" 2>/dev/null
   ip netns del "$srv" 2>/dev/null
   ip netns del "$cli" 2>/dev/null
+  ip link del "${ns}a" 2>/dev/null  # a pair that never left the root namespace
 }
 trap cleanup EXIT
 
@@ -30,8 +31,8 @@ ip netns add "$cli" &&
   ip -n "$srv" addr add "$srvAddr/24" dev "${ns}a" && ip -n "$cli" addr add "$cliAddr/24" dev "${ns}b" &&
   ip -n "$srv" link set "${ns}a" up && ip -n "$cli" link set "${ns}b" up &&
   ip -n "$srv" link set lo up && ip -n "$cli" link set lo up || {
-  echo "p2p_netns: creating the namespaces' veth pair failed"
-  exit 1
+  echo "p2p_netns: skipped: creating a veth pair between the namespaces failed (no veth in this kernel?)"
+  exit 77
 }
 command -v iperf3 >/dev/null || echo "p2p_netns: iperf3 not found (Debian package iperf3): no peer figure"
 
@@ -47,6 +48,9 @@ export GDX_BENCH_MACHINE="two network namespaces joined by a veth pair, $(grep -
   cut -d: -f2 | sed 's/^ *//'), $(nproc) CPUs"
 ip netns exec "$cli" "$bin" --role client --peer "$srvAddr" --port "$port" --json "$json" "$@"
 rc=$?
+if [ $rc != 0 ]; then
+  exit $rc  # the server may be waiting for the client that failed: cleanup stops it
+fi
 wait "$serverPid" || rc=1
 serverPid=
 exit $rc

@@ -27,9 +27,12 @@ class TransportRoundTrip {
 
   /// Rank 0 measures, rank 1 answers. `swap` hands this side's blob to the peer and returns the peer's (the
   /// benchmark passes them over its endpoint connection); it is called for the address, then for the window key.
-  TransportRoundTrip(int rank, size_t maxBytes, const std::function<std::string(const std::string&)>& swap)
+  /// `bindAddress`: where to listen (one the peer can reach), unless GDX_TCP_BIND_ADDR says; empty: the default.
+  TransportRoundTrip(int rank, size_t maxBytes, const std::function<std::string(const std::string&)>& swap,
+                     const std::string& bindAddress = "")
       : rank_(rank), buffer_(maxBytes) {
     TcpTransportOptions o = TcpTransportOptions::fromEnv(rank, 2, "benchmark_p2p transport round trip");
+    if (o.bindAddress.empty()) o.bindAddress = bindAddress;
     o.inlineSendBytes = kInlineSendBytes;
     timeoutNs_ = o.timeoutNs;
     t_ = makeTcpTransport(o);

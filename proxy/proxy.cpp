@@ -322,10 +322,16 @@ std::string Proxy::lastError() const {
 
 ProxyCounters Proxy::counters(int thread) const {
   const Thread& t = *threads_.at(thread);
-  return ProxyCounters{t.commands.load(std::memory_order_relaxed),  t.bytes.load(std::memory_order_relaxed),
-                       t.errors.load(std::memory_order_relaxed),    t.batches.load(std::memory_order_relaxed),
-                       t.writes.load(std::memory_order_relaxed),    t.handlingNs.load(std::memory_order_relaxed),
-                       t.inFlightNs.load(std::memory_order_relaxed)};
+  ProxyCounters c;
+  c.commands = t.commands.load(std::memory_order_relaxed);
+  c.bytes = t.bytes.load(std::memory_order_relaxed);
+  c.errors = t.errors.load(std::memory_order_relaxed);
+  c.batches = t.batches.load(std::memory_order_relaxed);
+  c.writes = t.writes.load(std::memory_order_relaxed);
+  c.handlingNs = t.handlingNs.load(std::memory_order_relaxed);
+  c.inFlightNs = t.inFlightNs.load(std::memory_order_relaxed);
+  c.inFlight = t.lane ? t.lane->inFlight() : 0;
+  return c;
 }
 
 ProxyCounters Proxy::totalCounters() const {
@@ -339,6 +345,7 @@ ProxyCounters Proxy::totalCounters() const {
     sum.writes += c.writes;
     sum.handlingNs += c.handlingNs;
     sum.inFlightNs += c.inFlightNs;
+    sum.inFlight += c.inFlight;
   }
   return sum;
 }
@@ -514,15 +521,18 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
   t.batches.fetch_add(1, std::memory_order_relaxed);
   t.commands.fetch_add(n, std::memory_order_relaxed);
   Posting posting(t, r);
-  // The batch's operations reach the transport's threads together, when it has been posted.
+  // The transport's threads are woken for the batch, not for each of its operations (TransportLane::holdWakeups);
+  // released once the batch is posted (and on any way out).
   struct HeldWakeups {
     TransportLane* lane;
     explicit HeldWakeups(TransportLane* l) : lane(l) {
       if (lane) lane->holdWakeups();
     }
-    ~HeldWakeups() {
+    void release() {
       if (lane) lane->releaseWakeups();
+      lane = nullptr;
     }
+    ~HeldWakeups() { release(); }
   } held(t.lane);
   WriteMerger merger;
   // The transport refused what the registry allowed (a window deregistered meanwhile): that command fails (and the
@@ -578,6 +588,7 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
       failed(t.batch[n - 1], ring.consumed() - 1, e);
     }
   }
+  held.release();  // inside the timed part: waking the transport's threads is part of posting the batch
   posting.close(ring.consumed());
   ring.publishTail();
   if (startNs) {

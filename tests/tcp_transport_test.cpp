@@ -165,8 +165,8 @@ TEST(TcpTransport, LanesAreIndependentAndUsableFromTheirOwnThreads) {
 }
 
 // Held wake-ups (TransportLane::holdWakeups, the proxy's per-batch bracket): what the holding thread posts arrives
-// intact once it releases, another thread may post on the same lane meanwhile (its posts are not held), and a second
-// hold that is never released loses nothing either (the sender's bounded wait picks the chunks up).
+// intact once it releases, another thread's posts on the same lane meanwhile arrive too, and a hold that is never
+// released loses nothing either (the first chunk wakes the sender, its bounded wait picks up the rest).
 TEST(TcpTransport, HeldWakeupsLoseNothingAndHoldOnlyTheHoldingThreadsPosts) {
   constexpr size_t kPiece = 16 << 10, kPieces = 32;
   auto t = tcpWorld(2, 2, 256 << 10);
@@ -188,7 +188,7 @@ TEST(TcpTransport, HeldWakeupsLoseNothingAndHoldOnlyTheHoldingThreadsPosts) {
     lane.holdWakeups();
     for (size_t i = 0; i < kPieces; ++i) lane.post(write(i));
   }
-  // Another thread's posts are not held: they reach the peer while this thread still holds its own.
+  // Another thread posts on the same lane while this one holds.
   std::thread other([&] {
     std::lock_guard<std::mutex> lock(postMutex);
     for (size_t i = kPieces; i < 2 * kPieces; ++i) lane.post(write(i));
@@ -200,7 +200,7 @@ TEST(TcpTransport, HeldWakeupsLoseNothingAndHoldOnlyTheHoldingThreadsPosts) {
   }
   ASSERT_TRUE(waitFor([&] { return announced.load() == static_cast<int>(2 * kPieces); }, 20000))
       << announced.load() << " of " << 2 * kPieces << " writes announced";
-  // Held and never released (a misuse): the chunks still go out, within the sender's bounded wait.
+  // Held and never released (a misuse): the chunks still go out.
   std::thread forgetful([&] {
     lane.holdWakeups();
     for (size_t i = 2 * kPieces; i < 3 * kPieces; ++i) lane.post(write(i));

@@ -88,11 +88,12 @@ void TcpLane::post(const WriteOp& op) {
   for (int k = 0; k < sockets && static_cast<uint64_t>(k) < chunks; ++k) {
     int s = static_cast<int>((first + k) % sockets);
     TxSocket& tx = t_.txSocket(index_, op.peer, s);
+    uint64_t refused = 0;  // finished outside the lock: the last one runs the completion handler
     {
       std::lock_guard<std::mutex> lock(tx.mutex);
       for (uint64_t i = k; i < chunks; i += sockets) {
         if (tx.closed) {  // a post racing with shutdown(): the sender thread is gone
-          finishChunk(state, Status::kShutdown);
+          ++refused;
           continue;
         }
         h.chunkOffset = i * chunk;
@@ -101,16 +102,19 @@ void TcpLane::post(const WriteOp& op) {
         if (i == 0) tx.queue.back().fault = fault;  // a write's fault strikes its first chunk
       }
     }
+    for (; refused > 0; --refused) finishChunk(state, Status::kShutdown);
     wake(tx);
   }
 }
 
 void TcpLane::wake(TxSocket& tx) {
-  if (heldLane != this) {
-    tx.cv.notify_one();
-    return;
+  // Held: the first chunk a socket gets in the batch wakes its sender at once (it should not wait for the rest of
+  // the batch to be posted); the later ones are picked up by the busy sender or by the one wake-up at the release.
+  if (heldLane == this) {
+    if (std::find(heldWakes.begin(), heldWakes.end(), &tx) != heldWakes.end()) return;
+    heldWakes.push_back(&tx);
   }
-  if (std::find(heldWakes.begin(), heldWakes.end(), &tx) == heldWakes.end()) heldWakes.push_back(&tx);
+  tx.cv.notify_one();
 }
 
 void TcpLane::holdWakeups() {
@@ -163,13 +167,15 @@ void TcpLane::queueInline(const MessageHeader& h, int peer, uint64_t cookie, con
   const uint32_t s = socketForOne(peer, h.chunkBytes);
   TxSocket& tx = t_.txSocket(index_, peer, static_cast<int>(s));
   if (trySendNow(tx, item)) return;
+  bool closed = false;
   {
     std::lock_guard<std::mutex> lock(tx.mutex);
-    if (tx.closed) {  // a post racing with shutdown(): the sender thread is gone
-      finishChunk(state, Status::kShutdown);
-      return;
-    }
-    tx.queue.push_back(item);
+    closed = tx.closed;  // a post racing with shutdown(): the sender thread is gone
+    if (!closed) tx.queue.push_back(item);
+  }
+  if (closed) {
+    finishChunk(state, Status::kShutdown);  // outside the lock: it runs the completion handler
+    return;
   }
   wake(tx);
 }

@@ -100,8 +100,8 @@ class TcpLane : public TransportLane {
   /// failure, or the posting thread of an inline send), so a waiting caller sleeps instead of yielding while bulk
   /// writes are on the wire (on a host with few cores that yielding takes CPU from the sender threads).
   bool armCompletion() override;
-  /// Held: a posted chunk's sender thread is woken once, at releaseWakeups(), however many chunks it was given (a
-  /// wake-up costs a system call and a context switch, more than queueing a chunk).
+  /// Held: a socket's sender thread is woken for the first chunk it gets and once more at releaseWakeups(), not for
+  /// every chunk (a wake-up of a sleeping sender costs a system call and a context switch, more than queueing).
   void holdWakeups() override;
   void releaseWakeups() override;
 

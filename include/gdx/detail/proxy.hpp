@@ -55,6 +55,7 @@ struct ProxyCounters {
   // With Options::timing (GDX_PROXY_TIMING) only, else 0: where a command's time goes after a kernel pushed it.
   uint64_t handlingNs = 0;  ///< taking commands out of the rings, checking and posting them
   uint64_t inFlightNs = 0;  ///< with at least one posted operation not yet completed by the transport
+  uint64_t inFlight = 0;    ///< operations posted and not yet completed, now (a gauge, not a count)
 };
 
 class Proxy {
@@ -69,7 +70,7 @@ class Proxy {
     uint64_t timeoutNs = kDefaultTimeoutNs;  ///< producers' and the drain's bound (GDX_TIMEOUT_MS)
     std::string trace;                       ///< GDX_TRACE: where the trace goes ("%r": the rank); empty: none
     size_t traceEvents = size_t{1} << 16;    ///< GDX_TRACE_EVENTS: events kept per proxy thread
-    bool timing = false;  ///< GDX_PROXY_TIMING: fill ProxyCounters' handlingNs / inFlightNs (a clock read per batch)
+    bool timing = false;  ///< GDX_PROXY_TIMING: fill ProxyCounters' handlingNs / inFlightNs (two clock reads per batch)
     Placement placement;
     static Options fromEnv();
     /// Throws gdx::Error(kInvalidArgument) naming the variable of the first field out of range, and when the rings

@@ -521,19 +521,6 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
   t.batches.fetch_add(1, std::memory_order_relaxed);
   t.commands.fetch_add(n, std::memory_order_relaxed);
   Posting posting(t, r);
-  // The transport's threads are woken for the batch, not for each of its operations (TransportLane::holdWakeups);
-  // released once the batch is posted (and on any way out).
-  struct HeldWakeups {
-    TransportLane* lane;
-    explicit HeldWakeups(TransportLane* l) : lane(l) {
-      if (lane) lane->holdWakeups();
-    }
-    void release() {
-      if (lane) lane->releaseWakeups();
-      lane = nullptr;
-    }
-    ~HeldWakeups() { release(); }
-  } held(t.lane);
   WriteMerger merger;
   // The transport refused what the registry allowed (a window deregistered meanwhile): that command fails (and the
   // puts merged with it: the message says how many), recorded as a fault of its peer at `last`, its last position.
@@ -588,7 +575,6 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
       failed(t.batch[n - 1], ring.consumed() - 1, e);
     }
   }
-  held.release();  // inside the timed part: waking the transport's threads is part of posting the batch
   posting.close(ring.consumed());
   ring.publishTail();
   if (startNs) {

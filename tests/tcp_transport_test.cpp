@@ -164,56 +164,6 @@ TEST(TcpTransport, LanesAreIndependentAndUsableFromTheirOwnThreads) {
   EXPECT_EQ(test::firstMismatch(src.data(), dst.data(), src.size()), -1);
 }
 
-// Held wake-ups (TransportLane::holdWakeups, the proxy's per-batch bracket): what the holding thread posts arrives
-// intact once it releases, another thread's posts on the same lane meanwhile arrive too, and a hold that is never
-// released loses nothing either (the first chunk wakes the sender, its bounded wait picks up the rest).
-TEST(TcpTransport, HeldWakeupsLoseNothingAndHoldOnlyTheHoldingThreadsPosts) {
-  constexpr size_t kPiece = 16 << 10, kPieces = 32;
-  auto t = tcpWorld(2, 2, 256 << 10);
-  std::vector<unsigned char> src(kPiece * kPieces * 3), dst(src.size(), 0);
-  test::fillRandom(src.data(), src.size(), 11);
-  std::atomic<int> announced{0};
-  t[1]->setImmHandler([&](const RemoteWrite&) { announced++; });
-  t[0]->registerWindow(kSrcWindow, src.data(), src.size(), MemoryKind::kHost);
-  t[0]->addRemoteWindow(1, kDstWindow, dst.size(),
-                        t[1]->registerWindow(kDstWindow, dst.data(), dst.size(), MemoryKind::kHost));
-  connectAll(t, 1);
-  TransportLane& lane = t[0]->lane(0);
-  auto write = [&](size_t i) {
-    return WriteOp{1, kSrcWindow, i * kPiece, kDstWindow, i * kPiece, kPiece, true, static_cast<uint32_t>(i), i};
-  };
-  std::mutex postMutex;  // the lane's posts come from one thread at a time, as the proxy's do
-  {
-    std::lock_guard<std::mutex> lock(postMutex);
-    lane.holdWakeups();
-    for (size_t i = 0; i < kPieces; ++i) lane.post(write(i));
-  }
-  // Another thread posts on the same lane while this one holds.
-  std::thread other([&] {
-    std::lock_guard<std::mutex> lock(postMutex);
-    for (size_t i = kPieces; i < 2 * kPieces; ++i) lane.post(write(i));
-  });
-  other.join();
-  {
-    std::lock_guard<std::mutex> lock(postMutex);
-    lane.releaseWakeups();
-  }
-  ASSERT_TRUE(waitFor([&] { return announced.load() == static_cast<int>(2 * kPieces); }, 20000))
-      << announced.load() << " of " << 2 * kPieces << " writes announced";
-  // Held and never released (a misuse): the chunks still go out.
-  std::thread forgetful([&] {
-    lane.holdWakeups();
-    for (size_t i = 2 * kPieces; i < 3 * kPieces; ++i) lane.post(write(i));
-  });
-  forgetful.join();
-  ASSERT_TRUE(waitFor([&] { return announced.load() == static_cast<int>(3 * kPieces); }, 20000))
-      << announced.load() << " of " << 3 * kPieces << " writes announced";
-  const auto done = test::pollCompletions(lane, 3 * kPieces, 20000);
-  EXPECT_EQ(done.size(), 3 * kPieces);
-  for (const Completion& c : done) EXPECT_EQ(c.status, Status::kOk);
-  EXPECT_EQ(test::firstMismatch(src.data(), dst.data(), src.size()), -1);
-}
-
 // ---- argument checking -----------------------------------------------------------------------------------
 
 TEST(TcpTransport, InvalidWritesThrowBeforeAnythingIsSent) {

@@ -25,10 +25,6 @@ using net::IoResult;
 using net::IoStatus;
 
 namespace {
-// The lane whose wake-ups this thread holds (TcpLane::holdWakeups) and the sockets to wake at the release.
-thread_local TcpLane* heldLane = nullptr;
-thread_local std::vector<TxSocket*> heldWakes;
-
 // How long a sender whose socket broke waits for the peer's GOODBYE to show up on the receive side before it
 // calls the break a failure: a peer that shuts down closes its end after saying goodbye, so the goodbye is
 // already on its way.
@@ -103,29 +99,8 @@ void TcpLane::post(const WriteOp& op) {
       }
     }
     for (; refused > 0; --refused) finishChunk(state, Status::kShutdown);
-    wake(tx);
+    tx.cv.notify_one();
   }
-}
-
-void TcpLane::wake(TxSocket& tx) {
-  // Held: the first chunk a socket gets in the batch wakes its sender at once (it should not wait for the rest of
-  // the batch to be posted); the later ones are picked up by the busy sender or by the one wake-up at the release.
-  if (heldLane == this) {
-    if (std::find(heldWakes.begin(), heldWakes.end(), &tx) != heldWakes.end()) return;
-    heldWakes.push_back(&tx);
-  }
-  tx.cv.notify_one();
-}
-
-void TcpLane::holdWakeups() {
-  heldLane = this;
-}
-
-void TcpLane::releaseWakeups() {
-  if (heldLane != this) return;
-  heldLane = nullptr;
-  for (TxSocket* tx : heldWakes) tx->cv.notify_one();
-  heldWakes.clear();
 }
 
 static_assert(kAtomicBytes == common::kAtomicWordBytes, "an atomic message carries the word the lane checked");
@@ -177,7 +152,7 @@ void TcpLane::queueInline(const MessageHeader& h, int peer, uint64_t cookie, con
     finishChunk(state, Status::kShutdown);  // outside the lock: it runs the completion handler
     return;
   }
-  wake(tx);
+  tx.cv.notify_one();
 }
 
 uint32_t TcpLane::socketForOne(int peer, uint64_t bytes) {

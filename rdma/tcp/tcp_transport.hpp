@@ -100,10 +100,6 @@ class TcpLane : public TransportLane {
   /// failure, or the posting thread of an inline send), so a waiting caller sleeps instead of yielding while bulk
   /// writes are on the wire (on a host with few cores that yielding takes CPU from the sender threads).
   bool armCompletion() override;
-  /// Held: a socket's sender thread is woken for the first chunk it gets and once more at releaseWakeups(), not for
-  /// every chunk (a wake-up of a sleeping sender costs a system call and a context switch, more than queueing).
-  void holdWakeups() override;
-  void releaseWakeups() override;
 
   /// Called by sender threads when a chunk of `op` is sent or failed; completes the op after its last chunk.
   void finishChunk(OpState* op, Status status);
@@ -125,9 +121,6 @@ class TcpLane : public TransportLane {
   /// Sends `item` from the calling thread when `tx` is idle and the item qualifies (inlineSendBytes); true when it
   /// did (the item is finished), false when the item must be queued.
   bool trySendNow(TxSocket& tx, const TxItem& item);
-  /// Wakes `tx`'s sender thread for what was just queued, or, while this thread holds this lane's wake-ups, once at
-  /// their release.
-  void wake(TxSocket& tx);
 
   TcpTransport& t_;
   const int index_;

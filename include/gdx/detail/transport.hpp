@@ -124,12 +124,6 @@ class TransportLane {
   /// poll(). false when the backend cannot announce completions (the caller keeps polling). A completion that became
   /// ready before the call may go unannounced: poll once more after a true answer, then sleep.
   virtual bool armCompletion() { return false; }
-  /// A thread about to post several operations in a row (the proxy, per drained batch) may bracket them: between
-  /// holdWakeups() and releaseWakeups() on the same thread, a backend may hand them to its own threads together at
-  /// the release instead of waking one per operation. Operations are never held past releaseWakeups(); every hold
-  /// must be released on the thread that took it. The default does nothing.
-  virtual void holdWakeups() {}
-  virtual void releaseWakeups() {}
 };
 
 class Transport {

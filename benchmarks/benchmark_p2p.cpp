@@ -37,6 +37,7 @@
 #include "benchmarks/transport_round_trip.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
+#include "rdma/socket.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -325,7 +326,7 @@ int run(const Args& a) {
     // It listens on the interface that routes to the other side (the default, loopback, only reaches a peer on this
     // host and in this network namespace).
     transport = std::make_unique<bench::TransportRoundTrip>(a.role == "client" ? 0 : 1, a.maxBytes, swap,
-                                                            bench::localAddressToward(peerIp));
+                                                            net::localAddressToward(peerIp));
   }
   if (a.role == "server") {
     sendText(ep, conn, ep.advertise(conn, mr, r.p, a.maxBytes));

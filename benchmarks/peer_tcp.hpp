@@ -3,7 +3,6 @@
 // over one loopback socket.
 #pragma once
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -113,24 +112,6 @@ inline Iperf3Result iperf3Loopback(int seconds) {
   Iperf3Result r = runIperf3Client("127.0.0.1", port, seconds);
   if (server > 0) reapIperf3Server(server);
   return r;
-}
-
-/// This host's IPv4 address on the route to `host` (a connected UDP socket sends nothing); empty when unknown.
-inline std::string localAddressToward(const std::string& host) {
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(9);
-  if (inet_pton(AF_INET, host.c_str(), &to.sin_addr) != 1) return "";
-  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in me{};
-  socklen_t len = sizeof me;
-  char text[INET_ADDRSTRLEN] = {};
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
-                  inet_ntop(AF_INET, &me.sin_addr, text, sizeof text) != nullptr;
-  close(fd);
-  return ok ? text : "";
 }
 
 inline bool sendAll(int fd, const char* p, size_t n) {

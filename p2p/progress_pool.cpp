@@ -7,6 +7,7 @@
 #include "gdx/detail/log.hpp"
 
 namespace gdx::p2p {
+
 ProgressPool::ProgressPool(int threads) {
   for (int i = 0; i < std::max(threads, 1); ++i) workers_.push_back(std::make_unique<Worker>());
   for (auto& w : workers_) w->thread = std::thread([this, worker = w.get()] { loop(*worker); });

@@ -65,7 +65,7 @@ class TransportBase : public Transport {
   ImmHandler immHandler_;          ///< called through announce()
   MessageHandler messageHandler_;  ///< called through deliverMessage()
   PeerFailureNotifier failureHandler_;
-  CompletionHandler completionHandler_;  ///< called by backends whose lanes can arm completions (verbs)
+  CompletionHandler completionHandler_;  ///< called by backends whose lanes can arm completions (verbs, TCP)
 };
 
 }  // namespace gdx::common

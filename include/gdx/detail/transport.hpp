@@ -120,9 +120,10 @@ class TransportLane {
   /// Writes, atomics and messages posted and not yet returned by poll().
   virtual size_t inFlight() const = 0;
   /// Event-driven waiting, for a thread that would otherwise keep polling while work is in flight: asks the backend
-  /// to call the transport's CompletionHandler (from a transport thread, once) when a completion may be ready for
-  /// poll(). false when the backend cannot announce completions (the caller keeps polling). A completion that became
-  /// ready before the call may go unannounced: poll once more after a true answer, then sleep.
+  /// to call the transport's CompletionHandler once when a completion may be ready for poll(), from whichever thread
+  /// made it ready (a transport thread; over TCP also a poster whose operation completed at once). false when the
+  /// backend cannot announce completions (the caller keeps polling). A completion that became ready before the call may
+  /// go unannounced: poll once more after a true answer, then sleep.
   virtual bool armCompletion() { return false; }
 };
 

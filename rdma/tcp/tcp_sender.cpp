@@ -271,7 +271,9 @@ Status TcpTransport::sendItem(TxSocket& s, const TxItem& item, common::CudaStagi
     status = sendFaulty(s, item, staging);
   else
     status = sendChunk(s, item, staging);
-  if (status == Status::kOk && peerState_[s.peer].load() == kPeerFailed) status = Status::kPeerFailed;
+  // A chunk the kernel took whole is complete at the source (its buffer may be reused) even if the peer is found
+  // dead meanwhile: that peer may well have received it (a signal it acted on before dying), and later operations
+  // to it fail by the check above.
   return status;
 }
 

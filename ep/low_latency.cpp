@@ -64,8 +64,7 @@ LowLatencyBytes lowLatencyBytesHint(const LowLatencyConfig& config, int numRanks
 
 struct LowLatencyBuffer::Impl {
   Window window;
-  void* memory = nullptr;   // GPU window
-  char* scratch = nullptr;  // device [2][T] slots
+  void* memory = nullptr;  // GPU window
   LlState* state = nullptr;
   Report* report = nullptr;  // host-mapped
   uint32_t* maskHost = nullptr;
@@ -79,7 +78,6 @@ struct LowLatencyBuffer::Impl {
     window = Window();
     network.window = Window();
     if (memory) cudaFree(memory);
-    if (scratch) cudaFree(scratch);
     if (state) cudaFree(state);
     if (report) cudaFreeHost(report);
     if (maskHost) cudaFreeHost(maskHost);
@@ -142,7 +140,6 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   lt.lay = llLayout(c, numRanks_, slots);
   GDX_CUDA_CHECK(cudaMalloc(&m.memory, lt.lay.gpuBytes));
   GDX_CUDA_CHECK(cudaMemset(m.memory, 0, kLlCtrlBytes));
-  GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.scratch), 2 * uint64_t(lt.lay.T) * lt.lay.slotBytes));
   GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.state), sizeof(LlState)));
   GDX_CUDA_CHECK(cudaMemset(m.state, 0, sizeof(LlState)));
   GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.report), sizeof(Report), cudaHostAllocMapped));
@@ -163,7 +160,6 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   t.remoteMask = remoteMask;
   t.window = m.window.id();
   lt.ll = m.state;
-  lt.scratch = m.scratch;
   lt.blocks = c.numSms;
   lt.threads = c.numThreads;
   if (slots > 0) {

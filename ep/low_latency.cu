@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include <climits>
+#include <cub/warp/warp_scan.cuh>
 
 #include "ep/device_common.cuh"
 #include "ep/low_latency_protocol.hpp"
@@ -89,36 +90,103 @@ __device__ inline void releaseBuffer(const LlTeam& lt, uint64_t e) {
   }
 }
 
+/// Turns the row counts first[0..n) (shared memory) into their exclusive prefix, first[n] the total: warp 0, each
+/// lane over a run of consecutive entries. Every thread of the block calls it (it ends with a sync).
+__device__ inline void prefixInPlace(int* first, int n) {
+  using WarpScan = cub::WarpScan<int>;
+  __shared__ typename WarpScan::TempStorage scan;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, per = (n + 31) / 32, lo = min(n, lane * per), hi = min(n, lo + per);
+    int sum = 0;
+    for (int q = lo; q < hi; ++q) sum += first[q];
+    int base, total;
+    WarpScan(scan).ExclusiveSum(sum, base, total);
+    for (int q = lo; q < hi; ++q) {
+      const int c = first[q];
+      first[q] = base;
+      base += c;
+    }
+    if (lane == 0) first[n] = total;
+  }
+  __syncthreads();
+}
+
+/// The entry q of a prefix (first[0..n], nondecreasing) whose rows hold row v < first[n]: first[q] <= v < first[q+1].
+__device__ inline int entryOf(const int* first, int n, int v) {
+  int lo = 0, hi = n;  // first[lo] <= v < first[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (first[mid] <= v)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 // ---- dispatch -------------------------------------------------------------------------------------------------
 
-/// The warp packs token `tok` into `row`: FP8 e4m3 with one scale per 128 elements (amax / 448, optionally rounded
-/// up to a power of two), or the BF16 bytes as they are; then the meta (token, top-k ids).
-__device__ inline void packToken(const LlDispatchArgs& a, int H, int maxTopk, int tok, int64_t expert, char* row,
-                                 int lane) {
+/// Where a token's message goes, shared by the block that sends it: the row at a rank of this host of each top-k slot
+/// (0: none; `direct` has a bit per slot that has one) and the host staging row the puts to other hosts read (null
+/// when no rank on another host needs the token).
+struct TokenRows {
+  unsigned long long row[kMaxTopk];
+  unsigned direct;
+  char* stage;
+};
+
+/// Stores one piece of a dispatch message (at byte `off`) into every row it goes to.
+template <typename V>
+__device__ inline void storeToRows(const V& v, uint32_t off, const TokenRows& to) {
+  for (unsigned m = to.direct; m; m &= m - 1)
+    *reinterpret_cast<V*>(reinterpret_cast<char*>(to.row[__ffs(m) - 1]) + off) = v;
+  if (to.stage) *reinterpret_cast<V*>(to.stage + off) = v;
+}
+
+/// The block packs token `tok`: FP8 e4m3 with one scale per 128 elements (amax / 448, optionally rounded up to a power
+/// of two), or the BF16 bytes as they are, each piece stored straight from registers into every row it goes to (the
+/// token is read once, no row is read back). FP8: a half-warp owns a 128-element block (8 elements a lane, amax over
+/// its 16 lanes), the warps of the block take the block pairs in turn. The meta is the caller's.
+__device__ inline void packToken(const LlDispatchArgs& a, int H, int tok, const TokenRows& to) {
   const char* src = a.x + int64_t(tok) * H * 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, numWarps = blockDim.x >> 5;
   if (a.fp8) {
-    for (int blk = 0; blk < H / kFp8ScaleBlock; ++blk) {
-      const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src + (blk * kFp8ScaleBlock + lane * 4) * 2));
-      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-      float amax = fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y)));
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const int blocks = H / kFp8ScaleBlock, steps = (blocks + 1) / 2, half = lane >> 4, hl = lane & 15;
+    for (int step = warp; step < steps; step += numWarps) {
+      const int blk = 2 * step + half;
+      const bool on = blk < blocks;  // an odd block count leaves the last step's second half idle
+      const int4 v = on ? __ldg(reinterpret_cast<const int4*>(src + (int64_t(blk) * kFp8ScaleBlock + hl * 8) * 2))
+                        : make_int4(0, 0, 0, 0);
+      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+      float2 f[4];
+      float amax = 0.f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        f[q] = __bfloat1622float2(h2[q]);
+        amax = fmaxf(amax, fmaxf(fabsf(f[q].x), fabsf(f[q].y)));
+      }
+      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within the half
       float scale = fmaxf(amax, 1e-4f) / 448.f;
       if (a.roundScale) scale = exp2f(ceilf(log2f(scale)));
       const float inv = 1.f / scale;
-      const __nv_fp8x2_storage_t q0 =
-          __nv_cvt_float2_to_fp8x2(make_float2(lo.x * inv, lo.y * inv), __NV_SATFINITE, __NV_E4M3);
-      const __nv_fp8x2_storage_t q1 =
-          __nv_cvt_float2_to_fp8x2(make_float2(hi.x * inv, hi.y * inv), __NV_SATFINITE, __NV_E4M3);
-      *reinterpret_cast<uint32_t*>(row + blk * kFp8ScaleBlock + lane * 4) = uint32_t(q0) | uint32_t(q1) << 16;
-      if (lane == 0) reinterpret_cast<float*>(row + a.msg.scaleOffset)[blk] = scale;
+      uint2 packed;
+      uint32_t* w = &packed.x;
+#pragma unroll
+      for (int q = 0; q < 4; q += 2) {
+        const __nv_fp8x2_storage_t lo =
+            __nv_cvt_float2_to_fp8x2(make_float2(f[q].x * inv, f[q].y * inv), __NV_SATFINITE, __NV_E4M3);
+        const __nv_fp8x2_storage_t hi =
+            __nv_cvt_float2_to_fp8x2(make_float2(f[q + 1].x * inv, f[q + 1].y * inv), __NV_SATFINITE, __NV_E4M3);
+        w[q / 2] = uint32_t(lo) | uint32_t(hi) << 16;
+      }
+      if (on) storeToRows(packed, uint32_t(blk * kFp8ScaleBlock + hl * 8), to);
+      if (on && hl == 0) storeToRows(scale, a.msg.scaleOffset + uint32_t(blk) * 4, to);
     }
   } else {
-    warpCopy16FromInput(row, src, a.msg.xBytes, lane);
+    const int4* s4 = reinterpret_cast<const int4*>(src);
+    for (uint32_t i = threadIdx.x; i < a.msg.xBytes / 16; i += blockDim.x) storeToRows(__ldg(s4 + i), i * 16, to);
   }
-  int32_t* meta = reinterpret_cast<int32_t*>(row + a.msg.metaOffset);
-  if (lane == 0) meta[0] = tok;
-  if (lane < maxTopk) meta[1 + lane] = lane < a.numTopk ? int32_t(expert) : -1;
 }
 
 /// First half of the check that the call fits: the block counts the call's top-k entries per expert (every block
@@ -174,50 +242,73 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->sendSeq + 1;
   const int b = int(e & 1), me = t.rank, lane = threadIdx.x & 31;
-  const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
   __shared__ int entries[kMaxExperts];
   const bool mayOverfill = a.numTokens * a.numTopk > y.T;  // else no expert can get more than T entries
   if (mayOverfill) countEntries(a, y.E, entries);
   waitFreed(lt, e);  // its sync completes the counts
   const bool refused = mayOverfill && overfullExpert(lt, a, entries, e) >= 0;
-  if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;             // read by this handle's combine
-  for (int tok = refused ? a.numTokens : gw; tok < a.numTokens; tok += W) {  // refused: no token sends
-    int64_t expert = lane < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + lane] : -1;
-    if (expert < -1 || expert >= y.E) {
-      report(t, kBadExpert, 0, me, expert, y.E, e, tok);
-      expert = -1;
-    }
-    const int myPos = reserveRows(lt, b, expert, lane);
-    const bool remoteHere = expert >= 0 && isRemote(t, int(expert / y.L)) && !isMasked(lt, int(expert / y.L));
-    const bool anyRemote = __any_sync(0xffffffffu, remoteHere);
-    char* row = lt.scratch + (uint64_t(b) * y.T + tok) * y.slotBytes;
-    packToken(a, y.H, y.K, tok, expert, row, lane);
-    __syncwarp();
-    if (anyRemote) {  // once per token into host staging; each remote (token, expert) pair is then one put of it
-      warpCopy16(t.mirror + y.dispStageRow(b, tok), row, a.msg.bytes, lane);
-      __syncwarp();
-    }
-    for (int k = 0; k < a.numTopk; ++k) {
-      const int64_t ex = __shfl_sync(0xffffffffu, expert, k);
-      const int pos = __shfl_sync(0xffffffffu, myPos, k);
-      if (ex < 0 || pos < 0) continue;  // no expert, or its rank is masked
-      const int d = int(ex / y.L), j = int(ex % y.L);
-      if (pos >= y.T) {  // cannot happen after overfullExpert's check; guards the other sources' rows
-        if (lane == 0) report(t, kRecvCapacity, 0, me, pos + 1, y.T, e, tok);
-        continue;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;  // read by this handle's combine
+  // A block per token: warp 0 reserves its rows, every warp packs a share of it into them, then one warp per slot on
+  // another host puts the staged message there. Spread over the block, a decode-size call (a token or a few per
+  // block) is not one warp's serial work: about 30 us for a 7168-wide FP8 token packed by one warp.
+  __shared__ TokenRows to;
+  __shared__ int slotRank[kMaxTopk], slotLocal[kMaxTopk], slotPos[kMaxTopk];
+  __shared__ unsigned remoteSlots;
+  const int warp = threadIdx.x >> 5, numWarps = blockDim.x >> 5;
+  for (int tok = refused ? a.numTokens : blockIdx.x; tok < a.numTokens; tok += gridDim.x) {  // refused: no token sends
+    int64_t expert = -1;
+    if (warp == 0) {
+      expert = lane < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + lane] : -1;
+      if (expert < -1 || expert >= y.E) {
+        report(t, kBadExpert, 0, me, expert, y.E, e, tok);
+        expert = -1;
       }
-      if (!isRemote(t, d)) {
-        warpCopy16(t.base[d] + y.gpuDispRow(b, j, me, pos), row, a.msg.bytes, lane);
-      } else {
-        ChannelDeviceHandle ch = t.net[d];
-        const Status s = ch.putWarp(t.stageWindow, y.mirrorDispRow(b, j, lt.mirrorSlot[d], pos), t.stageWindow,
-                                    y.dispStageRow(b, tok), a.msg.bytes);
-        if (__any_sync(0xffffffffu, s != Status::kOk) && lane == 0) maskRank(lt, d);
+      const int pos = reserveRows(lt, b, expert, lane);  // -1: no expert, or its rank is masked
+      const int d = expert >= 0 ? int(expert / y.L) : 0, j = expert >= 0 ? int(expert % y.L) : 0;
+      bool send = pos >= 0;
+      if (send && pos >= y.T) {  // cannot happen after overfullExpert's check; guards the other sources' rows
+        report(t, kRecvCapacity, 0, me, pos + 1, y.T, e, tok);
+        send = false;
+      }
+      const bool far = send && isRemote(t, d);
+      const unsigned long long dst =
+          send && !far ? reinterpret_cast<unsigned long long>(t.base[d] + y.gpuDispRow(b, j, me, pos)) : 0ull;
+      const unsigned direct = __ballot_sync(0xffffffffu, dst != 0), remote = __ballot_sync(0xffffffffu, far);
+      if (lane < kMaxTopk) {
+        to.row[lane] = dst;
+        slotRank[lane] = d;
+        slotLocal[lane] = j;
+        slotPos[lane] = pos;
+      }
+      if (lane == 0) {
+        to.direct = direct;
+        // Once per token into host staging when a rank on another host needs it; each such pair is then one put.
+        to.stage = remote ? t.mirror + y.dispStageRow(b, tok) : nullptr;
+        remoteSlots = remote;
       }
     }
+    __syncthreads();
+    packToken(a, y.H, tok, to);
+    if (warp == 0) {  // the meta: token, top-k ids
+      if (lane == 0) storeToRows(tok, a.msg.metaOffset, to);
+      if (lane < y.K) storeToRows(lane < a.numTopk ? int32_t(expert) : -1, a.msg.metaOffset + 4 * (1 + lane), to);
+    }
+    __syncthreads();  // the whole message staged before a put reads it
+    int nth = 0;
+    for (unsigned m = remoteSlots; m; m &= m - 1, ++nth) {
+      if (nth % numWarps != warp) continue;
+      const int k = __ffs(m) - 1, dk = slotRank[k];
+      ChannelDeviceHandle ch = t.net[dk];
+      const Status st = ch.putWarp(t.stageWindow, y.mirrorDispRow(b, slotLocal[k], lt.mirrorSlot[dk], slotPos[k]),
+                                   t.stageWindow, y.dispStageRow(b, tok), a.msg.bytes);
+      if (__any_sync(0xffffffffu, st != Status::kOk) && lane == 0) maskRank(lt, dk);
+    }
+    __syncthreads();  // `to` and the slots are rewritten for the next token
   }
   if (!lastBlock(&lt.ll->sendBlocks)) return;
-  // Every block's rows are out: the counts, per (destination, local expert), after them.
+  // Every block's rows are out: the counts, per (destination, local expert), after them (plain stores), then one
+  // release per destination (dispDone, or the put's signal). A release store per count word cost about 30 us a
+  // call: each is a system-scope fence, and the last block's warps issue them one after another.
   for (int i = threadIdx.x; i < t.numRanks * y.L; i += blockDim.x) {
     const int d = i / y.L, j = i % y.L;
     const uint64_t word = e << 32 | uint32_t(min(lt.ll->sendCount[b][i], y.T));
@@ -226,17 +317,21 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     if (isRemote(t, d))
       reinterpret_cast<uint64_t*>(t.mirror + y.countStageOf(b, d))[j] = word;
     else
-      atomicStore(&llCtrl(t.base[d])->dispCount[b][me][j], word, kRelease);
+      atomicStore(&llCtrl(t.base[d])->dispCount[b][me][j], word, kRelaxed);
   }
   __syncthreads();
   const int d = threadIdx.x;
-  if (d < t.numRanks && isRemote(t, d) && !isMasked(lt, d)) {
-    __threadfence_system();
-    ChannelDeviceHandle ch = t.net[d];
-    const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(b) * kMaxRanks + me) * kMaxExperts * 8;
-    if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(y.L) * 8, lt.sentSignal + me,
-                         e, SignalOp::kSet) != Status::kOk)
-      maskRank(lt, d);
+  if (d < t.numRanks && !isMasked(lt, d)) {
+    if (isRemote(t, d)) {
+      __threadfence_system();
+      ChannelDeviceHandle ch = t.net[d];
+      const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(b) * kMaxRanks + me) * kMaxExperts * 8;
+      if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(y.L) * 8,
+                           lt.sentSignal + me, e, SignalOp::kSet) != Status::kOk)
+        maskRank(lt, d);
+    } else {
+      atomicStore(&llCtrl(t.base[d])->dispDone[b][me], e, kRelease);  // after the barrier: covers every count
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
@@ -261,59 +356,51 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   const uint32_t xOut = a.fp8 ? y.H : y.H * 2;
   const int nScales = y.H / kFp8ScaleBlock;
   const int64_t rowsPerExpert = int64_t(y.T) * R;
-  __shared__ int count[kMaxRanks], first[kMaxRanks + 1];
-  for (int j = blockIdx.x; j < y.L; j += gridDim.x) {
+  const int gw = blockIdx.x * numWarps + warp, W = gridDim.x * numWarps;
+  // Every block alike: once each source's counts are here (thread s waits for its dispDone or, on another host, its
+  // signal), the rows of each (local expert j, source s), entry q = j * R + s, and their prefix.
+  const int Q = y.L * R;
+  __shared__ int first[kMaxExperts + 1];
+  if (threadIdx.x < R && !isMasked(lt, threadIdx.x)) {
     const int s = threadIdx.x;
-    if (s < R) {
-      int c = 0;
-      if (!isMasked(lt, s)) {
-        if (isRemote(t, s)) {
-          if (waitOrMask(lt, s, &t.netSignals[lt.sentSignal + s], e, 0))
-            c = int(atomicLoad(&llCtrl(t.mirror)->dispCount[b][s][j], kAcquire) & 0xffffffffu);
-        } else {
-          const uint64_t* w = &llCtrl(t.base[me])->dispCount[b][s][j];
-          if (waitOrMask(lt, s, w, e, 32)) c = int(atomicLoad(const_cast<uint64_t*>(w), kAcquire) & 0xffffffffu);
-        }
-      }
-      count[s] = c;
+    waitOrMask(lt, s, isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[b][s], e, 0);
+  }
+  __syncthreads();
+  for (int q = threadIdx.x; q < Q; q += blockDim.x) {
+    const int j = q / R, s = q % R;
+    const LlCtrl* c = llCtrl(isRemote(t, s) ? t.mirror : t.base[me]);
+    first[q] =
+        isMasked(lt, s) ? 0 : int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[b][s][j]), kRelaxed) & 0xffffffffu);
+  }
+  prefixInPlace(first, Q);
+  if (blockIdx.x == 0)
+    for (int q = threadIdx.x; q < Q; q += blockDim.x) {
+      const int j = q / R, s = q % R, begin = first[q] - first[j * R];
+      a.layoutRange[q] = int64_t(begin) << 32 | (first[q + 1] - first[q]);
+      if (s == 0) a.out.recvCount[j] = first[(j + 1) * R] - first[j * R];
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int run = 0;
-      for (int r = 0; r < R; ++r) {
-        first[r] = run;
-        a.layoutRange[int64_t(j) * R + r] = int64_t(run) << 32 | count[r];
-        run += count[r];
-      }
-      first[R] = run;
-      a.out.recvCount[j] = run;
+  // The rows of all experts, flattened: any warp takes any row.
+  for (int v = gw; v < first[Q]; v += W) {
+    const int q = entryOf(first, Q, v), j = q / R, src = q % R, pos = v - first[q], i = v - first[j * R];
+    const char* m = dispatchedMessage(lt, b, j, src, pos);
+    const int64_t row = int64_t(j) * rowsPerExpert + i;
+    warpCopy16(static_cast<char*>(a.out.recvX) + row * xOut, m, xOut, lane);
+    if (a.fp8)
+      warpCopyFloats(a.out.recvXScales + row * nScales, reinterpret_cast<const float*>(m + a.msg.scaleOffset), nScales,
+                     lane);
+    const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
+    // Every slot of the message's top-k (maxTopk entries, -1 past the sender's numTopk) naming this expert.
+    const bool mine = lane < y.K && meta[1 + lane] == me * y.L + j;
+    unsigned hit = __ballot_sync(0xffffffffu, mine);
+    if (lane == 0) {
+      const int tok = meta[0];
+      // Several slots name it: this row is the n-th of their consecutive rows (n rows before it carry the token).
+      for (int p = pos - 1, n = __popc(hit) - 1; n > 0 && p >= 0 && dispatchedToken(lt, a, b, j, src, p) == tok;
+           --p, --n)
+        hit &= hit - 1;
+      a.srcInfo[row] = tok;
+      a.srcSlot[row] = hit ? __ffs(hit) - 1 : -1;
     }
-    __syncthreads();
-    for (int i = warp; i < first[R]; i += numWarps) {
-      int src = 0;
-      while (i >= first[src + 1]) ++src;
-      const int pos = i - first[src];
-      const char* m = dispatchedMessage(lt, b, j, src, pos);
-      const int64_t row = int64_t(j) * rowsPerExpert + i;
-      warpCopy16(static_cast<char*>(a.out.recvX) + row * xOut, m, xOut, lane);
-      if (a.fp8)
-        warpCopyFloats(a.out.recvXScales + row * nScales, reinterpret_cast<const float*>(m + a.msg.scaleOffset),
-                       nScales, lane);
-      const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
-      // Every slot of the message's top-k (maxTopk entries, -1 past the sender's numTopk) naming this expert.
-      const bool mine = lane < y.K && meta[1 + lane] == me * y.L + j;
-      unsigned hit = __ballot_sync(0xffffffffu, mine);
-      if (lane == 0) {
-        const int tok = meta[0];
-        // Several slots name it: this row is the n-th of their consecutive rows (n rows before it carry the token).
-        for (int p = pos - 1, n = __popc(hit) - 1; n > 0 && p >= 0 && dispatchedToken(lt, a, b, j, src, p) == tok;
-             --p, --n)
-          hit &= hit - 1;
-        a.srcInfo[row] = tok;
-        a.srcSlot[row] = hit ? __ffs(hit) - 1 : -1;
-      }
-    }
-    __syncthreads();
   }
   if (!lastBlock(&lt.ll->recvBlocks)) return;
   releaseBuffer(lt, e);
@@ -331,19 +418,16 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
   const int64_t rowsPerExpert = int64_t(y.T) * R;
   const uint32_t xb = uint32_t(y.combRowBytes);
+  // The received rows, from the dispatch's ranges (entry q = j * R + s), flattened as its receive kernel did.
+  const int Q = y.L * R;
+  __shared__ int first[kMaxExperts + 1];
+  for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = int(a.layoutRange[q] & 0xffffffff);
+  prefixInPlace(first, Q);
   waitFreed(lt, e);
-  for (int64_t idx = gw; idx < int64_t(y.L) * rowsPerExpert; idx += W) {
-    const int j = int(idx / rowsPerExpert), i = int(idx % rowsPerExpert);
-    int s = -1, pos = 0;
-    for (int r = 0; r < R; ++r) {
-      const int64_t range = a.layoutRange[int64_t(j) * R + r];
-      const int begin = int(range >> 32), n = int(range & 0xffffffff);
-      if (i >= begin && i < begin + n) {
-        s = r;
-        pos = i - begin;
-      }
-    }
-    if (s < 0 || isMasked(lt, s)) continue;
+  for (int v = gw; v < first[Q]; v += W) {
+    const int q = entryOf(first, Q, v), j = q / R, s = q % R, pos = v - first[q];
+    if (isMasked(lt, s)) continue;
+    const int64_t idx = int64_t(j) * rowsPerExpert + (v - first[j * R]);
     const int tok = a.srcInfo[idx], k = a.srcSlot[idx];
     if (k < 0) continue;
     const char* src = a.x + idx * xb;
@@ -412,10 +496,19 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
       wt[n] = a.topkWeights[int64_t(tok) * K + k];
       ++n;
     }
+    // Four sources' loads issued before any is summed (in slot order, as before: the same rounding).
     int4* out = reinterpret_cast<int4*>(a.out + int64_t(tok) * y.H * 2);
     for (uint32_t c = lane; c < vecs; c += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int q = 0; q < n; ++q) addScaledBf16x8(acc, reinterpret_cast<const int4*>(src[q])[c], wt[q]);
+      for (int q0 = 0; q0 < n; q0 += 4) {
+        int4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (q0 + u < n) v[u] = reinterpret_cast<const int4*>(src[q0 + u])[c];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (q0 + u < n) addScaledBf16x8(acc, v[u], wt[q0 + u]);
+      }
       int4 r;
       __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&r);
 #pragma unroll

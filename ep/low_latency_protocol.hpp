@@ -11,11 +11,12 @@
 //
 // Synchronisation. A call's send kernel has epoch e = sendSeq + 1, its receive kernel e = recvSeq + 1 (device
 // counters: a replayed CUDA graph advances them). Senders publish, after their rows, dispCount words
-// ((e << 32) | rows) per (source, local expert) with a release store, or (remote) one put of the L words with the
-// signal sent[sender] = e on the ring of the data puts; a combine publishes combDone[b][sender] = e (or the signal).
-// When a receive kernel is done with buffer b it tells every source freed[receiver] = e (a store, or the signal
-// freed[receiver]); a send kernel of epoch e first waits for freed >= e - 2 from every rank, so nobody overwrites a
-// buffer its receiver still reads. Waits that time out mask the rank (see low_latency.hpp).
+// ((e << 32) | rows) per (source, local expert) and then one release store dispDone[b][sender] = e, or (remote) one
+// put of the L words with the signal sent[sender] = e on the ring of the data puts; a combine publishes
+// combDone[b][sender] = e (or the signal). When a receive kernel is done with buffer b it tells every source
+// freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e first waits for freed >= e - 2
+// from every rank, so nobody overwrites a buffer its receiver still reads. Waits that time out mask the rank (see
+// low_latency.hpp).
 //
 // Slots. A dispatch message carries its token and the token's whole top-k, and a row's slot at its source is the
 // top-k entry naming the receiving expert. A token naming that expert in m slots sends m rows: the sender reserves
@@ -34,6 +35,7 @@ namespace gdx::ep::detail {
 
 struct LlCtrl {
   uint64_t dispCount[2][kMaxRanks][kMaxExperts];  // [b][source][local expert]: (epoch << 32) | rows
+  uint64_t dispDone[2][kMaxRanks];                // [b][source]: epoch, once its dispCount words of b are written
   uint64_t combDone[2][kMaxRanks];                // [b][source]: epoch
   uint64_t freed[kMaxRanks];                      // [receiver]: the last epoch it finished reading
 };
@@ -102,7 +104,6 @@ struct LlTeam {
   Team t;              // t.state points at ll->common; t.mirror: the host window's device address
   LlState* ll;         // device
   uint32_t* maskHost;  // host-mapped [kMaxRanks]: 1 once the rank is masked (what maskedRanks() reads)
-  char* scratch;       // device [2][T] slots: the packed messages the direct stores copy from
   LlLayout lay;
   int8_t mirrorSlot[kMaxRanks];  // remote d: this rank's slot in d's mirror
   int8_t remoteSlot[kMaxRanks];  // remote s: s's slot in this rank's mirror

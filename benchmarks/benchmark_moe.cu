@@ -40,7 +40,7 @@ constexpr int kHidden = 7168, kTopk = 8;
 struct Options {
   std::vector<int> tokens{128, 256, 512, 1024, 2048, 4096};
   int iters = 20;
-  int sms = 24;
+  int sms = 0;              // 0: each mode's default (ep::Config, ep::LowLatencyConfig)
   int threads = 0;          // 0: ep::Config::forRanks
   bool lowLatency = false;  // --mode ll
   int experts = 256;        // 288 with --mode ll
@@ -88,7 +88,7 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   const int R = ctx.worldSize(), me = ctx.rank();
   const int maxTokens = *std::max_element(o.tokens.begin(), o.tokens.end());
   ep::Config cfg = ep::Config::forRanks(R);
-  cfg.numSms = o.sms;
+  if (o.sms > 0) cfg.numSms = o.sms;
   if (o.threads > 0) cfg.numThreads = o.threads;
   const size_t nvlBytes = size_t(maxTokens) * R * (kHidden * 2 + 128) + (size_t(8) << 20);
   int remote = 0;
@@ -127,9 +127,11 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   std::ostringstream out;
   if (me == 0)
     out << "gpu " << ctx.gpu().name << "\nranks " << R << "\nremote " << remote << "\nsms " << cfg.numSms << " "
-        << cfg.numThreads << "\n";
+        << cfg.numThreads << "\nllsms " << (o.sms > 0 ? o.sms : ep::LowLatencyConfig{}.numSms) << " "
+        << ep::LowLatencyConfig{}.numThreads << "\n";
   if (o.lowLatency) {
-    const LowLatencyShape sh{kHidden, kTopk, o.experts, std::max(o.sms, 32), 512, o.iters};
+    const ep::LowLatencyConfig lc;
+    const LowLatencyShape sh{kHidden, kTopk, o.experts, o.sms > 0 ? o.sms : lc.numSms, lc.numThreads, o.iters};
     const std::string lines = runLowLatency(ctx, sh, o.tokens, x, static_cast<int64_t*>(topk),
                                             static_cast<float*>(weights), idx, stream, timeMs);
     if (me == 0) out << lines;
@@ -248,7 +250,7 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
     return rc;
   }
   std::string gpu = "?";
-  int sms = 0, threads = 0, remote = 0;
+  int sms = 0, threads = 0, llSms = 0, llThreads = 0, remote = 0;
   std::map<std::string, std::pair<double, double>> r;                // "tokens dtype op" -> (us, bytes)
   std::map<std::string, double> peer;                                // same key -> NCCL us
   std::map<std::pair<int, std::string>, std::vector<double>> split;  // (tokens, op) -> a "split" line's numbers
@@ -265,6 +267,8 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
         ls >> remote;
       } else if (kind == "sms") {
         ls >> sms >> threads;
+      } else if (kind == "llsms") {
+        ls >> llSms >> llThreads;
       } else if (kind == "moe") {
         std::string n, dt, op;
         double us, bytes;
@@ -308,7 +312,7 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
      << ",\n  \"date\": " << jsonString(date) << ",\n  \"ranks\": " << ranks << ",\n  \"hosts\": " << std::max(hosts, 1)
      << ",\n  \"remote_ranks_per_rank\": " << remote << ",\n  \"hidden\": " << kHidden << ",\n  \"topk\": " << kTopk
      << ",\n  \"experts\": " << o.experts << ",\n  \"sms\": " << sms << ",\n  \"threads\": " << threads
-     << ",\n  \"results\": [";
+     << ",\n  \"ll_sms\": " << llSms << ",\n  \"ll_threads\": " << llThreads << ",\n  \"results\": [";
   bool first = true;
   for (int n : o.tokens)
     for (const char* dt : {"ll-fp8", "bf16", "fp8"})
@@ -327,12 +331,13 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
       }
   if (!split.empty())
     std::printf(
-        "low-latency, per call and rank (means over the ranks): the whole call, its send and receive halves (hook "
+        "low-latency (%d blocks x %d threads per kernel), per call and rank (means over the ranks): the whole call, "
+        "its send and receive halves (hook "
         "form), the proxy threads' time taking and posting its commands, the time with transport operations in "
         "flight (these overlap), and the ring slots the proxy took against the slots the kernels must push\n"
         "%8s %9s %9s %9s %9s %9s %11s %9s %9s %9s\n",
-        "tokens", "op", "call us", "send us", "recv us", "proxy us", "in-flight us", "taken", "expected",
-        "commands/us");
+        llSms, llThreads, "tokens", "op", "call us", "send us", "recv us", "proxy us", "in-flight us", "taken",
+        "expected", "commands/us");
   for (auto& [key, v] : split) {
     const int n = key.first;
     const std::string& op = key.second;
@@ -384,7 +389,8 @@ int main(int argc, char** argv) {
         }},
        {"--iters", "N", "timed calls per case (default 20)",
         [&](const std::string& v) { o.iters = std::max(1, int(gdx::bench::parseCount(v))); }},
-       {"--sms", "N", "blocks (SMs) of the dispatch and combine kernels (default 24)",
+       {"--sms", "N",
+        "blocks (SMs) of the EP kernels (default: ep::Config's 24 in normal mode, ep::LowLatencyConfig's in ll)",
         [&](const std::string& v) { o.sms = std::max(1, int(gdx::bench::parseCount(v))); }},
        {"--threads", "N", "threads per block of those kernels (default: ep::Config::forRanks)",
         [&](const std::string& v) { o.threads = int(gdx::bench::parseCount(v)); }},

@@ -424,15 +424,21 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = int(a.layoutRange[q] & 0xffffffff);
   prefixInPlace(first, Q);
   waitFreed(lt, e);
-  for (int v = gw; v < first[Q]; v += W) {
+  // A row for a rank of this host is cut into pieces (at least 512 bytes each) so that every warp has work at decode
+  // sizes; a row for another host is one put, staged whole by one warp (its piece 0).
+  const int pieces = max(1, min(W / max(first[Q], 1), int(xb / 512)));
+  const uint32_t perPiece = (xb / 16 + pieces - 1) / pieces * 16;
+  for (int unit = gw; unit < first[Q] * pieces; unit += W) {
+    const int v = unit / pieces, piece = unit % pieces;
     const int q = entryOf(first, Q, v), j = q / R, s = q % R, pos = v - first[q];
-    if (isMasked(lt, s)) continue;
+    if (isMasked(lt, s) || (piece > 0 && isRemote(t, s))) continue;
     const int64_t idx = int64_t(j) * rowsPerExpert + (v - first[j * R]);
     const int tok = a.srcInfo[idx], k = a.srcSlot[idx];
     if (k < 0) continue;
     const char* src = a.x + idx * xb;
     if (!isRemote(t, s)) {
-      warpCopy16FromInput(t.base[s] + y.gpuCombRow(b, tok, k), src, xb, lane);
+      const uint32_t begin = min(xb, piece * perPiece), bytes = min(xb, begin + perPiece) - begin;
+      warpCopy16FromInput(t.base[s] + y.gpuCombRow(b, tok, k) + begin, src + begin, bytes, lane);
     } else {
       const uint64_t stage = y.combStageRow(b, j, lt.remoteSlot[s], pos);
       warpCopy16FromInput(t.mirror + stage, src, xb, lane);
@@ -483,7 +489,13 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
   __syncthreads();
   const uint32_t vecs = uint32_t(y.H) / 8;
   const bool refused = *a.refused != 0;  // its dispatch sent nothing: no row comes back, every sum is zero
-  for (int tok = gw; tok < a.numTokens; tok += W) {
+  // A token's row is cut into pieces of at least 32 vectors so that every warp has work at decode sizes (one warp per
+  // token left most of the grid idle and each busy warp waiting on its loads).
+  const int pieces = max(1, min(W / max(a.numTokens, 1), int(vecs / 32)));
+  const uint32_t perPiece = (vecs + pieces - 1) / pieces;
+  for (int unit = gw; unit < a.numTokens * pieces; unit += W) {
+    const int tok = unit / pieces;
+    const uint32_t begin = uint32_t(unit % pieces) * perPiece, end = min(vecs, begin + perPiece);
     const char* src[kMaxTopk];
     float wt[kMaxTopk];
     int n = 0;
@@ -498,7 +510,7 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
     }
     // Four sources' loads issued before any is summed (in slot order, as before: the same rounding).
     int4* out = reinterpret_cast<int4*>(a.out + int64_t(tok) * y.H * 2);
-    for (uint32_t c = lane; c < vecs; c += 32) {
+    for (uint32_t c = begin + lane; c < end; c += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int q0 = 0; q0 < n; q0 += 4) {
         int4 v[4];

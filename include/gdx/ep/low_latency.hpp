@@ -56,8 +56,10 @@ struct LowLatencyConfig {
   int hidden = 7168;           ///< H: a multiple of 128
   int numExperts = 288;        ///< E: a multiple of the ranks, <= kMaxExperts
   int maxTopk = 8;             ///< most top-k entries per token (<= kMaxTopk)
-  int numSms = 32;             ///< blocks of every kernel
-  int numThreads = 512;        ///< threads per block (a multiple of 32 in [64, 1024])
+  /// Blocks of every kernel. No block waits for another of its kernel, so more blocks than SMs are safe; on 2 x H200 at
+  /// T = 128, 128 blocks took dispatch / combine from 49 / 54 us (32 blocks) to 35 / 43 us.
+  int numSms = 128;
+  int numThreads = 512;  ///< threads per block (a multiple of 32 in [64, 1024])
 };
 
 /// Memory a LowLatencyBuffer takes (DeepEP's get_low_latency_rdma_size_hint): GPU bytes (the window the same-host

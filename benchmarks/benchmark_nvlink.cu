@@ -293,45 +293,6 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
   return 0;
 }
 
-const char* kNcclScript = R"PY(
-import os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
-def run(rank, sizes, port):
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    buf = torch.empty(max(sizes), dtype=torch.uint8, device="cuda")
-    for n in sizes:
-        iters = max(10, min(2000, (8 << 30) // n))
-        t = buf[:n]
-        for i in range(3):
-            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
-        torch.cuda.synchronize(); dist.barrier(); torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i in range(iters):
-            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        if rank == 1:
-            print(f"nccl {n} {n * iters / dt / 1e9}", flush=True)
-    # Latency peer of gdx's put-with-signal: a send/recv ping-pong, one way = half the round trip, timed on rank 0.
-    for n in (8, 4096):
-        t, iters = buf[:n], 1000
-        for i in range(iters + 50):
-            if i == 50:
-                torch.cuda.synchronize(); dist.barrier(); torch.cuda.synchronize()
-                t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(t, 1); dist.recv(t, 1)
-            else:
-                dist.recv(t, 0); dist.send(t, 0)
-        torch.cuda.synchronize()
-        if rank == 0:
-            print(f"nccl_latency {n} {(time.perf_counter() - t0) / iters / 2 * 1e6}", flush=True)
-    dist.destroy_process_group()
-if __name__ == "__main__":
-    sizes = [int(x) for x in sys.argv[2:]]
-    mp.spawn(run, args=(sizes, int(sys.argv[1])), nprocs=2)
-)PY";
-
 int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const std::string& plotDir) {
   std::string results = "/tmp/gdx_nvlink_" + std::to_string(getpid()) + ".txt";
   setenv("GDX_NVLINK_RESULTS", results.c_str(), 1);
@@ -394,7 +355,7 @@ int byHand(char** argv, uint64_t maxBytes, std::string json, bool nccl, const st
   if (nccl) {
     std::string args = std::to_string(freeLoopbackPort());
     for (uint64_t s : sizesUpTo(maxBytes)) args += " " + std::to_string(s);
-    runNcclPeer("nvlink", kNcclScript, args, readLines);
+    runNcclPeer("nvlink", kNcclSendRecvScript, args, readLines);
   }
   const std::string date = isoDateUtc();
   std::printf("benchmark_nvlink: 2 x %s, %s, path to the peer: %s\n", gpu.c_str(), date.c_str(),

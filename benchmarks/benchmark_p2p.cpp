@@ -25,12 +25,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "benchmarks/cli.hpp"
 #include "benchmarks/host_or_gpu_buffer.hpp"
+#include "benchmarks/nccl_peer.hpp"
 #include "benchmarks/peer_tcp.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
@@ -61,6 +63,7 @@ struct Args {
   uint64_t targetBytes = 256 << 20;
   std::string json = "benchmark_p2p.json";
   bool ipc = false;
+  bool nccl = true;  // with --ipc: NCCL send/recv through PyTorch beside it
 };
 
 constexpr int kPieces = 16;  // sendv's vector length
@@ -252,10 +255,18 @@ void measureIpc(const Args& a, Endpoint& ep, const Region& r, const std::string&
   cudaSetDevice(peerGpu);
   const bool peerOk = cudaMalloc(&peerBuf, a.maxBytes) == cudaSuccess;
   cudaSetDevice(self);
+  // Without peer access cudaMemcpyPeerAsync stages through host memory (about 38 GB/s on H200s): not the NVLink peer.
+  const cudaError_t access = cudaDeviceEnablePeerAccess(peerGpu, 0);
+  if (access == cudaErrorPeerAccessAlreadyEnabled)
+    cudaGetLastError();
+  else if (access != cudaSuccess)
+    std::fprintf(stderr, "benchmark_p2p: no peer access %d -> %d (%s): memcpyPeer is staged\n", self, peerGpu,
+                 cudaGetErrorString(access));
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   std::printf("IPC, GPU %d -> GPU %d (same host)\n%11s | %11s %11s | %11s %11s | %15s\n", self, peerGpu, "bytes",
               "writeIpc us", "wr GB/s", "readIpc us", "rd GB/s", "memcpyPeer GB/s");
+  std::vector<std::pair<uint64_t, std::pair<double, double>>> rows;  // bytes -> (writeIpc, memcpyPeer) GB/s
   for (const Plan& p : plans(a)) {
     const double bytes = static_cast<double>(p.bytes);
     auto t0 = std::chrono::steady_clock::now();
@@ -273,6 +284,26 @@ void measureIpc(const Args& a, Endpoint& ep, const Region& r, const std::string&
     }
     std::printf("%11llu | %11.2f %11.3f | %11.2f %11.3f | %15.3f\n", static_cast<unsigned long long>(p.bytes), wUs,
                 bytes / wUs / 1e3, rUs, bytes / rUs / 1e3, peerGbps);
+    rows.push_back({p.bytes, {bytes / wUs / 1e3, peerGbps}});
+  }
+  if (a.nccl) {  // the other peer of the same run: NCCL send/recv between the two GPUs, through PyTorch
+    std::map<uint64_t, double> nccl;
+    std::string args = std::to_string(bench::freeLoopbackPort());
+    for (const auto& row : rows) args += " " + std::to_string(row.first);
+    bench::runNcclPeer("p2p", bench::kNcclSendRecvScript, args, [&](std::istream& in) {
+      std::string kind;
+      uint64_t n;
+      double v;
+      while (in >> kind >> n >> v)
+        if (kind == "nccl") nccl[n] = v;
+    });
+    std::printf("writeIpc against its peers (GB/s)\n%11s | %9s %11s %9s | %9s %9s\n", "bytes", "writeIpc", "memcpyPeer",
+                "NCCL", "/memcpy", "/NCCL");
+    for (const auto& [n, g] : rows) {
+      const double nc = nccl.count(n) ? nccl[n] : -1;
+      std::printf("%11llu | %9.1f %11.1f %9.1f | %8.2fx %8.2fx\n", static_cast<unsigned long long>(n), g.first,
+                  g.second, nc, g.second > 0 ? g.first / g.second : 0.0, nc > 0 ? g.first / nc : 0.0);
+    }
   }
   cudaStreamDestroy(stream);
   if (peerOk) cudaFree(peerBuf);
@@ -408,7 +439,9 @@ int main(int argc, char** argv) {
        {"--json", "FILE", "where the results go (default benchmark_p2p.json)",
         [&](const std::string& v) { a.json = v; }},
        {"--ipc", "", "with --device gpu: also writeIpc/readIpc beside cudaMemcpyPeerAsync (same host; table only)",
-        [&](const std::string&) { a.ipc = true; }}});
+        [&](const std::string&) { a.ipc = true; }},
+       {"--no-nccl", "", "with --ipc: skip the NCCL send/recv peer (PyTorch)",
+        [&](const std::string&) { a.nccl = false; }}});
   if (parsed >= 0) return parsed;
   if ((!a.role.empty() && a.role != "server" && a.role != "client") || (a.device != "cpu" && a.device != "gpu") ||
       (!a.transport.empty() && a.transport != "tcp" && a.transport != "verbs") || a.minBytes == 0 ||

@@ -39,4 +39,46 @@ void runNcclPeer(const std::string& name, const char* scriptText, const std::str
   std::remove(script.c_str());
 }
 
+/// NCCL send/recv between GPUs 0 and 1 through PyTorch: `python3 SCRIPT PORT SIZE...` prints "nccl SIZE GB/s" for
+/// each size (rank 0 sends to rank 1 back to back) and "nccl_latency SIZE US" (one way, half a ping-pong) for 8 B
+/// and 4 KiB.
+inline const char* const kNcclSendRecvScript = R"PY(
+import os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+def run(rank, sizes, port):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    buf = torch.empty(max(sizes), dtype=torch.uint8, device="cuda")
+    for n in sizes:
+        iters = max(10, min(2000, (8 << 30) // n))
+        t = buf[:n]
+        for i in range(3):
+            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
+        torch.cuda.synchronize(); dist.barrier(); torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(iters):
+            dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        if rank == 1:
+            print(f"nccl {n} {n * iters / dt / 1e9}", flush=True)
+    # Latency peer of gdx's put-with-signal: a send/recv ping-pong, one way = half the round trip, timed on rank 0.
+    for n in (8, 4096):
+        t, iters = buf[:n], 1000
+        for i in range(iters + 50):
+            if i == 50:
+                torch.cuda.synchronize(); dist.barrier(); torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(t, 1); dist.recv(t, 1)
+            else:
+                dist.recv(t, 0); dist.send(t, 0)
+        torch.cuda.synchronize()
+        if rank == 0:
+            print(f"nccl_latency {n} {(time.perf_counter() - t0) / iters / 2 * 1e6}", flush=True)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    sizes = [int(x) for x in sys.argv[2:]]
+    mp.spawn(run, args=(sizes, int(sys.argv[1])), nprocs=2)
+)PY";
+
 }  // namespace gdx::bench

@@ -127,8 +127,10 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   std::ostringstream out;
   if (me == 0)
     out << "gpu " << ctx.gpu().name << "\nranks " << R << "\nremote " << remote << "\nsms " << cfg.numSms << " "
-        << cfg.numThreads << "\nllsms " << (o.sms > 0 ? o.sms : ep::LowLatencyConfig{}.numSms) << " "
-        << ep::LowLatencyConfig{}.numThreads << "\n";
+        << cfg.numThreads << "\n";
+  if (me == 0 && o.lowLatency)
+    out << "llsms " << (o.sms > 0 ? o.sms : ep::LowLatencyConfig{}.numSms) << " " << ep::LowLatencyConfig{}.numThreads
+        << "\n";
   if (o.lowLatency) {
     const ep::LowLatencyConfig lc;
     const LowLatencyShape sh{kHidden, kTopk, o.experts, o.sms > 0 ? o.sms : lc.numSms, lc.numThreads, o.iters};
@@ -312,7 +314,9 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
      << ",\n  \"date\": " << jsonString(date) << ",\n  \"ranks\": " << ranks << ",\n  \"hosts\": " << std::max(hosts, 1)
      << ",\n  \"remote_ranks_per_rank\": " << remote << ",\n  \"hidden\": " << kHidden << ",\n  \"topk\": " << kTopk
      << ",\n  \"experts\": " << o.experts << ",\n  \"sms\": " << sms << ",\n  \"threads\": " << threads
-     << ",\n  \"ll_sms\": " << llSms << ",\n  \"ll_threads\": " << llThreads << ",\n  \"results\": [";
+     << (llSms > 0 ? ",\n  \"ll_sms\": " + std::to_string(llSms) + ",\n  \"ll_threads\": " + std::to_string(llThreads)
+                   : "")
+     << ",\n  \"results\": [";
   bool first = true;
   for (int n : o.tokens)
     for (const char* dt : {"ll-fp8", "bf16", "fp8"})

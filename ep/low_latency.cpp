@@ -59,7 +59,7 @@ LlLayout llLayout(const LowLatencyConfig& c, int numRanks, int remoteSlots) {
 
 LowLatencyBytes lowLatencyBytesHint(const LowLatencyConfig& config, int numRanks, int numRemoteRanks) {
   const LlLayout y = llLayout(config, numRanks, numRemoteRanks);
-  return LowLatencyBytes{y.gpuBytes + 2 * uint64_t(y.T) * y.slotBytes, y.hostBytes};
+  return LowLatencyBytes{y.gpuBytes, y.hostBytes};
 }
 
 struct LowLatencyBuffer::Impl {

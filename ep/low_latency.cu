@@ -1,6 +1,6 @@
 // The low-latency kernels: dispatch send / receive, combine send / receive (protocol: ep/low_latency_protocol.hpp).
-// A warp owns a token (dispatch send, combine receive) or a row (combine send): one put, or one warp's stores, per
-// (token, expert) pair.
+// A block owns a token in dispatch send; warps own received rows (dispatch receive) or pieces of them (combine send,
+// combine receive). One put, or one set of direct stores, per (token, expert) pair.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 

@@ -128,12 +128,10 @@ int rankMain(const Options& o, const std::string& resultsPath) {
   if (me == 0)
     out << "gpu " << ctx.gpu().name << "\nranks " << R << "\nremote " << remote << "\nsms " << cfg.numSms << " "
         << cfg.numThreads << "\n";
-  if (me == 0 && o.lowLatency)
-    out << "llsms " << (o.sms > 0 ? o.sms : ep::LowLatencyConfig{}.numSms) << " " << ep::LowLatencyConfig{}.numThreads
-        << "\n";
   if (o.lowLatency) {
     const ep::LowLatencyConfig lc;
     const LowLatencyShape sh{kHidden, kTopk, o.experts, o.sms > 0 ? o.sms : lc.numSms, lc.numThreads, o.iters};
+    if (me == 0) out << "llsms " << sh.sms << " " << sh.threads << "\n";
     const std::string lines = runLowLatency(ctx, sh, o.tokens, x, static_cast<int64_t*>(topk),
                                             static_cast<float*>(weights), idx, stream, timeMs);
     if (me == 0) out << lines;

@@ -106,7 +106,6 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
     ep::LowLatencyCombineInputs cin{y, topk, weights};
     // Selections and the commands they become: one put per selection whose expert's rank is on another host.
     double valid = 0, remotePairs = 0;
-    std::vector<bool> remoteUsed(R, false);
     for (int t = 0; t < n; ++t)
       for (int k = 0; k < sh.topk; ++k) {
         const int64_t e = hostTopk[size_t(t) * sh.topk + k];

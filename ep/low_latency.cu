@@ -361,16 +361,29 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   // signal), the rows of each (local expert j, source s), entry q = j * R + s, and their prefix.
   const int Q = y.L * R;
   __shared__ int first[kMaxExperts + 1];
-  if (threadIdx.x < R && !isMasked(lt, threadIdx.x)) {
+  // Whether a source's rows count is decided once per call for the whole grid (LlState::recvVerdict): every block
+  // builds its own prefix, and a source that arrives just as another block's wait for it times out must not be in one
+  // block's prefix and not in another's (each row is written by one block, by its own prefix).
+  __shared__ int included[kMaxRanks];
+  if (threadIdx.x < R) {
     const int s = threadIdx.x;
-    waitOrMask(lt, s, isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[b][s], e, 0);
+    const uint64_t* flag = isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[b][s];
+    const bool here = !isMasked(lt, s) && waitOrMask(lt, s, flag, e, 0);
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> verdict(lt.ll->recvVerdict[s]);
+    uint64_t cur = verdict.load(cuda::std::memory_order_acquire);
+    while ((cur >> 1) != e &&
+           !verdict.compare_exchange_weak(cur, e << 1 | uint64_t(here), cuda::std::memory_order_acq_rel,
+                                          cuda::std::memory_order_acquire)) {
+    }
+    const bool in = (cur >> 1) == e ? (cur & 1) != 0 : here;
+    // Another block saw it arrive (its acquire, then its release of the verdict): the counts are visible here too.
+    included[s] = in;
   }
   __syncthreads();
   for (int q = threadIdx.x; q < Q; q += blockDim.x) {
     const int j = q / R, s = q % R;
     const LlCtrl* c = llCtrl(isRemote(t, s) ? t.mirror : t.base[me]);
-    first[q] =
-        isMasked(lt, s) ? 0 : int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[b][s][j]), kRelaxed) & 0xffffffffu);
+    first[q] = included[s] ? int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[b][s][j]), kRelaxed) & 0xffffffffu) : 0;
   }
   prefixInPlace(first, Q);
   if (blockIdx.x == 0)

@@ -48,7 +48,8 @@ struct LlState {
   uint64_t recvSeq;
   uint32_t sendBlocks;
   uint32_t recvBlocks;
-  uint32_t mask;  // bit r: rank r is masked
+  uint32_t mask;                    // bit r: rank r is masked
+  uint64_t recvVerdict[kMaxRanks];  // [source]: (receive epoch << 1) | whether its rows count in that dispatch
   int32_t sendCount[2][kMaxExperts];
 };
 

@@ -20,11 +20,15 @@
 namespace gdx::p2p {
 namespace {
 
-/// Names this host for IPC descriptors: a handle opens only on the host that made it.
+/// Names this host for IPC descriptors: a handle opens only on the host that made it. Computed once: every copy
+/// checks it, and a system call per copy is part of the fixed cost a small copy pays.
 uint64_t hostId() {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return checksum(name, std::strlen(name));
+  static const uint64_t id = [] {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    return checksum(name, std::strlen(name));
+  }();
+  return id;
 }
 
 }  // namespace
@@ -32,7 +36,20 @@ uint64_t hostId() {
 #if defined(GDX_HAVE_CUDA)
 
 IpcPeers::~IpcPeers() {
+  for (auto& s : streams_) {
+    DeviceGuard guard(s.first);
+    cudaStreamDestroy(static_cast<cudaStream_t>(s.second));
+  }
   for (auto& o : opened_) cudaIpcCloseMemHandle(o.second);
+}
+
+void* IpcPeers::streamFor(int device) {
+  auto it = streams_.find(device);
+  if (it != streams_.end()) return it->second;
+  cudaStream_t stream = nullptr;
+  GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  streams_[device] = stream;
+  return stream;
 }
 
 std::string IpcPeers::advertise(const void* ptr, size_t size, const std::string& who) {
@@ -94,10 +111,10 @@ void IpcPeers::copy(void* local, size_t size, const std::string& descriptor, uin
                                                  std::to_string(offset) + " lie outside the advertised " +
                                                  std::to_string(d.bytes) + " bytes (nothing was copied)");
   std::lock_guard<std::mutex> lock(mutex_);
-  DeviceGuard guard(localGpu_ >= 0 ? localGpu_ : d.device);
+  const int device = localGpu_ >= 0 ? localGpu_ : d.device;
+  DeviceGuard guard(device);
   char* remote = static_cast<char*>(open(who, d.handle, d.pid, d.allocBase)) + d.offset + offset;
-  cudaStream_t stream = nullptr;
-  GDX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = static_cast<cudaStream_t>(streamFor(device));
   cudaError_t rc = toRemote ? cudaMemcpyAsync(remote, local, size, cudaMemcpyDefault, stream)
                             : cudaMemcpyAsync(local, remote, size, cudaMemcpyDefault, stream);
   const uint64_t deadline = nowNs() + timeoutNs_;
@@ -110,6 +127,8 @@ void IpcPeers::copy(void* local, size_t size, const std::string& descriptor, uin
       break;
     }
     if (nowNs() >= deadline) {
+      // The stream stays with the stuck copy (destroying it would not stop the copy); the next copy gets a new one.
+      streams_.erase(device);
       GDX_ERROR(who << ": the IPC copy of " << size
                     << " bytes did not finish within GDX_TIMEOUT_MS; its stream is leaked");
       throw Error(ErrorCode::kTimeout,
@@ -117,7 +136,6 @@ void IpcPeers::copy(void* local, size_t size, const std::string& descriptor, uin
     }
     spinPause(++spins);
   }
-  cudaStreamDestroy(stream);
   if (rc != cudaSuccess) {
     cudaGetLastError();
     throw Error(ErrorCode::kCuda, who + ": IPC copy of " + std::to_string(size) + " bytes: " + cudaGetErrorString(rc));

@@ -27,10 +27,13 @@ class IpcPeers {
 
  private:
   void* open(const std::string& who, const void* handle, uint64_t pid, uint64_t allocBase);
+  /// The copy stream of `device` (made on first use, kept: making and destroying one costs microseconds a call).
+  void* streamFor(int device);
   const int localGpu_;
   const uint64_t timeoutNs_;
   std::mutex mutex_;
   std::map<std::pair<uint64_t, uint64_t>, void*> opened_;  ///< (owner pid, allocation base) -> mapping
+  std::map<int, void*> streams_;                           ///< device -> its cudaStream_t
 };
 
 }  // namespace gdx::p2p

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "benchmarks/benchmark_local_gpu.hpp"
+#include "benchmarks/direct_api_latency.cuh"
 #include "benchmarks/gpu_timing.cuh"
 #include "benchmarks/proxy_drain.hpp"
 #include "benchmarks/run_info.hpp"
@@ -349,6 +350,7 @@ int runGpuMode(const GpuModeOptions& opt) {
     cudaFreeHost(hdst);
     cudaFreeHost(scratch);
   }
+  const std::vector<DirectApiLatency> directApi = directApiLatencyOneGpu();
   WindowRegistry registry(0, 1, kMaxWindows);
   static char fake;  // never touched: the null transport moves no data
   registry.addLocal(0, &fake, size_t{1} << 30, MemoryKind::kHost);
@@ -371,6 +373,8 @@ int runGpuMode(const GpuModeOptions& opt) {
               "put+signal_us", "GB/s", "memcpy_GB/s");
   for (const SizeRow& r : sizes)
     std::printf("%12zu %16.2f %12.3f %14.3f\n", r.bytes, r.latencyUs, r.gbPerSec, r.memcpyGbPerSec);
+  std::printf("direct-path device API on this GPU, two blocks of one kernel ping-pong (one way, us):\n");
+  for (const DirectApiLatency& d : directApi) std::printf("  %-30s %8.2f\n", d.what.c_str(), d.oneWayUs);
   std::printf(
       "null transport command rate (Mcommands/s), %d threads per block, each warp on ring warp %% rings;\n"
       "raw limits: 16-byte stores into host-mapped memory from 132 blocks %.1f M/s, one proxy thread draining a "
@@ -400,6 +404,10 @@ int runGpuMode(const GpuModeOptions& opt) {
   for (size_t i = 0; i < sizes.size(); ++i)
     out << (i ? "," : "") << "{\"bytes\":" << sizes[i].bytes << ",\"latency_us\":" << sizes[i].latencyUs
         << ",\"gb_per_s\":" << sizes[i].gbPerSec << ",\"cuda_memcpy_gb_per_s\":" << sizes[i].memcpyGbPerSec << "}";
+  out << "],\"direct_api_one_gpu\":[";
+  for (size_t i = 0; i < directApi.size(); ++i)
+    out << (i ? "," : "") << "{\"case\":\"" << directApi[i].what << "\",\"one_way_us\":" << directApi[i].oneWayUs
+        << "}";
   out << "],\"null_transport_rate\":[";
   for (size_t i = 0; i < rates.size(); ++i)
     out << (i ? "," : "") << "{\"proxy_threads\":" << rates[i].proxyThreads

@@ -34,11 +34,14 @@ inline unsigned formThreads(Form f) {
 // Ping-pong: rank 0 sends `bytes` with signal `ping` = i and waits for `pong` >= i; rank 1 the mirror image. One
 // thread (signal, thread form), one warp or one block of 512 threads (block form: thread 0 waits, the block follows).
 // One instantiation per form, so that each kernel holds only the code (and the registers) of its own form.
+// Launched with two blocks, block 0 is the initiator and block 1 the other side, on one GPU (direct_api_latency.cuh).
+// The initiator writes the elapsed time.
 template <Form kForm>
 __global__ void pingPong(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, uint64_t bytes, int iters,
                          int warmup, bool initiator, uint32_t ping, uint32_t pong, uint64_t* elapsedNs,
                          uint32_t* status) {
   __shared__ uint32_t waited;
+  if (gridDim.x == 2) initiator = blockIdx.x == 0;
   auto send = [&](uint32_t id, uint64_t i) {
     if constexpr (kForm == Form::kSignal) return ch.signal(id, i, SignalOp::kSet);
     if constexpr (kForm == Form::kThread) return ch.putWithSignal(dstWin, 0, srcWin, 0, bytes, id, i, SignalOp::kSet);
@@ -67,26 +70,27 @@ __global__ void pingPong(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWi
       if (s == Status::kOk) s = send(pong, i);
     }
   }
-  if (threadIdx.x == 0) *elapsedNs = ptx::globalTimerNs() - t0;
+  if (threadIdx.x == 0 && initiator) *elapsedNs = ptx::globalTimerNs() - t0;
   if (s != Status::kOk) *status = static_cast<uint32_t>(s);
 }
 
+/// `blocks`: 1 (one side of a two-process ping-pong) or 2 (both sides in one kernel).
 inline void launchPingPong(Form form, ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, uint64_t bytes,
                            int iters, int warmup, bool initiator, uint32_t ping, uint32_t pong, uint64_t* elapsedNs,
-                           uint32_t* status) {
+                           uint32_t* status, int blocks = 1) {
   const unsigned threads = formThreads(form);
   if (form == Form::kSignal)
     pingPong<Form::kSignal>
-        <<<1, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
+        <<<blocks, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
   else if (form == Form::kThread)
     pingPong<Form::kThread>
-        <<<1, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
+        <<<blocks, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
   else if (form == Form::kWarp)
     pingPong<Form::kWarp>
-        <<<1, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
+        <<<blocks, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
   else
     pingPong<Form::kBlock>
-        <<<1, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
+        <<<blocks, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
   GDX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -105,6 +109,7 @@ inline const char* encodingName(Encoding e) {
 __global__ void pingPongEncoding(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, int iters, int warmup,
                                  bool initiator, uint32_t ping, uint32_t pong, Encoding enc, uint64_t* elapsedNs,
                                  uint32_t* status) {
+  if (gridDim.x == 2) initiator = blockIdx.x == 0;
   const DirectPeer* dp = ch.direct;
   if (!dp || !dp->peerBase[dstWin] || !dp->localBase[srcWin] || !dp->peerSignals) {
     *status = static_cast<uint32_t>(Status::kInvalidArgument);
@@ -142,7 +147,7 @@ __global__ void pingPongEncoding(ChannelDeviceHandle ch, uint32_t dstWin, uint32
       if (s == Status::kOk) send(pong, i);
     }
   }
-  *elapsedNs = ptx::globalTimerNs() - t0;
+  if (initiator) *elapsedNs = ptx::globalTimerNs() - t0;
   if (s != Status::kOk) *status = static_cast<uint32_t>(s);
 }
 

@@ -67,22 +67,24 @@ inline std::vector<DirectApiLatency> directApiLatencyOneGpu() {
   ch.direct = table;
   ch.deviceSignals = deviceSignals;
   ch.forwardTo = -1;
+  ch.directSignals = deviceSignals;
+  ch.directNumSignals = kSignals;
 
   struct Case {
     Form form;
     uint64_t bytes;
     int iters;
   };
-  const Case cases[] = {{Form::kSignal, 0, 20000}, {Form::kThread, 8, 20000},   {Form::kWarp, 8, 20000},
-                        {Form::kBlock, 8, 20000},  {Form::kThread, 4096, 5000}, {Form::kWarp, 4096, 20000},
+  const Case cases[] = {{Form::kSignal, 0, 20000},  {Form::kThread, 8, 20000},   {Form::kWarp, 8, 20000},
+                        {Form::kBlock, 8, 20000},   {Form::kThread, 4096, 5000}, {Form::kWarp, 4096, 20000},
                         {Form::kBlock, 4096, 20000}};
   std::vector<DirectApiLatency> out;
   uint32_t id = 0;
   auto finish = [&](const std::string& what, int iters) {
     GDX_CUDA_CHECK(cudaDeviceSynchronize());
     if (*status != 0)
-      throw Error(ErrorCode::kInternal, "direct-path ping-pong on one GPU (" + what +
-                                            "): " + statusName(static_cast<Status>(*status)));
+      throw Error(ErrorCode::kInternal,
+                  "direct-path ping-pong on one GPU (" + what + "): " + statusName(static_cast<Status>(*status)));
     out.push_back(DirectApiLatency{what, double(*elapsed) / iters / 2 / 1000});
   };
   for (const Case& c : cases) {
@@ -92,8 +94,8 @@ inline std::vector<DirectApiLatency> directApiLatencyOneGpu() {
   }
   // The 8-byte put written out from the table once, before the loop: the floor for the forms above.
   const int iters = 20000;
-  pingPongEncoding<<<2, 1>>>(ch, kDstWindow, kSrcWindow, iters, 100, true, id, id + 1, Encoding::kReleaseStore,
-                             elapsed, status);
+  pingPongEncoding<<<2, 1>>>(ch, kDstWindow, kSrcWindow, iters, 100, true, id, id + 1, Encoding::kReleaseStore, elapsed,
+                             status);
   GDX_CUDA_CHECK(cudaGetLastError());
   finish("8 B put written out by hand", iters);
   cudaFreeHost(host);

@@ -415,11 +415,20 @@ ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forw
   auto* devSignals = static_cast<uint64_t*>(signals_->devicePtr());
   // The handle watches the peer it sends to; a relayed one the relay, which its commands and waits go through.
   auto* devFailure = signals_->deviceAddressOf(&peerStatus_[peer]);
-  return ChannelDeviceHandle{proxy_->deviceRing(ringIndex).deviceHandle(), devSignals, devFailure, options_.numSignals,
-                             static_cast<uint32_t>(peer), ~uint64_t{0},
-                             // A relayed handle sends everything through the proxy to the relay.
-                             peer == rank() || forwardTo >= 0 ? nullptr : direct_->deviceTable(peer),
-                             direct_->deviceSignals(), forwardTo};
+  ChannelDeviceHandle h{proxy_->deviceRing(ringIndex).deviceHandle(), devSignals, devFailure, options_.numSignals,
+                        static_cast<uint32_t>(peer), ~uint64_t{0},
+                        // A relayed handle sends everything through the proxy to the relay.
+                        peer == rank() || forwardTo >= 0 ? nullptr : direct_->deviceTable(peer),
+                        direct_->deviceSignals(), forwardTo};
+  if (h.direct)
+    direct_->withPeerTable(peer, [&h](const DirectPeer* t) {
+      if (t) {
+        h.directSignals = t->peerSignals;
+        h.directNumSignals = t->peerNumSignals;
+      }
+      return 0;
+    });
+  return h;
 }
 
 Channel Context::relayChannel(int destination, int relay, int ringIndex) {

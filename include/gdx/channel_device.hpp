@@ -81,47 +81,64 @@ struct ChannelDeviceHandle {
   int32_t forwardTo;         ///< relayed handle: the destination rank (`peer` is the relay); -1: not relayed
   /// First ring position this copy used since its last flush (~0: none); flush() checks faults from there on.
   mutable uint64_t flushFrom = ~uint64_t{0};
+  /// The peer's device signal array mapped here and its length (DirectPeer::peerSignals), used while `direct` is set:
+  /// in the handle (a kernel parameter or registers) a direct-path signal needs no load from the table.
+  uint64_t* directSignals = nullptr;
+  uint32_t directNumSignals = 0;
 
 #if defined(__CUDACC__)
   /// Direct-path addresses of a put: 1 with *d/*s set, 0 when the put must go through the proxy, -1 when the
   /// range lies outside a direct-path window.
   /// A field of the DirectPeer table through the read-only data cache. The Context writes the table before the
   /// kernels that use an entry start (setup, window registration) and never while one runs, so the cache cannot be
-  /// stale; and after the acquire of a wait, which makes ordinary loads miss L1, the fields still cost tens of
-  /// nanoseconds instead of an L2 round trip each (about 1 us of an 8-byte put-with-signal went there).
+  /// stale. Volatile, so that the compiler issues each load where it is written: the callers load every field they
+  /// need before checking any, and a non-volatile load may be sunk past the first check, which makes the loads one
+  /// L2 round trip after another (after a wait's acquire, L1 holds none of them).
   template <typename T>
   GDX_DEVICE_INLINE static T tableField(const T* p) {
     static_assert(sizeof(T) == 8 || sizeof(T) == 4, "DirectPeer fields are pointers and integers");
+    T out;
     if constexpr (sizeof(T) == 8) {
-      const unsigned long long v = __ldg(reinterpret_cast<const unsigned long long*>(p));
-      T out;
+      unsigned long long v;
+      asm volatile("ld.global.nc.u64 %0, [%1];" : "=l"(v) : "l"(p));
       memcpy(&out, &v, 8);
-      return out;
     } else {
-      const unsigned v = __ldg(reinterpret_cast<const unsigned*>(p));
-      T out;
+      unsigned v;
+      asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
       memcpy(&out, &v, 4);
-      return out;
     }
+    return out;
   }
-  GDX_DEVICE_INLINE int directPut(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
-                                  uint64_t bytes, char** d, const char** s) const {
-    if (!direct) return 0;
+  /// Where a direct-path put (and its signal) goes. Every field of the DirectPeer table it needs is loaded before any
+  /// of them is looked at: the loads are independent and share one round trip to L2 (after a wait's acquire L1 holds
+  /// none of them), where checking each before loading the next cost a round trip each.
+  struct DirectRoute {
+    char* dst;
+    const char* src;
+    uint64_t* signal;  ///< the peer's signal word; null without a signal
+    int path;          ///< 1: direct, 0: through the proxy, -1: the range lies outside a direct-path window
+  };
+  GDX_DEVICE_INLINE DirectRoute directRoute(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
+                                            uint64_t srcOffset, uint64_t bytes, bool withSignal,
+                                            uint32_t signalId) const {
+    if (!direct) return DirectRoute{nullptr, nullptr, nullptr, 0};
     char* db = tableField(&direct->peerBase[dstWindow]);
     char* sb = tableField(&direct->localBase[srcWindow]);
-    if (!db || !sb) return 0;
-    const uint64_t dn = tableField(&direct->peerBytes[dstWindow]), sn = tableField(&direct->localBytes[srcWindow]);
-    if (dstOffset > dn || bytes > dn - dstOffset || srcOffset > sn || bytes > sn - srcOffset) return -1;
-    *d = db + dstOffset;
-    *s = sb + srcOffset;
-    return 1;
+    const uint64_t dn = tableField(&direct->peerBytes[dstWindow]);
+    const uint64_t sn = tableField(&direct->localBytes[srcWindow]);
+    if (!db || !sb) return DirectRoute{nullptr, nullptr, nullptr, 0};
+    if (dstOffset > dn || bytes > dn - dstOffset || srcOffset > sn || bytes > sn - srcOffset)
+      return DirectRoute{nullptr, nullptr, nullptr, -1};
+    uint64_t* signal = withSignal ? directSignalWord(signalId) : nullptr;
+    if (withSignal && !signal) return DirectRoute{nullptr, nullptr, nullptr, 0};
+    return DirectRoute{db + dstOffset, sb + srcOffset, signal, 1};
   }
-  GDX_DEVICE_INLINE bool directSignalOk(uint32_t signalId) const {
-    return direct && tableField(&direct->peerSignals) && signalId < tableField(&direct->peerNumSignals);
+  /// The peer's signal word on the direct path; null when the signal goes through the proxy.
+  GDX_DEVICE_INLINE uint64_t* directSignalWord(uint32_t signalId) const {
+    return direct && directSignals && signalId < directNumSignals ? directSignals + signalId : nullptr;
   }
   /// Release at system scope: the data this thread wrote (and what it saw through a barrier) is visible first.
-  GDX_DEVICE_INLINE void directSignal(uint32_t signalId, uint64_t value, SignalOp op) const {
-    uint64_t* w = tableField(&direct->peerSignals) + signalId;
+  GDX_DEVICE_INLINE static void directSignal(uint64_t* w, uint64_t value, SignalOp op) {
     if (op == SignalOp::kAdd)
       atomicFetchAdd(w, value, kRelease);
     else
@@ -153,12 +170,10 @@ struct ChannelDeviceHandle {
       return Status::kInvalidArgument;
 #if GDX_DEVICE_COMPILE
     {
-      char* d;
-      const char* sp;
-      int k = directPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &d, &sp);
-      if (k < 0) return Status::kInvalidArgument;
-      if (k > 0) {
-        copySingleThread(d, sp, bytes);
+      const DirectRoute r = directRoute(dstWindow, dstOffset, srcWindow, srcOffset, bytes, false, 0);
+      if (r.path < 0) return Status::kInvalidArgument;
+      if (r.path > 0) {
+        copySingleThread(r.dst, r.src, bytes);
         return Status::kOk;
       }
     }
@@ -199,13 +214,11 @@ struct ChannelDeviceHandle {
     if (bytes == 0) return signal(signalId, value, op);
 #if GDX_DEVICE_COMPILE
     {
-      char* d;
-      const char* sp;
-      int k = directPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &d, &sp);
-      if (k < 0) return Status::kInvalidArgument;
-      if (k > 0 && directSignalOk(signalId)) {
-        copySingleThread(d, sp, bytes);
-        directSignal(signalId, value, op);
+      const DirectRoute r = directRoute(dstWindow, dstOffset, srcWindow, srcOffset, bytes, true, signalId);
+      if (r.path < 0) return Status::kInvalidArgument;
+      if (r.path > 0) {
+        copySingleThread(r.dst, r.src, bytes);
+        directSignal(r.signal, value, op);
         return Status::kOk;
       }
     }
@@ -218,8 +231,8 @@ struct ChannelDeviceHandle {
   GDX_HOST_DEVICE_INLINE Status signal(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd) {
     if (signalId >= kMaxSignals) return Status::kInvalidArgument;
 #if GDX_DEVICE_COMPILE
-    if (directSignalOk(signalId)) {
-      directSignal(signalId, value, op);
+    if (uint64_t* w = directSignalWord(signalId)) {
+      directSignal(w, value, op);
       return Status::kOk;
     }
 #endif
@@ -232,8 +245,9 @@ struct ChannelDeviceHandle {
       return Status::kInvalidArgument;
 #if GDX_DEVICE_COMPILE
     char* base = direct ? tableField(&direct->peerBase[dstWindow]) : nullptr;
+    const uint64_t limit = direct ? tableField(&direct->peerBytes[dstWindow]) : 0;  // loaded beside base, not after
     if (base) {
-      if (dstOffset + 8 > tableField(&direct->peerBytes[dstWindow])) return Status::kInvalidArgument;
+      if (dstOffset + 8 > limit) return Status::kInvalidArgument;
       atomicFetchAdd(reinterpret_cast<uint64_t*>(base + dstOffset), value, kRelaxed);
       return Status::kOk;
     }
@@ -318,15 +332,13 @@ struct ChannelDeviceHandle {
                                           uint64_t value, SignalOp op, uint64_t tid, uint64_t nthreads, Sync&& sync) {
     if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals)
       return int(Status::kInvalidArgument);
-    char* d;
-    const char* sp;
-    int k = directPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &d, &sp);
-    if (k < 0) return int(Status::kInvalidArgument);
-    if (k == 0 || (withSignal && !directSignalOk(signalId))) return -1;
-    copyCooperative(d, sp, bytes, tid, nthreads);
+    const DirectRoute r = directRoute(dstWindow, dstOffset, srcWindow, srcOffset, bytes, withSignal, signalId);
+    if (r.path < 0) return int(Status::kInvalidArgument);
+    if (r.path == 0) return -1;
+    copyCooperative(r.dst, r.src, bytes, tid, nthreads);
     if (withSignal) {
       sync();
-      if (tid == 0) directSignal(signalId, value, op);
+      if (tid == 0) directSignal(r.signal, value, op);
     }
     return int(Status::kOk);
   }

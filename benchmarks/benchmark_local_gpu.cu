@@ -108,15 +108,21 @@ double rawRoundTripDeviceSignalUs() {
 }
 
 // ---- put-with-signal latency and put bandwidth through the proxy ------------------------------------------
+// elapsed[0]: the whole loop (ns); elapsed[1]: SM clock cycles spent inside putWithSignal (the enqueue), which the
+// round trip breaks down into.
 __global__ void pingPutWithSignal(ChannelDeviceHandle ch, uint32_t dst, uint32_t src, uint64_t bytes, uint64_t base,
-                                  int iters, uint64_t* elapsedNs, uint32_t* status) {
+                                  int iters, uint64_t* elapsed, uint32_t* status) {
   uint64_t t0 = nowNs();
+  uint64_t enqueueCycles = 0;
   Status s = Status::kOk;
   for (int i = 1; i <= iters && s == Status::kOk; ++i) {
+    const long long c0 = clock64();
     s = ch.putWithSignal(dst, 0, src, 0, bytes, 0, 1);
+    enqueueCycles += uint64_t(clock64() - c0);
     if (s == Status::kOk) s = ch.wait(0, base + i);
   }
-  *elapsedNs = nowNs() - t0;
+  elapsed[0] = nowNs() - t0;
+  elapsed[1] = enqueueCycles;
   *status = static_cast<uint32_t>(s);
 }
 
@@ -290,7 +296,7 @@ int runGpuMode(const GpuModeOptions& opt) {
   const double rawUs = rawRoundTripUs();
   const double rawDeviceSignalUs = rawRoundTripDeviceSignalUs();
   std::vector<SizeRow> sizes;
-  double hostWindowLatencyUs = 0;
+  double hostWindowLatencyUs = 0, enqueueUs = 0, proxyHandlingUs = -1;
   std::string transportName, gpuName;
   {
     Context ctx;
@@ -322,11 +328,19 @@ int runGpuMode(const GpuModeOptions& opt) {
       // Small put-with-signal between host-mapped windows: the proxy path with the least data movement.
       {
         const int iters = 2000;
+        const ProxyCounters before = ctx.proxy().totalCounters();
         pingPutWithSignal<<<1, 1>>>(ctx.deviceChannel(0), hd.id(), hs.id(), 8, pings, iters, scratch, status);
         GDX_CUDA_CHECK(cudaDeviceSynchronize());
         check("latency, host windows");
+        const ProxyCounters after = ctx.proxy().totalCounters();
         pings += iters;
         hostWindowLatencyUs = double(scratch[0]) / iters / 1000.0;
+        int clockKhz = 0;
+        GDX_CUDA_CHECK(cudaDeviceGetAttribute(&clockKhz, cudaDevAttrClockRate, ctx.gpu().device));
+        enqueueUs = clockKhz > 0 ? double(scratch[1]) / iters / (clockKhz / 1e3) : -1;
+        // GDX_PROXY_TIMING=1 only: the proxy's own time per round trip (taking the pair out, posting it).
+        if (after.handlingNs > before.handlingNs)
+          proxyHandlingUs = double(after.handlingNs - before.handlingNs) / iters / 1000.0;
       }
       for (size_t bytes = opt.minBytes; bytes <= opt.maxBytes; bytes *= 2) {
         const int li = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / bytes, 10, 2000));
@@ -369,6 +383,9 @@ int runGpuMode(const GpuModeOptions& opt) {
               rawDeviceSignalUs);
   std::printf("putWithSignal -> signal seen by the waiting kernel, 8 B, host-mapped windows: %.2f us (%.2fx raw)\n",
               hostWindowLatencyUs, hostWindowLatencyUs / rawUs);
+  std::printf("  of which inside putWithSignal (the enqueue) %.2f us (SM cycles at the peak clock)", enqueueUs);
+  if (proxyHandlingUs >= 0) std::printf(", the proxy's handling %.2f us", proxyHandlingUs);
+  std::printf("%s\n", proxyHandlingUs >= 0 ? "" : " (GDX_PROXY_TIMING=1 adds the proxy's handling)");
   std::printf("%12s %16s %12s %14s   (GPU windows; memcpy: the peer, cudaMemcpyAsync back to back)\n", "bytes",
               "put+signal_us", "GB/s", "memcpy_GB/s");
   for (const SizeRow& r : sizes)
@@ -398,8 +415,8 @@ int runGpuMode(const GpuModeOptions& opt) {
   out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"gpu\",\"transport\":\"" << transportName << "\""
       << runInfoJson(gpuName + ", " + hostName()) << ",\"raw_round_trip_us\":" << rawUs
       << ",\"raw_round_trip_device_signal_us\":" << rawDeviceSignalUs
-      << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs
-      << ",\"raw_store_commands_per_s\":" << limits.storesPerSec
+      << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs << ",\"enqueue_us\":" << enqueueUs
+      << ",\"proxy_handling_us\":" << proxyHandlingUs << ",\"raw_store_commands_per_s\":" << limits.storesPerSec
       << ",\"raw_drain_commands_per_s\":" << limits.drainedPerSec << ",\"sizes\":[";
   for (size_t i = 0; i < sizes.size(); ++i)
     out << (i ? "," : "") << "{\"bytes\":" << sizes[i].bytes << ",\"latency_us\":" << sizes[i].latencyUs

@@ -1,5 +1,5 @@
 # Stubs of the extension module gdx._gdx (python/src/). Users call the gdx package, which wraps these.
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, overload
 
 __version__: str
 ERROR_CODE_NAMES: List[str]
@@ -72,7 +72,13 @@ class ep:
         @staticmethod
         def for_ranks(num_ranks: int) -> "ep.Config": ...
 
+    # The argument structs: default-constructed (every field 0), or the dispatch ones filled in one call.
     class DispatchInputs:
+        @overload
+        def __init__(self) -> None: ...
+        @overload
+        def __init__(self, x: int, x_scales: int, num_tokens: int, hidden: int, dtype: "ep.DType", topk_idx: int = ...,
+                     topk_weights: int = ..., num_topk: int = ..., num_experts: int = ...) -> None: ...
         num_tokens: int
         hidden: int
         num_topk: int
@@ -84,6 +90,12 @@ class ep:
         topk_weights: int
 
     class DispatchOutputs:
+        @overload
+        def __init__(self) -> None: ...
+        @overload
+        def __init__(self, capacity: int, recv_x: int, recv_x_scales: int = ..., recv_topk_idx: int = ...,
+                     recv_topk_weights: int = ..., recv_src_idx: int = ..., num_recv_tokens_per_expert: int = ...,
+                     num_recv_tokens: int = ...) -> None: ...
         capacity: int
         recv_x: int
         recv_x_scales: int
@@ -128,6 +140,11 @@ class ep:
                            stream: int) -> None: ...
         def combine(self, inputs: "ep.CombineInputs", handle: "ep.DispatchHandle", out: "ep.CombineOutputs",
                     stream: int) -> None: ...
+        # The cached dispatch and the combine in one call each, every field an argument.
+        def dispatch_flat(self, handle: "ep.DispatchHandle", x: int, x_scales: int, num_tokens: int, hidden: int,
+                          dtype: "ep.DType", capacity: int, recv_x: int, recv_x_scales: int, stream: int) -> None: ...
+        def combine_flat(self, handle: "ep.DispatchHandle", x: int, topk_weights: int, bias0: int, bias1: int,
+                         combined_x: int, combined_topk_weights: int, stream: int) -> None: ...
         def counts_matrix(self, handle: "ep.DispatchHandle") -> int: ...
         def check_errors(self) -> None: ...
 
@@ -145,6 +162,11 @@ class ep:
                                num_remote_ranks: int) -> Tuple[int, int]: ...
 
     class LowLatencyDispatchInputs:
+        @overload
+        def __init__(self) -> None: ...
+        @overload
+        def __init__(self, x: int, topk_idx: int, num_tokens: int, num_topk: int, use_fp8: bool,
+                     round_scale: bool) -> None: ...
         x: int
         topk_idx: int
         num_tokens: int
@@ -153,11 +175,19 @@ class ep:
         round_scale: bool
 
     class LowLatencyDispatchOutputs:
+        @overload
+        def __init__(self) -> None: ...
+        @overload
+        def __init__(self, recv_x: int, recv_x_scales: int, recv_count: int) -> None: ...
         recv_x: int
         recv_x_scales: int
         recv_count: int
 
     class LowLatencyCombineInputs:
+        @overload
+        def __init__(self) -> None: ...
+        @overload
+        def __init__(self, x: int, topk_idx: int, topk_weights: int) -> None: ...
         x: int
         topk_idx: int
         topk_weights: int

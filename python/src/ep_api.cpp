@@ -34,8 +34,26 @@ void bindEp(py::module_& m) {
       .def_readwrite("num_threads", &ep::Config::numThreads)
       .def_static("for_ranks", &ep::Config::forRanks);
 
+  // The dispatch structs also have a constructor taking every field (pointers as ints), so that the package fills
+  // one in a single call instead of one attribute assignment per field (each a crossing into the extension).
   py::class_<ep::DispatchInputs> in(ep, "DispatchInputs");
-  in.def(py::init<>())
+  in.def(py::init([](uintptr_t x, uintptr_t xScales, int numTokens, int hidden, ep::DType dtype, uintptr_t topkIdx,
+                     uintptr_t topkWeights, int numTopk, int numExperts) {
+           ep::DispatchInputs i;
+           i.x = typedPointer<const void>(x);
+           i.xScales = typedPointer<const float>(xScales);
+           i.topkIdx = typedPointer<const int64_t>(topkIdx);
+           i.topkWeights = typedPointer<const float>(topkWeights);
+           i.numTokens = numTokens;
+           i.hidden = hidden;
+           i.numTopk = numTopk;
+           i.numExperts = numExperts;
+           i.dtype = dtype;
+           return i;
+         }),
+         py::arg("x"), py::arg("x_scales"), py::arg("num_tokens"), py::arg("hidden"), py::arg("dtype"),
+         py::arg("topk_idx") = 0, py::arg("topk_weights") = 0, py::arg("num_topk") = 0, py::arg("num_experts") = 0)
+      .def(py::init<>())
       .def_readwrite("num_tokens", &ep::DispatchInputs::numTokens)
       .def_readwrite("hidden", &ep::DispatchInputs::hidden)
       .def_readwrite("num_topk", &ep::DispatchInputs::numTopk)
@@ -47,7 +65,25 @@ void bindEp(py::module_& m) {
   pointerField(in, "topk_weights", &ep::DispatchInputs::topkWeights);
 
   py::class_<ep::DispatchOutputs> out(ep, "DispatchOutputs");
-  out.def(py::init<>()).def_readwrite("capacity", &ep::DispatchOutputs::capacity);
+  out.def(py::init([](int capacity, uintptr_t recvX, uintptr_t recvXScales, uintptr_t recvTopkIdx,
+                      uintptr_t recvTopkWeights, uintptr_t recvSrcIdx, uintptr_t numRecvTokensPerExpert,
+                      uintptr_t numRecvTokens) {
+            ep::DispatchOutputs o;
+            o.capacity = capacity;
+            o.recvX = typedPointer<void>(recvX);
+            o.recvXScales = typedPointer<float>(recvXScales);
+            o.recvTopkIdx = typedPointer<int64_t>(recvTopkIdx);
+            o.recvTopkWeights = typedPointer<float>(recvTopkWeights);
+            o.recvSrcIdx = typedPointer<int32_t>(recvSrcIdx);
+            o.numRecvTokensPerExpert = typedPointer<int32_t>(numRecvTokensPerExpert);
+            o.numRecvTokens = typedPointer<int32_t>(numRecvTokens);
+            return o;
+          }),
+          py::arg("capacity"), py::arg("recv_x"), py::arg("recv_x_scales") = 0, py::arg("recv_topk_idx") = 0,
+          py::arg("recv_topk_weights") = 0, py::arg("recv_src_idx") = 0, py::arg("num_recv_tokens_per_expert") = 0,
+          py::arg("num_recv_tokens") = 0)
+      .def(py::init<>())
+      .def_readwrite("capacity", &ep::DispatchOutputs::capacity);
   pointerField(out, "recv_x", &ep::DispatchOutputs::recvX);
   pointerField(out, "recv_x_scales", &ep::DispatchOutputs::recvXScales);
   pointerField(out, "recv_topk_idx", &ep::DispatchOutputs::recvTopkIdx);
@@ -115,6 +151,37 @@ void bindEp(py::module_& m) {
               uintptr_t stream) { b.dispatchWorst(in, h, o, numWorst, alignment, streamFrom(stream)); })
       .def("combine", [](ep::Buffer& b, const ep::CombineInputs& in, const ep::DispatchHandle& h,
                          const ep::CombineOutputs& o, uintptr_t stream) { b.combine(in, h, o, streamFrom(stream)); })
+      // The cached dispatch and the combine with every field as an argument: one crossing per call for the two
+      // calls that never wait on the host, whose host time the GPU waits for when the kernels are short.
+      .def(
+          "dispatch_flat",
+          [](ep::Buffer& b, const ep::DispatchHandle& h, uintptr_t x, uintptr_t xScales, int numTokens, int hidden,
+             ep::DType dtype, int capacity, uintptr_t recvX, uintptr_t recvXScales, uintptr_t stream) {
+            ep::DispatchInputs in;
+            in.x = typedPointer<const void>(x);
+            in.xScales = typedPointer<const float>(xScales);
+            in.numTokens = numTokens;
+            in.hidden = hidden;
+            in.dtype = dtype;
+            ep::DispatchOutputs o;
+            o.capacity = capacity;
+            o.recvX = typedPointer<void>(recvX);
+            o.recvXScales = typedPointer<float>(recvXScales);
+            b.dispatch(in, h, o, streamFrom(stream));
+          },
+          py::arg("handle"), py::arg("x"), py::arg("x_scales"), py::arg("num_tokens"), py::arg("hidden"),
+          py::arg("dtype"), py::arg("capacity"), py::arg("recv_x"), py::arg("recv_x_scales"), py::arg("stream"))
+      .def(
+          "combine_flat",
+          [](ep::Buffer& b, const ep::DispatchHandle& h, uintptr_t x, uintptr_t topkWeights, uintptr_t bias0,
+             uintptr_t bias1, uintptr_t combinedX, uintptr_t combinedTopkWeights, uintptr_t stream) {
+            const ep::CombineInputs in{typedPointer<const void>(x), typedPointer<const float>(topkWeights),
+                                       typedPointer<const void>(bias0), typedPointer<const void>(bias1)};
+            const ep::CombineOutputs o{typedPointer<void>(combinedX), typedPointer<float>(combinedTopkWeights)};
+            b.combine(in, h, o, streamFrom(stream));
+          },
+          py::arg("handle"), py::arg("x"), py::arg("topk_weights"), py::arg("bias0"), py::arg("bias1"),
+          py::arg("combined_x"), py::arg("combined_topk_weights"), py::arg("stream"))
       .def("counts_matrix",
            [](const ep::Buffer& b, const ep::DispatchHandle& h) { return addressOf(b.countsMatrix(h)); })
       .def("check_errors", &ep::Buffer::checkErrors);

@@ -15,6 +15,12 @@ inline cudaStream_t streamFrom(uintptr_t s) {
   return reinterpret_cast<cudaStream_t>(s);
 }
 
+/// A typed pointer from the Python int the package passes (0: null), for the argument structs' constructors.
+template <typename T>
+T* typedPointer(uintptr_t address) {
+  return static_cast<T*>(pointerFrom(address));
+}
+
 /// A pointer member of an argument struct as a Python int property.
 template <typename C, typename T>
 void pointerField(py::class_<C>& cls, const char* name, T* C::*member) {

@@ -35,8 +35,21 @@ void bindEpLowLatency(py::module_& ep) {
       },
       "(GPU bytes, pinned host bytes) a LowLatencyBuffer of this shape takes with numRemoteRanks on other hosts.");
 
+  // Constructors taking every field, as the normal mode's structs (ep_api.cpp): one call fills one.
   py::class_<ep::LowLatencyDispatchInputs> in(ep, "LowLatencyDispatchInputs");
-  in.def(py::init<>())
+  in.def(py::init([](uintptr_t x, uintptr_t topkIdx, int numTokens, int numTopk, bool useFp8, bool roundScale) {
+           ep::LowLatencyDispatchInputs i;
+           i.x = typedPointer<const void>(x);
+           i.topkIdx = typedPointer<const int64_t>(topkIdx);
+           i.numTokens = numTokens;
+           i.numTopk = numTopk;
+           i.useFp8 = useFp8;
+           i.roundScale = roundScale;
+           return i;
+         }),
+         py::arg("x"), py::arg("topk_idx"), py::arg("num_tokens"), py::arg("num_topk"), py::arg("use_fp8"),
+         py::arg("round_scale"))
+      .def(py::init<>())
       .def_readwrite("num_tokens", &ep::LowLatencyDispatchInputs::numTokens)
       .def_readwrite("num_topk", &ep::LowLatencyDispatchInputs::numTopk)
       .def_readwrite("use_fp8", &ep::LowLatencyDispatchInputs::useFp8)
@@ -45,13 +58,29 @@ void bindEpLowLatency(py::module_& ep) {
   pointerField(in, "topk_idx", &ep::LowLatencyDispatchInputs::topkIdx);
 
   py::class_<ep::LowLatencyDispatchOutputs> out(ep, "LowLatencyDispatchOutputs");
-  out.def(py::init<>());
+  out.def(py::init([](uintptr_t recvX, uintptr_t recvXScales, uintptr_t recvCount) {
+            ep::LowLatencyDispatchOutputs o;
+            o.recvX = typedPointer<void>(recvX);
+            o.recvXScales = typedPointer<float>(recvXScales);
+            o.recvCount = typedPointer<int32_t>(recvCount);
+            return o;
+          }),
+          py::arg("recv_x"), py::arg("recv_x_scales"), py::arg("recv_count"))
+      .def(py::init<>());
   pointerField(out, "recv_x", &ep::LowLatencyDispatchOutputs::recvX);
   pointerField(out, "recv_x_scales", &ep::LowLatencyDispatchOutputs::recvXScales);
   pointerField(out, "recv_count", &ep::LowLatencyDispatchOutputs::recvCount);
 
   py::class_<ep::LowLatencyCombineInputs> cin(ep, "LowLatencyCombineInputs");
-  cin.def(py::init<>());
+  cin.def(py::init([](uintptr_t x, uintptr_t topkIdx, uintptr_t topkWeights) {
+            ep::LowLatencyCombineInputs i;
+            i.x = typedPointer<const void>(x);
+            i.topkIdx = typedPointer<const int64_t>(topkIdx);
+            i.topkWeights = typedPointer<const float>(topkWeights);
+            return i;
+          }),
+          py::arg("x"), py::arg("topk_idx"), py::arg("topk_weights"))
+      .def(py::init<>());
   pointerField(cin, "x", &ep::LowLatencyCombineInputs::x);
   pointerField(cin, "topk_idx", &ep::LowLatencyCombineInputs::topkIdx);
   pointerField(cin, "topk_weights", &ep::LowLatencyCombineInputs::topkWeights);

@@ -82,4 +82,4 @@ def test_bench_ep_short_run(tmp_path):
     for line in lines[1:]:
         assert " GB/s (NVL), avg_t: " in line, line
     for d in json.loads(path.read_text())["results"]:
-        assert d["us"] > 0 and d["GBps"] > 0 and d["bytes_per_rank"] > 0, d
+        assert d["us"] > 0 and d["host_us"] > 0 and d["GBps"] > 0 and d["bytes_per_rank"] > 0, d

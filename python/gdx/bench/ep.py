@@ -6,8 +6,10 @@ The cases are benchmarks/benchmark_moe's (C++), so the two can be compared line 
 experts, uniformly random routing, 128 .. 4096 tokens per rank, BF16 and FP8 (with scales); the timed calls are the
 cached form (the handle of one full dispatch reused), after warm-up; time is the mean per call over `--iters`
 back-to-back calls on the current stream (CUDA events), then averaged over the ranks; GB/s counts bytes as DeepEP's
-intranode test does (received rows x hidden x 2 for BF16, x (1 + 4/128) for FP8; combine as BF16). One line a case,
-as DeepEP prints them, and a JSON file with --json (the fields of benchmark_moe's, "benchmark": "moe_python").
+intranode test does (received rows x hidden x 2 for BF16, x (1 + 4/128) for FP8; combine as BF16); beside it the
+host's time to issue one call (the Python layer's per-call work plus the launch: once it reaches the GPU time, the GPU
+waits for the host). One line a case, as DeepEP prints them, and a JSON file with --json (the fields of
+benchmark_moe's and host_us, "benchmark": "moe_python").
 """
 
 import argparse
@@ -17,6 +19,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 
 SKIPPED = 77  # exit code when this machine cannot run it (no torch, no CUDA GPU, a build without CUDA)
 
@@ -67,19 +70,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _time_us(torch, iters: int, call) -> float:
-    """Mean microseconds per call of `iters` back-to-back collective calls on the current stream, after a few untimed
-    ones queued right before them that line the ranks' kernels up (as benchmark_moe's timeMs does), so the timed calls
-    do not carry the skew with which the ranks left the barrier."""
+def _time_us(torch, iters: int, call):
+    """(GPU, host) mean microseconds per call of `iters` back-to-back collective calls on the current stream, after a
+    few untimed ones queued right before them that line the ranks' kernels up (as benchmark_moe's timeMs does), so the
+    timed calls do not carry the skew with which the ranks left the barrier. The host figure is the time the loop took
+    to issue them: where it reaches the GPU figure, the GPU waited for the host (the Python layer's per-call work)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(3):
         call()
     start.record()
+    host_start = time.perf_counter()
     for _ in range(iters):
         call()
+    host_s = time.perf_counter() - host_start
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / iters * 1e3
+    return start.elapsed_time(end) / iters * 1e3, host_s / iters * 1e6
 
 
 def _inputs(torch, args, rank: int, n: int):
@@ -146,16 +152,18 @@ def _rank_main(local_rank: int, world: int, port: int, args, results_path: str) 
                     call()
                 torch.cuda.synchronize()
                 dist.barrier()
-                us = _time_us(torch, args.iters, call)
+                us, host_us = _time_us(torch, args.iters, call)
                 buf.runtime.check_errors()
                 peer_us = _all_to_all_us(torch, dist, nccl, nbytes, args.iters) if nccl is not None else -1.0
-                us, nbytes, peer_us = mean_over_ranks([us, nbytes, peer_us])
+                us, nbytes, peer_us, host_us = mean_over_ranks([us, nbytes, peer_us, host_us])
                 gbps, peer_gbps = nbytes / us / 1e3, (nbytes / peer_us / 1e3 if peer_us > 0 else -1.0)
                 peer = (f"; all_to_all_single (NCCL): {peer_gbps:.2f} GB/s, avg_t: {peer_us:.2f} us"
                         if peer_us > 0 else "")
-                emit(f"[{op}] {name}, {n} tokens: {gbps:.2f} GB/s (NVL), avg_t: {us:.2f} us{peer}")
-                results.append({"tokens": n, "dtype": name.lower(), "op": op, "us": us, "bytes_per_rank": nbytes,
-                                "GBps": gbps, "nccl_all_to_all_us": peer_us, "nccl_GBps": peer_gbps})
+                emit(f"[{op}] {name}, {n} tokens: {gbps:.2f} GB/s (NVL), avg_t: {us:.2f} us (host {host_us:.2f} us "
+                     f"a call){peer}")
+                results.append({"tokens": n, "dtype": name.lower(), "op": op, "us": us, "host_us": host_us,
+                                "bytes_per_rank": nbytes, "GBps": gbps, "nccl_all_to_all_us": peer_us,
+                                "nccl_GBps": peer_gbps})
     dist.barrier()
     if rank == 0:
         with open(results_path, "w") as f:
@@ -174,7 +182,7 @@ def _all_to_all_us(torch, dist, group, nbytes: float, iters: int) -> float:
         dist.all_to_all_single(b, a, group=group)
     torch.cuda.synchronize()
     dist.barrier()
-    return _time_us(torch, iters, lambda: dist.all_to_all_single(b, a, group=group))
+    return _time_us(torch, iters, lambda: dist.all_to_all_single(b, a, group=group))[0]
 
 
 def main(argv=None) -> int:
@@ -202,8 +210,8 @@ def main(argv=None) -> int:
         doc = {"benchmark": "moe_python", "gpu": r["gpu"], "machine": f"{world} x {r['gpu']}, {socket.gethostname()}",
                "date": date, "ranks": world, "hidden": args.hidden, "topk": args.topk, "experts": args.experts,
                "sms": args.sms, "iters": args.iters, "results": r["results"],
-               "units": "us: mean per call; GB/s = DeepEP's bytes (received rows x hidden x 2, FP8 x (1 + 4/128)) "
-                        "/ time; -1: not measured"}
+               "units": "us: mean per call; host_us: the host's time to issue one; GB/s = DeepEP's bytes (received "
+                        "rows x hidden x 2, FP8 x (1 + 4/128)) / time; -1: not measured"}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     return 0

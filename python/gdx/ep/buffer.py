@@ -13,24 +13,32 @@ What differs from DeepEP, each on purpose:
   ``is_token_in_rank`` alone raises gdx.InvalidArgumentError.
 """
 
+import weakref
 from typing import Any, List, Optional, Tuple, Union
 
 from .. import _gdx
 from .._arrays import DeviceArray
 from ..context import Context
 from ..errors import InvalidArgumentError
+from ._torch import current_stream_handle
+from ._torch import torch as _torch
 from .low_latency import LowLatencyHandle, LowLatencyState
 
-
-def _torch():
-    import torch  # lazily: importing gdx never imports torch
-    return torch
+_ep_module = None  # _gdx.ep once a call found it available: looked up once, not on every dispatch
 
 
 def _native_ep():
-    if not _gdx.ep_available():
-        raise NotImplementedError("gdx.ep needs a build of gdx with CUDA (nvcc was not found when it was built)")
-    return _gdx.ep
+    global _ep_module
+    if _ep_module is None:
+        if not _gdx.ep_available():
+            raise NotImplementedError("gdx.ep needs a build of gdx with CUDA (nvcc was not found when it was built)")
+        _ep_module = _gdx.ep
+    return _ep_module
+
+
+def _address(t) -> int:
+    """The device address of an optional tensor, 0 for None (the native structs' null)."""
+    return t.data_ptr() if t is not None else 0
 
 
 _NOT_OFFERED = "gdx.ep: {what} is not offered by gdx's low-latency mode ({why})"
@@ -241,13 +249,12 @@ class Buffer:
         stream = self._begin(previous_event)
         topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
         n, k = topk_idx.shape
-        dev = topk_idx.device
-        per_rank = torch.empty(self.group_size, dtype=torch.int32, device=dev)
-        per_expert = torch.empty(num_experts, dtype=torch.int32, device=dev)
-        in_rank = torch.empty((n, self.group_size), dtype=torch.bool, device=dev)
+        per_rank = topk_idx.new_empty(self.group_size, dtype=torch.int32)
+        per_expert = topk_idx.new_empty(num_experts, dtype=torch.int32)
+        in_rank = topk_idx.new_empty((n, self.group_size), dtype=torch.bool)
         self.runtime.get_dispatch_layout(topk_idx.data_ptr(), n, k, num_experts, per_rank.data_ptr(),
-                                         per_expert.data_ptr(), in_rank.data_ptr(), stream.cuda_stream)
-        return per_rank, None, per_expert, in_rank, self._end(stream, async_finish, (topk_idx,))
+                                         per_expert.data_ptr(), in_rank.data_ptr(), stream)
+        return per_rank, None, per_expert, in_rank, self._end(async_finish, (topk_idx,))
 
     # ---- dispatch ----------------------------------------------------------------------------------------------
     def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[DispatchHandle] = None,
@@ -262,24 +269,15 @@ class Buffer:
         given, no topk) returns (recv_x, None, None, None, None, event). recv_topk_idx holds local expert ids, -1
         where the expert is on another rank. num_worst_tokens > 0: no host synchronisation, outputs of that many
         rows, the list is empty."""
-        torch = _torch()
-        ep = _native_ep()
         stream = self._begin(previous_event)
-        x, x_scales = x if isinstance(x, tuple) else (x, None)
-        inputs, n, hidden = self._inputs(x, x_scales, ep)
-        rows_needed = n
+        x, x_scales = self._check_x(*(x if isinstance(x, tuple) else (x, None)))
         if handle is not None:
             if topk_idx is not None or topk_weights is not None:
                 raise InvalidArgumentError("dispatch: the cached form (handle given) takes no topk_idx/topk_weights")
-            recv_x, recv_scales = self._alloc_recv(x, x_scales, handle.rows, hidden)
-            out = ep.DispatchOutputs()
-            out.capacity = handle.rows
-            out.recv_x = recv_x.data_ptr()
-            out.recv_x_scales = recv_scales.data_ptr() if recv_scales is not None else 0
-            self.runtime.dispatch(inputs, handle._native, out, stream.cuda_stream)
-            event = self._end(stream, async_finish, (x, x_scales, recv_x, recv_scales))
-            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
+            return self._cached_dispatch(x, x_scales, handle, stream, async_finish)
 
+        torch = _torch()
+        ep = _native_ep()
         if topk_idx is None:
             raise InvalidArgumentError("dispatch: topk_idx is required unless a handle is given")
         topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
@@ -287,46 +285,45 @@ class Buffer:
         if topk_weights is not None:
             topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
         num_experts = self._num_experts(num_tokens_per_expert)
-        inputs.topk_idx = topk_idx.data_ptr()
-        inputs.topk_weights = topk_weights.data_ptr() if topk_weights is not None else 0
-        inputs.num_topk = k
-        inputs.num_experts = num_experts
-        native_handle = self._take_handle(rows_needed)
-        local_experts = num_experts // self.group_size if num_experts else 0
-        per_expert = torch.empty(max(local_experts, 1), dtype=torch.int32, device=x.device)
+        n, hidden = x.shape
+        inputs = ep.DispatchInputs(x.data_ptr(), _address(x_scales), n, hidden, self._dtype(x_scales),
+                                   topk_idx.data_ptr(), _address(topk_weights), k, num_experts)
+        native_handle = self._take_handle(n)
         if num_worst_tokens > 0:
             rows, counts = num_worst_tokens, []
-            num_recv = torch.empty(1, dtype=torch.int32, device=x.device)
         else:
-            rows, counts = self.runtime.dispatch_prepare(inputs, native_handle, expert_alignment,
-                                                         stream.cuda_stream, per_expert.data_ptr())
-            num_recv = None
-        recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
+            rows, counts = self.runtime.dispatch_prepare(inputs, native_handle, expert_alignment, stream)
+        recv_x, recv_scales = self._alloc_recv(x, x_scales, rows)
         # Rows past the received count (num_worst_tokens) select no expert, as DeepEP's do.
-        recv_topk_idx = (torch.full((rows, k), -1, dtype=torch.int64, device=x.device) if num_worst_tokens > 0 else
-                         torch.empty((rows, k), dtype=torch.int64, device=x.device))
-        recv_topk_weights = torch.empty((rows, k), dtype=torch.float32, device=x.device)
-        recv_src_idx = torch.empty(rows, dtype=torch.int32, device=x.device)
-        out = ep.DispatchOutputs()
-        out.capacity = rows
-        out.recv_x = recv_x.data_ptr()
-        out.recv_x_scales = recv_scales.data_ptr() if recv_scales is not None else 0
-        out.recv_topk_idx = recv_topk_idx.data_ptr()
-        out.recv_topk_weights = recv_topk_weights.data_ptr() if topk_weights is not None else 0
-        out.recv_src_idx = recv_src_idx.data_ptr()
+        recv_topk_idx = (x.new_full((rows, k), -1, dtype=torch.int64) if num_worst_tokens > 0 else
+                         x.new_empty((rows, k), dtype=torch.int64))
+        recv_topk_weights = x.new_empty((rows, k), dtype=torch.float32) if topk_weights is not None else None
+        recv_src_idx = x.new_empty(rows, dtype=torch.int32)
+        # The per-expert and received counts stay on the device after a num_worst_tokens dispatch and are returned
+        # by neither form (DeepEP's list is empty then): their outputs are left null.
+        out = ep.DispatchOutputs(rows, recv_x.data_ptr(), _address(recv_scales), recv_topk_idx.data_ptr(),
+                                 _address(recv_topk_weights), recv_src_idx.data_ptr())
         if num_worst_tokens > 0:
-            out.num_recv_tokens_per_expert = per_expert.data_ptr()
-            out.num_recv_tokens = num_recv.data_ptr()
-            self.runtime.dispatch_worst(inputs, native_handle, out, num_worst_tokens, expert_alignment,
-                                        stream.cuda_stream)
+            self.runtime.dispatch_worst(inputs, native_handle, out, num_worst_tokens, expert_alignment, stream)
         else:
-            self.runtime.dispatch(inputs, native_handle, out, stream.cuda_stream)
+            self.runtime.dispatch(inputs, native_handle, out, stream)
         handle = DispatchHandle(self, native_handle, n, hidden, None if num_worst_tokens else rows, recv_src_idx,
                                 num_worst_tokens, is_token_in_rank)
         self._recycle_later(handle)
-        event = self._end(stream, async_finish, (x, x_scales, topk_idx, topk_weights, recv_x, recv_scales))
-        return ((recv_x, recv_scales) if x_scales is not None else recv_x, recv_topk_idx,
-                recv_topk_weights if topk_weights is not None else None, list(counts), handle, event)
+        event = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, recv_x, recv_scales))
+        return ((recv_x, recv_scales) if x_scales is not None else recv_x, recv_topk_idx, recv_topk_weights,
+                list(counts), handle, event)
+
+    def _cached_dispatch(self, x, x_scales, handle: DispatchHandle, stream: int, async_finish: bool):
+        """The cached form: `handle`'s routing again, no top-k. Nothing waits on the host, so at small token counts
+        this call's host time is what the GPU waits for: one native call, with every field as an argument."""
+        n, hidden = x.shape
+        rows = handle.rows
+        recv_x, recv_scales = self._alloc_recv(x, x_scales, rows)
+        self.runtime.dispatch_flat(handle._native, x.data_ptr(), _address(x_scales), n, hidden, self._dtype(x_scales),
+                                   rows, recv_x.data_ptr(), _address(recv_scales), stream)
+        event = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
+        return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
 
     # ---- combine -----------------------------------------------------------------------------------------------
     def combine(self, x, handle: DispatchHandle, topk_weights=None, bias=None, config: Optional[Config] = None,
@@ -336,7 +333,6 @@ class Buffer:
         a pair, [N, hidden] bfloat16). `x`: [rows, hidden] bfloat16 in the received order. Returns (combined_x
         [N, hidden], combined_topk_weights [N, k] or None, event), as DeepEP."""
         torch = _torch()
-        ep = _native_ep()
         if not isinstance(handle, DispatchHandle):
             raise InvalidArgumentError("combine: handle must be the DispatchHandle a dispatch returned")
         stream = self._begin(previous_event)
@@ -344,25 +340,15 @@ class Buffer:
         if x.shape[0] < (handle.rows or 0) or x.shape[1] != handle.hidden:
             raise InvalidArgumentError(f"combine: x is {tuple(x.shape)}, the dispatch received "
                                        f"[{handle.rows}, {handle.hidden}]")
-        cin = ep.CombineInputs()
-        cin.x = x.data_ptr()
         combined_w = None
         if topk_weights is not None:
             topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
-            cin.topk_weights = topk_weights.data_ptr()
-            combined_w = torch.empty((handle.num_tokens, topk_weights.shape[1]), dtype=torch.float32,
-                                     device=x.device)
-        biases = bias if isinstance(bias, tuple) else (bias, None)
-        if biases[0] is not None:
-            cin.bias0 = self._check(biases[0], torch.bfloat16, 2, "bias").data_ptr()
-        if biases[1] is not None:
-            cin.bias1 = self._check(biases[1], torch.bfloat16, 2, "bias").data_ptr()
-        combined_x = torch.empty((handle.num_tokens, handle.hidden), dtype=torch.bfloat16, device=x.device)
-        cout = ep.CombineOutputs()
-        cout.combined_x = combined_x.data_ptr()
-        cout.combined_topk_weights = combined_w.data_ptr() if combined_w is not None else 0
-        self.runtime.combine(cin, handle._native, cout, stream.cuda_stream)
-        return combined_x, combined_w, self._end(stream, async_finish, (x, topk_weights, combined_x))
+            combined_w = x.new_empty((handle.num_tokens, topk_weights.shape[1]), dtype=torch.float32)
+        bias0, bias1 = self._check_biases(bias) if bias is not None else (None, None)
+        combined_x = x.new_empty((handle.num_tokens, handle.hidden))
+        self.runtime.combine_flat(handle._native, x.data_ptr(), _address(topk_weights), _address(bias0),
+                                  _address(bias1), combined_x.data_ptr(), _address(combined_w), stream)
+        return combined_x, combined_w, self._end(async_finish, (x, topk_weights, bias0, bias1, combined_x))
 
     # ---- low-latency mode --------------------------------------------------------------------------------------
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int = 0, hidden: int = 0,
@@ -393,7 +379,7 @@ class Buffer:
         if async_finish and return_recv_hook:
             raise InvalidArgumentError("low_latency_dispatch: async_finish and return_recv_hook exclude each other "
                                        "(the hook's receive half is what would be waited for), as in DeepEP")
-        stream = torch.cuda.current_stream()
+        stream = current_stream_handle()
         x = self._check(x, torch.bfloat16, 2, "x")
         topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
         n, hidden = x.shape
@@ -410,21 +396,17 @@ class Buffer:
                                        f"int32 tensor of [{local}] (local experts), got {stats.dtype} "
                                        f"{tuple(stats.shape)} on {stats.device}")
         if use_fp8:
-            recv_x = torch.empty((local, rows, hidden), dtype=torch.float8_e4m3fn, device=x.device)
-            recv_scales = torch.empty((local, rows, hidden // 128), dtype=torch.float32, device=x.device)
+            recv_x = x.new_empty((local, rows, hidden), dtype=torch.float8_e4m3fn)
+            recv_scales = x.new_empty((local, rows, hidden // 128), dtype=torch.float32)
         else:
-            recv_x = torch.empty((local, rows, hidden), dtype=torch.bfloat16, device=x.device)
+            recv_x = x.new_empty((local, rows, hidden))
             recv_scales = None
-        recv_count = torch.empty(local, dtype=torch.int32, device=x.device)
-        ins = ep.LowLatencyDispatchInputs()
-        ins.x, ins.topk_idx, ins.num_tokens, ins.num_topk = x.data_ptr(), topk_idx.data_ptr(), n, k
-        ins.use_fp8, ins.round_scale = use_fp8, round_scale
-        outs = ep.LowLatencyDispatchOutputs()
-        outs.recv_x, outs.recv_count = recv_x.data_ptr(), recv_count.data_ptr()
-        outs.recv_x_scales = recv_scales.data_ptr() if recv_scales is not None else 0
+        recv_count = x.new_empty(local, dtype=torch.int32)
+        ins = ep.LowLatencyDispatchInputs(x.data_ptr(), topk_idx.data_ptr(), n, k, bool(use_fp8), bool(round_scale))
+        outs = ep.LowLatencyDispatchOutputs(recv_x.data_ptr(), _address(recv_scales), recv_count.data_ptr())
         pooled = state.take_handle(key)
         native_hook = ep.LowLatencyHook() if return_recv_hook else None
-        native.dispatch(ins, outs, pooled.native, stream.cuda_stream, native_hook)
+        native.dispatch(ins, outs, pooled.native, stream, native_hook)
         handle = LowLatencyHandle(pooled, key, x.device, self.group_size, n)
 
         def received():
@@ -436,7 +418,7 @@ class Buffer:
             received()
         else:
             hook = self._ll_hook(native_hook, (pooled, recv_x, recv_scales, recv_count), received)
-        event = self._end(stream, async_finish, (x, topk_idx, recv_x, recv_scales, recv_count))
+        event = self._end(async_finish, (x, topk_idx, recv_x, recv_scales, recv_count))
         return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, event, hook
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False,
@@ -457,7 +439,7 @@ class Buffer:
                 raise NotImplementedError(_NOT_OFFERED.format(what=name, why="BF16 rows are sent as given"))
         if not isinstance(handle, LowLatencyHandle):
             raise InvalidArgumentError("low_latency_combine: handle must be the one low_latency_dispatch returned")
-        stream = torch.cuda.current_stream()
+        stream = current_stream_handle()
         x = self._check(x, torch.bfloat16, 3, "x")
         topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
         topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
@@ -470,7 +452,7 @@ class Buffer:
                 f"low_latency_combine: topk_idx {tuple(topk_idx.shape)} and topk_weights "
                 f"{tuple(topk_weights.shape)} must both be the dispatch's [{handle.num_tokens}, {handle.num_topk}]")
         if out is None:
-            out = torch.empty((handle.num_tokens, hidden), dtype=torch.bfloat16, device=x.device)
+            out = x.new_empty((handle.num_tokens, hidden))
         else:
             if not out.is_contiguous():  # a contiguous copy would be filled instead of the caller's tensor
                 raise InvalidArgumentError("low_latency_combine: out must be contiguous (it is written in place)")
@@ -478,14 +460,13 @@ class Buffer:
             if tuple(out.shape) != (handle.num_tokens, hidden):
                 raise InvalidArgumentError(f"low_latency_combine: out is {tuple(out.shape)}, not "
                                            f"[{handle.num_tokens}, {hidden}]")
-        cin = ep.LowLatencyCombineInputs()
-        cin.x, cin.topk_idx, cin.topk_weights = x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr()
+        cin = ep.LowLatencyCombineInputs(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr())
         native_hook = ep.LowLatencyHook() if return_recv_hook else None
-        state.native(handle._key).combine(cin, handle.native, out.data_ptr(), stream.cuda_stream, native_hook)
+        state.native(handle._key).combine(cin, handle.native, out.data_ptr(), stream, native_hook)
         hook = None
         if native_hook is not None:
             hook = self._ll_hook(native_hook, (handle, x, topk_idx, topk_weights, out), lambda: None)
-        return out, self._end(stream, async_finish, (x, topk_idx, topk_weights, out)), hook
+        return out, self._end(async_finish, (x, topk_idx, topk_weights, out)), hook
 
     def low_latency_masked_ranks(self) -> List[int]:
         """Ranks the low-latency calls masked so far (dead or unreachable: their tokens count as not sent)."""
@@ -504,14 +485,16 @@ class Buffer:
 
         def hook():
             self._ll_state("recv hook")  # not after destroy(): the native buffer it would launch on is gone
-            native_hook.run(_torch().cuda.current_stream().cuda_stream)
+            native_hook.run(current_stream_handle())
             after()
 
         hook.keep = keep  # the handle and tensors the receive half writes or reads stay alive until it ran
         return hook
 
     # ---- helpers -----------------------------------------------------------------------------------------------
-    def _begin(self, previous_event: Optional[EventOverlap]):
+    def _begin(self, previous_event: Optional[EventOverlap]) -> int:
+        """Checks that the Buffer can run the normal mode, waits for `previous_event`; the current stream's
+        handle, where the kernels go."""
         if self._destroyed:
             raise InvalidArgumentError("gdx.ep.Buffer: used after destroy()")
         if self.runtime is None:
@@ -519,13 +502,14 @@ class Buffer:
                                        "give num_nvl_bytes for dispatch/combine")
         if previous_event is not None and previous_event.event is not None:
             previous_event.current_stream_wait()
-        return _torch().cuda.current_stream()
+        return current_stream_handle()
 
-    def _end(self, stream, async_finish: bool, tensors: Tuple) -> EventOverlap:
+    @staticmethod
+    def _end(async_finish: bool, tensors: Tuple) -> EventOverlap:
         if not async_finish:
             return EventOverlap()
         event = _torch().cuda.Event()
-        event.record(stream)
+        event.record()  # on the current stream: the one the call's kernels went to
         return EventOverlap(event, tuple(t for t in tensors if t is not None))
 
     @staticmethod
@@ -536,24 +520,36 @@ class Buffer:
             raise InvalidArgumentError(f"{what}: expected a CUDA tensor, got one on {t.device}")
         return t if t.is_contiguous() else t.contiguous()
 
-    def _inputs(self, x, x_scales, ep):
+    def _check_x(self, x, x_scales):
+        """dispatch's `x`: [N, hidden] bfloat16, or float8_e4m3fn with float32 scales [N, hidden / 128]."""
         torch = _torch()
-        inputs = ep.DispatchInputs()
         if x_scales is None:
-            x = self._check(x, torch.bfloat16, 2, "x")
-            inputs.dtype = ep.DType.bfloat16
-        else:
-            fp8 = getattr(torch, "float8_e4m3fn", None)
-            if fp8 is None or x.dtype != fp8:
-                raise InvalidArgumentError(f"x: an FP8 dispatch takes (float8_e4m3fn, float32 scales), got {x.dtype}")
-            x_scales = self._check(x_scales, torch.float32, 2, "x_scales")
-            inputs.dtype = ep.DType.float8_e4m3
-            inputs.x_scales = x_scales.data_ptr()
+            return self._check(x, torch.bfloat16, 2, "x"), None
+        fp8 = getattr(torch, "float8_e4m3fn", None)
+        if fp8 is None or x.dtype != fp8:
+            raise InvalidArgumentError(f"x: an FP8 dispatch takes (float8_e4m3fn, float32 scales), got {x.dtype}")
+        x = self._check(x, fp8, 2, "x")
+        x_scales = self._check(x_scales, torch.float32, 2, "x_scales")
         n, hidden = x.shape
-        inputs.x = x.data_ptr()
-        inputs.num_tokens = n
-        inputs.hidden = hidden
-        return inputs, n, hidden
+        if x_scales.shape[0] != n or x_scales.shape[1] != hidden // 128:  # the kernels read and write that many
+            raise InvalidArgumentError(f"x_scales: expected [{n}, {hidden // 128}] (one per 128 elements of x), "
+                                       f"got {list(x_scales.shape)}")
+        return x, x_scales
+
+    def _check_biases(self, bias) -> Tuple[Any, Any]:
+        """combine's `bias`, a tensor or a pair. Both are held by the caller until the launch (and by the event): a
+        contiguous copy dropped before could be handed out again as combined_x, which the kernel writes while it
+        reads the bias."""
+        torch = _torch()
+        biases = bias if isinstance(bias, tuple) else (bias, None)
+        if len(biases) != 2:
+            raise InvalidArgumentError(f"combine: bias is a tensor or a pair of tensors, got a tuple of {len(biases)}")
+        return tuple(self._check(b, torch.bfloat16, 2, "bias") if b is not None else None for b in biases)
+
+    @staticmethod
+    def _dtype(x_scales):
+        ep = _native_ep()
+        return ep.DType.bfloat16 if x_scales is None else ep.DType.float8_e4m3
 
     def _num_experts(self, num_tokens_per_expert) -> int:
         if num_tokens_per_expert is None:
@@ -561,12 +557,12 @@ class Buffer:
                                        "its length is the number of experts")
         return int(num_tokens_per_expert.numel())
 
-    def _alloc_recv(self, x, x_scales, rows: int, hidden: int):
-        torch = _torch()
-        recv_x = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
-        recv_scales = None
-        if x_scales is not None:
-            recv_scales = torch.empty((rows, x_scales.shape[1]), dtype=torch.float32, device=x.device)
+    @staticmethod
+    def _alloc_recv(x, x_scales, rows: int):
+        """recv_x (and its scales) of `rows` rows, new tensors each call (the caller keeps them, as DeepEP's);
+        new_empty takes the dtype and device from its source, which spares torch.empty's argument parsing."""
+        recv_x = x.new_empty((rows, x.shape[1]))
+        recv_scales = x_scales.new_empty((rows, x_scales.shape[1])) if x_scales is not None else None
         return recv_x, recv_scales
 
     def _take_handle(self, num_tokens: int):
@@ -575,7 +571,6 @@ class Buffer:
         return free.pop() if free else self.runtime.new_handle(capacity)
 
     def _recycle_later(self, handle: DispatchHandle) -> None:
-        import weakref
         native, pool = handle._native, self._handles
 
         def give_back(native=native, pool=pool):

@@ -17,11 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import _gdx
 from .._arrays import DeviceArray
 from ..errors import InvalidArgumentError
-
-
-def _torch():
-    import torch
-    return torch
+from ._torch import torch as _torch
 
 
 class _PooledHandle:

@@ -1,0 +1,38 @@
+"""What gdx.ep asks torch on every call, kept cheap: dispatch and combine kernels last tens of microseconds at small
+token counts, so the host work of each call is on the critical path once it exceeds them.
+
+- ``torch()``: the module, imported on first use (importing gdx never imports torch) and looked up once after.
+- ``current_stream_handle()``: the cudaStream_t of the current stream of the current device, the value of
+  ``torch.cuda.current_stream().cuda_stream`` read without building a torch.cuda.Stream object (a few microseconds
+  each time): through torch._C's raw getters where this torch has them (CUDA builds; Inductor's generated code
+  calls the same), else through the public call.
+"""
+
+from typing import Any, Callable, Optional
+
+_module: Any = None
+_read_stream: Optional[Callable[[], int]] = None
+
+
+def torch() -> Any:
+    global _module
+    if _module is None:
+        import torch as module
+        _module = module
+    return _module
+
+
+def _stream_reader() -> Callable[[], int]:
+    c = torch()._C
+    raw, device = getattr(c, "_cuda_getCurrentRawStream", None), getattr(c, "_cuda_getDevice", None)
+    if raw is None or device is None:
+        cuda = torch().cuda
+        return lambda: cuda.current_stream().cuda_stream
+    return lambda: raw(device())
+
+
+def current_stream_handle() -> int:
+    global _read_stream
+    if _read_stream is None:
+        _read_stream = _stream_reader()
+    return _read_stream()

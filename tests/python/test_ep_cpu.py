@@ -1,0 +1,78 @@
+"""gdx.ep's per-call plumbing that runs without a GPU: the native argument structs made in one call (every field lands
+where its name says; the GPU tests then run them through the kernels), and the current-stream lookup, which is
+resolved once but read on every call."""
+
+import types
+
+import pytest
+
+import gdx
+from gdx.ep import _torch as ep_torch
+
+
+def _native_ep_or_skip():
+    if not gdx._gdx.ep_available():
+        pytest.skip("gdx was built without CUDA (no MoE layer)")
+    return gdx._gdx.ep
+
+
+def _fields(obj, names):
+    return {n: getattr(obj, n) for n in names}
+
+
+def test_dispatch_structs_made_in_one_call():
+    ep = _native_ep_or_skip()
+    i = ep.DispatchInputs(0x1000, 0x2000, 7, 256, ep.DType.float8_e4m3, 0x3000, 0x4000, 8, 64)
+    assert _fields(i, ["x", "x_scales", "num_tokens", "hidden", "dtype", "topk_idx", "topk_weights", "num_topk",
+                       "num_experts"]) == {"x": 0x1000, "x_scales": 0x2000, "num_tokens": 7, "hidden": 256,
+                                           "dtype": ep.DType.float8_e4m3, "topk_idx": 0x3000, "topk_weights": 0x4000,
+                                           "num_topk": 8, "num_experts": 64}
+    cached = ep.DispatchInputs(0x1000, 0, 7, 256, ep.DType.bfloat16)  # the cached form: no top-k
+    assert (cached.topk_idx, cached.topk_weights, cached.num_topk, cached.num_experts) == (0, 0, 0, 0)
+    o = ep.DispatchOutputs(9, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70)
+    assert _fields(o, ["capacity", "recv_x", "recv_x_scales", "recv_topk_idx", "recv_topk_weights", "recv_src_idx",
+                       "num_recv_tokens_per_expert", "num_recv_tokens"]) == {
+                           "capacity": 9, "recv_x": 0x10, "recv_x_scales": 0x20, "recv_topk_idx": 0x30,
+                           "recv_topk_weights": 0x40, "recv_src_idx": 0x50, "num_recv_tokens_per_expert": 0x60,
+                           "num_recv_tokens": 0x70}
+    assert (ep.DispatchOutputs(3, 0x10).recv_x_scales, ep.DispatchOutputs().capacity) == (0, 0)
+
+
+def test_low_latency_structs_made_in_one_call():
+    ep = _native_ep_or_skip()
+    li = ep.LowLatencyDispatchInputs(0x10, 0x20, 5, 4, False, True)
+    assert (li.x, li.topk_idx, li.num_tokens, li.num_topk, li.use_fp8, li.round_scale) == (0x10, 0x20, 5, 4, False,
+                                                                                          True)
+    lo = ep.LowLatencyDispatchOutputs(0x30, 0x40, 0x50)
+    assert (lo.recv_x, lo.recv_x_scales, lo.recv_count) == (0x30, 0x40, 0x50)
+    lc = ep.LowLatencyCombineInputs(0x60, 0x70, 0x80)
+    assert (lc.x, lc.topk_idx, lc.topk_weights) == (0x60, 0x70, 0x80)
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    """gdx.ep's view of torch replaced by a stand-in whose current device and streams the test sets."""
+    state = types.SimpleNamespace(device=0, streams={0: 0x100, 1: 0x200})
+    fake = types.SimpleNamespace(_C=types.SimpleNamespace(), cuda=types.SimpleNamespace())
+    monkeypatch.setattr(ep_torch, "_module", fake)
+    monkeypatch.setattr(ep_torch, "_read_stream", None)
+    return fake, state
+
+
+def test_current_stream_read_through_the_raw_getters_on_every_call(fake_torch):
+    fake, state = fake_torch
+    fake._C._cuda_getDevice = lambda: state.device
+    fake._C._cuda_getCurrentRawStream = lambda device: state.streams[device]
+    assert ep_torch.current_stream_handle() == 0x100
+    state.device = 1  # the reader is resolved once; the device and its stream are read each time
+    assert ep_torch.current_stream_handle() == 0x200
+    state.streams[1] = 0x300
+    assert ep_torch.current_stream_handle() == 0x300
+
+
+def test_current_stream_falls_back_to_the_public_call(fake_torch):
+    fake, state = fake_torch  # a torch without the raw getters
+    fake.cuda.current_stream = lambda: types.SimpleNamespace(cuda_stream=state.streams[state.device])
+    assert ep_torch.current_stream_handle() == 0x100
+    state.device = 1
+    assert ep_torch.current_stream_handle() == 0x200

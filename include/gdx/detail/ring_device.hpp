@@ -82,7 +82,9 @@ struct RingDeviceHandle {
     return atomicLoad(completed, kAcquire) & ~kCompletedHasFaults;
   }
 
-  GDX_HOST_DEVICE_INLINE static uint64_t lapOf(uint64_t pos, uint64_t capacity) { return ((pos / capacity) + 1) & 1; }
+  /// ((pos / capacity) + 1) & 1 for a power-of-two capacity, without the division: a 64-bit division by a value
+  /// the compiler cannot see is a subroutine call on the GPU, about 0.1 us of every push.
+  GDX_HOST_DEVICE_INLINE static uint64_t lapOf(uint64_t pos, uint64_t capacity) { return (pos & capacity) ? 0 : 1; }
 
 #if GDX_DEVICE_COMPILE
   // The error word and the clock are read every this many spins (+1) of a full-ring wait: on the GPU the error

@@ -85,7 +85,7 @@ __device__ void poller(const KernelParams& p) {
     for (int j = 0; j < 4; ++j) {
       const uint64_t t = head + j * 4 + lane / 8;
       w[j] = j < loads && word < kSlotWords
-                 ? atomicLoad(const_cast<uint64_t*>(&p.slots[t % p.capacity].word[word]), kRelaxed)
+                 ? atomicLoad(const_cast<uint64_t*>(&p.slots[slotOf(t, p.capacity)].word[word]), kRelaxed)
                  : 0;
     }
     const uint32_t stop = lane == 0 ? atomicLoad(&p.shared->stop, kRelaxed) : 0;  // in the same round trip
@@ -141,7 +141,7 @@ __device__ void poller(const KernelParams& p) {
     const UnitPlan plan = planUnits(n, bytes, chunks, unit);
     const uint64_t ticket = head + lane;
     if (lane < n) {
-      Desc& d = p.desc[ticket % p.capacity];
+      Desc& d = p.desc[slotOf(ticket, p.capacity)];
       d.src = src;
       d.dst = dst;
       d.bytes = bytes;
@@ -172,7 +172,7 @@ __device__ void signaller(const KernelParams& p) {
   uint64_t rel = 0;  // transfers signalled so far, from firstTicket
   for (uint64_t spins = 0;;) {
     const uint64_t t = p.firstTicket + rel + lane;
-    const uint64_t v = DeviceRef<uint64_t>(p.doneSeq[t % p.capacity]).load(kDevRelaxed);
+    const uint64_t v = DeviceRef<uint64_t>(p.doneSeq[slotOf(t, p.capacity)]).load(kDevRelaxed);
     const uint64_t expect = (rel + lane + 1) << 1;
     const unsigned doneMask = __ballot_sync(kFullMask, (v | kRaised) == (expect | kRaised));
     const unsigned k = doneMask == kFullMask ? 32 : __ffs(~doneMask) - 1;  // the done prefix
@@ -189,7 +189,7 @@ __device__ void signaller(const KernelParams& p) {
       uint64_t signal = 0, value = 0;
       uint32_t op = 0;
       if ((toRaise >> lane) & 1) {
-        const Desc& d = p.desc[t % p.capacity];
+        const Desc& d = p.desc[slotOf(t, p.capacity)];
         signal = d.signal;
         value = d.value;
         op = d.signalOp;
@@ -257,7 +257,7 @@ __device__ uint64_t prepare(const KernelParams& p, uint64_t u, Task& task) {
   uint64_t next = 0;
   if (lane == 0) next = DeviceRef<uint64_t>(p.control->unitCursor).fetch_add(1, kDevRelaxed);
   if (lane < count) {
-    const Desc& d = p.desc[(p.firstTicket + rel + lane) % p.capacity];
+    const Desc& d = p.desc[slotOf(p.firstTicket + rel + lane, p.capacity)];
     const uint64_t off = chunk * d.chunkBytes;
     const uint64_t len = d.bytes - off < d.chunkBytes ? d.bytes - off : d.chunkBytes;
     task.m[lane] = Member{d.src + off, d.dst + off, len, d.signal, d.value, d.signalOp};
@@ -278,7 +278,7 @@ __device__ void finish(const KernelParams& p, const Task& task) {
   const uint64_t first = p.firstTicket + task.rel;
   if (task.count == 1 && task.chunks > 1) {
     // The barrier before this and the acq_rel count carry every chunk's data to the block that completes it.
-    uint32_t& done = p.chunksDone[first % p.capacity];
+    uint32_t& done = p.chunksDone[slotOf(first, p.capacity)];
     if (DeviceRef<uint32_t>(done).fetch_add(1, cuda::std::memory_order_acq_rel) + 1 < task.chunks) return;
     DeviceRef<uint32_t>(done).store(0, kDevRelaxed);  // published by the release below, before the slot is reused
   }
@@ -293,7 +293,7 @@ __device__ void finish(const KernelParams& p, const Task& task) {
   else
     fenceDevice();
   for (uint32_t i = 0; i < task.count; ++i)
-    DeviceRef<uint64_t>(p.doneSeq[(first + i) % p.capacity])
+    DeviceRef<uint64_t>(p.doneSeq[slotOf(first + i, p.capacity)])
         .store(((task.rel + i + 1) << 1) | (raiseHere ? kRaised : 0), kDevRelaxed);
 }
 

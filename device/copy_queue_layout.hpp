@@ -60,9 +60,20 @@ struct alignas(64) Slot {
 };
 static_assert(sizeof(Slot) == 64, "one slot per 64-byte line");
 
-/// Tag of ticket t's lap: 1..255, never 0 (a slot never written is all zeros), different for consecutive laps.
+/// Tag of ticket t's lap: 1..255, never 0 (a slot never written is all zeros), different for consecutive laps. The
+/// capacity is a power of two: shifts and masks, where a 64-bit division by a runtime value is a subroutine call on
+/// the GPU, several of which lay on a transfer's way through the poller and the workers.
 GDX_HOST_DEVICE_INLINE uint64_t slotTag(uint64_t ticket, uint32_t capacity) {
-  return (ticket / capacity) % 255 + 1;
+#if GDX_DEVICE_COMPILE
+  const unsigned shift = __ffs(capacity) - 1;
+#else
+  const unsigned shift = static_cast<unsigned>(__builtin_ctz(capacity));
+#endif
+  return (ticket >> shift) % 255 + 1;
+}
+/// Slot index of ticket t.
+GDX_HOST_DEVICE_INLINE uint64_t slotOf(uint64_t ticket, uint32_t capacity) {
+  return ticket & (capacity - 1);
 }
 
 /// Written by the kernel, read by the host (host-mapped).

@@ -45,9 +45,11 @@ PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(devic
   if (options_.blocks == 0 || options_.blocks > 1024)
     throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: blocks (GDX_COPY_QUEUE_BLOCKS) " +
                                                  std::to_string(options_.blocks) + " must be in 1..1024");
-  if (options_.capacity < 2)
+  if (options_.capacity < 2 || options_.capacity > (1u << 24))
     throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: capacity (GDX_COPY_QUEUE_DEPTH) " +
-                                                 std::to_string(options_.capacity) + " must be at least 2");
+                                                 std::to_string(options_.capacity) + " must be in 2..2^24");
+  // Rounded up to a power of two: the kernel finds a ticket's slot with a mask (copy_queue_layout.hpp).
+  while (options_.capacity & (options_.capacity - 1)) options_.capacity += options_.capacity & (~options_.capacity + 1);
   if (options_.chunkBytes < 16 || options_.chunkBytes % 16 != 0 || options_.chunkBytes > (uint64_t{1} << 31))
     throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: chunkBytes (GDX_COPY_QUEUE_CHUNK) " +
                                                  std::to_string(options_.chunkBytes) +
@@ -146,7 +148,7 @@ uint64_t PeerCopyQueue::submit(const void* src, void* dst, uint64_t bytes, uint6
     }
     spinPause(spins);
   }
-  copy_queue::Slot& s = static_cast<copy_queue::Slot*>(slots_->data())[ticket % options_.capacity];
+  copy_queue::Slot& s = static_cast<copy_queue::Slot*>(slots_->data())[copy_queue::slotOf(ticket, options_.capacity)];
   // What the caller wrote before submitting (the data to copy) is visible before any word of the slot; the poller
   // takes the slot once all six words carry this lap's tag, whatever order they arrive in.
   std::atomic_thread_fence(std::memory_order_release);

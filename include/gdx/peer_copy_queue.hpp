@@ -43,7 +43,7 @@ class PeerCopyQueue {
  public:
   struct Options {
     unsigned blocks = 32;      ///< copy blocks of 512 threads (GDX_COPY_QUEUE_BLOCKS); one more polls and signals
-    uint32_t capacity = 1024;  ///< transfers in flight (GDX_COPY_QUEUE_DEPTH)
+    uint32_t capacity = 1024;  ///< transfers in flight (GDX_COPY_QUEUE_DEPTH), rounded up to a power of two
     uint64_t chunkBytes = 64 * 1024;  ///< smallest piece a block copies (GDX_COPY_QUEUE_CHUNK), a multiple of 16: a
                                       ///< transfer is cut into at most `blocks` pieces of at least this
     uint64_t idleNs = 1000 * 1000;    ///< how long the kernel waits for work before leaving

@@ -152,7 +152,8 @@ __device__ void poller(const KernelParams& p) {
       d.signalOp = static_cast<uint32_t>((f[kValueLowWord] >> 32) & 0xFF);
     }
     // Acquire for the slot words read above (what the host wrote before them, the data to copy included), release
-    // for the Descs; the barrier carries every lane's acquire to the lanes that write the entries.
+    // for the Descs; the barrier carries every lane's acquire to the lanes that write the entries. (Acquire loads of
+    // the slot words and a device-scope fence instead made a 4 KiB forward slower on one H100, 8.5 -> 11.5 us.)
     fenceSystem();
     __syncwarp();
     for (uint32_t c = 0; c < plan.units; ++c) {
@@ -287,11 +288,10 @@ __device__ void finish(const KernelParams& p, const Task& task) {
     fenceSystem();  // cumulative: this transfer's data and, through `signalled`, the earlier transfers' signals
     for (uint32_t i = 0; i < task.count; ++i) raiseRelaxed(task.m[i].signal, task.m[i].value, task.m[i].op);
   }
-  // Release: the data (slow path) or the raised signals (fast path) before the signaller sees doneSeq.
-  if (raiseHere)
-    fenceSystem();
-  else
-    fenceDevice();
+  // Release, device scope: the data (slow path) or the raised signals (fast path) before the signaller sees doneSeq;
+  // the signaller's system-scope fence after it carries them on to its raises and to `completed` (causality is
+  // transitive), so this fence need not be a system-scope one of its own.
+  fenceDevice();
   for (uint32_t i = 0; i < task.count; ++i)
     DeviceRef<uint64_t>(p.doneSeq[slotOf(first + i, p.capacity)])
         .store(((task.rel + i + 1) << 1) | (raiseHere ? kRaised : 0), kDevRelaxed);

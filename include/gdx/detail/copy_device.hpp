@@ -31,11 +31,45 @@ GDX_DEVICE_INLINE void copyWords(T* __restrict__ dst, const T* __restrict__ src,
 }
 }  // namespace copy_detail
 
+/// Fewer than 64 bytes by one thread where both addresses are 8-byte aligned (a put of a flag, a count, a few
+/// words): every load before the stores and no loop bookkeeping, so it costs one round trip to the source; through
+/// the general path below the same 8 bytes took about 0.3 us longer. False (nothing copied) otherwise.
+GDX_DEVICE_INLINE bool copySmallAligned(char* dst, const char* src, uint64_t bytes) {
+  if (bytes >= 64 || ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 7) != 0) return false;
+  const unsigned n = static_cast<unsigned>(bytes >> 3), rest = static_cast<unsigned>(bytes & 7);
+  const uint64_t* s = reinterpret_cast<const uint64_t*>(src);
+  uint64_t* d = reinterpret_cast<uint64_t*>(dst);
+  uint64_t v[7];
+#pragma unroll
+  for (unsigned k = 0; k < 7; ++k)
+    if (k < n) v[k] = s[k];
+  uint32_t w4 = 0;
+  uint16_t w2 = 0;
+  uint8_t w1 = 0;
+  const char* t = src + (n << 3);  // the tail starts 8-byte aligned
+  if (rest & 4) w4 = *reinterpret_cast<const uint32_t*>(t);
+  if (rest & 2) w2 = *reinterpret_cast<const uint16_t*>(t + (rest & 4));
+  if (rest & 1) w1 = static_cast<uint8_t>(t[rest & 6]);
+#pragma unroll
+  for (unsigned k = 0; k < 7; ++k)
+    if (k < n) d[k] = v[k];
+  char* u = dst + (n << 3);
+  if (rest & 4) *reinterpret_cast<uint32_t*>(u) = w4;
+  if (rest & 2) *reinterpret_cast<uint16_t*>(u + (rest & 4)) = w2;
+  if (rest & 1) u[rest & 6] = static_cast<char>(w1);
+  return true;
+}
+
 /// kUnroll: 16-byte vectors each thread loads before storing them (bytes in flight per thread = 16 * kUnroll).
 template <int kUnroll = 4>
 GDX_DEVICE_INLINE void copyCooperative(void* dstv, const void* srcv, uint64_t bytes, uint64_t tid, uint64_t nthreads) {
   char* dst = static_cast<char*>(dstv);
   const char* src = static_cast<const char*>(srcv);
+  // A few aligned words (a flag, a count): one thread, one round trip; the others have nothing to do.
+  if (bytes < 64 && ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 7) == 0) {
+    if (tid == 0) copySmallAligned(dst, src, bytes);
+    return;
+  }
   const uintptr_t mis = (reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src));
   const unsigned align = (mis & 15) == 0 ? 16 : (mis & 7) == 0 ? 8 : (mis & 3) == 0 ? 4 : (mis & 1) == 0 ? 2 : 1;
   // Shifts, not divisions by `align`: a 64-bit division by a value the compiler cannot see is a subroutine call.
@@ -86,44 +120,14 @@ GDX_DEVICE_INLINE void copyCooperative(void* dstv, const void* srcv, uint64_t by
   }
 }
 
-/// Fewer than 64 bytes by one thread where both addresses are 8-byte aligned (a put of a flag, a count, a few
-/// words): every load before the stores and no loop bookkeeping, so it costs one round trip to the source; through
-/// copyCooperative's general path the same 8 bytes took about 0.3 us longer.
-GDX_DEVICE_INLINE bool copySmallAligned(char* dst, const char* src, uint64_t bytes) {
-  if (bytes >= 64 || ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 7) != 0) return false;
-  const unsigned n = static_cast<unsigned>(bytes >> 3), rest = static_cast<unsigned>(bytes & 7);
-  const uint64_t* s = reinterpret_cast<const uint64_t*>(src);
-  uint64_t* d = reinterpret_cast<uint64_t*>(dst);
-  uint64_t v[7];
-#pragma unroll
-  for (unsigned k = 0; k < 7; ++k)
-    if (k < n) v[k] = s[k];
-  uint32_t w4 = 0;
-  uint16_t w2 = 0;
-  uint8_t w1 = 0;
-  const char* t = src + (n << 3);  // the tail starts 8-byte aligned
-  if (rest & 4) w4 = *reinterpret_cast<const uint32_t*>(t);
-  if (rest & 2) w2 = *reinterpret_cast<const uint16_t*>(t + (rest & 4));
-  if (rest & 1) w1 = static_cast<uint8_t>(t[rest & 6]);
-#pragma unroll
-  for (unsigned k = 0; k < 7; ++k)
-    if (k < n) d[k] = v[k];
-  char* u = dst + (n << 3);
-  if (rest & 4) *reinterpret_cast<uint32_t*>(u) = w4;
-  if (rest & 2) *reinterpret_cast<uint16_t*>(u + (rest & 4)) = w2;
-  if (rest & 1) u[rest & 6] = static_cast<char>(w1);
-  return true;
-}
-
 /// One thread copies `bytes` (the single-thread form of put). A lone thread is bound by the latency of its loads, so
 /// where dst and src agree modulo 16 it keeps kVectors 16-byte loads in flight before storing them: 128 bytes per
 /// round trip with 8, for about 10 more registers in the calling kernel (16 would cost 40 more, in every kernel that
-/// uses put); fewer than 64 aligned bytes go by copySmallAligned; otherwise copyCooperative.
+/// uses put); otherwise, or for fewer than 64 bytes, copyCooperative.
 template <int kVectors = 8>
 GDX_DEVICE_INLINE void copySingleThread(void* dstv, const void* srcv, uint64_t bytes) {
   char* dst = static_cast<char*>(dstv);
   const char* src = static_cast<const char*>(srcv);
-  if (copySmallAligned(dst, src, bytes)) return;
   if (bytes < 64 || ((reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src)) & 15) != 0) {
     copyCooperative<4>(dst, src, bytes, 0, 1);
     return;

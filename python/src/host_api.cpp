@@ -79,6 +79,9 @@ py::dict deviceChannelLayout() {
   field("direct", offsetof(H, direct), sizeof(void*));
   field("deviceSignals", offsetof(H, deviceSignals), sizeof(void*));
   field("forwardTo", offsetof(H, forwardTo), sizeof(int32_t));
+  field("flushFrom", offsetof(H, flushFrom), sizeof(uint64_t));
+  field("directSignals", offsetof(H, directSignals), sizeof(void*));
+  field("directNumSignals", offsetof(H, directNumSignals), sizeof(uint32_t));
   return d;
 }
 

@@ -17,6 +17,40 @@
 namespace gdx::python {
 
 #if GDX_HAVE_CUDA
+namespace {
+// The dispatch structs from every field (pointers as ints; 0: null), for their constructors and dispatch_flat.
+ep::DispatchInputs dispatchInputsOf(uintptr_t x, uintptr_t xScales, int numTokens, int hidden, ep::DType dtype,
+                                    uintptr_t topkIdx = 0, uintptr_t topkWeights = 0, int numTopk = 0,
+                                    int numExperts = 0) {
+  ep::DispatchInputs i;
+  i.x = typedPointer<const void>(x);
+  i.xScales = typedPointer<const float>(xScales);
+  i.topkIdx = typedPointer<const int64_t>(topkIdx);
+  i.topkWeights = typedPointer<const float>(topkWeights);
+  i.numTokens = numTokens;
+  i.hidden = hidden;
+  i.numTopk = numTopk;
+  i.numExperts = numExperts;
+  i.dtype = dtype;
+  return i;
+}
+ep::DispatchOutputs dispatchOutputsOf(int capacity, uintptr_t recvX, uintptr_t recvXScales = 0,
+                                      uintptr_t recvTopkIdx = 0, uintptr_t recvTopkWeights = 0,
+                                      uintptr_t recvSrcIdx = 0, uintptr_t numRecvTokensPerExpert = 0,
+                                      uintptr_t numRecvTokens = 0) {
+  ep::DispatchOutputs o;
+  o.capacity = capacity;
+  o.recvX = typedPointer<void>(recvX);
+  o.recvXScales = typedPointer<float>(recvXScales);
+  o.recvTopkIdx = typedPointer<int64_t>(recvTopkIdx);
+  o.recvTopkWeights = typedPointer<float>(recvTopkWeights);
+  o.recvSrcIdx = typedPointer<int32_t>(recvSrcIdx);
+  o.numRecvTokensPerExpert = typedPointer<int32_t>(numRecvTokensPerExpert);
+  o.numRecvTokens = typedPointer<int32_t>(numRecvTokens);
+  return o;
+}
+}  // namespace
+
 void bindEp(py::module_& m) {
   py::module_ ep = m.def_submodule("ep", "gdx::ep (MoE dispatch/combine: normal and low-latency modes)");
   m.def("ep_available", [] { return true; });
@@ -37,22 +71,9 @@ void bindEp(py::module_& m) {
   // The dispatch structs also have a constructor taking every field (pointers as ints), so that the package fills
   // one in a single call instead of one attribute assignment per field (each a crossing into the extension).
   py::class_<ep::DispatchInputs> in(ep, "DispatchInputs");
-  in.def(py::init([](uintptr_t x, uintptr_t xScales, int numTokens, int hidden, ep::DType dtype, uintptr_t topkIdx,
-                     uintptr_t topkWeights, int numTopk, int numExperts) {
-           ep::DispatchInputs i;
-           i.x = typedPointer<const void>(x);
-           i.xScales = typedPointer<const float>(xScales);
-           i.topkIdx = typedPointer<const int64_t>(topkIdx);
-           i.topkWeights = typedPointer<const float>(topkWeights);
-           i.numTokens = numTokens;
-           i.hidden = hidden;
-           i.numTopk = numTopk;
-           i.numExperts = numExperts;
-           i.dtype = dtype;
-           return i;
-         }),
-         py::arg("x"), py::arg("x_scales"), py::arg("num_tokens"), py::arg("hidden"), py::arg("dtype"),
-         py::arg("topk_idx") = 0, py::arg("topk_weights") = 0, py::arg("num_topk") = 0, py::arg("num_experts") = 0)
+  in.def(py::init(&dispatchInputsOf), py::arg("x"), py::arg("x_scales"), py::arg("num_tokens"), py::arg("hidden"),
+         py::arg("dtype"), py::arg("topk_idx") = 0, py::arg("topk_weights") = 0, py::arg("num_topk") = 0,
+         py::arg("num_experts") = 0)
       .def(py::init<>())
       .def_readwrite("num_tokens", &ep::DispatchInputs::numTokens)
       .def_readwrite("hidden", &ep::DispatchInputs::hidden)
@@ -65,23 +86,9 @@ void bindEp(py::module_& m) {
   pointerField(in, "topk_weights", &ep::DispatchInputs::topkWeights);
 
   py::class_<ep::DispatchOutputs> out(ep, "DispatchOutputs");
-  out.def(py::init([](int capacity, uintptr_t recvX, uintptr_t recvXScales, uintptr_t recvTopkIdx,
-                      uintptr_t recvTopkWeights, uintptr_t recvSrcIdx, uintptr_t numRecvTokensPerExpert,
-                      uintptr_t numRecvTokens) {
-            ep::DispatchOutputs o;
-            o.capacity = capacity;
-            o.recvX = typedPointer<void>(recvX);
-            o.recvXScales = typedPointer<float>(recvXScales);
-            o.recvTopkIdx = typedPointer<int64_t>(recvTopkIdx);
-            o.recvTopkWeights = typedPointer<float>(recvTopkWeights);
-            o.recvSrcIdx = typedPointer<int32_t>(recvSrcIdx);
-            o.numRecvTokensPerExpert = typedPointer<int32_t>(numRecvTokensPerExpert);
-            o.numRecvTokens = typedPointer<int32_t>(numRecvTokens);
-            return o;
-          }),
-          py::arg("capacity"), py::arg("recv_x"), py::arg("recv_x_scales") = 0, py::arg("recv_topk_idx") = 0,
-          py::arg("recv_topk_weights") = 0, py::arg("recv_src_idx") = 0, py::arg("num_recv_tokens_per_expert") = 0,
-          py::arg("num_recv_tokens") = 0)
+  out.def(py::init(&dispatchOutputsOf), py::arg("capacity"), py::arg("recv_x"), py::arg("recv_x_scales") = 0,
+          py::arg("recv_topk_idx") = 0, py::arg("recv_topk_weights") = 0, py::arg("recv_src_idx") = 0,
+          py::arg("num_recv_tokens_per_expert") = 0, py::arg("num_recv_tokens") = 0)
       .def(py::init<>())
       .def_readwrite("capacity", &ep::DispatchOutputs::capacity);
   pointerField(out, "recv_x", &ep::DispatchOutputs::recvX);
@@ -157,17 +164,8 @@ void bindEp(py::module_& m) {
           "dispatch_flat",
           [](ep::Buffer& b, const ep::DispatchHandle& h, uintptr_t x, uintptr_t xScales, int numTokens, int hidden,
              ep::DType dtype, int capacity, uintptr_t recvX, uintptr_t recvXScales, uintptr_t stream) {
-            ep::DispatchInputs in;
-            in.x = typedPointer<const void>(x);
-            in.xScales = typedPointer<const float>(xScales);
-            in.numTokens = numTokens;
-            in.hidden = hidden;
-            in.dtype = dtype;
-            ep::DispatchOutputs o;
-            o.capacity = capacity;
-            o.recvX = typedPointer<void>(recvX);
-            o.recvXScales = typedPointer<float>(recvXScales);
-            b.dispatch(in, h, o, streamFrom(stream));
+            b.dispatch(dispatchInputsOf(x, xScales, numTokens, hidden, dtype), h,
+                       dispatchOutputsOf(capacity, recvX, recvXScales), streamFrom(stream));
           },
           py::arg("handle"), py::arg("x"), py::arg("x_scales"), py::arg("num_tokens"), py::arg("hidden"),
           py::arg("dtype"), py::arg("capacity"), py::arg("recv_x"), py::arg("recv_x_scales"), py::arg("stream"))

@@ -49,7 +49,9 @@ PeerCopyQueue::PeerCopyQueue(int device, const Options& options) : device_(devic
     throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: capacity (GDX_COPY_QUEUE_DEPTH) " +
                                                  std::to_string(options_.capacity) + " must be in 2..2^24");
   // Rounded up to a power of two: the kernel finds a ticket's slot with a mask (copy_queue_layout.hpp).
-  while (options_.capacity & (options_.capacity - 1)) options_.capacity += options_.capacity & (~options_.capacity + 1);
+  uint32_t rounded = 2;
+  while (rounded < options_.capacity) rounded <<= 1;  // at most 2^24, checked above
+  options_.capacity = rounded;
   if (options_.chunkBytes < 16 || options_.chunkBytes % 16 != 0 || options_.chunkBytes > (uint64_t{1} << 31))
     throw Error(ErrorCode::kInvalidArgument, "PeerCopyQueue: chunkBytes (GDX_COPY_QUEUE_CHUNK) " +
                                                  std::to_string(options_.chunkBytes) +

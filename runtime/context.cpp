@@ -426,7 +426,6 @@ ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forw
         h.directSignals = t->peerSignals;
         h.directNumSignals = t->peerNumSignals;
       }
-      return 0;
     });
   return h;
 }

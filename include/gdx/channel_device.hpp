@@ -87,8 +87,6 @@ struct ChannelDeviceHandle {
   uint32_t directNumSignals = 0;
 
 #if defined(__CUDACC__)
-  /// Direct-path addresses of a put: 1 with *d/*s set, 0 when the put must go through the proxy, -1 when the
-  /// range lies outside a direct-path window.
   /// A field of the DirectPeer table through the read-only data cache. The Context writes the table before the
   /// kernels that use an entry start (setup, window registration) and never while one runs, so the cache cannot be
   /// stale. Volatile, so that the compiler issues each load where it is written: the callers load every field they

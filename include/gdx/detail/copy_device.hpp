@@ -31,11 +31,10 @@ GDX_DEVICE_INLINE void copyWords(T* __restrict__ dst, const T* __restrict__ src,
 }
 }  // namespace copy_detail
 
-/// Fewer than 64 bytes by one thread where both addresses are 8-byte aligned (a put of a flag, a count, a few
-/// words): every load before the stores and no loop bookkeeping, so it costs one round trip to the source; through
-/// the general path below the same 8 bytes took about 0.3 us longer. False (nothing copied) otherwise.
-GDX_DEVICE_INLINE bool copySmallAligned(char* dst, const char* src, uint64_t bytes) {
-  if (bytes >= 64 || ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 7) != 0) return false;
+/// Fewer than 64 bytes by one thread, both addresses 8-byte aligned (a put of a flag, a count, a few words): every
+/// load before the stores and no loop bookkeeping, so it costs one round trip to the source; through the general path
+/// below the same 8 bytes took about 0.3 us longer.
+GDX_DEVICE_INLINE void copySmallAligned(char* dst, const char* src, uint64_t bytes) {
   const unsigned n = static_cast<unsigned>(bytes >> 3), rest = static_cast<unsigned>(bytes & 7);
   const uint64_t* s = reinterpret_cast<const uint64_t*>(src);
   uint64_t* d = reinterpret_cast<uint64_t*>(dst);
@@ -57,7 +56,6 @@ GDX_DEVICE_INLINE bool copySmallAligned(char* dst, const char* src, uint64_t byt
   if (rest & 4) *reinterpret_cast<uint32_t*>(u) = w4;
   if (rest & 2) *reinterpret_cast<uint16_t*>(u + (rest & 4)) = w2;
   if (rest & 1) u[rest & 6] = static_cast<char>(w1);
-  return true;
 }
 
 /// kUnroll: 16-byte vectors each thread loads before storing them (bytes in flight per thread = 16 * kUnroll).

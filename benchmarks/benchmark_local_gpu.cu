@@ -365,16 +365,19 @@ int runGpuMode(const GpuModeOptions& opt) {
     cudaFreeHost(scratch);
   }
   const std::vector<DirectApiLatency> directApi = directApiLatencyOneGpu();
-  // PeerCopyQueue's 4 KiB forward latency with source and destination on this GPU: the queue's own machinery (host
-  // slot, poller, workers, signal) without the link; benchmark_nvlink measures it between two GPUs.
-  ForwardLatency forward{};
+  // PeerCopyQueue's forward latency with source and destination on this GPU: the queue's own machinery (host slot,
+  // poller, workers, signal) without the link; benchmark_nvlink measures it between two GPUs. 4 KiB is copied by the
+  // polling warp itself, 64 KiB by a copy block.
+  ForwardLatency forward{}, forward64k{};
   {
+    constexpr uint64_t kLarge = 64 * 1024;
     void *from = nullptr, *to = nullptr;
-    GDX_CUDA_CHECK(cudaMalloc(&from, 4096));
-    GDX_CUDA_CHECK(cudaMalloc(&to, 4096));
+    GDX_CUDA_CHECK(cudaMalloc(&from, kLarge));
+    GDX_CUDA_CHECK(cudaMalloc(&to, kLarge));
     int device = 0;
     GDX_CUDA_CHECK(cudaGetDevice(&device));
     forward = queueForwardLatency(device, device, from, to);
+    forward64k = queueForwardLatency(device, device, from, to, kLarge);
     cudaFree(from);
     cudaFree(to);
   }
@@ -405,10 +408,11 @@ int runGpuMode(const GpuModeOptions& opt) {
     std::printf("%12zu %16.2f %12.3f %14.3f\n", r.bytes, r.latencyUs, r.gbPerSec, r.memcpyGbPerSec);
   std::printf("direct-path device API on this GPU, two blocks of one kernel ping-pong (one way, us):\n");
   for (const DirectApiLatency& d : directApi) std::printf("  %-30s %8.2f\n", d.what.c_str(), d.oneWayUs);
-  std::printf(
-      "PeerCopyQueue 4 KiB on this GPU (median, us): submit -> signal seen by a kernel -> host %.2f, submit -> "
-      "completion seen %.2f; raw host -> kernel -> host %.2f\n",
-      forward.signalAckUs, forward.completionUs, forward.rawRoundTripUs);
+  for (const auto& [what, f] : {std::pair{"4 KiB", forward}, std::pair{"64 KiB", forward64k}})
+    std::printf(
+        "PeerCopyQueue %s on this GPU (median, us): submit -> signal seen by a kernel -> host %.2f, submit -> "
+        "completion seen %.2f; raw host -> kernel -> host %.2f\n",
+        what, f.signalAckUs, f.completionUs, f.rawRoundTripUs);
   std::printf(
       "null transport command rate (Mcommands/s), %d threads per block, each warp on ring warp %% rings;\n"
       "raw limits: 16-byte stores into host-mapped memory from 132 blocks %.1f M/s, one proxy thread draining a "
@@ -440,6 +444,9 @@ int runGpuMode(const GpuModeOptions& opt) {
         << ",\"gb_per_s\":" << sizes[i].gbPerSec << ",\"cuda_memcpy_gb_per_s\":" << sizes[i].memcpyGbPerSec << "}";
   out << "],\"queue_forward_4k_one_gpu\":{\"signal_ack_us\":" << forward.signalAckUs
       << ",\"completion_us\":" << forward.completionUs << ",\"raw_round_trip_us\":" << forward.rawRoundTripUs << "}";
+  out << ",\"queue_forward_64k_one_gpu\":{\"signal_ack_us\":" << forward64k.signalAckUs
+      << ",\"completion_us\":" << forward64k.completionUs << ",\"raw_round_trip_us\":" << forward64k.rawRoundTripUs
+      << "}";
   out << ",\"direct_api_one_gpu\":[";
   for (size_t i = 0; i < directApi.size(); ++i)
     out << (i ? "," : "") << "{\"case\":\"" << directApi[i].what << "\",\"one_way_us\":" << directApi[i].oneWayUs

@@ -176,15 +176,15 @@ inline double medianOf(std::vector<double> v) {
 /// Medians in microseconds, host clock.
 struct ForwardLatency {
   double rawRoundTripUs;  ///< host writes a host-mapped word, a kernel on the destination GPU sees it and acks
-  double signalAckUs;     ///< host submits 4 KiB with a signal, the kernel on the destination GPU sees it and acks
-  double completionUs;    ///< host submits 4 KiB and sees the queue's completion count reach it
+  double signalAckUs;     ///< host submits a transfer with a signal, the kernel on the destination GPU sees it and acks
+  double completionUs;    ///< host submits a transfer and sees the queue's completion count reach it
 };
 
-/// PeerCopyQueue's 4 KiB forward latency (a queue of default options on `srcDevice`, copying `src` into `dst` on
-/// `dstDevice`), and the raw host -> destination GPU -> host round trip through host-mapped memory in the same run.
-/// One transfer at a time: the next is submitted once the previous one was acknowledged.
-inline ForwardLatency queueForwardLatency(int srcDevice, int dstDevice, const void* src, void* dst, int n = 2000,
-                                          int warmup = 200) {
+/// PeerCopyQueue's forward latency of `bytes` (4 KiB by default; a queue of default options on `srcDevice`, copying
+/// `src` into `dst` on `dstDevice`), and the raw host -> destination GPU -> host round trip through host-mapped memory
+/// in the same run. One transfer at a time: the next is submitted once the previous one was acknowledged.
+inline ForwardLatency queueForwardLatency(int srcDevice, int dstDevice, const void* src, void* dst,
+                                          uint64_t bytes = 4096, int n = 2000, int warmup = 200) {
   uint64_t* host = nullptr;  // [0]: the raw round trip's word, [16]: the ack, [32]: the ack kernel's status
   GDX_CUDA_CHECK(cudaHostAlloc(&host, 4096, cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(host, 0, 4096);
@@ -222,11 +222,11 @@ inline ForwardLatency queueForwardLatency(int srcDevice, int dstDevice, const vo
   {
     GDX_CUDA_CHECK(cudaSetDevice(srcDevice));
     PeerCopyQueue q(srcDevice);
-    r.signalAckUs = rounds(signal, [&](uint64_t i) { q.submit(src, dst, 4096, signal, i, SignalOp::kSet); });
+    r.signalAckUs = rounds(signal, [&](uint64_t i) { q.submit(src, dst, bytes, signal, i, SignalOp::kSet); });
     std::vector<double> us;
     for (int i = 0; i < n + warmup; ++i) {
       const uint64_t t0 = nowNs();
-      q.waitCompleted(q.submit(src, dst, 4096) + 1);
+      q.waitCompleted(q.submit(src, dst, bytes) + 1);
       if (i >= warmup) us.push_back(double(nowNs() - t0) / 1000.0);
     }
     r.completionUs = medianOf(us);

@@ -71,12 +71,34 @@ __device__ UnitPlan planUnits(unsigned n, uint64_t bytes, uint32_t chunks, uint6
   return mine;
 }
 
+// A lone small transfer on a quiet queue, copied by the poller itself: no hand-over to a copy block (a work entry
+// the block polls for, the Desc it then reads, two barriers), which is most of a small forward's latency. Every
+// earlier transfer was signalled, so the poller raises the signal at once, as finish() does on its fast path.
+__device__ void copyAlone(const KernelParams& p, uint64_t ticket, uint64_t src, uint64_t dst, uint64_t bytes,
+                          uint64_t signal, uint64_t value, uint32_t op) {
+  const unsigned lane = ptx::laneId();
+  // Acquire only: the slot words and `signalled` were read, so the data the host published before the slot and the
+  // signals raised before `signalled` are seen. Nothing this warp wrote needs ordering here.
+  ptx::fenceAcquireSys();
+  copyCooperative<kPollerUnroll>(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), bytes, lane, 32);
+  __syncwarp();  // every lane's stores before lane 0's fence, whose release is cumulative
+  if (lane == 0) {
+    ptx::fenceReleaseSys();
+    raiseRelaxed(signal, value, op);
+    fenceDevice();  // the raise before doneSeq; the signaller's system fence carries it on to `completed`
+    DeviceRef<uint64_t>(p.doneSeq[slotOf(ticket, p.capacity)])
+        .store(((ticket - p.firstTicket + 1) << 1) | kRaised, kDevRelaxed);
+  }
+  __syncwarp();
+}
+
 __device__ void poller(const KernelParams& p) {
   const unsigned lane = ptx::laneId();
   const unsigned word = lane % 8;  // the slot word this lane reads; lanes reading words 6 and 7 only pad
   const uint64_t workMask = (uint64_t{1} << p.workShift) - 1;
   uint64_t head = p.firstTicket;  // next ticket to mirror
   uint64_t unit = 0;              // next unit number to write
+  uint64_t raisedAlone = 0;       // transfers (from firstTicket) up to the last one copyAlone raised
   bool busy = false;              // the last round found work: read all kFetch slots, else the first four only
   for (uint64_t idle = 0;;) {
     uint64_t w[4];
@@ -89,6 +111,8 @@ __device__ void poller(const KernelParams& p) {
                  : 0;
     }
     const uint32_t stop = lane == 0 ? atomicLoad(&p.shared->stop, kRelaxed) : 0;  // in the same round trip
+    // Device memory: answered before the slots are, so it costs the round nothing.
+    const uint64_t signalled = lane == 0 ? DeviceRef<uint64_t>(p.control->signalled).load(kDevRelaxed) : 0;
     uint32_t valid = 0;  // bit s: slot head + s carries its lap's tag in every word
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -129,6 +153,19 @@ __device__ void poller(const KernelParams& p) {
     }
     busy = true;
     idle = 0;
+    const uint64_t rel = head - p.firstTicket;
+    const uint64_t quiet = __shfl_sync(kFullMask, signalled, 0);
+    const uint64_t lone = __shfl_sync(kFullMask, bytes, 0);
+    if (n == 1 && lone <= kPollerCopyBytes && (quiet == rel || raisedAlone == rel)) {
+      copyAlone(
+          p, head, __shfl_sync(kFullMask, src, 0), __shfl_sync(kFullMask, dst, 0), lone,
+          __shfl_sync(kFullMask, f[kSignalWord] & kPayloadMask, 0),
+          __shfl_sync(kFullMask, (f[kValueHighWord] & 0xFFFFFFFFull) << 32 | (f[kValueLowWord] & 0xFFFFFFFFull), 0),
+          __shfl_sync(kFullMask, static_cast<uint32_t>((f[kValueLowWord] >> 32) & 0xFF), 0));
+      raisedAlone = rel + 1;
+      head += 1;
+      continue;
+    }
     // One chunk per block at most, each at least minChunkBytes and a multiple of 16.
     uint32_t chunks = 1;
     uint64_t chunkBytes = (bytes + 15) & ~uint64_t{15};
@@ -240,8 +277,9 @@ __device__ uint64_t prepare(const KernelParams& p, uint64_t u, Task& task) {
         leave = 1;
         break;
       }
-      // Idle blocks poll their own entry in device memory; after a while, gently.
-      if (spins >= 64) __nanosleep(spins < 2048 ? 64 : 1000);
+      // Idle blocks poll their own entry in device memory; after a while, more gently. The longer nap is paid by the
+      // next transfer: half of it on average, before a block starts copying.
+      if (spins >= 64) __nanosleep(spins < 2048 ? 64 : 256);
     }
     fenceDevice();  // acquire: the Descs the poller wrote before the entry
   }

@@ -27,6 +27,9 @@
 //    publishes `signalled` and, to the host, `completed`. A signal is therefore seen only after its transfer's data
 //    and that of every earlier transfer (causality through the chain of releases and acquires is transitive),
 //    and a later transfer's kSet of the same word lands after an earlier one's.
+//  * A lone small transfer (the round found only it, at most kPollerCopyBytes) on a quiet queue (every earlier
+//    transfer signalled, by `signalled` or by the poller itself) skips all of that: the poller copies it, raises its
+//    signal and marks doneSeq with `raised`, as a completing block does on its fast path. No Desc, no unit.
 //  * The host reuses slot t % capacity only once completed > t - capacity: the poller has long read it.
 //  * The kernel runs while there is work; the host sets `stop` once everything submitted completed and the queue
 //    stayed idle; the poller then sets `leave` in device memory and every warp leaves. A later submit launches the
@@ -132,6 +135,10 @@ constexpr unsigned kFetch = 16;
 constexpr uint64_t kSmallBytes = 16 * 1024;
 constexpr unsigned kGroupMax = kWarps;
 constexpr uint64_t kGroupBytes = 64 * 1024;
+/// A transfer of at most this many bytes that the poller finds alone, with every earlier transfer signalled, is
+/// copied by the poller itself (kPollerUnroll 16-byte loads in flight per lane: 4 KiB per round trip).
+constexpr uint64_t kPollerCopyBytes = 8 * 1024;
+constexpr int kPollerUnroll = 8;
 
 /// Where each array lives in the queue's one device allocation. Everything before `desc` is cleared at each launch.
 struct DeviceLayout {

@@ -23,7 +23,8 @@
 // device memory, so the copy blocks never poll PCIe; a transfer is cut into at most `blocks` pieces of at least
 // `chunkBytes`, so more blocks never means more pieces than blocks, and consecutive small transfers share one unit
 // of work; the block that completes a transfer raises its signal itself when every earlier transfer was signalled,
-// else a signalling warp raises the signals of many completed transfers in ticket order behind one fence.
+// else a signalling warp raises the signals of many completed transfers in ticket order behind one fence. A lone
+// transfer of at most 8 KiB on an idle queue is copied by the polling warp itself, which saves the hand-over.
 #pragma once
 
 #include <condition_variable>

@@ -253,8 +253,10 @@ Plan makePlan(std::mt19937_64& rng, int n, size_t slot, size_t srcBytes, uint64_
 
 // Copies `plan` through `q` with a kSet signal (i + 1 for transfer i) while watchInOrderKernel checks the order on
 // the destination, then compares every byte of dst, poison included, on the host.
+// `gapNs`: a pause after each submit, so that the poller finds each transfer alone.
 void runWatched(PeerCopyQueue& q, const Plan& plan, const unsigned char* src, unsigned char* dst, int dstDev,
-                const std::vector<unsigned char>& hostSrc, uint64_t seed, bool oneAtATime, const std::string& what) {
+                const std::vector<unsigned char>& hostSrc, uint64_t seed, bool oneAtATime, const std::string& what,
+                uint64_t gapNs = 0) {
   const int n = static_cast<int>(plan.transfers.size());
   const size_t dstBytes = plan.slot * n;
   auto* signal = deviceAlloc<uint64_t>(dstDev, 1, 0);
@@ -277,6 +279,8 @@ void runWatched(PeerCopyQueue& q, const Plan& plan, const unsigned char* src, un
     const Expected& e = plan.transfers[i];
     q.submit(src + e.srcOff, dst + e.dstOff, e.bytes, signal, i + 1, SignalOp::kSet);
     if (oneAtATime) q.waitCompleted(base + i + 1);
+    for (const uint64_t t0 = nowNs(); nowNs() - t0 < gapNs;) {
+    }
     std::memcpy(&expect[e.dstOff], &hostSrc[e.srcOff], e.bytes);
   }
   q.waitCompleted(base + n);
@@ -375,6 +379,26 @@ TEST(PeerCopyQueue, OneAtATimeSignalsAfterTheData) {
   });
   PeerCopyQueue q(0);
   runWatched(q, plan, b.src, b.dst, b.dstDev, b.hostSrc, 58, true, "one transfer at a time");
+}
+
+// Small transfers submitted one by one while a large one is still being copied: the poller finds each alone but
+// must not copy it itself (copy_queue_layout.hpp), since its signal would overtake the large one's; the small ones
+// submitted once the large one is done are copied by the poller. Order and data hold either way.
+TEST(PeerCopyQueue, LoneSmallTransfersBehindALargeOneKeepTheOrder) {
+  GDX_SKIP_WITHOUT_GPU();
+  constexpr int kTransfers = 48;
+  constexpr size_t kSlot = 24u << 20, kSrc = 32u << 20;
+  Buffers b(kSrc, kSlot * kTransfers, 73);
+  ASSERT_TRUE(b.src && b.dst);
+  std::mt19937_64 rng(5);
+  const Plan plan = makePlan(rng, kTransfers, kSlot, kSrc, [](std::mt19937_64& r, int i) -> uint64_t {
+    return i % 4 == 0 ? (20u << 20) + r() % 4096 : 1 + r() % (8 * 1024);
+  });
+  PeerCopyQueue::Options o;
+  o.blocks = 8;  // a 20 MiB copy takes tens of microseconds, longer than the gaps below
+  PeerCopyQueue q(0, o);
+  runWatched(q, plan, b.src, b.dst, b.dstDev, b.hostSrc, 73, false, "lone small transfers behind large ones",
+             /*gapNs=*/5000);
 }
 
 // After the kernel left (idle) and came back, units and counters start afresh: mixed transfers still arrive intact.

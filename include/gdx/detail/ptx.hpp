@@ -83,6 +83,17 @@ GDX_DEVICE_INLINE void fenceReleaseSys() {
 #endif
 }
 
+/// The one-way acquire fence of sm_90 (PTX 8.6): after loads that observed a release, it orders the loads after it.
+/// It compiles to an L1 invalidation alone, where fence.acq_rel.sys also waits for the thread's writes to reach the
+/// system (MEMBAR.ALL.SYS). Elsewhere the two-way fence.acq_rel.sys.
+GDX_DEVICE_INLINE void fenceAcquireSys() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.acquire.sys;" ::: "memory");
+#else
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
+}
+
 /// 16-byte relaxed load and store at GPU scope, for the copy queue's work entries: each 8-byte half is its own
 /// single-copy atomic access (the pair is not), so the queue tags both halves and checks both tags.
 GDX_DEVICE_INLINE void loadRelaxedGpu128(const uint64_t* p, uint64_t& w0, uint64_t& w1) {

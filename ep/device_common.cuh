@@ -8,6 +8,7 @@
 #include "ep/protocol.hpp"
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/clock.hpp"
+#include "gdx/detail/ptx.hpp"
 
 namespace gdx::ep::detail {
 
@@ -183,11 +184,14 @@ __device__ inline bool lastBlockDone(unsigned* counter) {
   __syncthreads();
   bool last = false;
   if (threadIdx.x == 0) {
-    __threadfence_system();
+    // A release before the count (the block's stores, every thread's through the barrier) and, on the last block, an
+    // acquire after it: the one-way fences of sm_90. The two-way __threadfence_system() on both sides cost a full
+    // system fence more on the last block, which every kernel's tail waits for.
+    ptx::fenceReleaseSys();
     last = atomicAdd(counter, 1u) == gridDim.x - 1;
     if (last) {
-      *counter = 0;
-      __threadfence_system();
+      *counter = 0;  // for the next launch, which the kernel boundary orders after this store
+      ptx::fenceAcquireSys();
     }
   }
   return last;

@@ -61,18 +61,11 @@ __device__ inline void waitFreed(const LlTeam& lt, uint64_t e) {
   __syncthreads();
 }
 
-/// The grid's last block to call this gets true (after every block's stores, made visible at system scope).
+/// The grid's last block to call this gets true, on every thread (lastBlockDone, then a barrier).
 __device__ inline bool lastBlock(uint32_t* counter) {
   __shared__ int last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    if (last) {
-      *counter = 0;
-      __threadfence_system();
-    }
-  }
+  const bool mine = lastBlockDone(counter);
+  if (threadIdx.x == 0) last = mine;
   __syncthreads();
   return last;
 }
@@ -227,11 +220,12 @@ __device__ inline int overfullExpert(const LlTeam& lt, const LlDispatchArgs& a, 
 /// The row positions of the warp's token at the experts its slots name (lane k: slot k; -1: nothing to send). Slots
 /// naming one expert get consecutive positions in slot order, reserved at once by the first of them: the receiver
 /// relies on that order to tell them apart (low_latency_protocol.hpp).
-__device__ inline int reserveRows(const LlTeam& lt, int b, int64_t expert, int lane) {
+/// `masked`: the ranks masked (LlState::mask), read beside the top-k so that the two loads share one round trip.
+__device__ inline int reserveRows(const LlTeam& lt, int b, int64_t expert, int lane, uint32_t masked) {
   const unsigned same = __match_any_sync(0xffffffffu, expert);
   const int first = __ffs(same) - 1;
   int pos = -1;
-  if (lane == first && expert >= 0 && !isMasked(lt, int(expert / lt.lay.L)))
+  if (lane == first && expert >= 0 && !((masked >> int(expert / lt.lay.L)) & 1u))
     pos = atomicAdd(&lt.ll->sendCount[b][expert], __popc(same));
   pos = __shfl_sync(0xffffffffu, pos, first);
   return pos < 0 ? -1 : pos + __popc(same & ((1u << lane) - 1u));
@@ -258,12 +252,13 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   for (int tok = refused ? a.numTokens : blockIdx.x; tok < a.numTokens; tok += gridDim.x) {  // refused: no token sends
     int64_t expert = -1;
     if (warp == 0) {
+      const uint32_t masked = atomicLoad(&lt.ll->mask, kRelaxed);
       expert = lane < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + lane] : -1;
       if (expert < -1 || expert >= y.E) {
         report(t, kBadExpert, 0, me, expert, y.E, e, tok);
         expert = -1;
       }
-      const int pos = reserveRows(lt, b, expert, lane);  // -1: no expert, or its rank is masked
+      const int pos = reserveRows(lt, b, expert, lane, masked);  // -1: no expert, or its rank is masked
       const int d = expert >= 0 ? int(expert / y.L) : 0, j = expert >= 0 ? int(expert % y.L) : 0;
       bool send = pos >= 0;
       if (send && pos >= y.T) {  // cannot happen after overfullExpert's check; guards the other sources' rows

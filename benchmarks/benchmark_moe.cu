@@ -318,7 +318,8 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
   bool first = true;
   for (int n : o.tokens)
     for (const char* dt : {"ll-fp8", "bf16", "fp8"})
-      for (const char* op : {"dispatch", "combine", "dispatch-send", "dispatch-recv", "combine-send", "combine-recv"}) {
+      for (const char* op : {"dispatch", "combine", "dispatch-send", "dispatch-recv", "combine-send", "combine-recv",
+                             "dispatch-graph", "combine-graph"}) {
         const std::string key = std::to_string(n) + "_" + dt + "_" + op;
         auto it = r.find(key);
         if (it == r.end()) continue;

@@ -1,5 +1,7 @@
 // benchmark_moe --mode ll: gdx::ep::LowLatencyBuffer per token count (FP8 dispatch, BF16 combine): the mean time of
-// a whole call, of its send half and of its receive half (the hook form: events around each half of every call),
+// a whole call, of its send half and of its receive half (the hook form: events around each half of every call), of
+// a call replayed from a CUDA graph (ops "dispatch-graph", "combine-graph": no launch cost on the host, as in a decode
+// loop captured in a graph),
 // the bytes counted per valid (token, expert) selection (dispatch H + 4H/128 + 16, combine 2H), and, for ranks on
 // other hosts, where a call's time goes and whether every command arrived: the ring slots the proxy threads took per
 // call against the slots the kernels must push (dispatch: a put per selection whose expert is on another host, the
@@ -54,6 +56,34 @@ inline std::pair<double, double> timeHalves(cudaStream_t s, int iters, const std
   cudaEventDestroy(b);
   cudaEventDestroy(c);
   return {first / iters * 1e3, second / iters * 1e3};
+}
+
+/// Mean microseconds per call of `call` replayed from a CUDA graph, as a decode loop runs it: kCallsPerGraph calls are
+/// captured once, the graph is replayed once untimed (the ranks line up there, as timeMs's untimed calls do) and then
+/// `replays` times between two events. The launches' host cost, which back-to-back calls pay, leaves the figure.
+inline double graphCallUs(cudaStream_t s, int replays, const std::function<void()>& call) {
+  constexpr int kCallsPerGraph = 10;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  GDX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kCallsPerGraph; ++i) call();
+  GDX_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  GDX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  GDX_CUDA_CHECK(cudaEventCreate(&a));
+  GDX_CUDA_CHECK(cudaEventCreate(&b));
+  GDX_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  GDX_CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < replays; ++i) GDX_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  GDX_CUDA_CHECK(cudaEventRecord(b, s));
+  GDX_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  GDX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return double(ms) * 1e3 / (double(replays) * kCallsPerGraph);
 }
 
 /// The proxy's counters once its threads are done with what the kernels pushed (the last receive's release signals
@@ -151,6 +181,10 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
     ctx.barrier();
     const auto ch = timeHalves(
         stream, sh.iters, [&] { buf.lowLatencyCombine(cin, h, combined, stream, &hook); }, [&] { hook.run(stream); });
+    ctx.barrier();
+    const double dispGraphUs = graphCallUs(stream, std::max(1, sh.iters / 10), dispatch);
+    ctx.barrier();
+    const double combGraphUs = graphCallUs(stream, std::max(1, sh.iters / 10), combine);
     buf.checkErrors();
     std::ostringstream mine;
     const bool timed = ctx.proxy().options().timing;
@@ -158,9 +192,10 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
          << valid << " " << dispProxy.commands << " " << dispExpected << " " << combProxy.commands << " "
          << combExpectedShare << " " << (dispProxy.commands != dispExpected ? 1 : 0) << " "
          << (timed ? dispProxy.handlingUs : -1) << " " << (timed ? dispProxy.inFlightUs : -1) << " "
-         << (timed ? combProxy.handlingUs : -1) << " " << (timed ? combProxy.inFlightUs : -1);
+         << (timed ? combProxy.handlingUs : -1) << " " << (timed ? combProxy.inFlightUs : -1) << " " << dispGraphUs
+         << " " << combGraphUs;
     const std::vector<std::string> all = ctx.bootstrap().allGather(mine.str());
-    double sums[16] = {};
+    double sums[18] = {};
     for (const std::string& a : all) {
       std::istringstream is(a);
       for (double& s : sums) {
@@ -175,6 +210,8 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
     for (int i = 0; i < 6; ++i)
       lines << "moe " << n << " ll-fp8 " << ops[i] << " " << sums[i] / R << " "
             << (i == 0 || i == 2 || i == 3 ? dispBytes : combBytes) << "\n";
+    lines << "moe " << n << " ll-fp8 dispatch-graph " << sums[16] / R << " " << dispBytes << "\n";
+    lines << "moe " << n << " ll-fp8 combine-graph " << sums[17] / R << " " << combBytes << "\n";
     // "split TOKENS OP CALL SEND-HALF RECV-HALF PROXY-US IN-FLIGHT-US TAKEN EXPECTED RANKS-OFF" (means over the ranks;
     // TAKEN and EXPECTED per rank and call; RANKS-OFF: ranks whose own count differs, dispatch only).
     lines << "split " << n << " dispatch " << sums[0] / R << " " << sums[2] / R << " " << sums[3] / R << " "

@@ -49,14 +49,25 @@ __device__ inline bool waitOrMask(const LlTeam& lt, int peer, const uint64_t* wo
   }
 }
 
+/// Whether rank `peer`'s word has reached `want` (>> shift), waiting (waitOrMask) only when the first look says not:
+/// false when the rank is or becomes masked. The mask and the word are both loaded before either is looked at, the
+/// word last (an acquire load stalls until it is answered): with the caller's epoch load before them, one round trip
+/// to memory where checking each before loading the next cost three, on every kernel's critical path.
+__device__ inline bool reachedOrWait(const LlTeam& lt, int peer, const uint64_t* word, uint64_t want, int shift) {
+  const uint32_t masked = atomicLoad(&lt.ll->mask, kRelaxed);
+  const uint64_t seen = atomicLoad(const_cast<uint64_t*>(word), kAcquire);
+  if ((masked >> peer) & 1u) return false;
+  return (seen >> shift) >= want || waitOrMask(lt, peer, word, want, shift);
+}
+
 /// Every block: threads 0..R-1 wait until rank r finished reading what this rank sent it two calls ago (the buffer
 /// of epoch e is then free everywhere). Masks what times out.
 __device__ inline void waitFreed(const LlTeam& lt, uint64_t e) {
   const int r = threadIdx.x;
-  if (e > 2 && r < lt.t.numRanks && !isMasked(lt, r)) {
+  if (r < lt.t.numRanks) {
     const uint64_t* w =
         isRemote(lt.t, r) ? &lt.t.netSignals[lt.freedSignal + r] : &llCtrl(lt.t.base[lt.t.rank])->freed[r];
-    waitOrMask(lt, r, w, e - 2, 0);
+    reachedOrWait(lt, r, w, e > 2 ? e - 2 : 0, 0);  // the first two calls wait for nothing (every word is >= 0)
   }
   __syncthreads();
 }
@@ -363,7 +374,7 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   if (threadIdx.x < R) {
     const int s = threadIdx.x;
     const uint64_t* flag = isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[b][s];
-    const bool here = !isMasked(lt, s) && waitOrMask(lt, s, flag, e, 0);
+    const bool here = reachedOrWait(lt, s, flag, e, 0);
     cuda::atomic_ref<uint64_t, cuda::thread_scope_device> verdict(lt.ll->recvVerdict[s]);
     uint64_t cur = verdict.load(cuda::std::memory_order_acquire);
     while ((cur >> 1) != e &&
@@ -487,9 +498,9 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
   const int b = int(e & 1), me = t.rank, R = t.numRanks, K = a.numTopk, lane = threadIdx.x & 31;
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
   const int s = threadIdx.x;
-  if (s < R && !isMasked(lt, s)) {
+  if (s < R) {
     const uint64_t* w = isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->combDone[b][s];
-    waitOrMask(lt, s, w, e, 0);
+    reachedOrWait(lt, s, w, e, 0);
   }
   __syncthreads();
   __shared__ uint32_t mask;

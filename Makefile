@@ -42,9 +42,10 @@ test-rdma: all
 test-gpu: all
 	cd $(BUILD) && NCCL_NVLS_ENABLE=0 ctest --output-on-failure -L gpu $(CTEST_ARGS)
 
-# GPU benchmarks: benchmark_local's GPU mode (table on stdout, JSON beside it).
+# Every GPU benchmark with its peer of the same run (benchmarks/run_gpu_benchmarks.sh says which on 1 and on 2+ GPUs):
+# tables on stdout, each benchmark's whole output and JSON in $(BUILD)/bench-gpu/.
 bench-gpu: all
-	NCCL_NVLS_ENABLE=0 $(BUILD)/benchmarks/benchmark_local --mode gpu --json $(BUILD)/benchmark_local_gpu.json
+	bash benchmarks/run_gpu_benchmarks.sh $(BUILD) $(BUILD)/bench-gpu $(PYTHON)
 
 # Every fuzz target (tests/fuzz/) for FUZZ_SECONDS each, from the checked-in corpus; `make test` runs each for 10 s.
 # Needs clang (install-deps.sh installs it); without it the targets are not built and this says so.
@@ -67,11 +68,11 @@ run: configure
 	@$(BUILD)/benchmarks/benchmark_local $(RUN_ARGS)
 
 # PNG and SVG plots of the benchmarks' JSON, gdx beside the peer of the same run (benchmarks/plot.py): what the
-# benchmarks left in $(BUILD) (make run, make bench-gpu, the Soft-RoCE test, ...) into $(BUILD)/plots, and the
+# benchmarks left in $(BUILD) and $(BUILD)/bench-gpu (make run, make bench-gpu, the Soft-RoCE test, ...) into $(BUILD)/plots, and the
 # recorded figures of docs/data into docs/plots. Installs python3-matplotlib when it is missing.
 plots:
 	@bash cmake/install-deps.sh plots
-	@json='$(wildcard $(BUILD)/*.json)'; \
+	@json='$(wildcard $(BUILD)/*.json $(BUILD)/bench-gpu/*.json)'; \
 	if [ -n "$$json" ]; then python3 benchmarks/plot.py --out $(BUILD)/plots $$json; \
 	else echo "make plots: no benchmark JSON in $(BUILD) yet (make run, make bench-gpu, make test-rdma)"; fi
 	@python3 benchmarks/plot.py --out docs/plots docs/data/*.json

@@ -71,12 +71,53 @@ GpuInfo selectGpu() {
   GDX_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
   cudaDeviceProp prop{};
   GDX_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  (void)cudaThreadDevice();  // resolves its driver entry points once, here, on a thread that has its context
   info.device = device;
   info.pciBusId = bus;
   for (char& c : info.pciBusId) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   info.name = prop.name;
 #endif
   return info;
+}
+
+int cudaThreadDevice() {
+#if defined(GDX_HAVE_CUDA)
+  using GetCurrent = CUresult (*)(CUcontext*);
+  using GetDevice = CUresult (*)(CUdevice*);
+  struct Entry {
+    GetCurrent current = nullptr;
+    GetDevice device = nullptr;
+  };
+  static const Entry entry = [] {
+    Entry e;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      e.current = reinterpret_cast<GetCurrent>(fn);
+    fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetDevice", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      e.device = reinterpret_cast<GetDevice>(fn);
+    cudaGetLastError();
+    return e;
+  }();
+  if (!entry.current || !entry.device) {  // no driver entry points (no driver): the runtime's answer, as before
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return d;
+  }
+  CUcontext ctx = nullptr;
+  if (entry.current(&ctx) != CUDA_SUCCESS || ctx == nullptr) return -1;
+  CUdevice dev = -1;
+  if (entry.device(&dev) != CUDA_SUCCESS) return -1;
+  return static_cast<int>(dev);
+#else
+  return -1;
+#endif
 }
 
 bool cudaAllocationRange(const void* p, uintptr_t* base, size_t* bytes) {

@@ -11,6 +11,7 @@
 
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/cuda_check.hpp"
+#include "gdx/detail/gpu.hpp"
 #endif
 
 namespace gdx::common {
@@ -88,9 +89,10 @@ std::string CudaCopier::copy(void* dst, const void* src, size_t bytes, int devic
   what << "copying " << bytes << " bytes between host memory and GPU " << device;
   if (wedged_) return what.str() + ": an earlier GPU copy of this thread did not finish in time";
   if (device < 0) return what.str() + ": no such GPU";
-  int current = -1;
-  cudaError_t rc = cudaGetDevice(&current);
-  if (rc != cudaSuccess) return what.str() + ": " + cudaFailure("cudaGetDevice", rc);
+  // -1: this thread has no CUDA context yet (a transport thread's first copy); it then keeps `device` afterwards
+  // instead of "restoring" device 0, which would create a context on GPU 0 (gdx/detail/gpu.hpp).
+  const int current = cudaThreadDevice();
+  cudaError_t rc = cudaSuccess;
   if (current != device && (rc = cudaSetDevice(device)) != cudaSuccess)
     return what.str() + ": " + cudaFailure("cudaSetDevice(" + std::to_string(device) + ")", rc);
 
@@ -122,7 +124,7 @@ std::string CudaCopier::copy(void* dst, const void* src, size_t bytes, int devic
       spinPause(spins);
     }
   }
-  if (current != device && (rc = cudaSetDevice(current)) != cudaSuccess && why.empty())
+  if (current >= 0 && current != device && (rc = cudaSetDevice(current)) != cudaSuccess && why.empty())
     why = cudaFailure("cudaSetDevice(" + std::to_string(current) + ")", rc);
   return why.empty() ? why : what.str() + ": " + why;
 }
@@ -138,10 +140,17 @@ CudaStaging::~CudaStaging() {
   if (rc != cudaSuccess && rc != cudaErrorCudartUnloading) GDX_WARN("GPU staging: " << cudaFailure("cudaFreeHost", rc));
 }
 
-char* CudaStaging::buffer(std::string* why) {
+char* CudaStaging::buffer(std::string* why, int device) {
   if (buffer_ != nullptr) return buffer_;
+  // On a transport thread this is the first CUDA call: without a device of its own the runtime would make device 0's
+  // context for it, on the GPU of another rank.
+  cudaError_t rc = cudaSuccess;
+  if (device >= 0 && cudaThreadDevice() < 0 && (rc = cudaSetDevice(device)) != cudaSuccess) {
+    *why = "selecting GPU " + std::to_string(device) + " for the staging buffer: " + cudaFailure("cudaSetDevice", rc);
+    return nullptr;
+  }
   void* p = nullptr;
-  cudaError_t rc = cudaHostAlloc(&p, chunkBytes_, cudaHostAllocPortable);
+  rc = cudaHostAlloc(&p, chunkBytes_, cudaHostAllocPortable);
   if (rc != cudaSuccess) {
     *why = "allocating a pinned staging buffer of " + std::to_string(chunkBytes_) +
            " bytes: " + cudaFailure("cudaHostAlloc", rc);
@@ -153,7 +162,7 @@ char* CudaStaging::buffer(std::string* why) {
 
 std::string CudaStaging::fromDevice(const void* src, size_t bytes, int device) {
   std::string why;
-  char* b = buffer(&why);
+  char* b = buffer(&why, device);
   if (b == nullptr) return why;
   if (bytes > chunkBytes_) return "a chunk of " + std::to_string(bytes) + " bytes exceeds the staging buffer";
   return copier_.copy(b, src, bytes, device);
@@ -185,7 +194,7 @@ std::string CudaCopier::copy(void*, const void*, size_t, int) {
   return kNoCuda;
 }
 CudaStaging::~CudaStaging() = default;
-char* CudaStaging::buffer(std::string* why) {
+char* CudaStaging::buffer(std::string* why, int) {
   *why = kNoCuda;
   return nullptr;
 }

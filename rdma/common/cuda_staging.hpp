@@ -39,7 +39,7 @@ class CudaCopier {
 
   /// Copies `bytes` from `src` to `dst` (device, managed or host memory in any combination: cudaMemcpyDefault
   /// with unified addressing) on the stream of `device` and waits until the copy finished. Returns "" or why it
-  /// failed. The calling thread's current device is the same afterwards.
+  /// failed. The calling thread's current device is the same afterwards; a thread that had none keeps `device`.
   std::string copy(void* dst, const void* src, size_t bytes, int device);
   /// False after a copy timed out (see above).
   bool usable() const { return !wedged_; }
@@ -60,8 +60,9 @@ class CudaStaging {
   CudaStaging(const CudaStaging&) = delete;
   CudaStaging& operator=(const CudaStaging&) = delete;
 
-  /// The staging buffer (chunkBytes long), allocated by the first call; null with `*why` set when that failed.
-  char* buffer(std::string* why);
+  /// The staging buffer (chunkBytes long), allocated by the first call; null with `*why` set when that failed. A
+  /// thread without a CUDA context selects `device` (the GPU of the window it stages for) before pinning.
+  char* buffer(std::string* why, int device);
   /// Copies `bytes` (<= chunkBytes) from GPU memory `src` of `device` into the buffer and waits; "" or why not.
   std::string fromDevice(const void* src, size_t bytes, int device);
   /// Copies the first `bytes` of the buffer to GPU memory `dst` of `device` and waits; "" or why not.

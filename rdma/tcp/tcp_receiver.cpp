@@ -99,7 +99,7 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
   void* into = deferred ? static_cast<void*>(payload) : dst;
   if (cudaDevice >= 0) {
     std::string why;
-    into = staging.buffer(&why);
+    into = staging.buffer(&why, cudaDevice);
     if (into == nullptr) return fail("staging " + describe(h) + " for the GPU: " + why);
   }
   limits.idleOk = false;

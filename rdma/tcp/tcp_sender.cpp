@@ -295,7 +295,7 @@ Status TcpTransport::sendChunk(TxSocket& s, const TxItem& item, common::CudaStag
       return Status::kPeerFailed;
     }
     std::string unused;
-    payload = staging->buffer(&unused);
+    payload = staging->buffer(&unused, item.cudaDevice);  // filled by fromDevice() just above
   }
   iovec iov[2];
   iov[0].iov_base = const_cast<MessageHeader*>(&item.header);

@@ -1,11 +1,14 @@
 // GPU windows in the TCP transport, staged through pinned host memory: every byte of GPU->GPU, GPU->host and
 // host->GPU writes from 1 B to 64 MiB over 4 sockets in 256 KiB chunks, each immediate announced only once its data
 // (and all earlier data) is on the destination GPU, atomics on GPU windows refused by the sender and by the
-// receiver. The loopback transport's GPU copies are checked here too. Skips where no GPU is visible.
+// receiver, no CUDA context made on a GPU the process does not use. The loopback transport's GPU copies are checked
+// here too. Skips where no GPU is visible.
+#include <cuda.h>  // types only: the driver is reached through cudaGetDriverEntryPointByVersion
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -16,6 +19,7 @@
 #include "gdx/detail/cuda_check.hpp"
 #include "gdx/detail/transport.hpp"
 #include "gdx/error.hpp"
+#include "spawn_ranks.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 
@@ -284,6 +288,77 @@ TEST(TcpStagingGpu, RegistrationChecksTheMemory) {
   // A window reaching past the allocation is refused: its last byte is no device memory.
   TestBuffer small(true, 0, 1 << 21);
   EXPECT_THROW(t->registerWindow(3, small.base(), (1ull << 40), MemoryKind::kCuda), Error);
+}
+
+// A process that drives GPU 1 and moves GPU windows through the TCP transport must leave GPU 0 alone: the sender and
+// receiver threads pick the window's GPU before their first CUDA call (pinning the staging buffer), where the runtime
+// would otherwise make device 0's context for them, on the GPU of another rank. Runs in a child process (this binary
+// again, TcpStagingGpuChild.OnlyGpuOneIsUsed) whose only CUDA use is GPU 1, so GPU 0's context state is its own.
+TEST(TcpStagingGpu, TransportThreadsMakeNoContextOnAnotherGpu) {
+  SKIP_WITHOUT_GPU();
+  std::string unused;
+  if (gpuCount(&unused) < 2) GTEST_SKIP() << "needs two GPUs";
+  test::spawnRanks(1, "TcpStagingGpuChild.OnlyGpuOneIsUsed", "tcp-staging-context",
+                   [](int) { return std::vector<std::string>{"GDX_TCP_STAGING_CHILD=1"}; });
+}
+
+/// Whether device `device`'s primary context is active in this process (cuDevicePrimaryCtxGetState through the
+/// runtime's driver entry point, so the test links no libcuda); fails the test when the driver cannot say.
+bool primaryContextActive(int device) {
+  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000, cudaEnableDefault, &q) !=
+          cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    ADD_FAILURE() << "no cuDevicePrimaryCtxGetState in the driver";
+    return true;
+  }
+  unsigned int flags = 0;
+  int active = 0;
+  if (reinterpret_cast<GetState>(fn)(static_cast<CUdevice>(device), &flags, &active) != CUDA_SUCCESS) {
+    ADD_FAILURE() << "cuDevicePrimaryCtxGetState(" << device << ") failed";
+    return true;
+  }
+  return active != 0;
+}
+
+TEST(TcpStagingGpuChild, OnlyGpuOneIsUsed) {
+  if (!std::getenv("GDX_TCP_STAGING_CHILD"))
+    GTEST_SKIP() << "runs only as the child of TcpStagingGpu.TransportThreadsMakeNoContextOnAnotherGpu";
+  const uint64_t total = 3 * kChunk + 5;  // four chunks over two sockets: both sender and receiver threads stage
+  TestBuffer src(true, 1, total), dst(true, 1, total);
+  test::fillRandom(src.mirror(), total, 31);
+  src.upload();
+  std::vector<unsigned char> expected(src.mirror(), src.mirror() + total);
+  std::memset(dst.mirror(), 0xEE, total);
+  dst.upload();
+  ASSERT_FALSE(primaryContextActive(0)) << "GPU 0 had a context before the transport ran";
+
+  auto t = tcpWorld(2, 2, kChunk);
+  std::atomic<bool> announced{false};
+  t[1]->setImmHandler([&](const RemoteWrite& w) { announced = w.imm == 7; });
+  t[0]->registerWindow(kSrcWindow, src.base(), total, MemoryKind::kCuda);
+  t[0]->addRemoteWindow(1, kDstWindow, total, t[1]->registerWindow(kDstWindow, dst.base(), total, MemoryKind::kCuda));
+  connectAll(t, 1);
+  WriteOp op;
+  op.peer = 1;
+  op.localWindow = kSrcWindow;
+  op.remoteWindow = kDstWindow;
+  op.bytes = total;
+  op.withImm = true;
+  op.imm = 7;
+  op.cookie = 1;
+  t[0]->lane(0).post(op);
+  auto done = test::pollCompletions(t[0]->lane(0), 1, 20000);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, Status::kOk);
+  ASSERT_TRUE(waitFor([&] { return announced.load(); }, 20000)) << "the write's immediate never arrived";
+  dst.download();
+  EXPECT_EQ(test::firstMismatch(expected.data(), dst.mirror(), total), -1);
+  for (auto& x : t) x->shutdown();
+  EXPECT_FALSE(primaryContextActive(0)) << "the TCP transport's threads made a context on GPU 0, a GPU this process "
+                                           "never used (staging for windows on GPU 1)";
 }
 
 // The loopback transport copies to and from GPU windows itself, on the lane's stream, before it announces.

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -260,6 +262,20 @@ void childMain(bool expectDirect) {
   Context ctx;
   const int rank = ctx.rank(), peer = 1 - rank;
   ASSERT_EQ(ctx.worldSize(), 2);
+  SCOPED_TRACE("rank " + std::to_string(rank));
+  // Phase markers with the time since the start, unbuffered: a stall shows which step it sits in and for how long.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto phase = [&](const std::string& what) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "[nvlink rank %d +%.3f s] %s\n", rank, s, what.c_str());
+    std::fflush(stderr);
+  };
+  // The kSet signals carry the round each side reached: print them when a phase fails.
+  auto signals = [&](std::initializer_list<uint32_t> ids) {
+    std::string out;
+    for (uint32_t id : ids) out += " signal " + std::to_string(id) + "=" + std::to_string(ctx.signalValue(id));
+    return out;
+  };
   ASSERT_EQ(ctx.isDirect(peer), expectDirect);
   constexpr int kBlocks = 24, kThreads = 256, kPerBlock = 12;
   constexpr uint64_t kSlot = 1u << 20;
@@ -287,24 +303,28 @@ void childMain(bool expectDirect) {
   unsigned long long* bad = nullptr;
   GDX_TEST_CUDA(cudaHostAlloc(&status, 16, cudaHostAllocMapped));
   GDX_TEST_CUDA(cudaHostAlloc(&bad, 8, cudaHostAllocMapped));
-  status[0] = status[1] = 0;
+  status[0] = status[1] = status[2] = status[3] = 0;
   *bad = 0;
+  PutDesc* devDescs = nullptr;
+  uint64_t* words = nullptr;
   {
     Window s = ctx.registerWindow(src, srcBytes, MemoryKind::kCuda);
     Window d = ctx.registerWindow(dst, dstBytes, MemoryKind::kCuda);
-    uint64_t* words = nullptr;
     GDX_TEST_CUDA(cudaMalloc(&words, 64));
     GDX_TEST_CUDA(cudaMemset(words, 0, 64));
     Window w = ctx.registerWindow(words, 64, MemoryKind::kCuda);
     ChannelDeviceHandle ch = ctx.deviceChannel(peer);
     EXPECT_EQ(ch.direct != nullptr, expectDirect);
-    PutDesc* devDescs = nullptr;
+    devDescs = nullptr;
     GDX_TEST_CUDA(cudaMalloc(&devDescs, puts * sizeof(PutDesc)));
     GDX_TEST_CUDA(cudaMemcpy(devDescs, descs.data(), puts * sizeof(PutDesc), cudaMemcpyHostToDevice));
+    phase("setup done");
     ctx.barrier();
+    phase("directPuts");
     directPuts<<<kBlocks, kThreads>>>(ch, d.id(), s.id(), devDescs, kPerBlock, status);
     GDX_TEST_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(status[0], 0u) << statusName(static_cast<Status>(status[0]));
+    phase("host wait for signal 0 >= " + std::to_string(puts) + ";" + signals({0}));
     ctx.wait(0, puts);  // the host sees direct-path signals too
     EXPECT_EQ(ctx.signalValue(0), uint64_t(puts));
     std::vector<unsigned char> got(dstBytes), peerSrc(srcBytes), expect(dstBytes, 0xEE);
@@ -316,6 +336,7 @@ void childMain(bool expectDirect) {
     EXPECT_EQ(countNot(dstAlloc, kInside, 0xEE), 0u) << "bytes before the window were written";
     ctx.barrier();
 
+    phase("ordering ping-pong");
     // Ordering: rank 0 sends, rank 1 checks, many rounds of 256 KiB.
     const int rounds = expectDirect ? 3000 : 300;
     const uint64_t bytes = 256 << 10;
@@ -324,7 +345,7 @@ void childMain(bool expectDirect) {
     else
       orderReceiver<<<1, 1024>>>(ch, dst, bytes, rounds, bad, status + 1);
     GDX_TEST_CUDA(cudaDeviceSynchronize());
-    EXPECT_EQ(status[1], 0u) << statusName(static_cast<Status>(status[1]));
+    EXPECT_EQ(status[1], 0u) << statusName(static_cast<Status>(status[1])) << signals({1, 2});
     EXPECT_EQ(*bad, 0u) << "bytes seen stale after their signal";
     ctx.barrier();
 
@@ -333,6 +354,8 @@ void childMain(bool expectDirect) {
       const int formRounds = expectDirect ? 800 : 80;
       const uint32_t ping = 4 + 2 * form;
       *bad = 0;
+      status[1] = 0;  // a failure of the phase before must not stop this one's sender after one round
+      phase("form " + std::to_string(form));
       GDX_TEST_CUDA(cudaMemset(dst, 0xEE, 256 << 10));
       GDX_TEST_CUDA(cudaDeviceSynchronize());
       ctx.barrier();
@@ -342,7 +365,8 @@ void childMain(bool expectDirect) {
         formReceiver<<<1, 256>>>(ch, dst, formRounds, ping, bad, status + 1);
       GDX_TEST_CUDA(cudaDeviceSynchronize());
       const char* name = form == 0 ? "single-thread" : form == 1 ? "warp" : "block";
-      EXPECT_EQ(status[1], 0u) << name << " form: " << statusName(static_cast<Status>(status[1]));
+      EXPECT_EQ(status[1], 0u) << name << " form: " << statusName(static_cast<Status>(status[1]))
+                               << signals({ping, ping + 1});
       EXPECT_EQ(*bad, 0u) << name << " form: bytes that were not the round's data after its signal was seen (or "
                           << "a byte past the put that lost its poison)";
       ctx.barrier();
@@ -351,6 +375,7 @@ void childMain(bool expectDirect) {
     // Atomics (direct path only: the proxy's atomics are covered by the host-window tests): every thread of
     // 8 x 128 adds to the peer's words, then signals.
     if (expectDirect) {
+      phase("atomics");
       directAtomics<<<8, 128>>>(ch, w.id(), 20, status + 2);
       GDX_TEST_CUDA(cudaDeviceSynchronize());
       EXPECT_EQ(status[2], 0u);
@@ -359,10 +384,12 @@ void childMain(bool expectDirect) {
       GDX_TEST_CUDA(cudaMemcpy(got4, words, 32, cudaMemcpyDeviceToHost));
       for (int i = 0; i < 4; ++i) EXPECT_EQ(got4[i], 8u * 128 * 20 / 4) << "word " << i;
     }
+    phase("teardown");
     ctx.barrier();
-    cudaFree(devDescs);
-    cudaFree(words);
-  }
+  }  // the windows are deregistered (and unmapped by the peer) before their memory is freed
+  phase("windows gone");
+  cudaFree(devDescs);
+  cudaFree(words);
   cudaFree(src);
   cudaFree(dstAlloc);
   cudaFreeHost(status);
@@ -380,6 +407,7 @@ void runPair(bool direct) {
   test::spawnRanks(2, "DirectPathChild.Run", "nvlink-test", [direct](int r) {
     return std::vector<std::string>{"GDX_CUDA_DEVICE=" + std::to_string(r),
                                     std::string("GDX_DIRECT=") + (direct ? "1" : "0"),
+                                    "GDX_TIMEOUT_MS=20000",  // each stall costs 20 s: the total counts them
                                     std::string("GDX_NVLINK_CHILD=") + (direct ? "direct" : "proxy")};
   });
 }

@@ -36,6 +36,27 @@ def _native_ep():
     return _ep_module
 
 
+_DTYPES = None  # (bfloat16, float8_e4m3) of _gdx.ep.DType, looked up once
+_FP8: Any = False  # torch.float8_e4m3fn (None where this torch has none); False until looked up
+
+
+def _native_dtype(fp8: bool):
+    """The native DType of a dispatch's x: float8_e4m3 with scales, else bfloat16."""
+    global _DTYPES
+    if _DTYPES is None:
+        ep = _native_ep()
+        _DTYPES = (ep.DType.bfloat16, ep.DType.float8_e4m3)
+    return _DTYPES[fp8]
+
+
+def _fp8_dtype():
+    """torch.float8_e4m3fn, or None where this torch has no FP8 dtype."""
+    global _FP8
+    if _FP8 is False:
+        _FP8 = getattr(_torch(), "float8_e4m3fn", None)
+    return _FP8
+
+
 def _address(t) -> int:
     """The device address of an optional tensor, 0 for None (the native structs' null)."""
     return t.data_ptr() if t is not None else 0
@@ -270,11 +291,11 @@ class Buffer:
         where the expert is on another rank. num_worst_tokens > 0: no host synchronisation, outputs of that many
         rows, the list is empty."""
         stream = self._begin(previous_event)
-        x, x_scales = self._check_x(*(x if isinstance(x, tuple) else (x, None)))
+        x, x_scales, n, hidden = self._check_x(*(x if isinstance(x, tuple) else (x, None)))
         if handle is not None:
             if topk_idx is not None or topk_weights is not None:
                 raise InvalidArgumentError("dispatch: the cached form (handle given) takes no topk_idx/topk_weights")
-            return self._cached_dispatch(x, x_scales, handle, stream, async_finish)
+            return self._cached_dispatch(x, x_scales, n, hidden, handle, stream, async_finish)
 
         torch = _torch()
         ep = _native_ep()
@@ -285,15 +306,14 @@ class Buffer:
         if topk_weights is not None:
             topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
         num_experts = self._num_experts(num_tokens_per_expert)
-        n, hidden = x.shape
-        inputs = ep.DispatchInputs(x.data_ptr(), _address(x_scales), n, hidden, self._dtype(x_scales),
+        inputs = ep.DispatchInputs(x.data_ptr(), _address(x_scales), n, hidden, _native_dtype(x_scales is not None),
                                    topk_idx.data_ptr(), _address(topk_weights), k, num_experts)
         native_handle = self._take_handle(n)
         if num_worst_tokens > 0:
             rows, counts = num_worst_tokens, []
         else:
             rows, counts = self.runtime.dispatch_prepare(inputs, native_handle, expert_alignment, stream)
-        recv_x, recv_scales = self._alloc_recv(x, x_scales, rows)
+        recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
         # Rows past the received count (num_worst_tokens) select no expert, as DeepEP's do.
         recv_topk_idx = (x.new_full((rows, k), -1, dtype=torch.int64) if num_worst_tokens > 0 else
                          x.new_empty((rows, k), dtype=torch.int64))
@@ -314,14 +334,15 @@ class Buffer:
         return ((recv_x, recv_scales) if x_scales is not None else recv_x, recv_topk_idx, recv_topk_weights,
                 list(counts), handle, event)
 
-    def _cached_dispatch(self, x, x_scales, handle: DispatchHandle, stream: int, async_finish: bool):
+    def _cached_dispatch(self, x, x_scales, n: int, hidden: int, handle: DispatchHandle, stream: int,
+                         async_finish: bool):
         """The cached form: `handle`'s routing again, no top-k. Nothing waits on the host, so at small token counts
         this call's host time is what the GPU waits for: one native call, with every field as an argument."""
-        n, hidden = x.shape
         rows = handle.rows
-        recv_x, recv_scales = self._alloc_recv(x, x_scales, rows)
-        self.runtime.dispatch_flat(handle._native, x.data_ptr(), _address(x_scales), n, hidden, self._dtype(x_scales),
-                                   rows, recv_x.data_ptr(), _address(recv_scales), stream)
+        recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
+        self.runtime.dispatch_flat(handle._native, x.data_ptr(), _address(x_scales), n, hidden,
+                                   _native_dtype(x_scales is not None), rows, recv_x.data_ptr(), _address(recv_scales),
+                                   stream)
         event = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
 
@@ -521,20 +542,24 @@ class Buffer:
         return t if t.is_contiguous() else t.contiguous()
 
     def _check_x(self, x, x_scales):
-        """dispatch's `x`: [N, hidden] bfloat16, or float8_e4m3fn with float32 scales [N, hidden / 128]."""
+        """dispatch's `x`: [N, hidden] bfloat16, or float8_e4m3fn with float32 scales [N, hidden / 128]. Returns
+        (x, x_scales, N, hidden), each shape read once: at small token counts the host time is the call's."""
         torch = _torch()
         if x_scales is None:
-            return self._check(x, torch.bfloat16, 2, "x"), None
-        fp8 = getattr(torch, "float8_e4m3fn", None)
+            x = self._check(x, torch.bfloat16, 2, "x")
+            n, hidden = x.shape
+            return x, None, n, hidden
+        fp8 = _fp8_dtype()
         if fp8 is None or x.dtype != fp8:
             raise InvalidArgumentError(f"x: an FP8 dispatch takes (float8_e4m3fn, float32 scales), got {x.dtype}")
         x = self._check(x, fp8, 2, "x")
         x_scales = self._check(x_scales, torch.float32, 2, "x_scales")
         n, hidden = x.shape
-        if x_scales.shape[0] != n or x_scales.shape[1] != hidden // 128:  # the kernels read and write that many
+        scale_rows, scale_cols = x_scales.shape
+        if scale_rows != n or scale_cols != hidden // 128:  # the kernels read and write that many
             raise InvalidArgumentError(f"x_scales: expected [{n}, {hidden // 128}] (one per 128 elements of x), "
                                        f"got {list(x_scales.shape)}")
-        return x, x_scales
+        return x, x_scales, n, hidden
 
     def _check_biases(self, bias) -> Tuple[Any, Any]:
         """combine's `bias`, a tensor or a pair. Both are held by the caller until the launch (and by the event): a
@@ -546,11 +571,6 @@ class Buffer:
             raise InvalidArgumentError(f"combine: bias is a tensor or a pair of tensors, got a tuple of {len(biases)}")
         return tuple(self._check(b, torch.bfloat16, 2, "bias") if b is not None else None for b in biases)
 
-    @staticmethod
-    def _dtype(x_scales):
-        ep = _native_ep()
-        return ep.DType.bfloat16 if x_scales is None else ep.DType.float8_e4m3
-
     def _num_experts(self, num_tokens_per_expert) -> int:
         if num_tokens_per_expert is None:
             raise InvalidArgumentError("dispatch: num_tokens_per_expert (from get_dispatch_layout) is required: "
@@ -558,11 +578,11 @@ class Buffer:
         return int(num_tokens_per_expert.numel())
 
     @staticmethod
-    def _alloc_recv(x, x_scales, rows: int):
+    def _alloc_recv(x, x_scales, rows: int, hidden: int):
         """recv_x (and its scales) of `rows` rows, new tensors each call (the caller keeps them, as DeepEP's);
         new_empty takes the dtype and device from its source, which spares torch.empty's argument parsing."""
-        recv_x = x.new_empty((rows, x.shape[1]))
-        recv_scales = x_scales.new_empty((rows, x_scales.shape[1])) if x_scales is not None else None
+        recv_x = x.new_empty((rows, hidden))
+        recv_scales = x_scales.new_empty((rows, hidden // 128)) if x_scales is not None else None
         return recv_x, recv_scales
 
     def _take_handle(self, num_tokens: int):

@@ -253,6 +253,9 @@ bool PeerCopyQueue::kernelFinished(const char* what) const {
 }
 
 void PeerCopyQueue::idleLoop() {
+  // This thread's CUDA calls (the stop's event queries) are for device_: selected once, or the runtime would make
+  // device 0's context for the thread, on another rank's GPU.
+  DeviceGuard guard(device_);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!closing_) {
     if (!running_) {

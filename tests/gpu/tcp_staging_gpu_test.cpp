@@ -14,11 +14,16 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "base/device_guard.hpp"
 #include "gdx/detail/cuda_check.hpp"
+#include "gdx/detail/gpu.hpp"
 #include "gdx/detail/transport.hpp"
 #include "gdx/error.hpp"
+#include "gdx/peer_copy_queue.hpp"
+#include "rdma/common/cuda_staging.hpp"
 #include "spawn_ranks.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
@@ -292,7 +297,8 @@ TEST(TcpStagingGpu, RegistrationChecksTheMemory) {
 
 // A process that drives GPU 1 and moves GPU windows through the TCP transport must leave GPU 0 alone: the sender and
 // receiver threads pick the window's GPU before their first CUDA call (pinning the staging buffer), where the runtime
-// would otherwise make device 0's context for them, on the GPU of another rank. Runs in a child process (this binary
+// would otherwise make device 0's context for them, on the GPU of another rank; so must DeviceGuard and the staging
+// copier on a thread without a context, and PeerCopyQueue's idle thread. Runs in a child process (this binary
 // again, TcpStagingGpuChild.OnlyGpuOneIsUsed) whose only CUDA use is GPU 1, so GPU 0's context state is its own.
 TEST(TcpStagingGpu, TransportThreadsMakeNoContextOnAnotherGpu) {
   SKIP_WITHOUT_GPU();
@@ -359,6 +365,34 @@ TEST(TcpStagingGpuChild, OnlyGpuOneIsUsed) {
   for (auto& x : t) x->shutdown();
   EXPECT_FALSE(primaryContextActive(0)) << "the TCP transport's threads made a context on GPU 0, a GPU this process "
                                            "never used (staging for windows on GPU 1)";
+
+  // A fresh thread has no context; DeviceGuard and the staging copier leave it on the device they used instead of
+  // "restoring" device 0.
+  std::thread fresh([&] {
+    EXPECT_EQ(cudaThreadDevice(), -1) << "a new thread reported a CUDA context";
+    {
+      DeviceGuard guard(1);
+      EXPECT_EQ(cudaThreadDevice(), 1);
+    }
+    common::CudaCopier copier(20000ull * 1000000);
+    std::vector<unsigned char> back(64);
+    EXPECT_EQ(copier.copy(back.data(), dst.base(), back.size(), 1), "");
+    EXPECT_EQ(std::memcmp(back.data(), expected.data(), back.size()), 0);
+    EXPECT_EQ(cudaThreadDevice(), 1);
+  });
+  fresh.join();
+  EXPECT_FALSE(primaryContextActive(0)) << "DeviceGuard or the staging copier made a context on GPU 0";
+
+  // PeerCopyQueue's idle thread stops the kernel after idleNs without work: its event queries are for GPU 1 too.
+  PeerCopyQueue::Options o = PeerCopyQueue::Options::fromEnv();
+  o.idleNs = 2 * 1000 * 1000;
+  {
+    PeerCopyQueue q(1, o);
+    q.submit(src.base(), dst.base(), 4096);
+    q.waitCompleted(q.submitted());
+    ASSERT_TRUE(waitFor([&] { return !q.running(); }, 20000)) << "the idle kernel was not stopped";
+  }
+  EXPECT_FALSE(primaryContextActive(0)) << "PeerCopyQueue's idle thread made a context on GPU 0";
 }
 
 // The loopback transport copies to and from GPU windows itself, on the lane's stream, before it announces.

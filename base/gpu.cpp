@@ -11,7 +11,7 @@
 #include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
-#include <cuda.h>  // types only: the driver is reached through cudaGetDriverEntryPointByVersion, never linked
+#include <cuda.h>  // types only: the driver is reached through cudaDriverEntry, never linked
 
 #include "gdx/detail/cuda_check.hpp"
 #endif
@@ -80,29 +80,29 @@ GpuInfo selectGpu() {
   return info;
 }
 
+void* cudaDriverEntry(const char* name, unsigned version) {
+#if defined(GDX_HAVE_CUDA)
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+#else
+  (void)name, (void)version;
+  return nullptr;
+#endif
+}
+
 int cudaThreadDevice() {
 #if defined(GDX_HAVE_CUDA)
   using GetCurrent = CUresult (*)(CUcontext*);
   using GetDevice = CUresult (*)(CUdevice*);
-  struct Entry {
-    GetCurrent current = nullptr;
-    GetDevice device = nullptr;
-  };
-  static const Entry entry = [] {
-    Entry e;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      e.current = reinterpret_cast<GetCurrent>(fn);
-    fn = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetDevice", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      e.device = reinterpret_cast<GetDevice>(fn);
-    cudaGetLastError();
-    return e;
-  }();
-  if (!entry.current || !entry.device) {  // no driver entry points (no driver): the runtime's answer, as before
+  static const auto current = reinterpret_cast<GetCurrent>(cudaDriverEntry("cuCtxGetCurrent", 12000));
+  static const auto device = reinterpret_cast<GetDevice>(cudaDriverEntry("cuCtxGetDevice", 12000));
+  if (!current || !device) {  // no driver entry points (no driver): the runtime's answer, as before
     int d = -1;
     if (cudaGetDevice(&d) != cudaSuccess) {
       cudaGetLastError();
@@ -111,9 +111,9 @@ int cudaThreadDevice() {
     return d;
   }
   CUcontext ctx = nullptr;
-  if (entry.current(&ctx) != CUDA_SUCCESS || ctx == nullptr) return -1;
+  if (current(&ctx) != CUDA_SUCCESS || ctx == nullptr) return -1;
   CUdevice dev = -1;
-  if (entry.device(&dev) != CUDA_SUCCESS) return -1;
+  if (device(&dev) != CUDA_SUCCESS) return -1;
   return static_cast<int>(dev);
 #else
   return -1;
@@ -123,16 +123,7 @@ int cudaThreadDevice() {
 bool cudaAllocationRange(const void* p, uintptr_t* base, size_t* bytes) {
 #if defined(GDX_HAVE_CUDA)
   using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-  static GetAddressRange range = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<GetAddressRange>(nullptr);
-    }
-    return reinterpret_cast<GetAddressRange>(fn);
-  }();
+  static const auto range = reinterpret_cast<GetAddressRange>(cudaDriverEntry("cuMemGetAddressRange", 12000));
   CUdeviceptr b = 0;
   size_t n = 0;
   if (!range || range(&b, &n, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "gdx/detail/gpu.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 #include "rdma/common/cuda_staging.hpp"
@@ -24,11 +25,7 @@ namespace gdx::verbs {
 UniqueMr VerbsTransport::registerCuda(void* base, size_t bytes, int access, std::string* how) {
 #if defined(GDX_HAVE_CUDA)
   using GetHandleFn = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070, cudaEnableDefault, &q) ==
-          cudaSuccess &&
-      q == cudaDriverEntryPointSuccess && fn) {
+  if (void* fn = cudaDriverEntry("cuMemGetHandleForAddressRange", 11070)) {
     const uintptr_t page = 4096, start = reinterpret_cast<uintptr_t>(base) & ~(page - 1);
     const uintptr_t end = (reinterpret_cast<uintptr_t>(base) + bytes + page - 1) & ~(page - 1);
     int fd = -1;

@@ -3,7 +3,7 @@
 // (and all earlier data) is on the destination GPU, atomics on GPU windows refused by the sender and by the
 // receiver, no CUDA context made on a GPU the process does not use. The loopback transport's GPU copies are checked
 // here too. Skips where no GPU is visible.
-#include <cuda.h>  // types only: the driver is reached through cudaGetDriverEntryPointByVersion
+#include <cuda.h>  // types only: the driver is reached through cudaDriverEntry
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -308,21 +308,18 @@ TEST(TcpStagingGpu, TransportThreadsMakeNoContextOnAnotherGpu) {
                    [](int) { return std::vector<std::string>{"GDX_TCP_STAGING_CHILD=1"}; });
 }
 
-/// Whether device `device`'s primary context is active in this process (cuDevicePrimaryCtxGetState through the
-/// runtime's driver entry point, so the test links no libcuda); fails the test when the driver cannot say.
+/// Whether device `device`'s primary context is active in this process (cuDevicePrimaryCtxGetState through
+/// cudaDriverEntry, so the test links no libcuda); fails the test when the driver cannot say.
 bool primaryContextActive(int device) {
   using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000, cudaEnableDefault, &q) !=
-          cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
+  const auto state = reinterpret_cast<GetState>(cudaDriverEntry("cuDevicePrimaryCtxGetState", 12000));
+  if (!state) {
     ADD_FAILURE() << "no cuDevicePrimaryCtxGetState in the driver";
     return true;
   }
   unsigned int flags = 0;
   int active = 0;
-  if (reinterpret_cast<GetState>(fn)(static_cast<CUdevice>(device), &flags, &active) != CUDA_SUCCESS) {
+  if (state(static_cast<CUdevice>(device), &flags, &active) != CUDA_SUCCESS) {
     ADD_FAILURE() << "cuDevicePrimaryCtxGetState(" << device << ") failed";
     return true;
   }

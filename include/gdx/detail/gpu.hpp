@@ -18,6 +18,10 @@ struct GpuInfo {
 /// Selects (cudaSetDevice) and describes the GPU; returns an empty GpuInfo where there is none.
 GpuInfo selectGpu();
 
+/// The CUDA driver function `name` in the ABI of CUDA `version` (12000 for 12.0), through the runtime's
+/// cudaGetDriverEntryPointByVersion so that libcuda is never linked; null where the driver has none (or no CUDA).
+void* cudaDriverEntry(const char* name, unsigned version);
+
 /// The device of the calling thread's current CUDA context, or -1 when the thread has none yet (it has made no CUDA
 /// call that needs one) or there is no CUDA. cudaGetDevice() answers 0 in that case, and setting 0 back with
 /// cudaSetDevice() would create a context on GPU 0 (CUDA 12 initialises a device's primary context there): a rank
@@ -26,9 +30,9 @@ GpuInfo selectGpu();
 /// a device the thread really had.
 int cudaThreadDevice();
 
-/// The CUDA allocation `p` lies in (cuMemGetAddressRange, reached through the runtime's driver entry point, so that
-/// libcuda is never linked): true with its base and size, false for anything else (host memory, no CUDA, no driver).
-/// CUDA IPC handles name allocations, so their users need the base and the offset of `p` in it.
+/// The CUDA allocation `p` lies in (cuMemGetAddressRange, through cudaDriverEntry): true with its base and size, false
+/// for anything else (host memory, no CUDA, no driver). CUDA IPC handles name allocations, so their users need the base
+/// and the offset of `p` in it.
 bool cudaAllocationRange(const void* p, uintptr_t* base, size_t* bytes);
 
 }  // namespace gdx

@@ -145,9 +145,11 @@ __global__ void directPuts(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t src
 
 // Ping-pong that checks ordering: the sender writes round r's pattern into its source, puts it with a signal
 // set to r; the receiver's block waits for r, checks every byte of the round right away, acknowledges with
-// signal 2 = r. A signal seen before its data shows up as a bad byte.
-__global__ void orderSender(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, unsigned char* src,
-                            uint64_t bytes, int rounds, uint32_t* status) {
+// signal 2 = r. A signal seen before its data shows up as a bad byte. Both run as one block of 1024 threads: the
+// launch bounds keep the block form's registers within 64 a thread (without them the sender took 80, and a launch
+// of 1024 threads failed with too many resources requested).
+__global__ void __launch_bounds__(1024) orderSender(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin,
+                                                    unsigned char* src, uint64_t bytes, int rounds, uint32_t* status) {
   for (int r = 1; r <= rounds; ++r) {
     for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) src[i] = static_cast<unsigned char>(r * 131 + i * 7);
     __syncthreads();
@@ -161,8 +163,8 @@ __global__ void orderSender(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t sr
   }
 }
 
-__global__ void orderReceiver(ChannelDeviceHandle ch, const unsigned char* dst, uint64_t bytes, int rounds,
-                              unsigned long long* bad, uint32_t* status) {
+__global__ void __launch_bounds__(1024) orderReceiver(ChannelDeviceHandle ch, const unsigned char* dst, uint64_t bytes,
+                                                      int rounds, unsigned long long* bad, uint32_t* status) {
   __shared__ int stop;
   for (int r = 1; r <= rounds; ++r) {
     if (threadIdx.x == 0) {
@@ -322,6 +324,7 @@ void childMain(bool expectDirect) {
     ctx.barrier();
     phase("directPuts");
     directPuts<<<kBlocks, kThreads>>>(ch, d.id(), s.id(), devDescs, kPerBlock, status);
+    GDX_TEST_CUDA(cudaGetLastError());  // a launch that fails (resources) must not pass as silence
     GDX_TEST_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(status[0], 0u) << statusName(static_cast<Status>(status[0]));
     phase("host wait for signal 0 >= " + std::to_string(puts) + ";" + signals({0}));
@@ -344,6 +347,7 @@ void childMain(bool expectDirect) {
       orderSender<<<1, 1024>>>(ch, d.id(), s.id(), src, bytes, rounds, status + 1);
     else
       orderReceiver<<<1, 1024>>>(ch, dst, bytes, rounds, bad, status + 1);
+    GDX_TEST_CUDA(cudaGetLastError());  // a launch that fails (resources) must not pass as silence
     GDX_TEST_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(status[1], 0u) << statusName(static_cast<Status>(status[1])) << signals({1, 2});
     EXPECT_EQ(*bad, 0u) << "bytes seen stale after their signal";
@@ -363,6 +367,7 @@ void childMain(bool expectDirect) {
         formSender<<<1, 256>>>(ch, d.id(), s.id(), src, formRounds, form, ping, status + 1);
       else
         formReceiver<<<1, 256>>>(ch, dst, formRounds, ping, bad, status + 1);
+      GDX_TEST_CUDA(cudaGetLastError());  // a launch that fails (resources) must not pass as silence
       GDX_TEST_CUDA(cudaDeviceSynchronize());
       const char* name = form == 0 ? "single-thread" : form == 1 ? "warp" : "block";
       EXPECT_EQ(status[1], 0u) << name << " form: " << statusName(static_cast<Status>(status[1]))
@@ -377,6 +382,7 @@ void childMain(bool expectDirect) {
     if (expectDirect) {
       phase("atomics");
       directAtomics<<<8, 128>>>(ch, w.id(), 20, status + 2);
+      GDX_TEST_CUDA(cudaGetLastError());  // a launch that fails (resources) must not pass as silence
       GDX_TEST_CUDA(cudaDeviceSynchronize());
       EXPECT_EQ(status[2], 0u);
       ctx.wait(3, 8 * 128);

@@ -166,13 +166,16 @@ __device__ void poller(const KernelParams& p) {
       head += 1;
       continue;
     }
-    // One chunk per block at most, each at least minChunkBytes and a multiple of 16.
+    // One chunk per block at most, each at least minChunkBytes. A chunk of a split transfer is a multiple of 4 KiB,
+    // so every chunk of an aligned transfer starts on a whole 128-byte line: 64 MiB cut for 66 blocks in pieces of
+    // 16 bytes' granularity left every chunk but the first off the line grid, and each warp's 512-byte stores then
+    // touched five lines instead of four (about 6% slower than 32 or 132 blocks on 2 x H100).
     uint32_t chunks = 1;
     uint64_t chunkBytes = (bytes + 15) & ~uint64_t{15};
     if (bytes > p.minChunkBytes) {
       uint64_t c = (bytes + p.minChunkBytes - 1) / p.minChunkBytes;
       if (c > p.copyBlocks) c = p.copyBlocks;
-      chunkBytes = ((bytes + c - 1) / c + 15) & ~uint64_t{15};
+      chunkBytes = ((bytes + c - 1) / c + 4095) & ~uint64_t{4095};
       chunks = static_cast<uint32_t>((bytes + chunkBytes - 1) / chunkBytes);
     }
     const UnitPlan plan = planUnits(n, bytes, chunks, unit);

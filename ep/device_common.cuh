@@ -223,20 +223,23 @@ __device__ inline void finishOp(const Team& t) {
   }
 }
 
-/// A warp copies `bytes` (a multiple of 16, both sides 16-byte aligned): four vectors in flight per lane.
+/// A warp copies `bytes` (a multiple of 16, both sides 16-byte aligned): four vectors in flight per lane, the last
+/// round too (its loads are predicated rather than taken one after another: a slice of a row, see rowSlice, often
+/// ends in a partial round, and three dependent loads there cost three memory latencies).
 __device__ inline void warpCopy16(char* dst, const char* src, uint32_t bytes, int lane) {
   const int4* s = reinterpret_cast<const int4*>(src);
   int4* d = reinterpret_cast<int4*>(dst);
   const uint32_t n = bytes / 16;
-  uint32_t i = lane;
-  for (; i + 96 < n; i += 128) {
-    const int4 v0 = s[i], v1 = s[i + 32], v2 = s[i + 64], v3 = s[i + 96];
+  for (uint32_t i = lane; i < n; i += 128) {
+    int4 v0 = s[i], v1{}, v2{}, v3{};
+    if (i + 32 < n) v1 = s[i + 32];
+    if (i + 64 < n) v2 = s[i + 64];
+    if (i + 96 < n) v3 = s[i + 96];
     d[i] = v0;
-    d[i + 32] = v1;
-    d[i + 64] = v2;
-    d[i + 96] = v3;
+    if (i + 32 < n) d[i + 32] = v1;
+    if (i + 64 < n) d[i + 64] = v2;
+    if (i + 96 < n) d[i + 96] = v3;
   }
-  for (; i < n; i += 32) d[i] = s[i];
 }
 
 /// The same from memory nobody writes during the kernel (the caller's inputs): non-coherent streaming loads.
@@ -244,15 +247,34 @@ __device__ inline void warpCopy16FromInput(char* dst, const char* src, uint32_t 
   const int4* s = reinterpret_cast<const int4*>(src);
   int4* d = reinterpret_cast<int4*>(dst);
   const uint32_t n = bytes / 16;
-  uint32_t i = lane;
-  for (; i + 96 < n; i += 128) {
-    const int4 v0 = __ldg(s + i), v1 = __ldg(s + i + 32), v2 = __ldg(s + i + 64), v3 = __ldg(s + i + 96);
+  for (uint32_t i = lane; i < n; i += 128) {
+    int4 v0 = __ldg(s + i), v1{}, v2{}, v3{};
+    if (i + 32 < n) v1 = __ldg(s + i + 32);
+    if (i + 64 < n) v2 = __ldg(s + i + 64);
+    if (i + 96 < n) v3 = __ldg(s + i + 96);
     d[i] = v0;
-    d[i + 32] = v1;
-    d[i + 64] = v2;
-    d[i + 96] = v3;
+    if (i + 32 < n) d[i + 32] = v1;
+    if (i + 64 < n) d[i + 64] = v2;
+    if (i + 96 < n) d[i + 96] = v3;
   }
-  for (; i < n; i += 32) d[i] = __ldg(s + i);
+}
+
+/// How many warps share one row when a kernel has fewer rows than warps: up to 8, each slice at least one full round
+/// of warpCopy16 (2 KiB). With one warp a row, a call of 128 BF16 tokens left 448 of 576 warps idle and took as long
+/// as one of 512 tokens (each warp's rows are copied round after round, latency-bound). Alike in every warp of the
+/// grid (rows and warps are), so each (row, slice) unit has exactly one warp.
+__device__ inline int rowParts(int rows, int warps, uint32_t rowBytes) {
+  if (rows <= 0 || rows >= warps) return 1;
+  const int byWarps = warps / rows, byBytes = static_cast<int>(rowBytes / 2048);
+  return max(1, min(8, min(byWarps, byBytes)));
+}
+
+/// Slice `part` of `parts` of a row of `bytes` (a multiple of 16): `*offset` and `*len`, both multiples of 16.
+__device__ inline void rowSlice(uint32_t bytes, int part, int parts, uint32_t* offset, uint32_t* len) {
+  const uint32_t vecs = bytes / 16, per = (vecs + parts - 1) / parts;
+  const uint32_t lo = min(vecs, per * part), hi = min(vecs, lo + per);
+  *offset = lo * 16;
+  *len = (hi - lo) * 16;
 }
 
 /// A warp copies `n` floats (no alignment beyond 4 bytes).

@@ -352,7 +352,13 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
   const int nScales = a.row.scaleBytes ? a.hidden / kFp8ScaleBlock : 0;
   const bool withTopk = a.topkIdx != nullptr;
 
-  for (int tok = gw; tok < a.numTokens; tok += W) {
+  // Few tokens: several warps a token, each its slice of the row; the slice-0 warp also writes scales and meta.
+  const int parts = rowParts(a.numTokens, W, xb);
+  for (int unit = gw; unit < a.numTokens * parts; unit += W) {
+    const int tok = unit / parts, part = unit - tok * parts;
+    const bool first = part == 0;
+    uint32_t lo, len;
+    rowSlice(xb, part, parts, &lo, &len);
     const char* src = a.x + int64_t(tok) * xb;
     int64_t expert = -1;
     float weight = 0.f;
@@ -371,7 +377,8 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
       if (d == me) {  // straight into the outputs
         const int row = o.inPrefix[me] + pos;
         if (row >= cap) continue;
-        warpCopy16FromInput(static_cast<char*>(a.out.recvX) + int64_t(row) * xb, src, xb, lane);
+        warpCopy16FromInput(static_cast<char*>(a.out.recvX) + int64_t(row) * xb + lo, src + lo, len, lane);
+        if (!first) continue;
         if (nScales && a.out.recvXScales)
           warpCopyFloats(a.out.recvXScales + int64_t(row) * nScales, a.xScales + int64_t(tok) * nScales, nScales, lane);
         if (withTopk && lane < K) {
@@ -381,7 +388,8 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
         if (lane == 0 && a.out.recvSrcIdx) a.out.recvSrcIdx[row] = tok;
       } else {
         char* dst = rowsOf(t, d) + int64_t(o.atPeer[d] + pos) * a.row.rowBytes;
-        warpCopy16FromInput(dst, src, xb, lane);
+        warpCopy16FromInput(dst + lo, src + lo, len, lane);
+        if (!first) continue;
         if (nScales)
           warpCopyFloats(reinterpret_cast<float*>(dst + a.row.scaleOffset), a.xScales + int64_t(tok) * nScales, nScales,
                          lane);
@@ -394,7 +402,8 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
       const int pos = a.handle.hostPos[int64_t(tok) * R + h];
       if (pos < 0) continue;
       char* dst = stageRows(t, rho) + int64_t(pos) * a.relay.rowBytes;
-      warpCopy16FromInput(dst, src, xb, lane);
+      warpCopy16FromInput(dst + lo, src + lo, len, lane);
+      if (!first) continue;
       if (nScales)
         warpCopyFloats(reinterpret_cast<float*>(dst + a.relay.scaleOffset), a.xScales + int64_t(tok) * nScales, nScales,
                        lane);
@@ -414,10 +423,15 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
   }
   const int end = min(o.inPrefix[R], cap);
   const char* rows = rowsOf(t, me);
-  for (int row = gw; row < end; row += W) {
+  const int outParts = rowParts(end, W, xb);
+  for (int unit = gw; unit < end * outParts; unit += W) {
+    const int row = unit / outParts, part = unit - row * outParts;
     if (row >= o.inPrefix[me] && row < o.inPrefix[me + 1]) continue;  // this rank's own rows are there already
     const char* r = rows + int64_t(row) * a.row.rowBytes;
-    warpCopy16(static_cast<char*>(a.out.recvX) + int64_t(row) * xb, r, xb, lane);
+    uint32_t lo, len;
+    rowSlice(xb, part, outParts, &lo, &len);
+    warpCopy16(static_cast<char*>(a.out.recvX) + int64_t(row) * xb + lo, r + lo, len, lane);
+    if (part != 0) continue;
     if (nScales && a.out.recvXScales)
       warpCopyFloats(a.out.recvXScales + int64_t(row) * nScales, reinterpret_cast<const float*>(r + a.row.scaleOffset),
                      nScales, lane);
@@ -564,15 +578,19 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
   const uint32_t xb = static_cast<uint32_t>(a.hidden) * 2;
   const uint32_t weightsOffset = align16(xb);
   const int total = o.inPrefix[R];
-  for (int row = gw; row < total; row += W) {
+  const int parts = rowParts(total, W, xb);
+  for (int unit = gw; unit < total * parts; unit += W) {
+    const int row = unit / parts, part = unit - row * parts;
     int s = 0;
     while (row >= o.inPrefix[s + 1]) ++s;
     if (s == me) continue;
     const int pos = row - o.inPrefix[s];
     char* dst = isRemote(t, s) ? rowsOf(t, t.relayOf[s][t.hostOf[me]]) + int64_t(o.relayAt[s] + pos) * rowBytes
                                : rowsOf(t, s) + int64_t(o.atPeer[s] + pos) * rowBytes;
-    warpCopy16FromInput(dst, a.x + int64_t(row) * xb, xb, lane);
-    if (a.topkWeights && lane < K)
+    uint32_t lo, len;
+    rowSlice(xb, part, parts, &lo, &len);
+    warpCopy16FromInput(dst + lo, a.x + int64_t(row) * xb + lo, len, lane);
+    if (part == 0 && a.topkWeights && lane < K)
       reinterpret_cast<float*>(dst + weightsOffset)[lane] = a.topkWeights[int64_t(row) * K + lane];
   }
   signalSent(t, e, net);
@@ -584,8 +602,11 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
     finishOp(t);
     return;
   }
-  const uint32_t vecs = xb / 16;
-  for (int tok = gw; tok < a.numTokens; tok += W) {
+  const int sumParts = rowParts(a.numTokens, W, xb);
+  for (int unit = gw; unit < a.numTokens * sumParts; unit += W) {
+    const int tok = unit / sumParts, part = unit - tok * sumParts;
+    uint32_t lo, len;
+    rowSlice(xb, part, sumParts, &lo, &len);
     const char* src[kMaxRanks];
     const float* wsrc[kMaxRanks];
     int n = 0;
@@ -609,9 +630,10 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
       wsrc[n] = reinterpret_cast<const float*>(src[n] + weightsOffset);
       ++n;
     }
-    warpSumRows(a.out + int64_t(tok) * xb, src, n, a.bias0 ? a.bias0 + int64_t(tok) * xb : nullptr,
-                a.bias1 ? a.bias1 + int64_t(tok) * xb : nullptr, vecs, lane);
-    if (a.outWeights && a.topkWeights && lane < K) {
+    for (int j = 0; j < n; ++j) src[j] += lo;
+    warpSumRows(a.out + int64_t(tok) * xb + lo, src, n, a.bias0 ? a.bias0 + int64_t(tok) * xb + lo : nullptr,
+                a.bias1 ? a.bias1 + int64_t(tok) * xb + lo : nullptr, len / 16, lane);
+    if (part == 0 && a.outWeights && a.topkWeights && lane < K) {
       float w = 0.f;
       for (int j = 0; j < n; ++j) w += wsrc[j][lane];
       a.outWeights[int64_t(tok) * K + lane] = w;

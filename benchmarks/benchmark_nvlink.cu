@@ -242,17 +242,21 @@ int rankMain(uint64_t maxBytes, const std::string& resultsPath) {
       GDX_CUDA_CHECK(cudaSetDevice(ctx.gpu().device));
     }
     ctx.barrier();
-    // Latency: a signal alone, then put with signal in each form at 8 B, 4 KiB and 64 KiB; separate signal ids
-    // per case (no re-arming needed).
+    // Latency: a signal alone, then put with signal in each form at 8 B, 4 KiB and 64 KiB, with window ids and
+    // with the windows bound once; separate signal ids per case (no re-arming needed).
     struct LatencyCase {
       Form form;
       uint64_t bytes;
       int iters;
     };
-    const LatencyCase cases[] = {{Form::kSignal, 0, 10000},   {Form::kThread, 8, 10000},    {Form::kWarp, 8, 10000},
-                                 {Form::kBlock, 8, 10000},    {Form::kThread, 4096, 5000},  {Form::kWarp, 4096, 10000},
-                                 {Form::kBlock, 4096, 10000}, {Form::kThread, 65536, 1000}, {Form::kWarp, 65536, 5000},
-                                 {Form::kBlock, 65536, 5000}};
+    const LatencyCase cases[] = {
+        {Form::kSignal, 0, 10000},        {Form::kThread, 8, 10000},         {Form::kWarp, 8, 10000},
+        {Form::kBlock, 8, 10000},         {Form::kThread, 4096, 5000},       {Form::kWarp, 4096, 10000},
+        {Form::kBlock, 4096, 10000},      {Form::kThread, 65536, 1000},      {Form::kWarp, 65536, 5000},
+        {Form::kBlock, 65536, 5000},      {Form::kThreadBound, 8, 10000},    {Form::kWarpBound, 8, 10000},
+        {Form::kBlockBound, 8, 10000},    {Form::kThreadBound, 4096, 5000},  {Form::kWarpBound, 4096, 10000},
+        {Form::kBlockBound, 4096, 10000}, {Form::kThreadBound, 65536, 1000}, {Form::kWarpBound, 65536, 5000},
+        {Form::kBlockBound, 65536, 5000}};
     auto report = [&](const char* what, double oneWayUs) {
       if (*status)
         throw Error(ErrorCode::kInvalidArgument,

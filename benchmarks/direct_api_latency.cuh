@@ -75,9 +75,10 @@ inline std::vector<DirectApiLatency> directApiLatencyOneGpu() {
     uint64_t bytes;
     int iters;
   };
-  const Case cases[] = {{Form::kSignal, 0, 20000},  {Form::kThread, 8, 20000},   {Form::kWarp, 8, 20000},
-                        {Form::kBlock, 8, 20000},   {Form::kThread, 4096, 5000}, {Form::kWarp, 4096, 20000},
-                        {Form::kBlock, 4096, 20000}};
+  const Case cases[] = {{Form::kSignal, 0, 20000},     {Form::kThread, 8, 20000},       {Form::kWarp, 8, 20000},
+                        {Form::kBlock, 8, 20000},      {Form::kThread, 4096, 5000},     {Form::kWarp, 4096, 20000},
+                        {Form::kBlock, 4096, 20000},   {Form::kThreadBound, 8, 20000},  {Form::kWarpBound, 8, 20000},
+                        {Form::kBlockBound, 8, 20000}, {Form::kThreadBound, 4096, 5000}};
   std::vector<DirectApiLatency> out;
   uint32_t id = 0;
   auto finish = [&](const std::string& what, int iters) {

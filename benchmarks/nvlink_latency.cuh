@@ -22,13 +22,28 @@
 
 namespace gdx::bench {
 
-/// How a ping-pong case sends: a signal alone, or putWithSignal in its thread, warp or block form.
-enum class Form : int { kSignal = 0, kThread = 1, kWarp = 2, kBlock = 3 };
+/// How a ping-pong case sends: a signal alone, or putWithSignal in its thread, warp or block form, with window ids
+/// (the DirectPeer table read on every put) or with the windows bound once before the loop (BoundWindows).
+enum class Form : int { kSignal = 0, kThread, kWarp, kBlock, kThreadBound, kWarpBound, kBlockBound };
 inline const char* formName(Form f) {
-  return f == Form::kSignal ? "signal" : f == Form::kThread ? "thread" : f == Form::kWarp ? "warp" : "block";
+  switch (f) {
+    case Form::kSignal: return "signal";
+    case Form::kThread: return "thread";
+    case Form::kWarp: return "warp";
+    case Form::kBlock: return "block";
+    case Form::kThreadBound: return "thread-bound";
+    case Form::kWarpBound: return "warp-bound";
+    default: return "block-bound";
+  }
+}
+__host__ __device__ constexpr bool isWarpForm(Form f) {
+  return f == Form::kWarp || f == Form::kWarpBound;
+}
+__host__ __device__ constexpr bool isBlockForm(Form f) {
+  return f == Form::kBlock || f == Form::kBlockBound;
 }
 inline unsigned formThreads(Form f) {
-  return f == Form::kWarp ? 32 : f == Form::kBlock ? 512 : 1;
+  return isWarpForm(f) ? 32 : isBlockForm(f) ? 512 : 1;
 }
 
 // Ping-pong: rank 0 sends `bytes` with signal `ping` = i and waits for `pong` >= i; rank 1 the mirror image. One
@@ -42,16 +57,20 @@ __global__ void pingPong(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWi
                          uint32_t* status) {
   __shared__ uint32_t waited;
   if (gridDim.x == 2) initiator = blockIdx.x == 0;
+  const BoundWindows w = ch.bind(dstWin, srcWin);  // used by the bound forms only
   auto send = [&](uint32_t id, uint64_t i) {
     if constexpr (kForm == Form::kSignal) return ch.signal(id, i, SignalOp::kSet);
     if constexpr (kForm == Form::kThread) return ch.putWithSignal(dstWin, 0, srcWin, 0, bytes, id, i, SignalOp::kSet);
     if constexpr (kForm == Form::kWarp) return ch.putWithSignalWarp(dstWin, 0, srcWin, 0, bytes, id, i, SignalOp::kSet);
     if constexpr (kForm == Form::kBlock)
       return ch.putWithSignalBlock(dstWin, 0, srcWin, 0, bytes, id, i, SignalOp::kSet);
+    if constexpr (kForm == Form::kThreadBound) return ch.putWithSignal(w, 0, 0, bytes, id, i, SignalOp::kSet);
+    if constexpr (kForm == Form::kWarpBound) return ch.putWithSignalWarp(w, 0, 0, bytes, id, i, SignalOp::kSet);
+    if constexpr (kForm == Form::kBlockBound) return ch.putWithSignalBlock(w, 0, 0, bytes, id, i, SignalOp::kSet);
   };
   auto recv = [&](uint32_t id, uint64_t i) {
-    if constexpr (kForm == Form::kWarp) return ch.waitWarp(id, i);
-    if constexpr (kForm != Form::kBlock) return ch.wait(id, i);
+    if constexpr (isWarpForm(kForm)) return ch.waitWarp(id, i);
+    if constexpr (!isBlockForm(kForm)) return ch.wait(id, i);
     if (threadIdx.x == 0) waited = static_cast<uint32_t>(ch.wait(id, i));
     __syncthreads();  // the block sees what the signal announced, and every thread the same status
     const Status s = static_cast<Status>(waited);
@@ -79,18 +98,18 @@ inline void launchPingPong(Form form, ChannelDeviceHandle ch, uint32_t dstWin, u
                            int iters, int warmup, bool initiator, uint32_t ping, uint32_t pong, uint64_t* elapsedNs,
                            uint32_t* status, int blocks = 1) {
   const unsigned threads = formThreads(form);
-  if (form == Form::kSignal)
-    pingPong<Form::kSignal>
-        <<<blocks, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
-  else if (form == Form::kThread)
-    pingPong<Form::kThread>
-        <<<blocks, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
-  else if (form == Form::kWarp)
-    pingPong<Form::kWarp>
-        <<<blocks, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
-  else
-    pingPong<Form::kBlock>
-        <<<blocks, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks, threads>>>(ch, dstWin, srcWin, bytes, iters, warmup, initiator, ping, pong, elapsedNs, status);
+  };
+  switch (form) {
+    case Form::kSignal: launch(pingPong<Form::kSignal>); break;
+    case Form::kThread: launch(pingPong<Form::kThread>); break;
+    case Form::kWarp: launch(pingPong<Form::kWarp>); break;
+    case Form::kBlock: launch(pingPong<Form::kBlock>); break;
+    case Form::kThreadBound: launch(pingPong<Form::kThreadBound>); break;
+    case Form::kWarpBound: launch(pingPong<Form::kWarpBound>); break;
+    default: launch(pingPong<Form::kBlockBound>); break;
+  }
   GDX_CUDA_CHECK(cudaGetLastError());
 }
 

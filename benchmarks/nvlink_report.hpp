@@ -91,8 +91,10 @@ inline void printQueue(Results& r, const std::vector<std::string>& grid, const s
 // of the signal's release; JSON members end with a comma.
 inline void printLatency(const Results& latency, const std::map<int, double>& encodings,
                          const std::map<uint64_t, double>& ncclLatency, std::ostringstream& js) {
-  std::printf("\nput-with-signal latency, us one way (half a ping-pong round trip):\n%8s %10s %10s %10s %10s\n", "form",
-              "signal", "8 B", "4 KiB", "64 KiB");
+  std::printf(
+      "\nput-with-signal latency, us one way (half a ping-pong round trip; -bound: windows bound once):\n%12s %10s "
+      "%10s %10s %10s\n",
+      "form", "signal", "8 B", "4 KiB", "64 KiB");
   auto at = [&](const char* form, uint64_t b) {
     auto f = latency.find(form);
     if (f == latency.end()) return -1.0;
@@ -100,8 +102,8 @@ inline void printLatency(const Results& latency, const std::map<int, double>& en
     return it == f->second.end() ? -1.0 : it->second;
   };
   const double signalOnly = at("signal", 0);
-  for (const char* form : {"thread", "warp", "block"})
-    std::printf("%8s %10.2f %10.2f %10.2f %10.2f\n", form, signalOnly, at(form, 8), at(form, 4096), at(form, 65536));
+  for (const char* form : {"thread", "warp", "block", "thread-bound", "warp-bound", "block-bound"})
+    std::printf("%12s %10.2f %10.2f %10.2f %10.2f\n", form, signalOnly, at(form, 8), at(form, 4096), at(form, 65536));
   js << "\n  \"put_with_signal_latency_us_one_way\": [";
   bool first = true;
   for (auto& [form, bytes] : latency)

@@ -12,6 +12,8 @@
 //    forms copy with one thread, 8 loads of 16 bytes in flight (when source and destination agree modulo 16):
 //    about one microsecond per KiB; anything past a few KiB belongs to the warp (…Warp) or block (…Block) forms,
 //    which move 32 or blockDim times as much per round trip.
+//    A kernel that puts between the same two windows many times binds them once, bind(dstWindow, srcWindow) ->
+//    BoundWindows, and passes that to the put forms: on the direct path a put then loads nothing from the table.
 //    Ordering between direct-path operations and proxied operations to the same peer is not guaranteed:
 //    announce data with a signal of the path that carried it.
 // Relayed handles (Context::deviceRelayChannel): `peer` is a relay on the destination's host and `forwardTo` the
@@ -73,6 +75,20 @@
 
 namespace gdx {
 
+/// A destination window of the peer and a source window of this rank, resolved once for a run of puts
+/// (ChannelDeviceHandle::bind), as MSCCL++'s memory channels bind their memory when they are made. On the direct
+/// path it holds both windows' addresses and lengths, so a put that takes it loads nothing from the DirectPeer table:
+/// after a wait's acquire those loads are an L2 round trip of their own on every put (about 0.5 us of an 8-byte
+/// put+signal's 3.0 us one way on H100). Elsewhere (`dst` null) the puts go through the proxy with the window ids.
+/// Valid while both windows stay registered, like the handle itself.
+struct BoundWindows {
+  uint32_t dstWindow = 0, srcWindow = 0;
+  char* dst = nullptr;        ///< the peer's window dstWindow mapped here (direct path); null: through the proxy
+  const char* src = nullptr;  ///< this rank's window srcWindow as kernels address it
+  uint64_t dstBytes = 0, srcBytes = 0;
+};
+static_assert(std::is_trivially_copyable<BoundWindows>::value, "kept in registers and passed by value");
+
 struct ChannelDeviceHandle {
   RingDeviceHandle ring;
   uint64_t* signals;  ///< this rank's signal array as the GPU sees it
@@ -120,20 +136,15 @@ struct ChannelDeviceHandle {
     uint64_t* signal;  ///< the peer's signal word; null without a signal
     int path;          ///< 1: direct, 0: through the proxy, -1: the range lies outside a direct-path window
   };
-  GDX_DEVICE_INLINE DirectRoute directRoute(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
-                                            uint64_t srcOffset, uint64_t bytes, bool withSignal,
-                                            uint32_t signalId) const {
-    if (!direct) return DirectRoute{nullptr, nullptr, nullptr, 0};
-    char* db = tableField(&direct->peerBase[dstWindow]);
-    char* sb = tableField(&direct->localBase[srcWindow]);
-    const uint64_t dn = tableField(&direct->peerBytes[dstWindow]);
-    const uint64_t sn = tableField(&direct->localBytes[srcWindow]);
-    if (!db || !sb) return DirectRoute{nullptr, nullptr, nullptr, 0};
+  GDX_DEVICE_INLINE DirectRoute directRoute(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
+                                            uint64_t bytes, bool withSignal, uint32_t signalId) const {
+    if (!direct || !w.dst || !w.src) return DirectRoute{nullptr, nullptr, nullptr, 0};
+    const uint64_t dn = w.dstBytes, sn = w.srcBytes;
     if (dstOffset > dn || bytes > dn - dstOffset || srcOffset > sn || bytes > sn - srcOffset)
       return DirectRoute{nullptr, nullptr, nullptr, -1};
     uint64_t* signal = withSignal ? directSignalWord(signalId) : nullptr;
     if (withSignal && !signal) return DirectRoute{nullptr, nullptr, nullptr, 0};
-    return DirectRoute{db + dstOffset, sb + srcOffset, signal, 1};
+    return DirectRoute{w.dst + dstOffset, w.src + srcOffset, signal, 1};
   }
   /// The peer's signal word on the direct path; null when the signal goes through the proxy.
   GDX_DEVICE_INLINE uint64_t* directSignalWord(uint32_t signalId) const {
@@ -147,6 +158,29 @@ struct ChannelDeviceHandle {
       atomicStore(w, value, kRelease);
   }
 #endif
+
+  /// The windows `dstWindow` (the peer's) and `srcWindow` (this rank's) resolved for the puts that take a
+  /// BoundWindows: on the direct path the four DirectPeer fields are loaded here, together, once.
+  GDX_HOST_DEVICE_INLINE BoundWindows bind(uint32_t dstWindow, uint32_t srcWindow) const {
+    BoundWindows w;
+    w.dstWindow = dstWindow;
+    w.srcWindow = srcWindow;
+#if GDX_DEVICE_COMPILE
+    if (direct && dstWindow < kMaxWindows && srcWindow < kMaxWindows) {
+      char* db = tableField(&direct->peerBase[dstWindow]);
+      const char* sb = tableField(&direct->localBase[srcWindow]);
+      const uint64_t dn = tableField(&direct->peerBytes[dstWindow]);
+      const uint64_t sn = tableField(&direct->localBytes[srcWindow]);
+      if (db && sb) {
+        w.dst = db;
+        w.src = sb;
+        w.dstBytes = dn;
+        w.srcBytes = sn;
+      }
+    }
+#endif
+    return w;
+  }
 
   GDX_HOST_DEVICE_INLINE Status enqueue(const Command& c) {
     uint64_t pos;
@@ -167,12 +201,16 @@ struct ChannelDeviceHandle {
   /// `dstOffset`. Larger than kMaxCommandBytes: several commands. Zero bytes: nothing to do.
   GDX_HOST_DEVICE_INLINE Status put(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                     uint64_t bytes) {
-    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || !addressable(dstOffset, bytes) ||
+    return put(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes);
+  }
+  /// put() between windows bound once (bind): no table load on the direct path.
+  GDX_HOST_DEVICE_INLINE Status put(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
+    if (w.dstWindow >= kMaxWindows || w.srcWindow >= kMaxWindows || !addressable(dstOffset, bytes) ||
         !addressable(srcOffset, bytes))
       return Status::kInvalidArgument;
 #if GDX_DEVICE_COMPILE
     {
-      const DirectRoute r = directRoute(dstWindow, dstOffset, srcWindow, srcOffset, bytes, false, 0);
+      const DirectRoute r = directRoute(w, dstOffset, srcOffset, bytes, false, 0);
       if (r.path < 0) return Status::kInvalidArgument;
       if (r.path > 0) {
         copySingleThread(r.dst, r.src, bytes);
@@ -180,7 +218,7 @@ struct ChannelDeviceHandle {
       }
     }
 #endif
-    return enqueuePut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, nullptr);
+    return enqueuePut(w.dstWindow, dstOffset, w.srcWindow, srcOffset, bytes, nullptr);
   }
 
   /// Proxy-path commands of a put (put_commands.hpp), with `signal` on the last piece when given.
@@ -210,13 +248,19 @@ struct ChannelDeviceHandle {
   GDX_HOST_DEVICE_INLINE Status putWithSignal(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                               uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
                                               SignalOp op = SignalOp::kAdd) {
-    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals ||
+    return putWithSignal(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, signalId, value, op);
+  }
+  /// putWithSignal() between windows bound once (bind): no table load on the direct path.
+  GDX_HOST_DEVICE_INLINE Status putWithSignal(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
+                                              uint64_t bytes, uint32_t signalId, uint64_t value,
+                                              SignalOp op = SignalOp::kAdd) {
+    if (w.dstWindow >= kMaxWindows || w.srcWindow >= kMaxWindows || signalId >= kMaxSignals ||
         !addressable(dstOffset, bytes) || !addressable(srcOffset, bytes))
       return Status::kInvalidArgument;
     if (bytes == 0) return signal(signalId, value, op);
 #if GDX_DEVICE_COMPILE
     {
-      const DirectRoute r = directRoute(dstWindow, dstOffset, srcWindow, srcOffset, bytes, true, signalId);
+      const DirectRoute r = directRoute(w, dstOffset, srcOffset, bytes, true, signalId);
       if (r.path < 0) return Status::kInvalidArgument;
       if (r.path > 0) {
         copySingleThread(r.dst, r.src, bytes);
@@ -226,7 +270,7 @@ struct ChannelDeviceHandle {
     }
 #endif
     const SignalUpdateArgs update{signalId, value, op};
-    return enqueuePut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, &update);
+    return enqueuePut(w.dstWindow, dstOffset, w.srcWindow, srcOffset, bytes, &update);
   }
 
   /// Sets or adds to the peer's signal `signalId`, after every earlier operation of this ring to the peer.
@@ -329,12 +373,12 @@ struct ChannelDeviceHandle {
   /// Direct path, cooperative: every calling thread copies its share, then a barrier (`sync`), then `leader`
   /// signals. Returns -1 (nothing done: proxy path), else the status.
   template <typename Sync>
-  GDX_DEVICE_INLINE int directCooperative(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
-                                          uint64_t srcOffset, uint64_t bytes, bool withSignal, uint32_t signalId,
-                                          uint64_t value, SignalOp op, uint64_t tid, uint64_t nthreads, Sync&& sync) {
-    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals)
+  GDX_DEVICE_INLINE int directCooperative(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes,
+                                          bool withSignal, uint32_t signalId, uint64_t value, SignalOp op, uint64_t tid,
+                                          uint64_t nthreads, Sync&& sync) {
+    if (w.dstWindow >= kMaxWindows || w.srcWindow >= kMaxWindows || signalId >= kMaxSignals)
       return int(Status::kInvalidArgument);
-    const DirectRoute r = directRoute(dstWindow, dstOffset, srcWindow, srcOffset, bytes, withSignal, signalId);
+    const DirectRoute r = directRoute(w, dstOffset, srcOffset, bytes, withSignal, signalId);
     if (r.path < 0) return int(Status::kInvalidArgument);
     if (r.path == 0) return -1;
     copyCooperative(r.dst, r.src, bytes, tid, nthreads);
@@ -346,46 +390,63 @@ struct ChannelDeviceHandle {
   }
   GDX_DEVICE_INLINE Status putWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                    uint64_t bytes) {
-    const unsigned mask = __activemask();
-    int r = directCooperative(dstWindow, dstOffset, srcWindow, srcOffset, bytes, false, 0, 0, SignalOp::kAdd,
-                              __popc(mask & ((1u << ptx::laneId()) - 1)), __popc(mask), [&] { __syncwarp(mask); });
-    if (r >= 0) return static_cast<Status>(r);
-    return onLeader(
-        [&] { return proxyPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, false, 0, 0, SignalOp::kAdd); });
+    return putWithSignalWarpImpl(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
+  }
+  GDX_DEVICE_INLINE Status putWarp(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
+    return putWithSignalWarpImpl(w, dstOffset, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
   }
   GDX_DEVICE_INLINE Status putWithSignalWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                              uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
                                              SignalOp op = SignalOp::kAdd) {
+    return putWithSignalWarpImpl(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, true, signalId, value, op);
+  }
+  GDX_DEVICE_INLINE Status putWithSignalWarp(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
+                                             uint64_t bytes, uint32_t signalId, uint64_t value,
+                                             SignalOp op = SignalOp::kAdd) {
+    return putWithSignalWarpImpl(w, dstOffset, srcOffset, bytes, true, signalId, value, op);
+  }
+  GDX_DEVICE_INLINE Status putWithSignalWarpImpl(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
+                                                 uint64_t bytes, bool withSignal, uint32_t signalId, uint64_t value,
+                                                 SignalOp op) {
     const unsigned mask = __activemask();
-    int r = directCooperative(dstWindow, dstOffset, srcWindow, srcOffset, bytes, true, signalId, value, op,
+    int r = directCooperative(w, dstOffset, srcOffset, bytes, withSignal, signalId, value, op,
                               __popc(mask & ((1u << ptx::laneId()) - 1)), __popc(mask), [&] { __syncwarp(mask); });
     if (r >= 0) return static_cast<Status>(r);
-    return onLeader(
-        [&] { return proxyPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, true, signalId, value, op); });
+    return onLeader([&] {
+      return proxyPut(w.dstWindow, dstOffset, w.srcWindow, srcOffset, bytes, withSignal, signalId, value, op);
+    });
   }
   /// Block-cooperative forms: every thread of the block calls with the same arguments (they contain
   /// __syncthreads). Direct path: the block copies, then thread 0 signals. Proxy path: thread (0,0,0) enqueues;
   /// the others get kOk.
   GDX_DEVICE_INLINE Status putBlock(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                     uint64_t bytes) {
-    return putWithSignalBlockImpl(dstWindow, dstOffset, srcWindow, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
+    return putWithSignalBlockImpl(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
+  }
+  GDX_DEVICE_INLINE Status putBlock(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
+    return putWithSignalBlockImpl(w, dstOffset, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
   }
   GDX_DEVICE_INLINE Status putWithSignalBlock(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                               uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
                                               SignalOp op = SignalOp::kAdd) {
-    return putWithSignalBlockImpl(dstWindow, dstOffset, srcWindow, srcOffset, bytes, true, signalId, value, op);
+    return putWithSignalBlockImpl(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, true, signalId, value, op);
   }
-  GDX_DEVICE_INLINE Status putWithSignalBlockImpl(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
-                                                  uint64_t srcOffset, uint64_t bytes, bool withSignal,
-                                                  uint32_t signalId, uint64_t value, SignalOp op) {
+  GDX_DEVICE_INLINE Status putWithSignalBlock(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
+                                              uint64_t bytes, uint32_t signalId, uint64_t value,
+                                              SignalOp op = SignalOp::kAdd) {
+    return putWithSignalBlockImpl(w, dstOffset, srcOffset, bytes, true, signalId, value, op);
+  }
+  GDX_DEVICE_INLINE Status putWithSignalBlockImpl(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
+                                                  uint64_t bytes, bool withSignal, uint32_t signalId, uint64_t value,
+                                                  SignalOp op) {
     const uint64_t tid = threadIdx.x + blockDim.x * (threadIdx.y + uint64_t(blockDim.y) * threadIdx.z);
     const uint64_t n = uint64_t(blockDim.x) * blockDim.y * blockDim.z;
-    int r = directCooperative(dstWindow, dstOffset, srcWindow, srcOffset, bytes, withSignal, signalId, value, op, tid,
-                              n, [] { __syncthreads(); });
+    int r = directCooperative(w, dstOffset, srcOffset, bytes, withSignal, signalId, value, op, tid, n,
+                              [] { __syncthreads(); });
     if (r >= 0) return static_cast<Status>(r);
     __syncthreads();  // the block's writes (the data to send) are ordered before the enqueue's release fence
     if (tid != 0) return Status::kOk;
-    return proxyPut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, withSignal, signalId, value, op);
+    return proxyPut(w.dstWindow, dstOffset, w.srcWindow, srcOffset, bytes, withSignal, signalId, value, op);
   }
   GDX_DEVICE_INLINE Status signalWarp(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd) {
     return onLeader([&] { return signal(signalId, value, op); });

@@ -198,10 +198,12 @@ __device__ unsigned char roundByte(int r, uint64_t i) {
   return static_cast<unsigned char>(r * 131 + i * 7 + (i >> 8));
 }
 
-// The same ping-pong for each form of putWithSignal (0: one thread, 1: one warp, 2: the block), signals `ping` and
-// `ping` + 1: the sender writes round r's bytes, puts them with ping = r and waits for the ack.
+// The same ping-pong for each form of putWithSignal (0: one thread, 1: one warp, 2: the block; 3..5: the same with
+// the windows bound once, BoundWindows), signals `ping` and `ping` + 1: the sender writes round r's bytes, puts them
+// with ping = r and waits for the ack.
 __global__ void formSender(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, unsigned char* src, int rounds,
                            int form, uint32_t ping, uint32_t* status) {
+  const BoundWindows w = ch.bind(dstWin, srcWin);
   for (int r = 1; r <= rounds; ++r) {
     uint64_t so, dof, bytes;
     roundShape(r, &so, &dof, &bytes);
@@ -214,6 +216,12 @@ __global__ void formSender(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t src
       s = ch.putWithSignalWarp(dstWin, dof, srcWin, so, bytes, ping, r, SignalOp::kSet);
     else if (form == 2)
       s = ch.putWithSignalBlock(dstWin, dof, srcWin, so, bytes, ping, r, SignalOp::kSet);
+    else if (form == 3 && threadIdx.x == 0)
+      s = ch.putWithSignal(w, dof, so, bytes, ping, r, SignalOp::kSet);
+    else if (form == 4 && threadIdx.x < 32)
+      s = ch.putWithSignalWarp(w, dof, so, bytes, ping, r, SignalOp::kSet);
+    else if (form == 5)
+      s = ch.putWithSignalBlock(w, dof, so, bytes, ping, r, SignalOp::kSet);
     if (threadIdx.x == 0) {
       if (s == Status::kOk) s = ch.wait(ping + 1, r);
       if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
@@ -353,8 +361,9 @@ void childMain(bool expectDirect) {
     EXPECT_EQ(*bad, 0u) << "bytes seen stale after their signal";
     ctx.barrier();
 
-    // Ordering and content for each form (thread, warp, block) at 1 B .. 64 KiB, aligned and not; rank 0 sends.
-    for (int form = 0; form < 3; ++form) {
+    // Ordering and content for each form (thread, warp, block; with window ids, then bound) at 1 B .. 64 KiB,
+    // aligned and not; rank 0 sends.
+    for (int form = 0; form < 6; ++form) {
       const int formRounds = expectDirect ? 800 : 80;
       const uint32_t ping = 4 + 2 * form;
       *bad = 0;
@@ -369,7 +378,9 @@ void childMain(bool expectDirect) {
         formReceiver<<<1, 256>>>(ch, dst, formRounds, ping, bad, status + 1);
       GDX_TEST_CUDA(cudaGetLastError());  // a launch that fails (resources) must not pass as silence
       GDX_TEST_CUDA(cudaDeviceSynchronize());
-      const char* name = form == 0 ? "single-thread" : form == 1 ? "warp" : "block";
+      const char* const names[] = {"single-thread",       "warp",       "block",
+                                   "bound single-thread", "bound warp", "bound block"};
+      const char* name = names[form];
       EXPECT_EQ(status[1], 0u) << name << " form: " << statusName(static_cast<Status>(status[1]))
                                << signals({ping, ping + 1});
       EXPECT_EQ(*bad, 0u) << name << " form: bytes that were not the round's data after its signal was seen (or "

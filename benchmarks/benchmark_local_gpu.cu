@@ -154,13 +154,19 @@ __global__ void pushCommands(const RingDeviceHandle* rings, int numRings, int pe
 }
 
 // The raw limit of the producer side: every thread stores 16-byte commands into host-mapped memory as fast as
-// it can (each warp its own 512-byte lines, no reservation, no consumer).
+// it can (each warp its own 512-byte lines, no reservation, no consumer). kFenced: each store after a system-scope
+// release fence, as the ring publishes a command (one fence per warp-wide store: the floor of a push without its
+// reservation, which is what bounds a single block).
+template <bool kFenced>
 __global__ void storeCommands(Command* slots, uint64_t capacity, int perThread) {
   const uint64_t thread = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
   const Command c = Command::put(0, 0, threadIdx.x, 0, blockIdx.x, 8);
   for (int i = 0; i < perThread; ++i) {
     Command* slot = &slots[(thread + uint64_t(i) * gridDim.x * blockDim.x) & (capacity - 1)];
-    ptx::relaxedStore128Sys(slot->word, c.word[0], c.word[1]);
+    if constexpr (kFenced)
+      ptx::releaseStore128Sys(slot->word, c.word[0], c.word[1]);
+    else
+      ptx::relaxedStore128Sys(slot->word, c.word[0], c.word[1]);
   }
 }
 
@@ -179,8 +185,9 @@ struct RateRow {
 };
 
 struct RateLimits {
-  double storesPerSec;   ///< 16-byte stores into host-mapped memory from 132 blocks
-  double drainedPerSec;  ///< one proxy thread draining a ring its producers filled beforehand
+  double storesPerSec;          ///< 16-byte stores into host-mapped memory from 132 blocks
+  double fencedOneBlockPerSec;  ///< the same from one block, a system release fence before each warp's store
+  double drainedPerSec;         ///< one proxy thread draining a ring its producers filled beforehand
 };
 
 RateLimits rawRateLimits(WindowRegistry& registry) {
@@ -190,9 +197,15 @@ RateLimits rawRateLimits(WindowRegistry& registry) {
     Command* slots = nullptr;
     GDX_CUDA_CHECK(cudaHostAlloc(&slots, kCapacity * sizeof(Command), cudaHostAllocMapped));
     const int blocks = 132, perThread = perThreadFor(blocks);
-    storeCommands<<<blocks, kRateThreadsPerBlock>>>(slots, kCapacity, 16);  // warm-up
-    const float ms = eventMs([&] { storeCommands<<<blocks, kRateThreadsPerBlock>>>(slots, kCapacity, perThread); });
+    storeCommands<false><<<blocks, kRateThreadsPerBlock>>>(slots, kCapacity, 16);  // warm-up
+    const float ms =
+        eventMs([&] { storeCommands<false><<<blocks, kRateThreadsPerBlock>>>(slots, kCapacity, perThread); });
     l.storesPerSec = double(blocks) * kRateThreadsPerBlock * perThread / (ms / 1e3);
+    const int onePerThread = perThreadFor(1);
+    storeCommands<true><<<1, kRateThreadsPerBlock>>>(slots, kCapacity, 16);
+    const float fencedMs =
+        eventMs([&] { storeCommands<true><<<1, kRateThreadsPerBlock>>>(slots, kCapacity, onePerThread); });
+    l.fencedOneBlockPerSec = double(kRateThreadsPerBlock) * onePerThread / (fencedMs / 1e3);
     cudaFreeHost(slots);
   }
   {
@@ -415,9 +428,10 @@ int runGpuMode(const GpuModeOptions& opt) {
         what, f.signalAckUs, f.completionUs, f.rawRoundTripUs);
   std::printf(
       "null transport command rate (Mcommands/s), %d threads per block, each warp on ring warp %% rings;\n"
-      "raw limits: 16-byte stores into host-mapped memory from 132 blocks %.1f M/s, one proxy thread draining a "
-      "filled ring %.1f M/s\n",
-      kRateThreadsPerBlock, limits.storesPerSec / 1e6, limits.drainedPerSec / 1e6);
+      "raw limits: 16-byte stores into host-mapped memory from 132 blocks %.1f M/s; from 1 block, each warp's store "
+      "after a system release fence (a push less its reservation) %.1f M/s; one proxy thread draining a filled ring "
+      "%.1f M/s\n",
+      kRateThreadsPerBlock, limits.storesPerSec / 1e6, limits.fencedOneBlockPerSec / 1e6, limits.drainedPerSec / 1e6);
   for (int rings : kRateRingsPerThread) {
     std::printf("%d device ring(s) per proxy thread\n%8s", rings, "blocks");
     for (int t : {1, 2, 4, 8}) std::printf(" %8s", ("proxy" + std::to_string(t)).c_str());
@@ -438,6 +452,7 @@ int runGpuMode(const GpuModeOptions& opt) {
       << ",\"raw_round_trip_device_signal_us\":" << rawDeviceSignalUs
       << ",\"put_with_signal_host_windows_us\":" << hostWindowLatencyUs << ",\"enqueue_us\":" << enqueueUs
       << ",\"proxy_handling_us\":" << proxyHandlingUs << ",\"raw_store_commands_per_s\":" << limits.storesPerSec
+      << ",\"raw_fenced_store_one_block_commands_per_s\":" << limits.fencedOneBlockPerSec
       << ",\"raw_drain_commands_per_s\":" << limits.drainedPerSec << ",\"sizes\":[";
   for (size_t i = 0; i < sizes.size(); ++i)
     out << (i ? "," : "") << "{\"bytes\":" << sizes[i].bytes << ",\"latency_us\":" << sizes[i].latencyUs

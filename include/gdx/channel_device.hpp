@@ -53,10 +53,11 @@
 // lane's return value is the enqueue status; flushWarp gives every lane the leader's command errors, waitWarp the
 // peer's failure).
 // Lanes are numbered by %laneid, so any block shape works.
-// Registers: a kernel that calls the put forms takes 80 (the block form alone) to 127 (all three) registers a
-// thread on sm_90 when the compiler is free to choose; a block of 1024 threads may have 64. A kernel of more than 512
-// threads must declare __launch_bounds__(threads): without it the launch fails with cudaErrorLaunchOutOfResources,
-// which only cudaGetLastError() after the launch reports (the kernel never runs, and its peer's waits time out).
+// Registers: a kernel that calls the put forms takes 72 to 132 registers a thread on sm_90 when the compiler is free
+// to choose (gdx's test and benchmark kernels), more than a block of 512 threads may have (128) and twice what one of
+// 1024 may (64). A kernel of more than 256 threads must declare __launch_bounds__(threads): without it the launch
+// can fail with cudaErrorLaunchOutOfResources, which only cudaGetLastError() after the launch reports (the kernel
+// never runs, and its peer's waits time out).
 #pragma once
 
 #include <cstdint>

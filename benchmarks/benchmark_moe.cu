@@ -1,8 +1,8 @@
 // benchmark_moe: MoE dispatch and combine of gdx::ep::Buffer (normal mode, direct NVLink path) between the GPUs of
 // one host, one process a GPU (self-launched), and in the same run NCCL's all_to_all_single through PyTorch carrying
 // the same bytes. Per token count (128 .. 4096 per rank, hidden 7168, top-8 of 256 experts, uniformly random routing)
-// and dtype (BF16, FP8 with scales): the mean time of the timed calls (cached form: the handle of a prepare reused;
-// after warm-up), GB/s counted as DeepEP does (received rows x hidden x 2 for BF16, x (1 + 4/128) for FP8; combine
+// and dtype (BF16, FP8 with scales): the time per call, the median of 5 rounds' means of the timed calls (cached form:
+// the handle of a prepare reused; after warm-up; NCCL timed alike), GB/s counted as DeepEP does (received rows x hidden x 2 for BF16, x (1 + 4/128) for FP8; combine
 // as BF16), and the SMs the kernels use. Table on stdout, JSON with --json.
 // With --hosts N the ranks form N emulated hosts (GDX_HOSTS): ranks on other hosts are reached through the proxy and
 // the transport (TCP here), which is how the internode path is measured on one machine.
@@ -57,24 +57,32 @@ __global__ void fillKernel(uint32_t* p, size_t words, uint32_t seed) {
   }
 }
 
-/// Mean time of `iters` back-to-back collective calls on `s`. The ranks leave the host barrier before it at different
-/// moments (tens of microseconds apart); a few untimed calls queued right before the timed ones let the ranks' kernels
-/// wait for each other there, so that the timed calls start together and a small case does not carry that skew.
+/// Time per call of `iters` back-to-back collective calls on `s`: the median over kRounds rounds of each round's mean.
+/// The ranks leave the host barrier before it at different moments (tens of microseconds apart); a few untimed calls
+/// queued right before each round let the ranks' kernels wait for each other there, so that the timed calls start
+/// together and a small case does not carry that skew. The median of rounds keeps one stall of a host thread (a
+/// round's calls issued late: seen as one 128-token case of 20 calls 30 us a call slower than the same case run again
+/// in the same process, on 2 x H200) from standing for the case.
 float timeMs(cudaStream_t s, int iters, const std::function<void()>& call) {
-  constexpr int kAlignCalls = 3;
+  constexpr int kAlignCalls = 3, kRounds = 5;
   cudaEvent_t a, b;
   GDX_CUDA_CHECK(cudaEventCreate(&a));
   GDX_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < kAlignCalls; ++i) call();
-  GDX_CUDA_CHECK(cudaEventRecord(a, s));
-  for (int i = 0; i < iters; ++i) call();
-  GDX_CUDA_CHECK(cudaEventRecord(b, s));
-  GDX_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  GDX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  std::vector<float> perCall;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < kAlignCalls; ++i) call();
+    GDX_CUDA_CHECK(cudaEventRecord(a, s));
+    for (int i = 0; i < iters; ++i) call();
+    GDX_CUDA_CHECK(cudaEventRecord(b, s));
+    GDX_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    GDX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    perCall.push_back(ms / iters);
+  }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  return ms / iters;
+  std::sort(perCall.begin(), perCall.end());
+  return perCall[perCall.size() / 2];
 }
 
 // One rank: every (tokens, dtype) case; rank 0 writes "moe TOKENS DTYPE OP US BYTES" lines (means over the ranks).
@@ -225,11 +233,14 @@ def run(rank, world, port, iters, cases):
         for i in range(5): dist.all_to_all_single(b, a)
         torch.cuda.synchronize(); dist.barrier(); torch.cuda.synchronize()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for i in range(3): dist.all_to_all_single(b, a)  # untimed, lining the ranks up as gdx's calls are
-        s.record()
-        for i in range(iters): dist.all_to_all_single(b, a)
-        e.record(); torch.cuda.synchronize()
-        if rank == 0: print(f"nccl {key} {s.elapsed_time(e) / iters * 1e3}", flush=True)
+        rounds = []
+        for r in range(5):  # the median of 5 rounds' means, as gdx's timeMs
+            for i in range(3): dist.all_to_all_single(b, a)  # untimed, lining the ranks up as gdx's calls are
+            s.record()
+            for i in range(iters): dist.all_to_all_single(b, a)
+            e.record(); torch.cuda.synchronize()
+            rounds.append(s.elapsed_time(e) / iters * 1e3)
+        if rank == 0: print(f"nccl {key} {sorted(rounds)[2]}", flush=True)
     dist.destroy_process_group()
 if __name__ == "__main__":
     world, port, iters = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -301,7 +312,7 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
   gpus = std::max(1, std::min(gpus, ranks));
   std::printf(
       "benchmark_moe: %d ranks on %d x %s, %d host(s) (%d rank(s) through the proxy per rank), %s; hidden %d, top-%d "
-      "of %d experts, %d SMs x %d threads per kernel, mean of %d calls\n",
+      "of %d experts, %d SMs x %d threads per kernel, median of 5 rounds' means of %d calls\n",
       ranks, gpus, gpu.c_str(), std::max(hosts, 1), remote, date.c_str(), kHidden, kTopk, o.experts, sms, threads,
       o.iters);
   std::printf("%8s %6s %9s %10s %9s %11s %10s %8s\n", "tokens", "dtype", "op", "us", "GB/s", "NCCL us", "NCCL GB/s",

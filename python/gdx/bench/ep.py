@@ -70,22 +70,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _time_us(torch, iters: int, call):
-    """(GPU, host) mean microseconds per call of `iters` back-to-back collective calls on the current stream, after a
-    few untimed ones queued right before them that line the ranks' kernels up (as benchmark_moe's timeMs does), so the
-    timed calls do not carry the skew with which the ranks left the barrier. The host figure is the time the loop took
-    to issue them: where it reaches the GPU figure, the GPU waited for the host (the Python layer's per-call work)."""
+def _time_us(torch, iters: int, call, rounds: int = 5):
+    """(GPU, host) microseconds per call of `iters` back-to-back collective calls on the current stream: the median of
+    `rounds` rounds' means (as benchmark_moe's timeMs, so one stalled round does not stand for the case), each after a
+    few untimed calls queued right before it that line the ranks' kernels up, so the timed calls do not carry the skew
+    with which the ranks left the barrier. The host figure is the time the loop took to issue them (the median round's
+    too): where it reaches the GPU figure, the GPU waited for the host (the Python layer's per-call work)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        call()
-    start.record()
-    host_start = time.perf_counter()
-    for _ in range(iters):
-        call()
-    host_s = time.perf_counter() - host_start
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters * 1e3, host_s / iters * 1e6
+    results = []
+    for _ in range(rounds):
+        for _ in range(3):
+            call()
+        start.record()
+        host_start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        host_s = time.perf_counter() - host_start
+        end.record()
+        end.synchronize()
+        results.append((start.elapsed_time(end) / iters * 1e3, host_s / iters * 1e6))
+    return sorted(results)[len(results) // 2]
 
 
 def _inputs(torch, args, rank: int, n: int):

@@ -51,7 +51,7 @@ inline unsigned formThreads(Form f) {
 // One instantiation per form, so that each kernel holds only the code (and the registers) of its own form.
 // Launched with two blocks, block 0 is the initiator and block 1 the other side, on one GPU (direct_api_latency.cuh).
 // The initiator writes the elapsed time.
-// Launch bounds: the block form takes 132 registers a thread when free to choose, more than 512 threads may have.
+// Launch bounds: the block form takes 124-128 registers a thread when free to choose, all that 512 threads may have.
 template <Form kForm>
 __global__ void __launch_bounds__(512, 1)
     pingPong(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, uint64_t bytes, int iters, int warmup,

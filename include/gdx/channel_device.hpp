@@ -53,11 +53,11 @@
 // lane's return value is the enqueue status; flushWarp gives every lane the leader's command errors, waitWarp the
 // peer's failure).
 // Lanes are numbered by %laneid, so any block shape works.
-// Registers: a kernel that calls the put forms takes 72 to 132 registers a thread on sm_90 when the compiler is free
-// to choose (gdx's test and benchmark kernels), more than a block of 512 threads may have (128) and twice what one of
-// 1024 may (64). A kernel of more than 256 threads must declare __launch_bounds__(threads): without it the launch
-// can fail with cudaErrorLaunchOutOfResources, which only cudaGetLastError() after the launch reports (the kernel
-// never runs, and its peer's waits time out).
+// Registers: a kernel that calls the put forms takes 72 to 128 registers a thread on sm_90 when the compiler is free
+// to choose (gdx's test and benchmark kernels), all that a block of 512 threads may have and twice what one of 1024
+// may (64). A kernel of more than 256 threads should declare __launch_bounds__(threads): without it the launch can
+// fail with cudaErrorLaunchOutOfResources, which only cudaGetLastError() after the launch reports (the kernel never
+// runs, and its peer's waits time out).
 #pragma once
 
 #include <cstdint>
@@ -168,16 +168,11 @@ struct ChannelDeviceHandle {
     w.srcWindow = srcWindow;
 #if GDX_DEVICE_COMPILE
     if (direct && dstWindow < kMaxWindows && srcWindow < kMaxWindows) {
-      char* db = tableField(&direct->peerBase[dstWindow]);
-      const char* sb = tableField(&direct->localBase[srcWindow]);
-      const uint64_t dn = tableField(&direct->peerBytes[dstWindow]);
-      const uint64_t sn = tableField(&direct->localBytes[srcWindow]);
-      if (db && sb) {
-        w.dst = db;
-        w.src = sb;
-        w.dstBytes = dn;
-        w.srcBytes = sn;
-      }
+      // Taken as they are: directRoute sends a pair with a null address through the proxy.
+      w.dst = tableField(&direct->peerBase[dstWindow]);
+      w.src = tableField(&direct->localBase[srcWindow]);
+      w.dstBytes = tableField(&direct->peerBytes[dstWindow]);
+      w.srcBytes = tableField(&direct->localBytes[srcWindow]);
     }
 #endif
     return w;

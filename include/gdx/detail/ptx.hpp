@@ -103,7 +103,7 @@ GDX_DEVICE_INLINE void storeRelaxedGpu128(uint64_t* p, uint64_t w0, uint64_t w1)
   asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");
 }
 
-/// The second store of a pair published under one fence (releaseStore128Sys already ordered what came before).
+/// A command store after the release fence that orders what came before it (RingDeviceHandle::reserve issues it).
 GDX_DEVICE_INLINE void relaxedStore128Sys(uint64_t* p, uint64_t w0, uint64_t w1) {
   asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");
 }

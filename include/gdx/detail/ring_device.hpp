@@ -117,6 +117,10 @@ struct RingDeviceHandle {
   /// Reserves `n` consecutive positions; returns the first in *pos. Waits (bounded) until they are free.
   /// On the device, the threads of a warp that reserve on the same ring at the same time are served by one
   /// atomic on head (warp aggregation), which is what lets many warps reach tens of millions of commands/s.
+  /// On the device it also issues the publish's system release fence, while the atomic is in flight: the fence
+  /// waits for the caller's earlier writes (the data of a put) to reach the system, the atomic for its answer from
+  /// L2, and the two waits overlap instead of following each other. The commands stored after it (publish) are then
+  /// plain stores: fence then store is the release pattern.
   GDX_HOST_DEVICE_INLINE Status reserve(uint32_t n, uint64_t* pos) const {
     // Read before reserving, so that this load overlaps the atomic below instead of waiting for its answer (on the
     // GPU each is a round trip to L2, most of what a lone producer's push costs beyond its store). The cached tail
@@ -132,6 +136,7 @@ struct RingDeviceHandle {
     const uint64_t total = __popc(group) + __popc(pairs);
     uint64_t base = 0;
     if (lane == leader) base = atomicFetchAdd(head, total, kRelaxed);
+    ptx::fenceReleaseSys();  // before the shuffle, which waits for the atomic's answer
     base = __shfl_sync(group, base, leader);
     uint64_t p = base + __popc(lower) + __popc(lower & pairs);
 #else
@@ -162,12 +167,12 @@ struct RingDeviceHandle {
     }
   }
 
-  /// Publishes `c` at position `pos` (which the caller reserved).
+  /// Publishes `c` at position `pos` (which the caller reserved; on the device reserve() fenced).
   GDX_HOST_DEVICE_INLINE void publish(uint64_t pos, const Command& c) const {
     Command v = c.withLap(lapOf(pos, capacity));
     Command* slot = &slots[pos & (capacity - 1)];
 #if GDX_DEVICE_COMPILE
-    ptx::releaseStore128Sys(slot->word, v.word[0], v.word[1]);
+    ptx::relaxedStore128Sys(slot->word, v.word[0], v.word[1]);
 #else
     // Release on the last word orders everything the producer wrote before (the data a put refers to)
     // before the command; the other word may become visible first, which the lap bits make harmless.
@@ -192,10 +197,10 @@ struct RingDeviceHandle {
     Status s = reserve(2, &pos);
     if (s != Status::kOk) return s;
 #if GDX_DEVICE_COMPILE
-    // One system fence for both slots: the consumer takes the pair only when both are valid, so the order in
-    // which the two stores arrive does not matter.
+    // One system fence for both slots (reserve's): the consumer takes the pair only when both are valid, so the
+    // order in which the two stores arrive does not matter.
     Command a = first.withLap(lapOf(pos, capacity)), b = second.withLap(lapOf(pos + 1, capacity));
-    ptx::releaseStore128Sys(slots[pos & (capacity - 1)].word, a.word[0], a.word[1]);
+    ptx::relaxedStore128Sys(slots[pos & (capacity - 1)].word, a.word[0], a.word[1]);
     ptx::relaxedStore128Sys(slots[(pos + 1) & (capacity - 1)].word, b.word[0], b.word[1]);
 #else
     publish(pos, first);

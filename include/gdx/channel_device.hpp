@@ -81,6 +81,9 @@ namespace gdx {
 /// path it holds both windows' addresses and lengths, so a put that takes it loads nothing from the DirectPeer table:
 /// after a wait's acquire those loads are an L2 round trip of their own on every put (about 0.5 us of an 8-byte
 /// put+signal's 3.0 us one way on H100). Elsewhere (`dst` null) the puts go through the proxy with the window ids.
+/// Made in device code, by the handle that uses it: bind() is a device function (an address table read on the host
+/// would be the host's view, and a pair left unresolved would send every put through the proxy, where a direct-path
+/// signal could overtake it), and a BoundWindows of one handle names that handle's peer's memory, not another's.
 /// Valid while both windows stay registered, like the handle itself.
 struct BoundWindows {
   uint32_t dstWindow = 0, srcWindow = 0;
@@ -160,13 +163,13 @@ struct ChannelDeviceHandle {
   }
 #endif
 
+#if defined(__CUDACC__)
   /// The windows `dstWindow` (the peer's) and `srcWindow` (this rank's) resolved for the puts that take a
   /// BoundWindows: on the direct path the four DirectPeer fields are loaded here, together, once.
-  GDX_HOST_DEVICE_INLINE BoundWindows bind(uint32_t dstWindow, uint32_t srcWindow) const {
+  GDX_DEVICE_INLINE BoundWindows bind(uint32_t dstWindow, uint32_t srcWindow) const {
     BoundWindows w;
     w.dstWindow = dstWindow;
     w.srcWindow = srcWindow;
-#if GDX_DEVICE_COMPILE
     if (direct && dstWindow < kMaxWindows && srcWindow < kMaxWindows) {
       // Taken as they are: directRoute sends a pair with a null address through the proxy.
       w.dst = tableField(&direct->peerBase[dstWindow]);
@@ -174,8 +177,19 @@ struct ChannelDeviceHandle {
       w.dstBytes = tableField(&direct->peerBytes[dstWindow]);
       w.srcBytes = tableField(&direct->localBytes[srcWindow]);
     }
-#endif
     return w;
+  }
+#endif
+  /// The window-id forms' pair: bound on the device; on the host (the proxy path only) the ids alone.
+  GDX_HOST_DEVICE_INLINE BoundWindows windowPair(uint32_t dstWindow, uint32_t srcWindow) const {
+#if GDX_DEVICE_COMPILE
+    return bind(dstWindow, srcWindow);
+#else
+    BoundWindows w;
+    w.dstWindow = dstWindow;
+    w.srcWindow = srcWindow;
+    return w;
+#endif
   }
 
   GDX_HOST_DEVICE_INLINE Status enqueue(const Command& c) {
@@ -197,7 +211,7 @@ struct ChannelDeviceHandle {
   /// `dstOffset`. Larger than kMaxCommandBytes: several commands. Zero bytes: nothing to do.
   GDX_HOST_DEVICE_INLINE Status put(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                     uint64_t bytes) {
-    return put(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes);
+    return put(windowPair(dstWindow, srcWindow), dstOffset, srcOffset, bytes);
   }
   /// put() between windows bound once (bind): no table load on the direct path.
   GDX_HOST_DEVICE_INLINE Status put(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
@@ -244,7 +258,7 @@ struct ChannelDeviceHandle {
   GDX_HOST_DEVICE_INLINE Status putWithSignal(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                               uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
                                               SignalOp op = SignalOp::kAdd) {
-    return putWithSignal(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, signalId, value, op);
+    return putWithSignal(windowPair(dstWindow, srcWindow), dstOffset, srcOffset, bytes, signalId, value, op);
   }
   /// putWithSignal() between windows bound once (bind): no table load on the direct path.
   GDX_HOST_DEVICE_INLINE Status putWithSignal(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
@@ -386,7 +400,8 @@ struct ChannelDeviceHandle {
   }
   GDX_DEVICE_INLINE Status putWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                    uint64_t bytes) {
-    return putWithSignalWarpImpl(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
+    return putWithSignalWarpImpl(windowPair(dstWindow, srcWindow), dstOffset, srcOffset, bytes, false, 0, 0,
+                                 SignalOp::kAdd);
   }
   GDX_DEVICE_INLINE Status putWarp(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
     return putWithSignalWarpImpl(w, dstOffset, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
@@ -394,7 +409,8 @@ struct ChannelDeviceHandle {
   GDX_DEVICE_INLINE Status putWithSignalWarp(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                              uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
                                              SignalOp op = SignalOp::kAdd) {
-    return putWithSignalWarpImpl(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, true, signalId, value, op);
+    return putWithSignalWarpImpl(windowPair(dstWindow, srcWindow), dstOffset, srcOffset, bytes, true, signalId, value,
+                                 op);
   }
   GDX_DEVICE_INLINE Status putWithSignalWarp(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
                                              uint64_t bytes, uint32_t signalId, uint64_t value,
@@ -417,7 +433,8 @@ struct ChannelDeviceHandle {
   /// the others get kOk.
   GDX_DEVICE_INLINE Status putBlock(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                     uint64_t bytes) {
-    return putWithSignalBlockImpl(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
+    return putWithSignalBlockImpl(windowPair(dstWindow, srcWindow), dstOffset, srcOffset, bytes, false, 0, 0,
+                                  SignalOp::kAdd);
   }
   GDX_DEVICE_INLINE Status putBlock(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
     return putWithSignalBlockImpl(w, dstOffset, srcOffset, bytes, false, 0, 0, SignalOp::kAdd);
@@ -425,7 +442,8 @@ struct ChannelDeviceHandle {
   GDX_DEVICE_INLINE Status putWithSignalBlock(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow,
                                               uint64_t srcOffset, uint64_t bytes, uint32_t signalId, uint64_t value,
                                               SignalOp op = SignalOp::kAdd) {
-    return putWithSignalBlockImpl(bind(dstWindow, srcWindow), dstOffset, srcOffset, bytes, true, signalId, value, op);
+    return putWithSignalBlockImpl(windowPair(dstWindow, srcWindow), dstOffset, srcOffset, bytes, true, signalId, value,
+                                  op);
   }
   GDX_DEVICE_INLINE Status putWithSignalBlock(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
                                               uint64_t bytes, uint32_t signalId, uint64_t value,

@@ -2,10 +2,10 @@
 // one host, one process a GPU (self-launched), and in the same run NCCL's all_to_all_single through PyTorch carrying
 // the same bytes. Per token count (128 .. 4096 per rank, hidden 7168, top-8 of 256 experts, uniformly random routing)
 // and dtype (BF16, FP8 with scales): the time per call, the median of 5 rounds' means of the timed calls (cached form:
-// the handle of a prepare reused; after warm-up; NCCL timed alike), GB/s counted as DeepEP does (received rows x hidden x 2 for BF16, x (1 + 4/128) for FP8; combine
-// as BF16), and the SMs the kernels use. Table on stdout, JSON with --json.
-// With --hosts N the ranks form N emulated hosts (GDX_HOSTS): ranks on other hosts are reached through the proxy and
-// the transport (TCP here), which is how the internode path is measured on one machine.
+// the handle of a prepare reused; after warm-up; NCCL timed alike), GB/s counted as DeepEP does (received rows x hidden
+// x 2 for BF16, x (1 + 4/128) for FP8; combine as BF16), and the SMs the kernels use. Table on stdout, JSON with
+// --json. With --hosts N the ranks form N emulated hosts (GDX_HOSTS): ranks on other hosts are reached through the
+// proxy and the transport (TCP here), which is how the internode path is measured on one machine.
 // --mode ll adds the low-latency mode (gdx::ep::LowLatencyBuffer, moe_low_latency.cuh) before the normal mode at the
 // same token counts (default 1 .. 256, 288 experts): whole calls, each half of the hook form, and, across
 // emulated hosts, where a call's time goes (kernels, proxy, transport) and whether every command arrived.

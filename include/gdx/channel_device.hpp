@@ -167,9 +167,7 @@ struct ChannelDeviceHandle {
   /// The windows `dstWindow` (the peer's) and `srcWindow` (this rank's) resolved for the puts that take a
   /// BoundWindows: on the direct path the four DirectPeer fields are loaded here, together, once.
   GDX_DEVICE_INLINE BoundWindows bind(uint32_t dstWindow, uint32_t srcWindow) const {
-    BoundWindows w;
-    w.dstWindow = dstWindow;
-    w.srcWindow = srcWindow;
+    BoundWindows w{dstWindow, srcWindow};
     if (direct && dstWindow < kMaxWindows && srcWindow < kMaxWindows) {
       // Taken as they are: directRoute sends a pair with a null address through the proxy.
       w.dst = tableField(&direct->peerBase[dstWindow]);
@@ -185,10 +183,7 @@ struct ChannelDeviceHandle {
 #if GDX_DEVICE_COMPILE
     return bind(dstWindow, srcWindow);
 #else
-    BoundWindows w;
-    w.dstWindow = dstWindow;
-    w.srcWindow = srcWindow;
-    return w;
+    return BoundWindows{dstWindow, srcWindow};
 #endif
   }
 

@@ -1,9 +1,10 @@
-// gdx::ep::LowLatencyBuffer on two ranks (two GPUs, or one serving both; direct path) and on four ranks as two
-// emulated hosts of two (GDX_HOSTS=2: ranks on the other host through the proxy and TCP): dispatch (BF16, FP8, FP8
-// with UE8M0 scales) checked row by row against the source token and top-k slot, counts and ranges against the
-// all-gathered top-k, combine against the weighted sum over slots (tokens that name one expert in several slots
-// included), the hook form with two calls in flight and the error of a third, a top-k refused before anything is
-// sent, 100 replays of a CUDA graph, and a rank killed mid-job. The test re-executes itself once per rank.
+// gdx::ep::LowLatencyBuffer on two and on four ranks of one host (a GPU each where there are enough, else ranks share
+// them; direct path) and on four ranks as two emulated hosts of two (GDX_HOSTS=2: ranks on the other host through the
+// proxy and TCP): dispatch (BF16, FP8, FP8 with UE8M0 scales) checked row by row against the source token and top-k
+// slot, counts and ranges against the all-gathered top-k, combine against the weighted sum over slots (tokens that name
+// one expert in several slots included), the hook form with two calls in flight and the error of a third, a top-k
+// refused before anything is sent, 100 replays of a CUDA graph, and a rank killed mid-job. The test re-executes itself
+// once per rank.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -467,6 +468,12 @@ TEST(EpLowLatency, TwoRanksMatchTheReference) {
   runRanks("cases", "60000", 2);
 }
 
+// Every peer on the direct path: four GPUs where there are four, else ranks share them.
+TEST(EpLowLatency, FourRanksOnOneHostMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("cases", "60000", 4);
+}
+
 TEST(EpLowLatency, TwoEmulatedHostsMatchTheReference) {
   GDX_SKIP_WITHOUT_GPU();
   runRanks("cases", "60000", 4, 2);
@@ -475,6 +482,11 @@ TEST(EpLowLatency, TwoEmulatedHostsMatchTheReference) {
 TEST(EpLowLatency, DeadRankIsMaskedOnTwoRanks) {
   GDX_SKIP_WITHOUT_GPU();
   runRanks("rank-dies", "5000", 2);
+}
+
+TEST(EpLowLatency, DeadRankIsMaskedOnFourRanksOfOneHost) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("rank-dies", "5000", 4);
 }
 
 TEST(EpLowLatency, DeadRankIsMaskedOnTwoEmulatedHosts) {

@@ -1,5 +1,6 @@
-// gdx::ep::Buffer on two ranks (two GPUs, or one GPU serving both) over the direct path, and on four ranks as two
-// emulated hosts of two (GDX_HOSTS=2: ranks on the other host through the proxy and TCP): layout, dispatch (prepare
+// gdx::ep::Buffer on two and on four ranks of one host (one GPU each where there are enough, else ranks share GPUs)
+// over the direct path, and on four ranks as two emulated hosts of two (GDX_HOSTS=2: ranks on the other host through
+// the proxy and TCP): layout, dispatch (prepare
 // + send, the cached form, the numWorstTokens form) and combine, checked against a reference built from every rank's
 // all-gathered top-k (tokens naming one expert in several slots included); bad inputs; a peer that dies mid-dispatch.
 // The test re-executes itself once per rank.
@@ -383,6 +384,12 @@ TEST(Ep, TwoRanksDispatchAndCombineMatchTheReference) {
 TEST(Ep, PeerThatDiesEndsTheDispatchWithAnError) {
   GDX_SKIP_WITHOUT_GPU();
   runRanks("peer-dies", "5000");
+}
+
+// Four ranks on one host, every peer on the direct path: on four GPUs where there are four, else ranks share them.
+TEST(Ep, FourRanksOnOneHostDispatchAndCombineMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("cases", "60000", 4);
 }
 
 // Two emulated hosts of two ranks: each rank reaches one rank on the direct path and two through the proxy (TCP).

@@ -28,6 +28,7 @@ const char* waitName(uint32_t where) {
     case kWaitArrive: return "the barrier that opens the operation";
     case kWaitCounts: return "the counts exchange";
     case kWaitData: return "the rows";
+    case kWaitRow: return "a received row's stamp";
   }
   return "?";
 }
@@ -42,8 +43,9 @@ std::string describe(const Report& r) {
       return "rank " + std::to_string(r.peer) + " relays a rank's " + v + " tokens to its host but its handle holds " +
              v2 + " (with ranks on other hosts, dispatchWorst's handles must hold as many tokens as any rank sends)";
     case kTimeout:
-      return "timed out waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where) + " (epoch " + v +
-             ", seen " + v2 + ")";
+      return "timed out waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where) +
+             (r.where == kWaitRow ? " (row " + std::to_string(r.token) + ", epoch " : " (epoch ") + v + ", seen " + v2 +
+             ")";
     case kPeerFailed:
       return "a peer failed while waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where);
     case kPeerError:

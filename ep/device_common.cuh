@@ -34,28 +34,44 @@ __device__ inline void report(const Team& t, uint32_t kind, uint32_t where, int 
 }
 
 /// Waits until *flag >= want, bounded by the team's timeout; false (after reporting) on timeout or a failed peer.
-__device__ inline bool waitFlag(const Team& t, uint64_t* flag, uint64_t want, WaitKind where, int peer,
-                                uint64_t epoch) {
+/// kStamp: a row stamp (protocol.hpp, "Row stamps"): == want, polled with relaxed loads (the rows are read from L2,
+/// see LoadPath), and `seenTag` XORed into the values reported, so that their epochs show.
+template <bool kStamp = false>
+__device__ inline bool waitFlag(const Team& t, uint64_t* flag, uint64_t want, WaitKind where, int peer, uint64_t epoch,
+                                uint64_t seenTag = 0, int row = -1) {
   uint64_t start = 0;
   for (uint64_t spins = 0;; ++spins) {
-    const uint64_t v = atomicLoad(flag, kAcquire);
-    if (v >= want) return true;
-    if ((spins & 63) == 63) {
+    const uint64_t v = atomicLoad(flag, kStamp ? kRelaxed : kAcquire);
+    if (kStamp ? v == want : v >= want) return true;
+    // Stamps are waited on by hundreds of warps at once, beside warps still sending: they poll every 256 ns and read
+    // the failure word every 1024 polls. Polled like a flag (naps of 32 ns, the host-mapped failure word every 64
+    // polls), a dispatch of 4096 tokens on 4 H200s took 28 ms instead of 0.73.
+    if ((spins & (kStamp ? 1023 : 63)) == (kStamp ? 1023 : 63)) {
       // The failure word lives in host memory: read it only now and then, the flag is what the latency needs.
       const uint32_t f = t.failure ? atomicLoad(const_cast<uint32_t*>(t.failure), kRelaxed) : 0u;
       if (f != 0) {
-        report(t, kPeerFailed, where, peer, static_cast<int64_t>(want), static_cast<int64_t>(v), epoch);
+        report(t, kPeerFailed, where, peer, static_cast<int64_t>(want ^ seenTag), static_cast<int64_t>(v ^ seenTag),
+               epoch, row);
         return false;
       }
       const uint64_t now = nowNs();
       if (start == 0) start = now;
       if (now - start > t.timeoutNs) {
-        report(t, kTimeout, where, peer, static_cast<int64_t>(want), static_cast<int64_t>(v), epoch);
+        report(t, kTimeout, where, peer, static_cast<int64_t>(want ^ seenTag), static_cast<int64_t>(v ^ seenTag), epoch,
+               row);
         return false;
       }
     }
-    if (spins > 256) __nanosleep(32);
+    if (kStamp)
+      __nanosleep(256);
+    else if (spins > 256)
+      __nanosleep(32);
   }
+}
+
+/// Waits until the stamp of received row `row` from rank `peer` reads epoch e (protocol.hpp, "Row stamps").
+__device__ inline bool waitStamp(const Team& t, uint64_t* stamp, uint64_t e, int peer, int row) {
+  return waitFlag<true>(t, stamp, rowStamp(e), kWaitRow, peer, e, rowStamp(0), row);
 }
 
 __device__ inline bool isRemote(const Team& t, int r) {
@@ -223,35 +239,33 @@ __device__ inline void finishOp(const Team& t) {
   }
 }
 
+/// Which load a warp copy uses. kCached: plain loads. kInput: non-coherent loads, for memory nobody writes during
+/// the kernel (the caller's inputs). kL2: loads that skip L1, for rows a peer published with a stamp: they are issued
+/// only after the stamp was seen (a relaxed load) and are served by L2, where the peer's stores were performed before
+/// its stamp (its release fence). The acquire that would order them instead is, on sm_90, an invalidation of the
+/// whole SM's L1, which each ready row would impose on the warps of the SM still sending.
+enum class LoadPath { kCached, kInput, kL2 };
+
+template <LoadPath P>
+__device__ inline int4 loadVec(const int4* p) {
+  if constexpr (P == LoadPath::kInput) return __ldg(p);
+  if constexpr (P == LoadPath::kL2) return __ldcg(p);
+  return *p;
+}
+
 /// A warp copies `bytes` (a multiple of 16, both sides 16-byte aligned): four vectors in flight per lane, the last
 /// round too (its loads are predicated rather than taken one after another: a slice of a row, see rowSlice, often
 /// ends in a partial round, and three dependent loads there cost three memory latencies).
+template <LoadPath P = LoadPath::kCached>
 __device__ inline void warpCopy16(char* dst, const char* src, uint32_t bytes, int lane) {
   const int4* s = reinterpret_cast<const int4*>(src);
   int4* d = reinterpret_cast<int4*>(dst);
   const uint32_t n = bytes / 16;
   for (uint32_t i = lane; i < n; i += 128) {
-    int4 v0 = s[i], v1{}, v2{}, v3{};
-    if (i + 32 < n) v1 = s[i + 32];
-    if (i + 64 < n) v2 = s[i + 64];
-    if (i + 96 < n) v3 = s[i + 96];
-    d[i] = v0;
-    if (i + 32 < n) d[i + 32] = v1;
-    if (i + 64 < n) d[i + 64] = v2;
-    if (i + 96 < n) d[i + 96] = v3;
-  }
-}
-
-/// The same from memory nobody writes during the kernel (the caller's inputs): non-coherent streaming loads.
-__device__ inline void warpCopy16FromInput(char* dst, const char* src, uint32_t bytes, int lane) {
-  const int4* s = reinterpret_cast<const int4*>(src);
-  int4* d = reinterpret_cast<int4*>(dst);
-  const uint32_t n = bytes / 16;
-  for (uint32_t i = lane; i < n; i += 128) {
-    int4 v0 = __ldg(s + i), v1{}, v2{}, v3{};
-    if (i + 32 < n) v1 = __ldg(s + i + 32);
-    if (i + 64 < n) v2 = __ldg(s + i + 64);
-    if (i + 96 < n) v3 = __ldg(s + i + 96);
+    int4 v0 = loadVec<P>(s + i), v1{}, v2{}, v3{};
+    if (i + 32 < n) v1 = loadVec<P>(s + i + 32);
+    if (i + 64 < n) v2 = loadVec<P>(s + i + 64);
+    if (i + 96 < n) v3 = loadVec<P>(s + i + 96);
     d[i] = v0;
     if (i + 32 < n) d[i + 32] = v1;
     if (i + 64 < n) d[i + 64] = v2;
@@ -278,8 +292,9 @@ __device__ inline void rowSlice(uint32_t bytes, int part, int parts, uint32_t* o
 }
 
 /// A warp copies `n` floats (no alignment beyond 4 bytes).
+template <LoadPath P = LoadPath::kCached>
 __device__ inline void warpCopyFloats(float* dst, const float* src, int n, int lane) {
-  for (int i = lane; i < n; i += 32) dst[i] = src[i];
+  for (int i = lane; i < n; i += 32) dst[i] = P == LoadPath::kL2 ? __ldcg(src + i) : src[i];
 }
 
 }  // namespace gdx::ep::detail

@@ -323,13 +323,100 @@ __device__ bool relayDispatch(const Team& t, const DispatchArgs& a, uint64_t e) 
   return true;
 }
 
+// How many warps share a row in sender s's send loop: from the counts matrix, so that every rank computes it alike
+// (the receiver needs it to know whether s stamps its rows; protocol.hpp, "Row stamps").
+__device__ inline int sendParts(const int32_t* matrix, int R, int s, int warps, uint32_t xb) {
+  int most = 0;
+  for (int d = 0; d < R; ++d) most = max(most, matrix[s * R + d]);
+  return rowParts(most, warps, xb);
+}
+
+// Rows this rank receives from the senders that stamp them, as units of work: unit u is row u / n of the u % n-th
+// such sender (n of them), so that each warp's units run through every sender's rows in the order they are stored.
+struct StampedRows {
+  int numSources, mostRows;
+  int8_t source[kMaxRanks];
+};
+
+// The received row `row` of a dispatch (its bytes in this rank's buffer at r) into the outputs: the slice [lo, lo +
+// len) of x, and when `first` its scales, source token and top-k.
+__device__ inline void copyOutRow(const DispatchArgs& a, const char* r, int row, uint32_t lo, uint32_t len, bool first,
+                                  int nScales, bool withTopk, int lane) {
+  const int K = a.numTopk;
+  const uint32_t xb = a.row.xBytes;
+  warpCopy16<LoadPath::kL2>(static_cast<char*>(a.out.recvX) + int64_t(row) * xb + lo, r + lo, len, lane);
+  if (!first) return;
+  if (nScales && a.out.recvXScales)
+    warpCopyFloats<LoadPath::kL2>(a.out.recvXScales + int64_t(row) * nScales,
+                                  reinterpret_cast<const float*>(r + a.row.scaleOffset), nScales, lane);
+  const int32_t* m = reinterpret_cast<const int32_t*>(r + a.row.metaOffset);
+  if (lane == 0 && a.out.recvSrcIdx) a.out.recvSrcIdx[row] = __ldcg(m);
+  if (withTopk && lane < K) {
+    if (a.out.recvTopkIdx) a.out.recvTopkIdx[int64_t(row) * K + lane] = __ldcg(m + 1 + lane);
+    if (a.out.recvTopkWeights)
+      a.out.recvTopkWeights[int64_t(row) * K + lane] = __ldcg(reinterpret_cast<const float*>(m + 1 + K) + lane);
+  }
+}
+
+// A warp's walk over its units of StampedRows: it copies each row out once its stamp reads e. take() copies the
+// ready ones and stops at the first that is not (between the warp's own sends); finish() waits for the rest, bounded.
+struct StampedReceiver {
+  const Team& t;
+  const DispatchArgs& a;
+  const Offsets& o;
+  const StampedRows& sr;
+  uint64_t e;
+  int unit, stride, end, cap, nScales, lane;
+  bool withTopk;
+
+  // The row of `unit`, or -1 when that unit has none (the sender has fewer rows, or the row is past the capacity).
+  __device__ int rowOf(int u, int* source) const {
+    const int s = sr.source[u % sr.numSources], pos = u / sr.numSources;
+    *source = s;
+    if (pos >= o.inPrefix[s + 1] - o.inPrefix[s]) return -1;
+    const int row = o.inPrefix[s] + pos;
+    return row < cap ? row : -1;
+  }
+  __device__ const char* rowAt(int row) const { return rowsOf(t, t.rank) + int64_t(row) * a.row.rowBytes; }
+  __device__ uint64_t* stampOf(int row) const {
+    return reinterpret_cast<uint64_t*>(const_cast<char*>(rowAt(row)) + a.row.stampOffset);
+  }
+  __device__ void take() {
+    for (; unit < end; unit += stride) {
+      int s;
+      const int row = rowOf(unit, &s);
+      if (row < 0) continue;
+      uint64_t v = 0;
+      if (lane == 0) v = atomicLoad(stampOf(row), kRelaxed);
+      if (__shfl_sync(0xffffffffu, v, 0) != rowStamp(e)) return;  // the row itself is read from L2 (LoadPath)
+      copyOutRow(a, rowAt(row), row, 0, a.row.xBytes, true, nScales, withTopk, lane);
+    }
+  }
+  __device__ bool finish() {
+    for (; unit < end; unit += stride) {
+      int s;
+      const int row = rowOf(unit, &s);
+      if (row < 0) continue;
+      bool ok = true;
+      if (lane == 0) ok = waitStamp(t, stampOf(row), e, s, row);
+      if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
+      __syncwarp();
+      copyOutRow(a, rowAt(row), row, 0, a.row.xBytes, true, nScales, withTopk, lane);
+    }
+    return true;
+  }
+};
+
 __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
   const uint64_t e = t.state->seq + 1;
   const int R = t.numRanks, me = t.rank, K = a.numTopk;
   const int lane = threadIdx.x & 31, numWarps = blockDim.x >> 5;
   const int gw = blockIdx.x * numWarps + (threadIdx.x >> 5), W = gridDim.x * numWarps;
+  const uint32_t xb = a.row.xBytes;
   __shared__ Offsets o;
   __shared__ NetRows net;
+  __shared__ StampedRows sr;
+  __shared__ uint32_t stampedFrom;  // the senders whose rows this rank takes by their stamps
   __shared__ int valid;
   if (threadIdx.x == 0) {
     valid = *a.handle.valid;
@@ -340,6 +427,16 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
     const int total = o.inPrefix[R];
     if (blockIdx.x == 0 && a.out.numRecvTokens) *a.out.numRecvTokens = total;
     if (valid && blockIdx.x == 0 && total > a.out.capacity) report(t, kRecvCapacity, 0, me, total, a.out.capacity, e);
+    stampedFrom = 0;
+    sr.numSources = 0;
+    sr.mostRows = 0;
+    for (int i = 1; i < R; ++i) {  // in the order the senders store (each starts with the rank after it)
+      const int s = (me + R - i) % R;
+      if (isRemote(t, s) || sendParts(a.handle.matrix, R, s, W, xb) != 1) continue;
+      stampedFrom |= 1u << s;
+      sr.source[sr.numSources++] = int8_t(s);
+      sr.mostRows = max(sr.mostRows, o.inPrefix[s + 1] - o.inPrefix[s]);
+    }
   }
   __syncthreads();
   if (!valid || !openOp(t, e)) {  // valid is alike on every rank (the prepare exchanged every rank's status)
@@ -348,12 +445,13 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
   }
   const int cap = a.out.capacity;
   const int epr = a.numExperts > 0 ? a.numExperts / R : 1;
-  const uint32_t xb = a.row.xBytes;
   const int nScales = a.row.scaleBytes ? a.hidden / kFp8ScaleBlock : 0;
   const bool withTopk = a.topkIdx != nullptr;
+  StampedReceiver rx{t, a, o, sr, e, gw, W, sr.numSources * sr.mostRows, cap, nScales, lane, withTopk};
 
   // Few tokens: several warps a token, each its slice of the row; the slice-0 warp also writes scales and meta.
-  const int parts = rowParts(a.numTokens, W, xb);
+  const int parts = sendParts(a.handle.matrix, R, me, W, xb);
+  const bool stamp = parts == 1;  // whole rows: each stamped once stored (protocol.hpp, "Row stamps")
   for (int unit = gw; unit < a.numTokens * parts; unit += W) {
     const int tok = unit / parts, part = unit - tok * parts;
     const bool first = part == 0;
@@ -377,7 +475,7 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
       if (d == me) {  // straight into the outputs
         const int row = o.inPrefix[me] + pos;
         if (row >= cap) continue;
-        warpCopy16FromInput(static_cast<char*>(a.out.recvX) + int64_t(row) * xb + lo, src + lo, len, lane);
+        warpCopy16<LoadPath::kInput>(static_cast<char*>(a.out.recvX) + int64_t(row) * xb + lo, src + lo, len, lane);
         if (!first) continue;
         if (nScales && a.out.recvXScales)
           warpCopyFloats(a.out.recvXScales + int64_t(row) * nScales, a.xScales + int64_t(tok) * nScales, nScales, lane);
@@ -388,7 +486,7 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
         if (lane == 0 && a.out.recvSrcIdx) a.out.recvSrcIdx[row] = tok;
       } else {
         char* dst = rowsOf(t, d) + int64_t(o.atPeer[d] + pos) * a.row.rowBytes;
-        warpCopy16FromInput(dst + lo, src + lo, len, lane);
+        warpCopy16<LoadPath::kInput>(dst + lo, src + lo, len, lane);
         if (!first) continue;
         if (nScales)
           warpCopyFloats(reinterpret_cast<float*>(dst + a.row.scaleOffset), a.xScales + int64_t(tok) * nScales, nScales,
@@ -396,28 +494,47 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
         writeMeta(dst + a.row.metaOffset, tok, local, w, K, lane);
       }
     }
+    if (stamp) {  // every lane's stores of this token's rows, then the stamps that let the receivers read them
+      __syncwarp();
+      if (lane == 0) {
+        ptx::fenceReleaseSys();
+        for (int d = 0; d < R; ++d)
+          if (d != me && sendPos[d] >= 0 && !isRemote(t, d))
+            atomicStore(reinterpret_cast<uint64_t*>(rowsOf(t, d) + int64_t(o.atPeer[d] + sendPos[d]) * a.row.rowBytes +
+                                                    a.row.stampOffset),
+                        rowStamp(e), kRelaxed);
+      }
+      __syncwarp();
+    }
     for (int rho = 0; rho < R && t.relayMask; ++rho) {  // once per other host, to its relay
       if (!((t.relayMask >> rho) & 1u)) continue;
       const int h = t.hostOf[rho];
       const int pos = a.handle.hostPos[int64_t(tok) * R + h];
       if (pos < 0) continue;
       char* dst = stageRows(t, rho) + int64_t(pos) * a.relay.rowBytes;
-      warpCopy16FromInput(dst + lo, src + lo, len, lane);
+      warpCopy16<LoadPath::kInput>(dst + lo, src + lo, len, lane);
       if (!first) continue;
       if (nScales)
         warpCopyFloats(reinterpret_cast<float*>(dst + a.relay.scaleOffset), a.xScales + int64_t(tok) * nScales, nScales,
                        lane);
       writeRelayMeta(t, dst + a.relay.metaOffset, tok, sendPos, h, expert, epr, weight, K, lane);
     }
+    rx.take();  // what has arrived from the other senders, between this warp's own tokens
   }
+  const bool received = rx.finish();
   signalSent(t, e, net);
-  if (t.relayedFrom && !relayDispatch(t, a, e)) {
+  if (__syncthreads_or(!received) || (t.relayedFrom && !relayDispatch(t, a, e))) {
     finishOp(t);
     return;
   }
-  // Every other rank's rows are in this rank's buffer: stored by the ranks of this host, by this host's relays for
-  // the others; each raised dataDone here.
-  if (!waitData(t, e, ((1u << R) - 1u) & ~(1u << me), 0u)) {
+  // The other senders' rows are in this rank's buffer: stored by the ranks of this host, by this host's relays for
+  // the ranks of other hosts; each raised dataDone here.
+  const uint32_t others = ((1u << R) - 1u) & ~(1u << me) & ~stampedFrom;
+  if (!others) {
+    finishOp(t);
+    return;
+  }
+  if (!waitData(t, e, others, 0u)) {
     finishOp(t);
     return;
   }
@@ -426,22 +543,12 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
   const int outParts = rowParts(end, W, xb);
   for (int unit = gw; unit < end * outParts; unit += W) {
     const int row = unit / outParts, part = unit - row * outParts;
-    if (row >= o.inPrefix[me] && row < o.inPrefix[me + 1]) continue;  // this rank's own rows are there already
-    const char* r = rows + int64_t(row) * a.row.rowBytes;
+    int s = 0;
+    while (row >= o.inPrefix[s + 1]) ++s;
+    if (!((others >> s) & 1u)) continue;  // this rank's own rows are there already, stamped ones were taken above
     uint32_t lo, len;
     rowSlice(xb, part, outParts, &lo, &len);
-    warpCopy16(static_cast<char*>(a.out.recvX) + int64_t(row) * xb + lo, r + lo, len, lane);
-    if (part != 0) continue;
-    if (nScales && a.out.recvXScales)
-      warpCopyFloats(a.out.recvXScales + int64_t(row) * nScales, reinterpret_cast<const float*>(r + a.row.scaleOffset),
-                     nScales, lane);
-    const int32_t* m = reinterpret_cast<const int32_t*>(r + a.row.metaOffset);
-    if (lane == 0 && a.out.recvSrcIdx) a.out.recvSrcIdx[row] = m[0];
-    if (withTopk && lane < K) {
-      if (a.out.recvTopkIdx) a.out.recvTopkIdx[int64_t(row) * K + lane] = m[1 + lane];
-      if (a.out.recvTopkWeights)
-        a.out.recvTopkWeights[int64_t(row) * K + lane] = reinterpret_cast<const float*>(m + 1 + K)[lane];
-    }
+    copyOutRow(a, rows + int64_t(row) * a.row.rowBytes, row, lo, len, part == 0, nScales, withTopk, lane);
   }
   finishOp(t);
 }
@@ -480,11 +587,11 @@ __device__ inline void warpSumRows(char* out, const char* const* src, int n, con
     for (; j + 1 < n; j += 2) {
       const int4* p = reinterpret_cast<const int4*>(src[j]);
       const int4* q = reinterpret_cast<const int4*>(src[j + 1]);
-      const int4 p0 = p[c0], q0 = q[c0];
+      const int4 p0 = loadVec<LoadPath::kL2>(p + c0), q0 = loadVec<LoadPath::kL2>(q + c0);
       int4 p1{}, q1{};
       if (second) {
-        p1 = p[c1];
-        q1 = q[c1];
+        p1 = loadVec<LoadPath::kL2>(p + c1);
+        q1 = loadVec<LoadPath::kL2>(q + c1);
       }
       addBf16x8(acc0, p0);
       addBf16x8(acc0, q0);
@@ -495,9 +602,9 @@ __device__ inline void warpSumRows(char* out, const char* const* src, int n, con
     }
     if (j < n) {
       const int4* p = reinterpret_cast<const int4*>(src[j]);
-      const int4 p0 = p[c0];
+      const int4 p0 = loadVec<LoadPath::kL2>(p + c0);
       int4 p1{};
-      if (second) p1 = p[c1];
+      if (second) p1 = loadVec<LoadPath::kL2>(p + c1);
       addBf16x8(acc0, p0);
       if (second) addBf16x8(acc1, p1);
     }
@@ -552,46 +659,171 @@ __device__ bool relayCombine(const Team& t, const CombineArgs& a, uint64_t e, ui
   return true;
 }
 
+// Rows a combine sender d sends back (all it received): from the counts matrix, alike on every rank.
+__device__ inline int combineSendParts(const int32_t* matrix, int R, int d, int warps, uint32_t xb) {
+  int rows = 0;
+  for (int s = 0; s < R; ++s) rows += matrix[s * R + d];
+  return rowParts(rows, warps, xb);
+}
+
+// What a combine's sum reads for token `tok`: the rows that came back from the ranks of this host it was sent to
+// (its own row straight from the inputs) and the one row of each other host, their weights alongside.
+struct SumSources {
+  const char* src[kMaxRanks];
+  const float* weights[kMaxRanks];
+  int n;
+};
+
+__device__ inline SumSources sumSourcesOf(const Team& t, const CombineArgs& a, const Offsets& o, int tok,
+                                          uint32_t rowBytes) {
+  const int R = t.numRanks, me = t.rank, K = a.numTopk;
+  const uint32_t xb = static_cast<uint32_t>(a.hidden) * 2, weightsOffset = align16(xb);
+  SumSources ss;
+  ss.n = 0;
+  for (int d = 0; d < R; ++d) {
+    const int pos = a.handle.sendPos[int64_t(tok) * R + d];
+    if (pos < 0 || isRemote(t, d)) continue;
+    if (d == me) {  // this rank's own row: straight from the inputs
+      ss.src[ss.n] = a.x + int64_t(o.inPrefix[me] + pos) * xb;
+      ss.weights[ss.n] = a.topkWeights ? a.topkWeights + int64_t(o.inPrefix[me] + pos) * K : nullptr;
+    } else {
+      ss.src[ss.n] = rowsOf(t, me) + int64_t(o.ownPrefix[d] + pos) * rowBytes;
+      ss.weights[ss.n] = reinterpret_cast<const float*>(ss.src[ss.n] + weightsOffset);
+    }
+    ++ss.n;
+  }
+  for (int rho = 0; rho < R && t.relayMask; ++rho) {  // one row per other host, from its relay
+    if (!((t.relayMask >> rho) & 1u)) continue;
+    const int pos = a.handle.hostPos[int64_t(tok) * R + t.hostOf[rho]];
+    if (pos < 0) continue;
+    ss.src[ss.n] = mirrorRows(t, rho) + int64_t(pos) * rowBytes;
+    ss.weights[ss.n] = reinterpret_cast<const float*>(ss.src[ss.n] + weightsOffset);
+    ++ss.n;
+  }
+  return ss;
+}
+
+// The slice [lo, lo + len) of token tok's sum (and, when `first`, its weights) into the outputs.
+__device__ inline void sumToken(const CombineArgs& a, SumSources ss, int tok, uint32_t lo, uint32_t len, bool first,
+                                int lane) {
+  const int K = a.numTopk;
+  const uint32_t xb = static_cast<uint32_t>(a.hidden) * 2;
+  for (int j = 0; j < ss.n; ++j) ss.src[j] += lo;
+  warpSumRows(a.out + int64_t(tok) * xb + lo, ss.src, ss.n, a.bias0 ? a.bias0 + int64_t(tok) * xb + lo : nullptr,
+              a.bias1 ? a.bias1 + int64_t(tok) * xb + lo : nullptr, len / 16, lane);
+  if (first && a.outWeights && a.topkWeights && lane < K) {
+    float w = 0.f;
+    for (int j = 0; j < ss.n; ++j) w += __ldcg(ss.weights[j] + lane);
+    a.outWeights[int64_t(tok) * K + lane] = w;
+  }
+}
+
+// A warp's walk over its tokens of a stamped combine: take() sums those whose rows all carry e's stamp and stops at
+// the first that does not (between the warp's own sends); finish() waits for the rest, bounded.
+struct StampedSummer {
+  const Team& t;
+  const CombineArgs& a;
+  const Offsets& o;
+  uint64_t e;
+  int tok, stride;
+  uint32_t rowBytes, stampOffset;
+  int lane;
+
+  // Lane d (< R): the stamp of the row that rank d sent back for token `tok`, or null when there is none to wait for.
+  __device__ uint64_t* laneStamp() const {
+    const int R = t.numRanks;
+    if (lane >= R || lane == t.rank) return nullptr;
+    const int pos = a.handle.sendPos[int64_t(tok) * R + lane];
+    if (pos < 0) return nullptr;
+    return reinterpret_cast<uint64_t*>(rowsOf(t, t.rank) + int64_t(o.ownPrefix[lane] + pos) * rowBytes + stampOffset);
+  }
+  __device__ void sum() {
+    const uint32_t xb = static_cast<uint32_t>(a.hidden) * 2;
+    sumToken(a, sumSourcesOf(t, a, o, tok, rowBytes), tok, 0, xb, true, lane);
+  }
+  __device__ void take() {
+    for (; tok < a.numTokens; tok += stride) {
+      uint64_t* stamp = laneStamp();
+      const bool ready = !stamp || atomicLoad(stamp, kRelaxed) == rowStamp(e);
+      if (!__all_sync(0xffffffffu, ready)) return;  // the rows themselves are read from L2 (LoadPath)
+      sum();
+    }
+  }
+  __device__ bool finish() {
+    for (; tok < a.numTokens; tok += stride) {
+      uint64_t* stamp = laneStamp();
+      const bool ok = !stamp || waitStamp(t, stamp, e, lane, -1);
+      if (!__all_sync(0xffffffffu, ok)) return false;
+      sum();
+    }
+    return true;
+  }
+};
+
 // Every received row goes back toward its source rank: into the rows of that rank's buffer reserved for this rank
 // when it is on this host, into those of its relay on this host otherwise (the relay sums a token's rows from this
 // host and sends one row back). Then each rank sums, per token, the rows that came back from the ranks of its host
-// it sent the token to (its own row straight from the input) and the one row of each other host.
+// it sent the token to (its own row straight from the input) and the one row of each other host. With every rank on
+// this host and whole rows everywhere, the sums run between the sends, token by token as their rows' stamps arrive.
 __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
   const uint64_t e = t.state->seq + 1;
   const int R = t.numRanks, me = t.rank, K = a.numTopk;
   const int lane = threadIdx.x & 31, numWarps = blockDim.x >> 5;
   const int gw = blockIdx.x * numWarps + (threadIdx.x >> 5), W = gridDim.x * numWarps;
+  const uint32_t xb = static_cast<uint32_t>(a.hidden) * 2;
   __shared__ Offsets o;
   __shared__ NetRows net;
   __shared__ int valid;
-  const uint32_t rowBytes = combineRowBytes(a.hidden, K);
+  __shared__ bool stamped;  // this rank sums by the rows' stamps
+  const uint32_t rowBytes = combineRowBytes(a.hidden, K), stampOffset = combineStampOffset(a.hidden, K);
+  const int sumParts = rowParts(a.numTokens, W, xb);
   if (threadIdx.x == 0) {
     valid = *a.handle.valid;
     computeOffsets(t, a.handle.matrix, o, true);
     net.putMask = 0;  // the relays put
+    stamped = !t.relayMask && !t.relayedFrom && sumParts == 1;
+    for (int d = 0; d < R; ++d)
+      if (d != me && combineSendParts(a.handle.matrix, R, d, W, xb) != 1) stamped = false;
   }
   __syncthreads();
   if (!valid || !openOp(t, e)) {
     finishOp(t);
     return;
   }
-  const uint32_t xb = static_cast<uint32_t>(a.hidden) * 2;
   const uint32_t weightsOffset = align16(xb);
   const int total = o.inPrefix[R];
-  const int parts = rowParts(total, W, xb);
+  const int parts = rowParts(total, W, xb);  // combineSendParts of this rank
+  StampedSummer sum{t, a, o, e, gw, W, rowBytes, stampOffset, lane};
   for (int unit = gw; unit < total * parts; unit += W) {
     const int row = unit / parts, part = unit - row * parts;
     int s = 0;
     while (row >= o.inPrefix[s + 1]) ++s;
     if (s == me) continue;
     const int pos = row - o.inPrefix[s];
-    char* dst = isRemote(t, s) ? rowsOf(t, t.relayOf[s][t.hostOf[me]]) + int64_t(o.relayAt[s] + pos) * rowBytes
-                               : rowsOf(t, s) + int64_t(o.atPeer[s] + pos) * rowBytes;
+    const bool direct = !isRemote(t, s);
+    char* dst = direct ? rowsOf(t, s) + int64_t(o.atPeer[s] + pos) * rowBytes
+                       : rowsOf(t, t.relayOf[s][t.hostOf[me]]) + int64_t(o.relayAt[s] + pos) * rowBytes;
     uint32_t lo, len;
     rowSlice(xb, part, parts, &lo, &len);
-    warpCopy16FromInput(dst + lo, a.x + int64_t(row) * xb + lo, len, lane);
+    warpCopy16<LoadPath::kInput>(dst + lo, a.x + int64_t(row) * xb + lo, len, lane);
     if (part == 0 && a.topkWeights && lane < K)
       reinterpret_cast<float*>(dst + weightsOffset)[lane] = a.topkWeights[int64_t(row) * K + lane];
+    if (parts == 1 && direct) {  // the row's stores, then its stamp (protocol.hpp, "Row stamps")
+      __syncwarp();
+      if (lane == 0) {
+        ptx::fenceReleaseSys();
+        atomicStore(reinterpret_cast<uint64_t*>(dst + stampOffset), rowStamp(e), kRelaxed);
+      }
+      __syncwarp();
+    }
+    if (stamped) sum.take();
+  }
+  if (stamped) {
+    const bool summed = sum.finish();
+    signalSent(t, e, net);  // dataDone still goes out: ranks that sum after it wait for it
+    finishOp(t);
+    (void)summed;  // a failed wait was reported; the host turns it into the error
+    return;
   }
   signalSent(t, e, net);
   if (t.relayedFrom && !relayCombine(t, a, e, rowBytes)) {
@@ -602,42 +834,11 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
     finishOp(t);
     return;
   }
-  const int sumParts = rowParts(a.numTokens, W, xb);
   for (int unit = gw; unit < a.numTokens * sumParts; unit += W) {
     const int tok = unit / sumParts, part = unit - tok * sumParts;
     uint32_t lo, len;
     rowSlice(xb, part, sumParts, &lo, &len);
-    const char* src[kMaxRanks];
-    const float* wsrc[kMaxRanks];
-    int n = 0;
-    for (int d = 0; d < R; ++d) {
-      const int pos = a.handle.sendPos[int64_t(tok) * R + d];
-      if (pos < 0 || isRemote(t, d)) continue;
-      if (d == me) {  // this rank's own row: straight from the inputs
-        src[n] = a.x + int64_t(o.inPrefix[me] + pos) * xb;
-        wsrc[n] = a.topkWeights ? a.topkWeights + int64_t(o.inPrefix[me] + pos) * K : nullptr;
-      } else {
-        src[n] = rowsOf(t, me) + int64_t(o.ownPrefix[d] + pos) * rowBytes;
-        wsrc[n] = reinterpret_cast<const float*>(src[n] + weightsOffset);
-      }
-      ++n;
-    }
-    for (int rho = 0; rho < R && t.relayMask; ++rho) {  // one row per other host, from its relay
-      if (!((t.relayMask >> rho) & 1u)) continue;
-      const int pos = a.handle.hostPos[int64_t(tok) * R + t.hostOf[rho]];
-      if (pos < 0) continue;
-      src[n] = mirrorRows(t, rho) + int64_t(pos) * rowBytes;
-      wsrc[n] = reinterpret_cast<const float*>(src[n] + weightsOffset);
-      ++n;
-    }
-    for (int j = 0; j < n; ++j) src[j] += lo;
-    warpSumRows(a.out + int64_t(tok) * xb + lo, src, n, a.bias0 ? a.bias0 + int64_t(tok) * xb + lo : nullptr,
-                a.bias1 ? a.bias1 + int64_t(tok) * xb + lo : nullptr, len / 16, lane);
-    if (part == 0 && a.outWeights && a.topkWeights && lane < K) {
-      float w = 0.f;
-      for (int j = 0; j < n; ++j) w += wsrc[j][lane];
-      a.outWeights[int64_t(tok) * K + lane] = w;
-    }
+    sumToken(a, sumSourcesOf(t, a, o, tok, rowBytes), tok, lo, len, part == 0, lane);
   }
   finishOp(t);
 }

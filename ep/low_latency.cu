@@ -457,10 +457,10 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
     const char* src = a.x + idx * xb;
     if (!isRemote(t, s)) {
       const uint32_t begin = min(xb, piece * perPiece), bytes = min(xb, begin + perPiece) - begin;
-      warpCopy16FromInput(t.base[s] + y.gpuCombRow(b, tok, k) + begin, src + begin, bytes, lane);
+      warpCopy16<LoadPath::kInput>(t.base[s] + y.gpuCombRow(b, tok, k) + begin, src + begin, bytes, lane);
     } else {
       const uint64_t stage = y.combStageRow(b, j, lt.remoteSlot[s], pos);
-      warpCopy16FromInput(t.mirror + stage, src, xb, lane);
+      warpCopy16<LoadPath::kInput>(t.mirror + stage, src, xb, lane);
       __syncwarp();
       ChannelDeviceHandle ch = t.net[s];
       const Status st = ch.putWarp(t.stageWindow, y.mirrorCombRow(b, tok, k), t.stageWindow, stage, xb);

@@ -23,6 +23,16 @@
 // barrier nobody still reads the rows or counts that the new operation overwrites. Data is pushed (the sender
 // stores into the receiver's rows); when all blocks of a sender finished, its last block stores dataDone[sender] = e
 // into each receiver's Ctrl with a system-scope release, and the receiver acquires it before reading the rows.
+//
+// Row stamps. Between ranks of one host a dispatch does not wait for dataDone when the sender stores whole rows
+// (sendParts == 1, many tokens): the warp that stored a token's rows fences (system-scope release) and stamps each
+// row with e; the receiver's warps copy a row into the outputs as soon as its stamp reads e (acquire), interleaved
+// with their own sending, so receiving overlaps sending instead of following it. Rows of a sender that split rows
+// across warps (few tokens), and rows that came through a relay, are still read after dataDone. The combine does
+// the same when every rank is on this host and every sender stores whole rows: a token is summed once the stamps of
+// all its rows read e. The rows area is
+// shared with the combine, whose rows leave arbitrary bytes where a stamp goes: a stamp is rowStamp(e), a tagged
+// value the receiver compares for equality, never an order.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -61,7 +71,7 @@ enum ErrorKind : uint32_t {
 };
 
 /// Which wait timed out (Report::where).
-enum WaitKind : uint32_t { kWaitArrive = 1, kWaitCounts = 2, kWaitData = 3 };
+enum WaitKind : uint32_t { kWaitArrive = 1, kWaitCounts = 2, kWaitData = 3, kWaitRow = 4 };
 
 /// The first error of a Buffer, in host-mapped memory (kind written last, with a release).
 struct Report {
@@ -167,10 +177,11 @@ constexpr int kHostCountsSize = kHostCountsTokens + kMaxRanks;
 /// The header in front of the rows of a mirror slot or a staging area (dispatch: int32 row count).
 constexpr uint32_t kSlotHeaderBytes = 16;
 
-/// Bytes of one dispatch row: x, then scales, then meta (int32 src index, int32 local expert ids, f32 weights).
+/// Bytes of one dispatch row: x, then scales, then meta (int32 src index, int32 local expert ids, f32 weights, and
+/// at stampOffset the uint64 epoch of the dispatch that last stored the row whole: see "Row stamps" above).
 struct RowLayout {
   uint32_t xBytes, scaleBytes, metaBytes, rowBytes;
-  uint32_t scaleOffset, metaOffset;
+  uint32_t scaleOffset, metaOffset, stampOffset;
 };
 GDX_HOST_DEVICE_INLINE uint32_t align16(uint64_t b) {
   return static_cast<uint32_t>((b + 15) / 16 * 16);
@@ -179,9 +190,11 @@ inline RowLayout dispatchRow(int hidden, int numTopk, DType dtype) {
   RowLayout r;
   r.xBytes = align16(uint64_t(hidden) * (dtype == DType::kBFloat16 ? 2 : 1));
   r.scaleBytes = dtype == DType::kFloat8E4M3 ? align16(uint64_t(hidden / kFp8ScaleBlock) * 4) : 0;
-  r.metaBytes = align16(4 + 8 * uint64_t(numTopk));
+  const uint32_t stampAt = (4 + 8 * uint32_t(numTopk) + 7) / 8 * 8;  // after the weights, 8-byte aligned
+  r.metaBytes = align16(stampAt + 8);
   r.scaleOffset = r.xBytes;
   r.metaOffset = r.xBytes + r.scaleBytes;
+  r.stampOffset = r.metaOffset + stampAt;
   r.rowBytes = r.xBytes + r.scaleBytes + r.metaBytes;
   return r;
 }
@@ -190,12 +203,21 @@ inline RowLayout dispatchRow(int hidden, int numTopk, DType dtype) {
 inline RowLayout relayRow(int hidden, int numTopk, DType dtype) {
   RowLayout r = dispatchRow(hidden, numTopk, dtype);
   r.metaBytes = align16(4 + 4 * uint64_t(kMaxRanks) + 12 * uint64_t(numTopk));
+  r.stampOffset = 0;  // relay rows carry no stamp: their receiver waits for the whole put
   r.rowBytes = r.xBytes + r.scaleBytes + r.metaBytes;
   return r;
 }
-/// Bytes of one combine row: x BF16, then the weights.
+/// What a dispatch row's stamp holds once epoch e stored it (protocol.hpp, "Row stamps").
+GDX_HOST_DEVICE_INLINE uint64_t rowStamp(uint64_t e) {
+  return e ^ 0xa5c396e1'00000000ull;
+}
+/// Where a combine row's stamp is: after x BF16 and the f32 weights (protocol.hpp, "Row stamps").
+GDX_HOST_DEVICE_INLINE uint32_t combineStampOffset(int hidden, int numTopk) {
+  return align16(uint64_t(hidden) * 2) + (uint32_t(numTopk) * 4 + 7) / 8 * 8;
+}
+/// Bytes of one combine row: x BF16, then the weights, then the stamp.
 GDX_HOST_DEVICE_INLINE uint32_t combineRowBytes(int hidden, int numTopk) {
-  return align16(uint64_t(hidden) * 2) + align16(uint64_t(numTopk) * 4);
+  return align16(uint64_t(combineStampOffset(hidden, numTopk)) + 8);
 }
 
 struct PrepareArgs {

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "benchmarks/cli.hpp"
@@ -57,8 +58,13 @@ struct HostRun {
   std::string transport;
   gdx::ProxyCounters counters;
   uint64_t pings = 0, datas = 0;
-  std::vector<Row> rows;  ///< rank 0 only
+  std::vector<Row> rows;      ///< rank 0 only
+  double idleLatencyUs = -1;  ///< rank 0: 8 B ping-pong, one way, after kIdleMs without traffic before each ping
 };
+
+// The idle ping-pong: how long a command takes when it finds the proxies and the waiting thread napping (they nap
+// after 0.2 ms without work), as a decode step that follows compute does.
+constexpr int kIdleMs = 1, kIdleIters = 200;
 
 HostRun measureHost(size_t minBytes, size_t maxBytes) {
   HostRun run;
@@ -106,6 +112,22 @@ HostRun measureHost(size_t minBytes, size_t maxBytes) {
     if (rank == 0) run.rows.push_back(Row{bytes, lat, double(bytes) * bi / t / 1e9, bi / t, -1});
   }
   ctx.barrier();
+  double idleSeconds = 0;
+  for (int i = 0; i < kIdleIters; ++i) {
+    ++run.pings;
+    if (rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kIdleMs));
+      const auto t0 = std::chrono::steady_clock::now();
+      ch.putWithSignal(d, 0, s, 0, 8, kPing, 1);
+      ctx.wait(kPong, run.pings);
+      idleSeconds += seconds(t0);
+    } else {
+      ctx.wait(kPing, run.pings);
+      ch.putWithSignal(d, 0, s, 0, 8, kPong, 1);
+    }
+  }
+  if (rank == 0) run.idleLatencyUs = idleSeconds / kIdleIters / 2 * 1e6;
+  ctx.barrier();
   run.rank = rank;
   run.transport = ctx.transport().name();
   run.counters = ctx.proxy().totalCounters();
@@ -131,6 +153,9 @@ int runHostMode(size_t minBytes, size_t maxBytes, const std::string& json, const
   for (const Row& r : run.rows)
     std::printf("%12zu %18.2f %14.3f %16.0f %16.2f\n", r.bytes, r.latencyUs, r.gbPerSec, r.messagesPerSec,
                 r.tcpLatencyUs);
+  std::printf(
+      "8 B ping-pong after %d ms idle before each ping (proxies and the waiting thread napping): one way %.2f us\n",
+      kIdleMs, run.idleLatencyUs);
   std::printf("%s\n", iperf3.describe().c_str());
   std::printf("proxy: %llu commands, %llu bytes, %llu errors\n", (unsigned long long)run.counters.commands,
               (unsigned long long)run.counters.bytes, (unsigned long long)run.counters.errors);
@@ -140,7 +165,9 @@ int runHostMode(size_t minBytes, size_t maxBytes, const std::string& json, const
                 run.counters.inFlightNs / 1e3 / run.counters.commands);
   std::ofstream out(json);
   out << "{\"benchmark\":\"benchmark_local\",\"mode\":\"host\",\"transport\":\"" << run.transport << "\""
-      << gdx::bench::runInfoJson(gdx::bench::hostMachine()) << ",\"peer_iperf3\":" << iperf3.json() << ",\"results\":[";
+      << gdx::bench::runInfoJson(gdx::bench::hostMachine()) << ",\"peer_iperf3\":" << iperf3.json()
+      << ",\"idle_latency_8B_us\":" << run.idleLatencyUs << ",\"idle_ms_before_each_ping\":" << kIdleMs
+      << ",\"results\":[";
   for (size_t i = 0; i < run.rows.size(); ++i) {
     const Row& r = run.rows[i];
     out << (i ? "," : "") << "{\"bytes\":" << r.bytes << ",\"latency_us\":" << r.latencyUs

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <sstream>
 
+#include "base/timer_slack.hpp"
 #include "gdx/config.hpp"
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
@@ -622,6 +623,7 @@ bool Proxy::reapCompletions(Thread& t, size_t* reaped) {
 
 void Proxy::loop(Thread& t) {
   pinCurrentThread(options_.placement);
+  const TimerSlack slack;  // its idle naps end on time (base/timer_slack.hpp)
   uint64_t idleSince = 0;
   uint64_t stopSeenAt = 0;
   for (;;) {

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
+#include "base/timer_slack.hpp"
 #include "gdx/config.hpp"
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/clock.hpp"
@@ -478,6 +480,7 @@ Status Context::waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&
   // Direct-path updates land in device memory: read it through a copy, at most every 20 µs.
   const bool device = direct_->mayReceive();
   uint64_t lastDeviceRead = 0;
+  std::optional<TimerSlack> slack;
   for (uint64_t spins = 0;; ++spins) {
     if (atomicLoad(word, kAcquire) >= value) return Status::kOk;
     if (device && nowNs() - lastDeviceRead > 20000) {
@@ -486,10 +489,12 @@ Status Context::waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&
     }
     if (ended()) return Status::kPeerFailed;
     if ((spins & 63) == 0 && nowNs() - start > bound) return Status::kTimeout;
-    if (spins > 100000)
+    if (spins > 100000) {
+      if (!slack) slack.emplace();  // the naps end on time while this thread waits (base/timer_slack.hpp)
       std::this_thread::sleep_for(std::chrono::microseconds(20));
-    else
+    } else {
       spinPause(spins);
+    }
   }
 }
 

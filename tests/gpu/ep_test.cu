@@ -1,9 +1,9 @@
 // gdx::ep::Buffer on two and on four ranks of one host (one GPU each where there are enough, else ranks share GPUs)
 // over the direct path, and on four ranks as two emulated hosts of two (GDX_HOSTS=2: ranks on the other host through
-// the proxy and TCP): layout, dispatch (prepare
-// + send, the cached form, the numWorstTokens form) and combine, checked against a reference built from every rank's
-// all-gathered top-k (tokens naming one expert in several slots included); bad inputs; a peer that dies mid-dispatch.
-// The test re-executes itself once per rank.
+// the proxy and TCP): layout, dispatch (prepare + send, the cached form, the numWorstTokens form) and combine, checked
+// against a reference built from every rank's all-gathered top-k (tokens naming one expert in several slots
+// included; calls of more rows than warps, whose rows are taken by their stamps); bad inputs; a peer that dies
+// mid-dispatch. The test re-executes itself once per rank.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -237,6 +237,11 @@ std::vector<Case> cases() {
   // once per slot (DeepEP's num_tokens_per_expert), summed once per rank in combine.
   v.push_back(
       {"bf16 duplicates H2048 K8 E16", 90, 2048, 8, 16, false, Values::kRandom, Routing::kDuplicates, -1, 1, 19});
+  // More rows than the kernels have warps, so that whole rows are stamped and taken as they arrive (protocol.hpp,
+  // "Row stamps") on two ranks and on four, in dispatch and in combine.
+  v.push_back(
+      {"bf16 many tokens H2048 K8 E64", 2048, 2048, 8, 64, false, Values::kRandom, Routing::kRandom, -1, 1, 21});
+  v.push_back({"fp8 many tokens H4096 K4 E64", 1536, 4096, 4, 64, true, Values::kRandom, Routing::kRandom, -1, 1, 23});
   return v;
 }
 

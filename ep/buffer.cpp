@@ -139,7 +139,9 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   Impl& m = *impl_;
   GDX_CUDA_CHECK(cudaSetDevice(context.gpu().device));
   GDX_CUDA_CHECK(cudaMalloc(&m.memory, nvlBytes));
-  GDX_CUDA_CHECK(cudaMemset(m.memory, 0, kCtrlBytes));
+  // All of it, not only the Ctrl: a Buffer made again in the same process often gets the same memory back, and the
+  // row stamps left there by the old one would read as this one's (the epochs start over; protocol.hpp).
+  GDX_CUDA_CHECK(cudaMemset(m.memory, 0, nvlBytes));
   GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.state), sizeof(State)));
   GDX_CUDA_CHECK(cudaMemset(m.state, 0, sizeof(State)));
   GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.report), sizeof(Report), cudaHostAllocMapped));
@@ -160,15 +162,20 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   tag.kind = "ep::Buffer: sizes and reach";
   tag.size = nvlBytes;
   tag.sameSize = true;
-  const std::string mine = std::to_string(rdmaBytes) + "/" + std::to_string(m.team.remoteMask);
+  // The kernel shape too: a receiver works out from it whether a sender stamps its rows (protocol.hpp, "Row stamps").
+  const std::string shape = std::to_string(config.numSms) + " x " + std::to_string(config.numThreads);
+  const std::string mine = std::to_string(rdmaBytes) + "/" + std::to_string(m.team.remoteMask) + "/" + shape;
   std::vector<std::string> all = context.bootstrap().allGather(mine, tag);
   std::vector<uint32_t> remoteMasks(numRanks_);
   for (int r = 0; r < numRanks_; ++r) {
-    const size_t slash = all[r].find('/');
+    const size_t slash = all[r].find('/'), slash2 = all[r].find('/', slash + 1);
     if (all[r].substr(0, slash) != std::to_string(rdmaBytes))
       invalid(rank_, "rank " + std::to_string(r) + " made its Buffer with rdmaBytes " + all[r].substr(0, slash) +
                          ", this rank with " + std::to_string(rdmaBytes));
-    remoteMasks[r] = static_cast<uint32_t>(std::stoul(all[r].substr(slash + 1)));
+    if (all[r].substr(slash2 + 1) != shape)
+      invalid(rank_, "rank " + std::to_string(r) + " made its Buffer with a Config of " + all[r].substr(slash2 + 1) +
+                         " (numSms x numThreads), this rank with " + shape + ": every rank must use the same");
+    remoteMasks[r] = static_cast<uint32_t>(std::stoul(all[r].substr(slash + 1, slash2 - slash - 1)));
   }
   assignHostsAndRelays(remoteMasks);
   m.team.rank = rank_;

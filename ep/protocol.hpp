@@ -26,13 +26,16 @@
 //
 // Row stamps. Between ranks of one host a dispatch does not wait for dataDone when the sender stores whole rows
 // (sendParts == 1, many tokens): the warp that stored a token's rows fences (system-scope release) and stamps each
-// row with e; the receiver's warps copy a row into the outputs as soon as its stamp reads e (acquire), interleaved
-// with their own sending, so receiving overlaps sending instead of following it. Rows of a sender that split rows
-// across warps (few tokens), and rows that came through a relay, are still read after dataDone. The combine does
-// the same when every rank is on this host and every sender stores whole rows: a token is summed once the stamps of
-// all its rows read e. The rows area is
-// shared with the combine, whose rows leave arbitrary bytes where a stamp goes: a stamp is rowStamp(e), a tagged
-// value the receiver compares for equality, never an order.
+// row with e; the receiver's warps copy a row into the outputs as soon as its stamp reads e, interleaved with their
+// own sending, so receiving overlaps sending instead of following it. The stamp is read with a relaxed load and the
+// row after it with loads that skip L1 (LoadPath in device_common.cuh says why there is no acquire). Rows of a
+// sender that split rows across warps (few tokens), and rows that came through a relay, are still read after
+// dataDone. The combine does the same when every rank is on this host and every sender stores whole rows: a token is
+// summed once the stamps of all its rows read e. Whether a sender stamps follows from the counts matrix and the
+// kernel shape, which every rank shares (the Buffer refuses ranks of different Configs). The rows area is shared with
+// the combine, whose rows leave arbitrary bytes where a stamp goes: a stamp is rowStamp(e), a tagged value the
+// receiver compares for equality, never an order; and a new Buffer zeroes its rows, since its epochs start over
+// where an old one's stamps may still be.
 #pragma once
 
 #include <cuda_runtime_api.h>

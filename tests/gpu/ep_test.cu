@@ -321,6 +321,14 @@ void childMain() {
   const int remote = remoteRanks(ctx);
   if (remote)  // every rank refuses alike, and a Buffer made afterwards works
     expectThrowContaining([&] { ep::Buffer tooSmall(ctx, size_t(16) << 20, 4096); }, "rdmaBytes 4096", "staging");
+  // Ranks of different kernel shapes are refused alike (a receiver works out from the shape whether a sender stamps
+  // its rows), and a Buffer made afterwards works.
+  expectThrowContaining(
+      [&] {
+        ep::Buffer mixed(ctx, size_t(16) << 20, size_t(remote) * (64 << 20),
+                         ctx.rank() == 0 ? ep::Config{16, 512} : ep::Config{});
+      },
+      "every rank must use the same", "mixed configs");
   cudaStream_t stream;
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {

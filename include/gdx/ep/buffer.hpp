@@ -157,9 +157,9 @@ class Buffer {
   /// hosts (those not reached on the direct path), in pinned host memory together with a host copy of the nvlBytes
   /// layout that those ranks store into: 36 KiB of counts for each remote rank, the rest split evenly among the ones
   /// rows go to (this rank's relay on each other host, and the ranks of other hosts it relays for: one of each per
-  /// other host with equal GPUs per host); 0 when every rank is on the direct path. Both
-  /// must be the same on every rank. With ranks on other hosts the Buffer uses the top 3 x kMaxRanks signal ids of the
-  /// Context (GDX_NUM_SIGNALS) for its flags: leave them to it.
+  /// other host with equal GPUs per host); 0 when every rank is on the direct path. Both, and `config`, must be the
+  /// same on every rank (a mismatch is refused here). With ranks on other hosts the Buffer uses the top 3 x kMaxRanks
+  /// signal ids of the Context (GDX_NUM_SIGNALS) for its flags: leave them to it.
   Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes = 0, const Config& config = Config());
   ~Buffer();
   Buffer(const Buffer&) = delete;

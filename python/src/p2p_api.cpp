@@ -12,11 +12,13 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "base/timer_slack.hpp"
 #include "gdx/config.hpp"
 #include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
@@ -78,12 +80,15 @@ void waitTransfer(PyEndpoint& e, uint64_t id, uint64_t timeoutNs) {
     bool done = false;
     {
       py::gil_scoped_release release;
+      std::optional<TimerSlack> slack;  // the naps end on time (base/timer_slack.hpp), the caller's slack comes back
       const uint64_t sliceEnd = nowNs() + kSliceNs;
       while (!(done = live(e).poll(id)) && nowNs() < sliceEnd) {
-        if (++polls < kSpinPolls)
+        if (++polls < kSpinPolls) {
           std::this_thread::yield();
-        else
+        } else {
+          if (!slack) slack.emplace();
           std::this_thread::sleep_for(kPollSleep);
+        }
       }
     }
     if (done) return;

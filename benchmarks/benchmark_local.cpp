@@ -77,21 +77,23 @@ HostRun measureHost(size_t minBytes, size_t maxBytes) {
   gdx::Window s = ctx.registerWindow(src.data(), src.size());
   gdx::Window d = ctx.registerWindow(dst.data(), dst.size());
   gdx::Channel ch = ctx.channel(peer);
+  // One round of the putWithSignal ping-pong: rank 0 pings and waits for the pong, rank 1 answers.
+  auto pingPong = [&](size_t bytes) {
+    ++run.pings;
+    if (rank == 0) {
+      ch.putWithSignal(d, 0, s, 0, bytes, kPing, 1);
+      ctx.wait(kPong, run.pings);
+    } else {
+      ctx.wait(kPing, run.pings);
+      ch.putWithSignal(d, 0, s, 0, bytes, kPong, 1);
+    }
+  };
   ctx.barrier();
   for (size_t bytes = minBytes; bytes <= maxBytes; bytes *= 2) {
     // Latency: ping-pong of putWithSignal.
     const int li = latencyIters(bytes);
     auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < li; ++i) {
-      ++run.pings;
-      if (rank == 0) {
-        ch.putWithSignal(d, 0, s, 0, bytes, kPing, 1);
-        ctx.wait(kPong, run.pings);
-      } else {
-        ctx.wait(kPing, run.pings);
-        ch.putWithSignal(d, 0, s, 0, bytes, kPong, 1);
-      }
-    }
+    for (int i = 0; i < li; ++i) pingPong(bytes);
     double lat = seconds(t0) / li / 2 * 1e6;
     // Bandwidth: a stream of puts closed by a putWithSignal, acknowledged by the receiver.
     const int bi = bandwidthIters(bytes);
@@ -114,17 +116,10 @@ HostRun measureHost(size_t minBytes, size_t maxBytes) {
   ctx.barrier();
   double idleSeconds = 0;
   for (int i = 0; i < kIdleIters; ++i) {
-    ++run.pings;
-    if (rank == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(kIdleMs));
-      const auto t0 = std::chrono::steady_clock::now();
-      ch.putWithSignal(d, 0, s, 0, 8, kPing, 1);
-      ctx.wait(kPong, run.pings);
-      idleSeconds += seconds(t0);
-    } else {
-      ctx.wait(kPing, run.pings);
-      ch.putWithSignal(d, 0, s, 0, 8, kPong, 1);
-    }
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(kIdleMs));
+    const auto t0 = std::chrono::steady_clock::now();
+    pingPong(8);
+    idleSeconds += seconds(t0);  // rank 0's is the round trip; rank 1's is not used
   }
   if (rank == 0) run.idleLatencyUs = idleSeconds / kIdleIters / 2 * 1e6;
   ctx.barrier();

@@ -5,6 +5,10 @@
 // waiting user thread leaves as it came). Elsewhere than Linux the guard does nothing.
 #pragma once
 
+#include <chrono>
+#include <optional>
+#include <thread>
+
 #if defined(__linux__)
 #include <sys/prctl.h>
 #endif
@@ -35,6 +39,20 @@ class TimerSlack {
 
  private:
   unsigned long previous_ = 0;  ///< the slack to put back; 0: nothing was changed
+};
+
+/// The naps of a polling thread, with the finer slack from its first nap on (a thread that never naps keeps its own
+/// untouched) until the Napper ends.
+class Napper {
+ public:
+  template <typename Rep, typename Period>
+  void nap(std::chrono::duration<Rep, Period> d) {
+    if (!slack_) slack_.emplace();
+    std::this_thread::sleep_for(d);
+  }
+
+ private:
+  std::optional<TimerSlack> slack_;
 };
 
 }  // namespace gdx

@@ -623,7 +623,7 @@ bool Proxy::reapCompletions(Thread& t, size_t* reaped) {
 
 void Proxy::loop(Thread& t) {
   pinCurrentThread(options_.placement);
-  const TimerSlack slack;  // its idle naps end on time (base/timer_slack.hpp)
+  Napper napper;  // its idle naps end on time (base/timer_slack.hpp)
   uint64_t idleSince = 0;
   uint64_t stopSeenAt = 0;
   for (;;) {
@@ -651,7 +651,7 @@ void Proxy::loop(Thread& t) {
       const uint64_t now = nowNs();
       if (idleSince == 0) idleSince = now;
       if (now - idleSince > kIdleBeforeNapNs)
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        napper.nap(std::chrono::microseconds(20));
       else if (now - idleSince > kIdleBeforeYieldNs)
         std::this_thread::yield();
       else

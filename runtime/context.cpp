@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <optional>
 #include <thread>
 
 #include "base/timer_slack.hpp"
@@ -480,7 +479,7 @@ Status Context::waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&
   // Direct-path updates land in device memory: read it through a copy, at most every 20 µs.
   const bool device = direct_->mayReceive();
   uint64_t lastDeviceRead = 0;
-  std::optional<TimerSlack> slack;
+  Napper napper;  // its naps end on time (base/timer_slack.hpp)
   for (uint64_t spins = 0;; ++spins) {
     if (atomicLoad(word, kAcquire) >= value) return Status::kOk;
     if (device && nowNs() - lastDeviceRead > 20000) {
@@ -489,12 +488,10 @@ Status Context::waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&
     }
     if (ended()) return Status::kPeerFailed;
     if ((spins & 63) == 0 && nowNs() - start > bound) return Status::kTimeout;
-    if (spins > 100000) {
-      if (!slack) slack.emplace();  // the naps end on time while this thread waits (base/timer_slack.hpp)
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    } else {
+    if (spins > 100000)
+      napper.nap(std::chrono::microseconds(20));
+    else
       spinPause(spins);
-    }
   }
 }
 

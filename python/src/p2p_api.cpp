@@ -12,7 +12,6 @@
 #include <future>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -80,15 +79,13 @@ void waitTransfer(PyEndpoint& e, uint64_t id, uint64_t timeoutNs) {
     bool done = false;
     {
       py::gil_scoped_release release;
-      std::optional<TimerSlack> slack;  // the naps end on time (base/timer_slack.hpp), the caller's slack comes back
+      Napper napper;  // the naps end on time (base/timer_slack.hpp), the caller's slack comes back
       const uint64_t sliceEnd = nowNs() + kSliceNs;
       while (!(done = live(e).poll(id)) && nowNs() < sliceEnd) {
-        if (++polls < kSpinPolls) {
+        if (++polls < kSpinPolls)
           std::this_thread::yield();
-        } else {
-          if (!slack) slack.emplace();
-          std::this_thread::sleep_for(kPollSleep);
-        }
+        else
+          napper.nap(kPollSleep);
       }
     }
     if (done) return;

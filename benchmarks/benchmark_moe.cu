@@ -138,7 +138,8 @@ int rankMain(const Options& o, const std::string& resultsPath) {
         << cfg.numThreads << "\n";
   if (o.lowLatency) {
     const ep::LowLatencyConfig lc;
-    const LowLatencyShape sh{kHidden, kTopk, o.experts, o.sms > 0 ? o.sms : lc.numSms, lc.numThreads, o.iters};
+    const LowLatencyShape sh{
+        kHidden, kTopk, o.experts, o.sms > 0 ? o.sms : lc.numSms, o.threads > 0 ? o.threads : lc.numThreads, o.iters};
     if (me == 0) out << "llsms " << sh.sms << " " << sh.threads << "\n";
     const std::string lines = runLowLatency(ctx, sh, o.tokens, x, static_cast<int64_t*>(topk),
                                             static_cast<float*>(weights), idx, stream, timeMs);
@@ -406,7 +407,8 @@ int main(int argc, char** argv) {
        {"--sms", "N",
         "blocks (SMs) of the EP kernels (default: ep::Config's 24 in normal mode, ep::LowLatencyConfig's in ll)",
         [&](const std::string& v) { o.sms = std::max(1, int(gdx::bench::parseCount(v))); }},
-       {"--threads", "N", "threads per block of those kernels (default: ep::Config::forRanks)",
+       {"--threads", "N",
+        "threads per block of those kernels (default: ep::Config::forRanks, ep::LowLatencyConfig's in ll)",
         [&](const std::string& v) { o.threads = int(gdx::bench::parseCount(v)); }},
        {"--mode", "MODE", "normal (default) or ll: the low-latency mode first, then normal mode at the same tokens",
         [&](const std::string& v) {

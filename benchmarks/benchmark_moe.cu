@@ -40,10 +40,11 @@ constexpr int kHidden = 7168, kTopk = 8;
 struct Options {
   std::vector<int> tokens{128, 256, 512, 1024, 2048, 4096};
   int iters = 20;
-  int sms = 0;              // 0: each mode's default (ep::Config, ep::LowLatencyConfig)
-  int threads = 0;          // 0: ep::Config::forRanks
-  bool lowLatency = false;  // --mode ll
-  int experts = 256;        // 288 with --mode ll
+  int sms = 0;                     // 0: each mode's default (ep::Config, ep::LowLatencyConfig)
+  int threads = 0;                 // 0: ep::Config::forRanks
+  bool lowLatency = false;         // --mode ll
+  bool programmaticLaunch = true;  // --no-pdl: plain launches of the low-latency kernels
+  int experts = 256;               // 288 with --mode ll
   bool tokensGiven = false;
 };
 
@@ -138,9 +139,14 @@ int rankMain(const Options& o, const std::string& resultsPath) {
         << cfg.numThreads << "\n";
   if (o.lowLatency) {
     const ep::LowLatencyConfig lc;
-    const LowLatencyShape sh{
-        kHidden, kTopk, o.experts, o.sms > 0 ? o.sms : lc.numSms, o.threads > 0 ? o.threads : lc.numThreads, o.iters};
-    if (me == 0) out << "llsms " << sh.sms << " " << sh.threads << "\n";
+    const LowLatencyShape sh{kHidden,
+                             kTopk,
+                             o.experts,
+                             o.sms > 0 ? o.sms : lc.numSms,
+                             o.threads > 0 ? o.threads : lc.numThreads,
+                             o.iters,
+                             o.programmaticLaunch};
+    if (me == 0) out << "llsms " << sh.sms << " " << sh.threads << " " << sh.programmaticLaunch << "\n";
     const std::string lines = runLowLatency(ctx, sh, o.tokens, x, static_cast<int64_t*>(topk),
                                             static_cast<float*>(weights), idx, stream, timeMs);
     if (me == 0) out << lines;
@@ -262,7 +268,7 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
     return rc;
   }
   std::string gpu = "?";
-  int sms = 0, threads = 0, llSms = 0, llThreads = 0, remote = 0;
+  int sms = 0, threads = 0, llSms = 0, llThreads = 0, llPdl = 0, remote = 0;
   std::map<std::string, std::pair<double, double>> r;                // "tokens dtype op" -> (us, bytes)
   std::map<std::string, double> peer;                                // same key -> NCCL us
   std::map<std::pair<int, std::string>, std::vector<double>> split;  // (tokens, op) -> a "split" line's numbers
@@ -280,7 +286,7 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
       } else if (kind == "sms") {
         ls >> sms >> threads;
       } else if (kind == "llsms") {
-        ls >> llSms >> llThreads;
+        ls >> llSms >> llThreads >> llPdl;
       } else if (kind == "moe") {
         std::string n, dt, op;
         double us, bytes;
@@ -324,7 +330,8 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
      << ",\n  \"date\": " << jsonString(date) << ",\n  \"ranks\": " << ranks << ",\n  \"hosts\": " << std::max(hosts, 1)
      << ",\n  \"remote_ranks_per_rank\": " << remote << ",\n  \"hidden\": " << kHidden << ",\n  \"topk\": " << kTopk
      << ",\n  \"experts\": " << o.experts << ",\n  \"sms\": " << sms << ",\n  \"threads\": " << threads
-     << (llSms > 0 ? ",\n  \"ll_sms\": " + std::to_string(llSms) + ",\n  \"ll_threads\": " + std::to_string(llThreads)
+     << (llSms > 0 ? ",\n  \"ll_sms\": " + std::to_string(llSms) + ",\n  \"ll_threads\": " + std::to_string(llThreads) +
+                         ",\n  \"ll_programmatic_launch\": " + (llPdl ? "true" : "false")
                    : "")
      << ",\n  \"results\": [";
   bool first = true;
@@ -346,13 +353,14 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
       }
   if (!split.empty())
     std::printf(
-        "low-latency (%d blocks x %d threads per kernel), per call and rank (means over the ranks): the whole call, "
+        "low-latency (%d blocks x %d threads per kernel, %s launches), per call and rank (means over the ranks): the "
+        "whole call, "
         "its send and receive halves (hook "
         "form), the proxy threads' time taking and posting its commands, the time with transport operations in "
         "flight (these overlap), and the ring slots the proxy took against the slots the kernels must push\n"
         "%8s %9s %9s %9s %9s %9s %11s %9s %9s %9s\n",
-        llSms, llThreads, "tokens", "op", "call us", "send us", "recv us", "proxy us", "in-flight us", "taken",
-        "expected", "commands/us");
+        llSms, llThreads, llPdl ? "programmatic" : "plain", "tokens", "op", "call us", "send us", "recv us", "proxy us",
+        "in-flight us", "taken", "expected", "commands/us");
   for (auto& [key, v] : split) {
     const int n = key.first;
     const std::string& op = key.second;
@@ -415,6 +423,8 @@ int main(int argc, char** argv) {
           if (v != "ll" && v != "normal") throw std::invalid_argument("--mode " + v + ": normal or ll");
           o.lowLatency = v == "ll";
         }},
+       {"--no-pdl", "", "launch the low-latency kernels plainly (LowLatencyConfig::programmaticLaunch false)",
+        [&](const std::string&) { o.programmaticLaunch = false; }},
        {"--no-nccl", "", "skip the NCCL peer (PyTorch)", [&](const std::string&) { nccl = false; }}});
   if (parsed >= 0) return parsed;
   if (o.lowLatency) {  // decoding: few tokens, DeepEP's low-latency shapes

@@ -17,6 +17,17 @@ __device__ inline LlCtrl* llCtrl(const char* base) {
   return reinterpret_cast<LlCtrl*>(const_cast<char*>(base));
 }
 
+/// The first thing every kernel here does: wait until the kernel before it in the stream has ended and its writes are
+/// visible (at once without programmatic launch), then let the next kernel be launched. Each kernel reads state the
+/// previous one wrote (the epochs, the caller's inputs), so nothing may come before the wait; the next kernel, launched
+/// early, makes the same wait, so no kernel here ever starts reading before the one it follows has ended.
+__device__ inline void followPreviousKernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
 __device__ inline bool isMasked(const LlTeam& lt, int r) {
   return (atomicLoad(&lt.ll->mask, kRelaxed) >> r) & 1u;
 }
@@ -60,23 +71,46 @@ __device__ inline bool reachedOrWait(const LlTeam& lt, int peer, const uint64_t*
   return (seen >> shift) >= want || waitOrMask(lt, peer, word, want, shift);
 }
 
-/// Every block: threads 0..R-1 wait until rank r finished reading what this rank sent it two calls ago (the buffer
-/// of epoch e is then free everywhere). Masks what times out.
-__device__ inline void waitFreed(const LlTeam& lt, uint64_t e) {
-  const int r = threadIdx.x;
-  if (r < lt.t.numRanks) {
-    const uint64_t* w =
-        isRemote(lt.t, r) ? &lt.t.netSignals[lt.freedSignal + r] : &llCtrl(lt.t.base[lt.t.rank])->freed[r];
-    reachedOrWait(lt, r, w, e > 2 ? e - 2 : 0, 0);  // the first two calls wait for nothing (every word is >= 0)
+/// Lane r of the block's last warp waits (reachedOrWait) until rank r's word, wordOf(r), reaches `want`; returns, on
+/// every thread, the ranks whose wait found them masked (or masked them): what the block then goes by, with no load of
+/// LlState::mask after the waits (one memory latency more on the path of a decode-size call). No barrier comes before
+/// the waits, so loads the other warps issued before the call overlap them.
+template <typename WordOf>
+__device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64_t want) {
+  static_assert(kMaxRanks <= 32, "one warp waits for every rank");
+  __shared__ uint32_t masked;
+  if (threadIdx.x >= blockDim.x - 32) {
+    const int r = int(threadIdx.x & 31);
+    const bool ok = r >= lt.t.numRanks || reachedOrWait(lt, r, wordOf(r), want, 0);
+    const uint32_t off = __ballot_sync(0xffffffffu, !ok);
+    if (r == 0) masked = off;
   }
   __syncthreads();
+  return masked;
 }
 
-/// The grid's last block to call this gets true, on every thread (lastBlockDone, then a barrier).
+/// Every block: waits until each rank r finished reading what this rank sent it two calls ago (the buffer of epoch e
+/// is then free everywhere). Masks what times out; returns the ranks found masked (lastWarpWaits).
+__device__ inline uint32_t waitFreed(const LlTeam& lt, uint64_t e) {
+  const auto freedOf = [&](int r) -> const uint64_t* {
+    return isRemote(lt.t, r) ? &lt.t.netSignals[lt.freedSignal + r] : &llCtrl(lt.t.base[lt.t.rank])->freed[r];
+  };
+  return lastWarpWaits(lt, freedOf, e > 2 ? e - 2 : 0);  // the first two calls wait for nothing (words are >= 0)
+}
+
+/// The grid's last block to call this gets true, on every thread. The count is one acquire-release atomic at GPU scope,
+/// not lastBlockDone's system-scope fences (each a microsecond more on the path of every kernel here). That is enough
+/// for what the last block then publishes to other GPUs with a system-scope release (the counts and dispDone, combDone,
+/// freed): the other blocks' writes and reads come before their atomic, the last block's atomic synchronizes with
+/// theirs (all on this GPU), and causality order is transitive, so a peer that acquires the flag sees the rows.
 __device__ inline bool lastBlock(uint32_t* counter) {
   __shared__ int last;
-  const bool mine = lastBlockDone(counter);
-  if (threadIdx.x == 0) last = mine;
+  __syncthreads();  // the block's work before its count (bar.sync: ordered before thread 0's release)
+  if (threadIdx.x == 0) {
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_device> count(*counter);
+    last = count.fetch_add(1u, cuda::std::memory_order_acq_rel) == gridDim.x - 1;
+    if (last) count.store(0u, cuda::std::memory_order_relaxed);  // for the next launch (the kernel boundary orders it)
+  }
   __syncthreads();
   return last;
 }
@@ -148,48 +182,94 @@ __device__ inline void storeToRows(const V& v, uint32_t off, const TokenRows& to
   if (to.stage) *reinterpret_cast<V*>(to.stage + off) = v;
 }
 
+/// A thread's share of a token, in pieces of 16 bytes: FP8, a half-warp owns a 128-element block (8 elements a lane),
+/// the warps of the block take the block pairs in turn (piece n: step warp + n * warps); BF16, the block's threads take
+/// the token's vectors in turn. Piece n of this thread: whether it exists, and its byte offset in the BF16 token.
+struct TokenPieces {
+  bool fp8;
+  int steps, blocks, vecs;  // FP8: block-pair steps and 128-element blocks; BF16: 16-byte vectors
+  int64_t tokenBytes;       // of a BF16 input token
+  __device__ TokenPieces(const LlDispatchArgs& a, int H)
+      : fp8(a.fp8),
+        steps((H / kFp8ScaleBlock + 1) / 2),
+        blocks(H / kFp8ScaleBlock),
+        vecs(H * 2 / 16),
+        tokenBytes(H * 2) {}
+  __device__ const char* token(const LlDispatchArgs& a, int tok) const { return a.x + tok * tokenBytes; }
+  __device__ int count() const {
+    const int per = fp8 ? int(blockDim.x >> 5) : int(blockDim.x), mine = fp8 ? int(threadIdx.x >> 5) : int(threadIdx.x);
+    const int total = fp8 ? steps : vecs;
+    return mine < total ? (total - mine + per - 1) / per : 0;
+  }
+  /// FP8: the 128-element block of piece n (an odd block count leaves the last step's second half without one).
+  __device__ int fp8Block(int n) const {
+    return 2 * (int(threadIdx.x >> 5) + n * int(blockDim.x >> 5)) + ((threadIdx.x & 31) >> 4);
+  }
+  __device__ bool on(int n) const { return fp8 ? fp8Block(n) < blocks : true; }
+  __device__ uint32_t srcOffset(int n) const {
+    return fp8 ? uint32_t(fp8Block(n) * kFp8ScaleBlock + (threadIdx.x & 15) * 8) * 2
+               : uint32_t(threadIdx.x + n * blockDim.x) * 16;
+  }
+  __device__ int4 load(const char* token, int n) const {
+    return n < count() && on(n) ? __ldg(reinterpret_cast<const int4*>(token + srcOffset(n))) : make_int4(0, 0, 0, 0);
+  }
+};
+
+/// The first pieces of a thread's share, loaded before the block waits for the buffer and learns where the token goes:
+/// the loads are in flight while it waits and warp 0 reserves the rows (at decode sizes, memory latencies in a row
+/// otherwise).
+constexpr int kPrefetchPieces = 2;
+struct TokenPrefetch {
+  int4 v[kPrefetchPieces];
+};
+__device__ inline TokenPrefetch prefetchToken(const LlDispatchArgs& a, const TokenPieces& tp, int tok) {
+  const char* src = tp.token(a, tok);
+  TokenPrefetch p;
+#pragma unroll
+  for (int n = 0; n < kPrefetchPieces; ++n) p.v[n] = tp.load(src, n);
+  return p;
+}
+
 /// The block packs token `tok`: FP8 e4m3 with one scale per 128 elements (amax / 448, optionally rounded up to a power
 /// of two), or the BF16 bytes as they are, each piece stored straight from registers into every row it goes to (the
-/// token is read once, no row is read back). FP8: a half-warp owns a 128-element block (8 elements a lane, amax over
-/// its 16 lanes), the warps of the block take the block pairs in turn. The meta is the caller's.
-__device__ inline void packToken(const LlDispatchArgs& a, int H, int tok, const TokenRows& to) {
-  const char* src = a.x + int64_t(tok) * H * 2;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, numWarps = blockDim.x >> 5;
-  if (a.fp8) {
-    const int blocks = H / kFp8ScaleBlock, steps = (blocks + 1) / 2, half = lane >> 4, hl = lane & 15;
-    for (int step = warp; step < steps; step += numWarps) {
-      const int blk = 2 * step + half;
-      const bool on = blk < blocks;  // an odd block count leaves the last step's second half idle
-      const int4 v = on ? __ldg(reinterpret_cast<const int4*>(src + (int64_t(blk) * kFp8ScaleBlock + hl * 8) * 2))
-                        : make_int4(0, 0, 0, 0);
-      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
-      float2 f[4];
-      float amax = 0.f;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        f[q] = __bfloat1622float2(h2[q]);
-        amax = fmaxf(amax, fmaxf(fabsf(f[q].x), fabsf(f[q].y)));
-      }
-      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within the half
-      float scale = fmaxf(amax, 1e-4f) / 448.f;
-      if (a.roundScale) scale = exp2f(ceilf(log2f(scale)));
-      const float inv = 1.f / scale;
-      uint2 packed;
-      uint32_t* w = &packed.x;
-#pragma unroll
-      for (int q = 0; q < 4; q += 2) {
-        const __nv_fp8x2_storage_t lo =
-            __nv_cvt_float2_to_fp8x2(make_float2(f[q].x * inv, f[q].y * inv), __NV_SATFINITE, __NV_E4M3);
-        const __nv_fp8x2_storage_t hi =
-            __nv_cvt_float2_to_fp8x2(make_float2(f[q + 1].x * inv, f[q + 1].y * inv), __NV_SATFINITE, __NV_E4M3);
-        w[q / 2] = uint32_t(lo) | uint32_t(hi) << 16;
-      }
-      if (on) storeToRows(packed, uint32_t(blk * kFp8ScaleBlock + hl * 8), to);
-      if (on && hl == 0) storeToRows(scale, a.msg.scaleOffset + uint32_t(blk) * 4, to);
+/// token is read once, no row is read back). FP8: amax over the 16 lanes of a half-warp. The meta is the caller's.
+__device__ inline void packToken(const LlDispatchArgs& a, const TokenPieces& tp, int tok, const TokenPrefetch& pre,
+                                 const TokenRows& to) {
+  const char* src = tp.token(a, tok);
+  const int count = tp.count();
+  for (int n = 0; n < count; ++n) {
+    const int4 v = n < kPrefetchPieces ? pre.v[n] : tp.load(src, n);
+    if (!tp.fp8) {
+      storeToRows(v, tp.srcOffset(n), to);
+      continue;
     }
-  } else {
-    const int4* s4 = reinterpret_cast<const int4*>(src);
-    for (uint32_t i = threadIdx.x; i < a.msg.xBytes / 16; i += blockDim.x) storeToRows(__ldg(s4 + i), i * 16, to);
+    // FP8: every lane of the warp takes part in the half-warp reductions, a lane without a block with zeros.
+    const bool on = tp.on(n);
+    const int blk = tp.fp8Block(n), hl = threadIdx.x & 15;
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+    float2 f[4];
+    float amax = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      f[q] = __bfloat1622float2(h2[q]);
+      amax = fmaxf(amax, fmaxf(fabsf(f[q].x), fabsf(f[q].y)));
+    }
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within the half
+    float scale = fmaxf(amax, 1e-4f) / 448.f;
+    if (a.roundScale) scale = exp2f(ceilf(log2f(scale)));
+    const float inv = 1.f / scale;
+    uint2 packed;
+    uint32_t* w = &packed.x;
+#pragma unroll
+    for (int q = 0; q < 4; q += 2) {
+      const __nv_fp8x2_storage_t lo =
+          __nv_cvt_float2_to_fp8x2(make_float2(f[q].x * inv, f[q].y * inv), __NV_SATFINITE, __NV_E4M3);
+      const __nv_fp8x2_storage_t hi =
+          __nv_cvt_float2_to_fp8x2(make_float2(f[q + 1].x * inv, f[q + 1].y * inv), __NV_SATFINITE, __NV_E4M3);
+      w[q / 2] = uint32_t(lo) | uint32_t(hi) << 16;
+    }
+    if (on) storeToRows(packed, uint32_t(blk * kFp8ScaleBlock + hl * 8), to);
+    if (on && hl == 0) storeToRows(scale, a.msg.scaleOffset + uint32_t(blk) * 4, to);
   }
 }
 
@@ -243,6 +323,7 @@ __device__ inline int reserveRows(const LlTeam& lt, int b, int64_t expert, int l
 }
 
 __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs a) {
+  followPreviousKernel();
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->sendSeq + 1;
@@ -250,7 +331,16 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   __shared__ int entries[kMaxExperts];
   const bool mayOverfill = a.numTokens * a.numTopk > y.T;  // else no expert can get more than T entries
   if (mayOverfill) countEntries(a, y.E, entries);
-  waitFreed(lt, e);  // its sync completes the counts
+  // The block's first token: its share of x and (warp 0) its top-k, loaded before the wait (caller inputs, final
+  // since followPreviousKernel), so that the wait's round trips and theirs overlap.
+  const TokenPieces pieces(a, y.H);
+  const int warp = threadIdx.x >> 5, numWarps = blockDim.x >> 5;
+  auto topkOf = [&](int tok) -> int64_t {
+    return warp == 0 && lane < a.numTopk && tok < a.numTokens ? a.topkIdx[int64_t(tok) * a.numTopk + lane] : -1;
+  };
+  TokenPrefetch pre = blockIdx.x < a.numTokens ? prefetchToken(a, pieces, blockIdx.x) : TokenPrefetch{};
+  int64_t firstExpert = topkOf(blockIdx.x);
+  const uint32_t masked = waitFreed(lt, e);  // its sync completes the counts
   const bool refused = mayOverfill && overfullExpert(lt, a, entries, e) >= 0;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;  // read by this handle's combine
   // A block per token: warp 0 reserves its rows, every warp packs a share of it into them, then one warp per slot on
@@ -259,12 +349,14 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   __shared__ TokenRows to;
   __shared__ int slotRank[kMaxTopk], slotLocal[kMaxTopk], slotPos[kMaxTopk];
   __shared__ unsigned remoteSlots;
-  const int warp = threadIdx.x >> 5, numWarps = blockDim.x >> 5;
   for (int tok = refused ? a.numTokens : blockIdx.x; tok < a.numTokens; tok += gridDim.x) {  // refused: no token sends
+    if (tok != int(blockIdx.x)) {
+      pre = prefetchToken(a, pieces, tok);
+      firstExpert = topkOf(tok);
+    }
     int64_t expert = -1;
     if (warp == 0) {
-      const uint32_t masked = atomicLoad(&lt.ll->mask, kRelaxed);
-      expert = lane < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + lane] : -1;
+      expert = firstExpert;
       if (expert < -1 || expert >= y.E) {
         report(t, kBadExpert, 0, me, expert, y.E, e, tok);
         expert = -1;
@@ -294,7 +386,7 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
       }
     }
     __syncthreads();
-    packToken(a, y.H, tok, to);
+    packToken(a, pieces, tok, pre, to);
     if (warp == 0) {  // the meta: token, top-k ids
       if (lane == 0) storeToRows(tok, a.msg.metaOffset, to);
       if (lane < y.K) storeToRows(lane < a.numTopk ? int32_t(expert) : -1, a.msg.metaOffset + 4 * (1 + lane), to);
@@ -354,6 +446,7 @@ __device__ inline int dispatchedToken(const LlTeam& lt, const LlDispatchArgs& a,
 }
 
 __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs a) {
+  followPreviousKernel();
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->recvSeq + 1;
@@ -398,15 +491,22 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
       a.layoutRange[q] = int64_t(begin) << 32 | (first[q + 1] - first[q]);
       if (s == 0) a.out.recvCount[j] = first[(j + 1) * R] - first[j * R];
     }
-  // The rows of all experts, flattened: any warp takes any row.
-  for (int v = gw; v < first[Q]; v += W) {
+  // The rows of all experts, flattened: any warp takes any (row, part). A decode-size call has fewer rows than warps,
+  // and each row is then cut into parts of at least 512 bytes (a row a warp left most of the grid idle and each busy
+  // warp waiting on its loads round after round); the last part also copies the scales, part 0 reads the meta.
+  const int rows = first[Q], parts = max(1, min(W / max(rows, 1), int(xOut / 512)));
+  for (int unit = gw; unit < rows * parts; unit += W) {
+    const int v = unit / parts, part = unit % parts;
     const int q = entryOf(first, Q, v), j = q / R, src = q % R, pos = v - first[q], i = v - first[j * R];
     const char* m = dispatchedMessage(lt, b, j, src, pos);
     const int64_t row = int64_t(j) * rowsPerExpert + i;
-    warpCopy16(static_cast<char*>(a.out.recvX) + row * xOut, m, xOut, lane);
-    if (a.fp8)
+    uint32_t offset, len;
+    rowSlice(xOut, part, parts, &offset, &len);
+    warpCopy16(static_cast<char*>(a.out.recvX) + row * xOut + offset, m + offset, len, lane);
+    if (a.fp8 && part == parts - 1)
       warpCopyFloats(a.out.recvXScales + row * nScales, reinterpret_cast<const float*>(m + a.msg.scaleOffset), nScales,
                      lane);
+    if (part != 0) continue;
     const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
     // Every slot of the message's top-k (maxTopk entries, -1 past the sender's numTopk) naming this expert.
     const bool mine = lane < y.K && meta[1 + lane] == me * y.L + j;
@@ -430,6 +530,7 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
 // ---- combine --------------------------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a) {
+  followPreviousKernel();
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->sendSeq + 1;
@@ -441,8 +542,8 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   const int Q = y.L * R;
   __shared__ int first[kMaxExperts + 1];
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = int(a.layoutRange[q] & 0xffffffff);
+  const uint32_t masked = waitFreed(lt, e);  // beside the loads above
   prefixInPlace(first, Q);
-  waitFreed(lt, e);
   // A row for a rank of this host is cut into pieces (at least 512 bytes each) so that every warp has work at decode
   // sizes; a row for another host is one put, staged whole by one warp (its piece 0).
   const int pieces = max(1, min(W / max(first[Q], 1), int(xb / 512)));
@@ -450,7 +551,7 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   for (int unit = gw; unit < first[Q] * pieces; unit += W) {
     const int v = unit / pieces, piece = unit % pieces;
     const int q = entryOf(first, Q, v), j = q / R, s = q % R, pos = v - first[q];
-    if (isMasked(lt, s) || (piece > 0 && isRemote(t, s))) continue;
+    if (((masked >> s) & 1u) || (piece > 0 && isRemote(t, s))) continue;
     const int64_t idx = int64_t(j) * rowsPerExpert + (v - first[j * R]);
     const int tok = a.srcInfo[idx], k = a.srcSlot[idx];
     if (k < 0) continue;
@@ -492,39 +593,47 @@ __device__ inline void addScaledBf16x8(float (&acc)[8], const int4& v, float w) 
 }
 
 __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a) {
+  followPreviousKernel();
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->recvSeq + 1;
-  const int b = int(e & 1), me = t.rank, R = t.numRanks, K = a.numTopk, lane = threadIdx.x & 31;
+  const int b = int(e & 1), me = t.rank, K = a.numTopk, lane = threadIdx.x & 31;
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
-  const int s = threadIdx.x;
-  if (s < R) {
-    const uint64_t* w = isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->combDone[b][s];
-    reachedOrWait(lt, s, w, e, 0);
-  }
-  __syncthreads();
-  __shared__ uint32_t mask;
-  if (threadIdx.x == 0) mask = atomicLoad(&lt.ll->mask, kRelaxed);
-  __syncthreads();
   const uint32_t vecs = uint32_t(y.H) / 8;
-  const bool refused = *a.refused != 0;  // its dispatch sent nothing: no row comes back, every sum is zero
   // A token's row is cut into pieces of at least 32 vectors so that every warp has work at decode sizes (one warp per
   // token left most of the grid idle and each busy warp waiting on its loads).
   const int pieces = max(1, min(W / max(a.numTokens, 1), int(vecs / 32)));
   const uint32_t perPiece = (vecs + pieces - 1) / pieces;
+  // Lane k holds slot k's expert and weight of the warp's token: the whole top-k in one round trip (loaded slot after
+  // slot, they cost a memory latency each, 3 us of a one-token call). The first token's are loaded before the waits,
+  // beside whether the dispatch refused (caller inputs, final since followPreviousKernel).
+  int64_t laneExpert = -1;
+  float laneWeight = 0.f;
+  const auto loadTopk = [&](int tok) {
+    laneExpert = lane < K && tok < a.numTokens ? a.topkIdx[int64_t(tok) * K + lane] : -1;
+    laneWeight = lane < K && tok < a.numTokens ? a.topkWeights[int64_t(tok) * K + lane] : 0.f;
+  };
+  loadTopk(gw / pieces);
+  const bool refused = *a.refused != 0;  // its dispatch sent nothing: no row comes back, every sum is zero
+  const auto doneOf = [&](int s) -> const uint64_t* {
+    return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->combDone[b][s];
+  };
+  const uint32_t mask = lastWarpWaits(lt, doneOf, e);  // a masked rank's experts add nothing
   for (int unit = gw; unit < a.numTokens * pieces; unit += W) {
     const int tok = unit / pieces;
     const uint32_t begin = uint32_t(unit % pieces) * perPiece, end = min(vecs, begin + perPiece);
+    if (unit != gw) loadTopk(tok);
     const char* src[kMaxTopk];
     float wt[kMaxTopk];
     int n = 0;
     for (int k = 0; k < (refused ? 0 : K); ++k) {
-      const int64_t ex = a.topkIdx[int64_t(tok) * K + k];
+      const int64_t ex = __shfl_sync(0xffffffffu, laneExpert, k);
+      const float w = __shfl_sync(0xffffffffu, laneWeight, k);
       if (ex < 0 || ex >= y.E) continue;
       const int d = int(ex / y.L);
       if ((mask >> d) & 1u) continue;  // a masked rank's experts add nothing
       src[n] = isRemote(t, d) ? t.mirror + y.mirrorCombRow(b, tok, k) : t.base[me] + y.gpuCombRow(b, tok, k);
-      wt[n] = a.topkWeights[int64_t(tok) * K + k];
+      wt[n] = w;
       ++n;
     }
     // Four sources' loads issued before any is summed (in slot order, as before: the same rounding).
@@ -553,23 +662,35 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
   if (threadIdx.x == 0) lt.ll->recvSeq = e;
 }
 
+/// Launches kernel k with the team's shape, programmatically serialized after the stream's previous kernel when the
+/// team asks for it (followPreviousKernel is the kernel's side of that).
+template <typename Args>
+cudaError_t launch(void (*k)(LlTeam, Args), const LlTeam& team, const Args& a, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(team.blocks);
+  config.blockDim = dim3(team.threads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = team.programmaticLaunch ? 1 : 0;
+  return cudaLaunchKernelEx(&config, k, team, a);
+}
+
 }  // namespace
 
 cudaError_t launchLlDispatchSend(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream) {
-  llDispatchSend<<<team.blocks, team.threads, 0, stream>>>(team, a);
-  return cudaGetLastError();
+  return launch(llDispatchSend, team, a, stream);
 }
 cudaError_t launchLlDispatchRecv(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream) {
-  llDispatchRecv<<<team.blocks, team.threads, 0, stream>>>(team, a);
-  return cudaGetLastError();
+  return launch(llDispatchRecv, team, a, stream);
 }
 cudaError_t launchLlCombineSend(const LlTeam& team, const LlCombineArgs& a, cudaStream_t stream) {
-  llCombineSend<<<team.blocks, team.threads, 0, stream>>>(team, a);
-  return cudaGetLastError();
+  return launch(llCombineSend, team, a, stream);
 }
 cudaError_t launchLlCombineRecv(const LlTeam& team, const LlCombineArgs& a, cudaStream_t stream) {
-  llCombineRecv<<<team.blocks, team.threads, 0, stream>>>(team, a);
-  return cudaGetLastError();
+  return launch(llCombineRecv, team, a, stream);
 }
 
 }  // namespace gdx::ep::detail

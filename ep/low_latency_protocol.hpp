@@ -110,7 +110,8 @@ struct LlTeam {
   int8_t remoteSlot[kMaxRanks];  // remote s: s's slot in this rank's mirror
   uint32_t sentSignal;           // signal ids: sentSignal + sender, freedSignal + receiver
   uint32_t freedSignal;
-  int blocks, threads;  // of every kernel (LowLatencyConfig)
+  int blocks, threads;      // of every kernel (LowLatencyConfig)
+  bool programmaticLaunch;  // LowLatencyConfig::programmaticLaunch
 };
 
 struct LlDispatchArgs {

@@ -60,6 +60,10 @@ struct LowLatencyConfig {
   /// T = 128, 128 blocks took dispatch / combine from 49 / 54 us (32 blocks) to 35 / 43 us.
   int numSms = 128;
   int numThreads = 512;  ///< threads per block (a multiple of 32 in [64, 1024])
+  /// Launch each kernel with programmatic stream serialization (sm_90): it is launched while the kernel before it in
+  /// the stream still runs and waits for that kernel's end (griddepcontrol.wait) before it reads anything, so the
+  /// launch no longer sits between the two. The kernel before may be any kernel; false: plain launches.
+  bool programmaticLaunch = true;
 };
 
 /// Memory a LowLatencyBuffer takes (DeepEP's get_low_latency_rdma_size_hint): GPU bytes (the window the same-host

@@ -156,6 +156,7 @@ class ep:
         max_topk: int
         num_sms: int
         num_threads: int
+        programmatic_launch: bool
 
     @staticmethod
     def low_latency_bytes_hint(config: "ep.LowLatencyConfig", num_ranks: int,

@@ -45,13 +45,13 @@ LlLayout llLayout(const LowLatencyConfig& c, int numRanks, int remoteSlots) {
   y.slotBytes = slotBytesOf(c);
   y.combRowBytes = uint64_t(c.hidden) * 2;
   const uint64_t combBytes = 2 * uint64_t(y.T) * y.K * y.combRowBytes;
-  y.gpuComb = kLlCtrlBytes + 2 * uint64_t(y.L) * y.R * y.T * y.slotBytes;
+  y.gpuComb = kLlCtrlBytes + 2 * uint64_t(y.R) * y.T * y.slotBytes;
   y.gpuBytes = y.gpuComb + combBytes;
   if (remoteSlots == 0) return y;
-  y.mirrorComb = kLlCtrlBytes + 2 * uint64_t(y.L) * y.S * y.T * y.slotBytes;
+  y.mirrorComb = kLlCtrlBytes + 2 * uint64_t(y.S) * y.T * y.slotBytes;
   y.dispStage = y.mirrorComb + combBytes;
   y.countStage = y.dispStage + 2 * uint64_t(y.T) * y.slotBytes;
-  y.combStage = y.countStage + 2 * uint64_t(kMaxRanks) * y.L * 8;
+  y.combStage = y.countStage + 2 * uint64_t(kMaxRanks) * (y.L + 1) * 8;
   y.hostBytes = y.combStage + 2 * uint64_t(y.L) * y.S * y.T * y.combRowBytes;
   return y;
 }

@@ -1,6 +1,7 @@
 // The low-latency kernels: dispatch send / receive, combine send / receive (protocol: ep/low_latency_protocol.hpp).
-// A block owns a token in dispatch send; warps own received rows (dispatch receive) or pieces of them (combine send,
-// combine receive). One put, or one set of direct stores, per (token, expert) pair.
+// A block owns a token in dispatch send; warps own received messages (dispatch receive) or pieces of them (combine
+// send, combine receive). Dispatch: one put, or one set of direct stores, per (token, destination rank); combine: per
+// (token, expert) row.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -165,9 +166,9 @@ __device__ inline int entryOf(const int* first, int n, int v) {
 
 // ---- dispatch -------------------------------------------------------------------------------------------------
 
-/// Where a token's message goes, shared by the block that sends it: the row at a rank of this host of each top-k slot
-/// (0: none; `direct` has a bit per slot that has one) and the host staging row the puts to other hosts read (null
-/// when no rank on another host needs the token).
+/// Where a token's message goes, shared by the block that sends it: the message slot at a rank of this host, one per
+/// destination rank, kept at the first top-k slot naming that rank (0: none; `direct` has a bit per slot that has
+/// one), and the host staging row the puts to other hosts read (null when no rank on another host needs the token).
 struct TokenRows {
   unsigned long long row[kMaxTopk];
   unsigned direct;
@@ -308,18 +309,29 @@ __device__ inline int overfullExpert(const LlTeam& lt, const LlDispatchArgs& a, 
   return over;
 }
 
-/// The row positions of the warp's token at the experts its slots name (lane k: slot k; -1: nothing to send). Slots
-/// naming one expert get consecutive positions in slot order, reserved at once by the first of them: the receiver
-/// relies on that order to tell them apart (low_latency_protocol.hpp).
-/// `masked`: the ranks masked (LlState::mask), read beside the top-k so that the two loads share one round trip.
-__device__ inline int reserveRows(const LlTeam& lt, int b, int64_t expert, int lane, uint32_t masked) {
-  const unsigned same = __match_any_sync(0xffffffffu, expert);
-  const int first = __ffs(same) - 1;
-  int pos = -1;
-  if (lane == first && expert >= 0 && !((masked >> int(expert / lt.lay.L)) & 1u))
-    pos = atomicAdd(&lt.ll->sendCount[b][expert], __popc(same));
-  pos = __shfl_sync(0xffffffffu, pos, first);
-  return pos < 0 ? -1 : pos + __popc(same & ((1u << lane) - 1u));
+/// What the warp's token reserves (lane k: top-k slot k naming `expert`, -1 for none): its row among those sent that
+/// expert (`row`, -1: nothing sent for the slot) and, on the first slot naming each destination rank, the token's
+/// message slot there (`message`, -1 elsewhere). Slots naming one expert get consecutive rows in slot order, reserved
+/// at once by the first of them. Both atomics are issued before either answer is used (one round trip, not two).
+/// `masked`: ranks nothing is sent to.
+struct SlotReservation {
+  int row, message, rank;  // rank: the destination (-1: none)
+};
+__device__ inline SlotReservation reserveSlots(const LlTeam& lt, int b, int64_t expert, int lane, uint32_t masked) {
+  const int d = expert >= 0 ? int(expert / lt.lay.L) : -1;
+  const bool sends = d >= 0 && !((masked >> d) & 1u);
+  const unsigned sameExpert = __match_any_sync(0xffffffffu, sends ? expert : int64_t(-1));
+  const unsigned sameRank = __match_any_sync(0xffffffffu, sends ? d : -1);
+  const int firstOfExpert = __ffs(sameExpert) - 1;
+  int row = -1, message = -1;
+  if (sends && lane == firstOfExpert) row = atomicAdd(&lt.ll->sendCount[b][expert], __popc(sameExpert));
+  if (sends && lane == __ffs(sameRank) - 1) message = atomicAdd(&lt.ll->sendMsgs[b][d], 1);
+  row = __shfl_sync(0xffffffffu, row, firstOfExpert);
+  SlotReservation r;
+  r.row = sends ? row + __popc(sameExpert & ((1u << lane) - 1u)) : -1;
+  r.message = message;
+  r.rank = sends ? d : -1;
+  return r;
 }
 
 __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs a) {
@@ -343,11 +355,11 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   const uint32_t masked = waitFreed(lt, e);  // its sync completes the counts
   const bool refused = mayOverfill && overfullExpert(lt, a, entries, e) >= 0;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;  // read by this handle's combine
-  // A block per token: warp 0 reserves its rows, every warp packs a share of it into them, then one warp per slot on
-  // another host puts the staged message there. Spread over the block, a decode-size call (a token or a few per
-  // block) is not one warp's serial work: about 30 us for a 7168-wide FP8 token packed by one warp.
+  // A block per token: warp 0 reserves its rows and messages, every warp packs a share of it into the messages, then
+  // one warp per rank on another host puts the staged message there. Spread over the block, a decode-size call (a
+  // token or a few per block) is not one warp's serial work: about 30 us for a 7168-wide FP8 token packed by one warp.
   __shared__ TokenRows to;
-  __shared__ int slotRank[kMaxTopk], slotLocal[kMaxTopk], slotPos[kMaxTopk];
+  __shared__ int slotRank[kMaxTopk], slotMessage[kMaxTopk];
   __shared__ unsigned remoteSlots;
   for (int tok = refused ? a.numTokens : blockIdx.x; tok < a.numTokens; tok += gridDim.x) {  // refused: no token sends
     if (tok != int(blockIdx.x)) {
@@ -355,41 +367,44 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
       firstExpert = topkOf(tok);
     }
     int64_t expert = -1;
+    int row = -1;
     if (warp == 0) {
       expert = firstExpert;
       if (expert < -1 || expert >= y.E) {
         report(t, kBadExpert, 0, me, expert, y.E, e, tok);
         expert = -1;
       }
-      const int pos = reserveRows(lt, b, expert, lane, masked);  // -1: no expert, or its rank is masked
-      const int d = expert >= 0 ? int(expert / y.L) : 0, j = expert >= 0 ? int(expert % y.L) : 0;
-      bool send = pos >= 0;
-      if (send && pos >= y.T) {  // cannot happen after overfullExpert's check; guards the other sources' rows
-        report(t, kRecvCapacity, 0, me, pos + 1, y.T, e, tok);
-        send = false;
+      const SlotReservation r = reserveSlots(lt, b, expert, lane, masked);
+      row = r.row;
+      if (row >= y.T) {  // cannot happen after overfullExpert's check; guards the other sources' rows
+        report(t, kRecvCapacity, 0, me, row + 1, y.T, e, tok);
+        row = -1;
       }
-      const bool far = send && isRemote(t, d);
+      const bool far = r.message >= 0 && isRemote(t, r.rank);
       const unsigned long long dst =
-          send && !far ? reinterpret_cast<unsigned long long>(t.base[d] + y.gpuDispRow(b, j, me, pos)) : 0ull;
+          r.message >= 0 && !far ? reinterpret_cast<unsigned long long>(t.base[r.rank] + y.gpuDispMsg(b, me, r.message))
+                                 : 0ull;
       const unsigned direct = __ballot_sync(0xffffffffu, dst != 0), remote = __ballot_sync(0xffffffffu, far);
       if (lane < kMaxTopk) {
         to.row[lane] = dst;
-        slotRank[lane] = d;
-        slotLocal[lane] = j;
-        slotPos[lane] = pos;
+        slotRank[lane] = r.rank;
+        slotMessage[lane] = r.message;
       }
       if (lane == 0) {
         to.direct = direct;
-        // Once per token into host staging when a rank on another host needs it; each such pair is then one put.
+        // Once per token into host staging when a rank on another host needs it; each such rank is then one put.
         to.stage = remote ? t.mirror + y.dispStageRow(b, tok) : nullptr;
         remoteSlots = remote;
       }
     }
     __syncthreads();
     packToken(a, pieces, tok, pre, to);
-    if (warp == 0) {  // the meta: token, top-k ids
+    if (warp == 0) {  // the meta (LlMeta): the token, and per slot the expert and its row (-1, -1: nothing sent)
       if (lane == 0) storeToRows(tok, a.msg.metaOffset, to);
-      if (lane < y.K) storeToRows(lane < a.numTopk ? int32_t(expert) : -1, a.msg.metaOffset + 4 * (1 + lane), to);
+      if (lane < y.K) {
+        storeToRows(row >= 0 ? int32_t(expert) : -1, a.msg.metaOffset + LlMeta::expertAt(lane), to);
+        storeToRows(int32_t(row), a.msg.metaOffset + LlMeta::rowAt(y.K, lane), to);
+      }
     }
     __syncthreads();  // the whole message staged before a put reads it
     int nth = 0;
@@ -397,20 +412,23 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
       if (nth % numWarps != warp) continue;
       const int k = __ffs(m) - 1, dk = slotRank[k];
       ChannelDeviceHandle ch = t.net[dk];
-      const Status st = ch.putWarp(t.stageWindow, y.mirrorDispRow(b, slotLocal[k], lt.mirrorSlot[dk], slotPos[k]),
-                                   t.stageWindow, y.dispStageRow(b, tok), a.msg.bytes);
+      const Status st = ch.putWarp(t.stageWindow, y.mirrorDispMsg(b, lt.mirrorSlot[dk], slotMessage[k]), t.stageWindow,
+                                   y.dispStageRow(b, tok), a.msg.bytes);
       if (__any_sync(0xffffffffu, st != Status::kOk) && lane == 0) maskRank(lt, dk);
     }
     __syncthreads();  // `to` and the slots are rewritten for the next token
   }
   if (!lastBlock(&lt.ll->sendBlocks)) return;
-  // Every block's rows are out: the counts, per (destination, local expert), after them (plain stores), then one
-  // release per destination (dispDone, or the put's signal). A release store per count word cost about 30 us a
-  // call: each is a system-scope fence, and the last block's warps issue them one after another.
-  for (int i = threadIdx.x; i < t.numRanks * y.L; i += blockDim.x) {
-    const int d = i / y.L, j = i % y.L;
-    const uint64_t word = e << 32 | uint32_t(min(lt.ll->sendCount[b][i], y.T));
-    lt.ll->sendCount[b][i] = 0;
+  // Every block's messages are out: the counts, per (destination, local expert) and the messages per destination
+  // (entry L), after them (plain stores), then one release per destination (dispDone, or the put's signal). A release
+  // store per count word cost about 30 us a call: each is a system-scope fence, and the last block's warps issue them
+  // one after another.
+  const int words = y.L + 1;
+  for (int i = threadIdx.x; i < t.numRanks * words; i += blockDim.x) {
+    const int d = i / words, j = i % words;
+    int32_t* counter = j < y.L ? &lt.ll->sendCount[b][d * y.L + j] : &lt.ll->sendMsgs[b][d];
+    const uint64_t word = e << 32 | uint32_t(min(*counter, y.T));
+    *counter = 0;
     if (isMasked(lt, d)) continue;
     if (isRemote(t, d))
       reinterpret_cast<uint64_t*>(t.mirror + y.countStageOf(b, d))[j] = word;
@@ -423,8 +441,8 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     if (isRemote(t, d)) {
       __threadfence_system();
       ChannelDeviceHandle ch = t.net[d];
-      const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(b) * kMaxRanks + me) * kMaxExperts * 8;
-      if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(y.L) * 8,
+      const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(b) * kMaxRanks + me) * (kMaxExperts + 1) * 8;
+      if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(words) * 8,
                            lt.sentSignal + me, e, SignalOp::kSet) != Status::kOk)
         maskRank(lt, d);
     } else {
@@ -435,14 +453,10 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
 }
 
-/// The message rank `src` put at position `pos` of local expert j's rows in buffer b: this rank's window (direct
-/// path) or the receive mirror.
-__device__ inline const char* dispatchedMessage(const LlTeam& lt, int b, int j, int src, int pos) {
-  return isRemote(lt.t, src) ? lt.t.mirror + lt.lay.mirrorDispRow(b, j, lt.remoteSlot[src], pos)
-                             : lt.t.base[lt.t.rank] + lt.lay.gpuDispRow(b, j, src, pos);
-}
-__device__ inline int dispatchedToken(const LlTeam& lt, const LlDispatchArgs& a, int b, int j, int src, int pos) {
-  return reinterpret_cast<const int32_t*>(dispatchedMessage(lt, b, j, src, pos) + a.msg.metaOffset)[0];
+/// Message m that rank `src` sent this rank in buffer b: this rank's window (direct path) or the receive mirror.
+__device__ inline const char* dispatchedMessage(const LlTeam& lt, int b, int src, int m) {
+  return isRemote(lt.t, src) ? lt.t.mirror + lt.lay.mirrorDispMsg(b, lt.remoteSlot[src], m)
+                             : lt.t.base[lt.t.rank] + lt.lay.gpuDispMsg(b, src, m);
 }
 
 __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs a) {
@@ -457,9 +471,10 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   const int64_t rowsPerExpert = int64_t(y.T) * R;
   const int gw = blockIdx.x * numWarps + warp, W = gridDim.x * numWarps;
   // Every block alike: once each source's counts are here (thread s waits for its dispDone or, on another host, its
-  // signal), the rows of each (local expert j, source s), entry q = j * R + s, and their prefix.
+  // signal), the rows of each (local expert j, source s), entry q = j * R + s, and their prefix; and the messages of
+  // each source and theirs.
   const int Q = y.L * R;
-  __shared__ int first[kMaxExperts + 1];
+  __shared__ int first[kMaxExperts + 1], firstMessage[kMaxRanks + 1];
   // Whether a source's rows count is decided once per call for the whole grid (LlState::recvVerdict): every block
   // builds its own prefix, and a source that arrives just as another block's wait for it times out must not be in one
   // block's prefix and not in another's (each row is written by one block, by its own prefix).
@@ -479,46 +494,51 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
     included[s] = in;
   }
   __syncthreads();
-  for (int q = threadIdx.x; q < Q; q += blockDim.x) {
-    const int j = q / R, s = q % R;
+  const auto countOf = [&](int s, int j) {  // entry j of source s's counts (j == L: its messages), 0 unless included
     const LlCtrl* c = llCtrl(isRemote(t, s) ? t.mirror : t.base[me]);
-    first[q] = included[s] ? int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[b][s][j]), kRelaxed) & 0xffffffffu) : 0;
-  }
+    return included[s] ? int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[b][s][j]), kRelaxed) & 0xffffffffu) : 0;
+  };
+  for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = countOf(q % R, q / R);
+  if (threadIdx.x < R) firstMessage[threadIdx.x] = countOf(threadIdx.x, y.L);
   prefixInPlace(first, Q);
+  prefixInPlace(firstMessage, R);
   if (blockIdx.x == 0)
     for (int q = threadIdx.x; q < Q; q += blockDim.x) {
       const int j = q / R, s = q % R, begin = first[q] - first[j * R];
       a.layoutRange[q] = int64_t(begin) << 32 | (first[q + 1] - first[q]);
       if (s == 0) a.out.recvCount[j] = first[(j + 1) * R] - first[j * R];
     }
-  // The rows of all experts, flattened: any warp takes any (row, part). A decode-size call has fewer rows than warps,
-  // and each row is then cut into parts of at least 512 bytes (a row a warp left most of the grid idle and each busy
-  // warp waiting on its loads round after round); the last part also copies the scales, part 0 reads the meta.
-  const int rows = first[Q], parts = max(1, min(W / max(rows, 1), int(xOut / 512)));
-  for (int unit = gw; unit < rows * parts; unit += W) {
+  // The messages of all sources, flattened: any warp takes any (message, part). Lane k reads slot k of the meta; the
+  // warp copies its part of the message into the row of each slot naming an expert of this rank. A decode-size call
+  // has fewer messages than warps, and each is then cut into parts of at least 512 bytes (a message a warp left most
+  // of the grid idle and each busy warp waiting on its loads round after round); the last part also copies the
+  // scales, part 0 writes the handle's source token and slot of each row.
+  const int messages = firstMessage[R], parts = max(1, min(W / max(messages, 1), int(xOut / 512)));
+  for (int unit = gw; unit < messages * parts; unit += W) {
     const int v = unit / parts, part = unit % parts;
-    const int q = entryOf(first, Q, v), j = q / R, src = q % R, pos = v - first[q], i = v - first[j * R];
-    const char* m = dispatchedMessage(lt, b, j, src, pos);
-    const int64_t row = int64_t(j) * rowsPerExpert + i;
+    int src = 0;
+    while (v >= firstMessage[src + 1]) ++src;  // bounded by R: v < firstMessage[R]
+    const char* m = dispatchedMessage(lt, b, src, v - firstMessage[src]);
+    const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
+    const int expert = lane < y.K ? meta[LlMeta::expertAt(lane) / 4] : -1;
+    const int pos = lane < y.K ? meta[LlMeta::rowAt(y.K, lane) / 4] : -1;
+    const int j = expert - me * y.L, q = j * R + src;
+    // A slot names one of this rank's experts at a row the counts hold (anything else is not this rank's to write).
+    const bool mine = j >= 0 && j < y.L && pos >= 0 && pos < first[q + 1] - first[q];
+    const int64_t row = mine ? int64_t(j) * rowsPerExpert + (first[q] - first[j * R]) + pos : -1;
+    const unsigned hits = __ballot_sync(0xffffffffu, mine);
     uint32_t offset, len;
     rowSlice(xOut, part, parts, &offset, &len);
-    warpCopy16(static_cast<char*>(a.out.recvX) + row * xOut + offset, m + offset, len, lane);
-    if (a.fp8 && part == parts - 1)
-      warpCopyFloats(a.out.recvXScales + row * nScales, reinterpret_cast<const float*>(m + a.msg.scaleOffset), nScales,
-                     lane);
-    if (part != 0) continue;
-    const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
-    // Every slot of the message's top-k (maxTopk entries, -1 past the sender's numTopk) naming this expert.
-    const bool mine = lane < y.K && meta[1 + lane] == me * y.L + j;
-    unsigned hit = __ballot_sync(0xffffffffu, mine);
-    if (lane == 0) {
-      const int tok = meta[0];
-      // Several slots name it: this row is the n-th of their consecutive rows (n rows before it carry the token).
-      for (int p = pos - 1, n = __popc(hit) - 1; n > 0 && p >= 0 && dispatchedToken(lt, a, b, j, src, p) == tok;
-           --p, --n)
-        hit &= hit - 1;
-      a.srcInfo[row] = tok;
-      a.srcSlot[row] = hit ? __ffs(hit) - 1 : -1;
+    for (unsigned h = hits; h; h &= h - 1) {
+      const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(h) - 1);
+      warpCopy16(static_cast<char*>(a.out.recvX) + r * xOut + offset, m + offset, len, lane);
+      if (a.fp8 && part == parts - 1)
+        warpCopyFloats(a.out.recvXScales + r * nScales, reinterpret_cast<const float*>(m + a.msg.scaleOffset), nScales,
+                       lane);
+    }
+    if (part == 0 && mine) {
+      a.srcInfo[row] = meta[0];
+      a.srcSlot[row] = lane;
     }
   }
   if (!lastBlock(&lt.ll->recvBlocks)) return;

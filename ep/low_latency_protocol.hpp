@@ -2,26 +2,28 @@
 // arguments and launchers (ep/low_latency.cu). The public side is include/gdx/ep/low_latency.hpp.
 //
 // Each rank's GPU window (IPC-mapped by the same-host ranks):
-//   LlCtrl | dispatch rows [2][L][R][T] slots | combine rows [2][T][K] rows of 2H
+//   LlCtrl | dispatch messages [2][R][T] slots | combine rows [2][T][K] rows of 2H
 // and, with ranks on other hosts, one window of pinned host memory:
-//   LlCtrl | dispatch rows [2][L][S][T] | combine rows [2][T][K]       the receive mirror those ranks put into
-//   | dispatch staging [2][T] slots | count staging [2][kMaxRanks][L] | combine staging [2][L][S][T] rows of 2H
+//   LlCtrl | dispatch messages [2][S][T] | combine rows [2][T][K]       the receive mirror those ranks put into
+//   | dispatch staging [2][T] slots | count staging [2][kMaxRanks][L + 1] | combine staging [2][L][S][T] rows of 2H
 // (S: most ranks on other hosts any rank has; a remote source has a compact slot among them). Call n (dispatches
 // and combines counted together) uses buffer n % 2 of every area.
 //
 // Synchronisation. A call's send kernel has epoch e = sendSeq + 1, its receive kernel e = recvSeq + 1 (device
-// counters: a replayed CUDA graph advances them). Senders publish, after their rows, dispCount words
-// ((e << 32) | rows) per (source, local expert) and then one release store dispDone[b][sender] = e, or (remote) one
-// put of the L words with the signal sent[sender] = e on the ring of the data puts; a combine publishes
-// combDone[b][sender] = e (or the signal). When a receive kernel is done with buffer b it tells every source
-// freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e first waits for freed >= e - 2
-// from every rank, so nobody overwrites a buffer its receiver still reads. Waits that time out mask the rank (see
-// low_latency.hpp).
+// counters: a replayed CUDA graph advances them). Senders publish, after their messages, dispCount words
+// ((e << 32) | n) per (source, local expert: its rows; and entry L: its messages) and then one release store
+// dispDone[b][sender] = e, or (remote) one put of the L + 1 words with the signal sent[sender] = e on the ring of the
+// data puts; a combine publishes combDone[b][sender] = e (or the signal). When a receive kernel is done with buffer b
+// it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e first
+// waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads. Waits that time out
+// mask the rank (see low_latency.hpp).
 //
-// Slots. A dispatch message carries its token and the token's whole top-k, and a row's slot at its source is the
-// top-k entry naming the receiving expert. A token naming that expert in m slots sends m rows: the sender reserves
-// m consecutive positions at once and gives the n-th slot naming it the n-th, so the receiver tells which of the m a
-// row is by counting the rows just before it with the same token. Combine rows are kept per (token, slot).
+// Messages. A token goes to each rank that one of its top-k experts lives on once, whatever the number of those
+// experts there: one message (the token, FP8 with scales or BF16) in that rank's area of the source, at a position
+// the sender reserves per (source, destination). Its meta names, per top-k slot, the expert and the row the sender
+// reserved for the token among those it sends that expert (-1: nothing sent for that slot); the receiver copies the
+// message into the row of each slot naming one of its experts. Slots naming one expert twice get consecutive rows.
+// Combine rows are kept per (token, slot).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,10 +36,10 @@
 namespace gdx::ep::detail {
 
 struct LlCtrl {
-  uint64_t dispCount[2][kMaxRanks][kMaxExperts];  // [b][source][local expert]: (epoch << 32) | rows
-  uint64_t dispDone[2][kMaxRanks];                // [b][source]: epoch, once its dispCount words of b are written
-  uint64_t combDone[2][kMaxRanks];                // [b][source]: epoch
-  uint64_t freed[kMaxRanks];                      // [receiver]: the last epoch it finished reading
+  uint64_t dispCount[2][kMaxRanks][kMaxExperts + 1];  // [b][source][local expert, L: messages]: (epoch << 32) | n
+  uint64_t dispDone[2][kMaxRanks];                    // [b][source]: epoch, once its dispCount words of b are written
+  uint64_t combDone[2][kMaxRanks];                    // [b][source]: epoch
+  uint64_t freed[kMaxRanks];                          // [receiver]: the last epoch it finished reading
 };
 constexpr uint64_t kLlCtrlBytes = (sizeof(LlCtrl) + 4095) / 4096 * 4096;
 
@@ -48,41 +50,49 @@ struct LlState {
   uint64_t recvSeq;
   uint32_t sendBlocks;
   uint32_t recvBlocks;
-  uint32_t mask;                    // bit r: rank r is masked
-  uint64_t recvVerdict[kMaxRanks];  // [source]: (receive epoch << 1) | whether its rows count in that dispatch
-  int32_t sendCount[2][kMaxExperts];
+  uint32_t mask;                      // bit r: rank r is masked
+  uint64_t recvVerdict[kMaxRanks];    // [source]: (receive epoch << 1) | whether its rows count in that dispatch
+  int32_t sendCount[2][kMaxExperts];  // [b][expert]: rows reserved in this call
+  int32_t sendMsgs[2][kMaxRanks];     // [b][destination]: messages reserved in this call
 };
 
-/// Byte layout of one dispatch message: x (FP8 H or BF16 2H), scales (FP8), meta (int32 token, int32 top-k ids).
+/// Byte layout of one dispatch message: x (FP8 H or BF16 2H), scales (FP8), meta (LlMeta).
 struct LlMessage {
   uint32_t xBytes, scaleOffset, metaOffset, bytes;
+};
+/// A message's meta: the token, then per top-k slot (maxTopk of them) the expert and the row reserved for the token
+/// among those sent that expert (both -1 when nothing was sent for the slot).
+struct LlMeta {
+  static GDX_HOST_DEVICE_INLINE uint32_t bytes(int maxTopk) { return uint32_t(align16(4 + 8 * uint64_t(maxTopk))); }
+  static GDX_HOST_DEVICE_INLINE uint32_t expertAt(int k) { return 4 + 4 * uint32_t(k); }
+  static GDX_HOST_DEVICE_INLINE uint32_t rowAt(int maxTopk, int k) { return 4 + 4 * uint32_t(maxTopk + k); }
 };
 inline LlMessage llMessage(int hidden, int maxTopk, bool fp8) {
   LlMessage m;
   m.xBytes = align16(uint64_t(hidden) * (fp8 ? 1 : 2));
   m.scaleOffset = m.xBytes;
   m.metaOffset = m.xBytes + (fp8 ? align16(uint64_t(hidden / kFp8ScaleBlock) * 4) : 0);
-  m.bytes = m.metaOffset + align16(4 + 4 * uint64_t(maxTopk));
+  m.bytes = m.metaOffset + LlMeta::bytes(maxTopk);
   return m;
 }
 
 /// Sizes and offsets of the areas (the same on every rank).
 struct LlLayout {
   int L, T, H, K, E, R, S;
-  uint64_t slotBytes;     // a dispatch slot: the larger of the BF16 and FP8 messages
+  uint64_t slotBytes;     // a dispatch message slot: the larger of the BF16 and FP8 messages
   uint64_t combRowBytes;  // 2H
   uint64_t gpuComb;       // offset of the combine rows in the GPU window
   uint64_t gpuBytes;
   uint64_t mirrorComb, dispStage, countStage, combStage, hostBytes;  // offsets in the host window
 
-  GDX_HOST_DEVICE_INLINE uint64_t gpuDispRow(int b, int j, int s, int pos) const {
-    return kLlCtrlBytes + ((uint64_t(b * L + j) * R + s) * T + pos) * slotBytes;
+  GDX_HOST_DEVICE_INLINE uint64_t gpuDispMsg(int b, int s, int m) const {
+    return kLlCtrlBytes + ((uint64_t(b) * R + s) * T + m) * slotBytes;
   }
   GDX_HOST_DEVICE_INLINE uint64_t gpuCombRow(int b, int t, int k) const {
     return gpuComb + ((uint64_t(b) * T + t) * K + k) * combRowBytes;
   }
-  GDX_HOST_DEVICE_INLINE uint64_t mirrorDispRow(int b, int j, int slot, int pos) const {
-    return kLlCtrlBytes + ((uint64_t(b * L + j) * S + slot) * T + pos) * slotBytes;
+  GDX_HOST_DEVICE_INLINE uint64_t mirrorDispMsg(int b, int slot, int m) const {
+    return kLlCtrlBytes + ((uint64_t(b) * S + slot) * T + m) * slotBytes;
   }
   GDX_HOST_DEVICE_INLINE uint64_t mirrorCombRow(int b, int t, int k) const {
     return mirrorComb + ((uint64_t(b) * T + t) * K + k) * combRowBytes;
@@ -91,7 +101,7 @@ struct LlLayout {
     return dispStage + (uint64_t(b) * T + t) * slotBytes;
   }
   GDX_HOST_DEVICE_INLINE uint64_t countStageOf(int b, int d) const {
-    return countStage + (uint64_t(b) * kMaxRanks + d) * L * 8;
+    return countStage + (uint64_t(b) * kMaxRanks + d) * (L + 1) * 8;
   }
   GDX_HOST_DEVICE_INLINE uint64_t combStageRow(int b, int j, int slot, int pos) const {
     return combStage + ((uint64_t(b * L + j) * S + slot) * T + pos) * combRowBytes;

@@ -2,14 +2,17 @@
 // DeepEP's low-latency mode on gdx's public API. A thin Python layer gives it DeepEP's names: low_latency_dispatch,
 // low_latency_combine, get_low_latency_rdma_size_hint, the recv hook.
 //
-// Every (token, expert) pair is one put issued by the kernel itself, straight to the expert's rank (no relay):
-//  * same host (direct path): the warp stores the message into the rank's IPC-mapped GPU window over NVLink;
-//  * other hosts: the warp writes the token once into pinned host staging and issues one put per (token, expert)
+// The kernel itself sends each token once to every rank one of its top-k experts lives on, straight there (no relay),
+// with the token's top-k and the row it takes at each of that rank's experts; the receiving kernel copies it into
+// each of those rows. A token whose experts share a rank crosses the link once, not once per expert.
+//  * same host (direct path): the block stores the message into the rank's IPC-mapped GPU window over NVLink;
+//  * other hosts: the block writes the token once into pinned host staging and issues one put per (token, rank)
 //    through the device channel to that rank (proxy, RDMA or TCP), into the receiver's receive mirror in pinned
 //    host memory, which its kernels read over PCIe. The proxy never issues a CUDA copy (see ep/buffer.hpp for why).
-// After its data, each sender publishes per (local expert, source rank) counts: a release store on the direct path,
-// a put-with-signal on the same ring as the data puts otherwise (the channel's ordering makes the signal imply the
-// rows). No host synchronisation anywhere: every call can be captured in a CUDA graph and replayed.
+// Combine sends each (token, expert) row back on its own. After its data, each sender publishes per (local expert,
+// source rank) counts: a release store on the direct path, a put-with-signal on the same ring as the data puts
+// otherwise (the channel's ordering makes the signal imply the rows). No host synchronisation anywhere: every call
+// can be captured in a CUDA graph and replayed.
 //
 //   ep::LowLatencyConfig cfg{/*maxTokensPerRank=*/128, /*hidden=*/7168, /*numExperts=*/288, /*maxTopk=*/8};
 //   ep::LowLatencyBuffer buf(ctx, cfg);                       // collective

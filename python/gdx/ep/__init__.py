@@ -2,7 +2,7 @@
 an import change (``from gdx.ep import Buffer, Config, EventOverlap``). Normal (high-throughput) mode over the
 ranks of one host (NVLink), ranks on other hosts through the proxy (num_rdma_bytes); the low-latency mode
 (``Buffer(group, 0, num_rdma_bytes, low_latency_mode=True)``, low_latency_dispatch / low_latency_combine, recv
-hooks, CUDA graphs) with one put per (token, expert) from the kernels.
+hooks, CUDA graphs) with the puts issued by the kernels, one per (token, rank) in dispatch.
 Needs torch (imported when a Buffer is made) and a build of gdx with CUDA.
 """
 

@@ -32,4 +32,11 @@ inline void soloJobEnv() {
 }
 }  // namespace gdx::test
 
-#define GDX_TEST_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
+/// Asserts that a CUDA call succeeded, naming the call and the error it returned. The message takes that error, not
+/// a fresh cudaGetLastError(): after a failed launch checked with GDX_TEST_CUDA(cudaGetLastError()), that second call
+/// read cudaSuccess and the message said "no error".
+#define GDX_TEST_CUDA(expr)                                                                              \
+  do {                                                                                                   \
+    const cudaError_t gdxTestCudaStatus = (expr);                                                        \
+    ASSERT_EQ(gdxTestCudaStatus, cudaSuccess) << #expr << ": " << cudaGetErrorString(gdxTestCudaStatus); \
+  } while (0)

@@ -161,9 +161,9 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   t.window = m.window.id();
   lt.ll = m.state;
   lt.blocks = c.numSms;
-  int major = 0;  // programmatic launch needs sm_90
+  int major = 0;  // programmatic launch needs sm_90, and kernels built for it (llKernelsWaitForPrevious)
   GDX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, context.gpu().device));
-  lt.programmaticLaunch = c.programmaticLaunch && major >= 9;
+  lt.programmaticLaunch = c.programmaticLaunch && major >= 9 && llKernelsWaitForPrevious();
   lt.threads = c.numThreads;
   if (slots > 0) {
     if (context.numSignals() < kBufferSignals + kLlSignals + 1)

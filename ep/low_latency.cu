@@ -175,7 +175,7 @@ struct TokenRows {
   char* stage;
 };
 
-/// Stores one piece of a dispatch message (at byte `off`) into every row it goes to.
+/// Stores one piece of a dispatch message (at byte `off`) into every message slot it goes to and the staging row.
 template <typename V>
 __device__ inline void storeToRows(const V& v, uint32_t off, const TokenRows& to) {
   for (unsigned m = to.direct; m; m &= m - 1)
@@ -232,8 +232,9 @@ __device__ inline TokenPrefetch prefetchToken(const LlDispatchArgs& a, const Tok
 }
 
 /// The block packs token `tok`: FP8 e4m3 with one scale per 128 elements (amax / 448, optionally rounded up to a power
-/// of two), or the BF16 bytes as they are, each piece stored straight from registers into every row it goes to (the
-/// token is read once, no row is read back). FP8: amax over the 16 lanes of a half-warp. The meta is the caller's.
+/// of two), or the BF16 bytes as they are, each piece stored straight from registers into every message slot it goes
+/// to (the token is read once, nothing is read back). FP8: amax over the 16 lanes of a half-warp. The meta is the
+/// caller's.
 __device__ inline void packToken(const LlDispatchArgs& a, const TokenPieces& tp, int tok, const TokenPrefetch& pre,
                                  const TokenRows& to) {
   const char* src = tp.token(a, tok);
@@ -558,7 +559,7 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
   const int64_t rowsPerExpert = int64_t(y.T) * R;
   const uint32_t xb = uint32_t(y.combRowBytes);
-  // The received rows, from the dispatch's ranges (entry q = j * R + s), flattened as its receive kernel did.
+  // The received rows, from the dispatch's ranges (entry q = j * R + s), flattened over the entries.
   const int Q = y.L * R;
   __shared__ int first[kMaxExperts + 1];
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = int(a.layoutRange[q] & 0xffffffff);
@@ -699,6 +700,11 @@ cudaError_t launch(void (*k)(LlTeam, Args), const LlTeam& team, const Args& a, c
 }
 
 }  // namespace
+
+bool llKernelsWaitForPrevious() {
+  cudaFuncAttributes f{};
+  return cudaFuncGetAttributes(&f, llDispatchSend) == cudaSuccess && f.ptxVersion >= 90;
+}
 
 cudaError_t launchLlDispatchSend(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream) {
   return launch(llDispatchSend, team, a, stream);

@@ -7,7 +7,7 @@
 //   LlCtrl | dispatch messages [2][S][T] | combine rows [2][T][K]       the receive mirror those ranks put into
 //   | dispatch staging [2][T] slots | count staging [2][kMaxRanks][L + 1] | combine staging [2][L][S][T] rows of 2H
 // (S: most ranks on other hosts any rank has; a remote source has a compact slot among them). Call n (dispatches
-// and combines counted together) uses buffer n % 2 of every area.
+// and combines counted together, from 1: its epoch, below) uses buffer n % 2 of every area.
 //
 // Synchronisation. A call's send kernel has epoch e = sendSeq + 1, its receive kernel e = recvSeq + 1 (device
 // counters: a replayed CUDA graph advances them). Senders publish, after their messages, dispCount words
@@ -148,6 +148,10 @@ struct LlCombineArgs {
   const int64_t* layoutRange;
   const int32_t* refused;  // the dispatch refused this rank's top-k: nothing came back, every sum is zero
 };
+
+/// Whether the kernels were compiled for sm_90 or later, and so wait for the kernel before them (a build for an older
+/// architecture run on sm_90 through its PTX has no wait): programmatic launch is used only then.
+bool llKernelsWaitForPrevious();
 
 cudaError_t launchLlDispatchSend(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream);
 cudaError_t launchLlDispatchRecv(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream);

@@ -10,9 +10,9 @@
 //    through the device channel to that rank (proxy, RDMA or TCP), into the receiver's receive mirror in pinned
 //    host memory, which its kernels read over PCIe. The proxy never issues a CUDA copy (see ep/buffer.hpp for why).
 // Combine sends each (token, expert) row back on its own. After its data, each sender publishes per (local expert,
-// source rank) counts: a release store on the direct path, a put-with-signal on the same ring as the data puts
-// otherwise (the channel's ordering makes the signal imply the rows). No host synchronisation anywhere: every call
-// can be captured in a CUDA graph and replayed.
+// source rank) counts (and, in dispatch, its number of messages): a release store on the direct path, a put-with-signal
+// on the same ring as the data puts otherwise (the channel's ordering makes the signal imply the rows). No host
+// synchronisation anywhere: every call can be captured in a CUDA graph and replayed.
 //
 //   ep::LowLatencyConfig cfg{/*maxTokensPerRank=*/128, /*hidden=*/7168, /*numExperts=*/288, /*maxTopk=*/8};
 //   ep::LowLatencyBuffer buf(ctx, cfg);                       // collective
@@ -23,8 +23,8 @@
 //
 // Send/receive split: pass a LowLatencyHook*; the call then launches only the sends and the hook (hook.run(stream))
 // launches the receive half later, so no SM waits while the data is in flight. Two calls may be in flight (double
-// buffering: call n uses buffer n % 2); a third before the oldest hook ran throws kInvalidArgument, and hooks run in
-// the order of their calls. Ranks make the same calls in the same order.
+// buffering: consecutive calls use the two buffers in turn); a third before the oldest hook ran throws
+// kInvalidArgument, and hooks run in the order of their calls. Ranks make the same calls in the same order.
 //
 // Dead peers: every wait is bounded by GDX_TIMEOUT_MS. A rank whose data does not arrive in time (or that cannot be
 // reached: its put is refused) is masked: the call completes on the others, that rank's tokens count as not sent
@@ -63,9 +63,13 @@ struct LowLatencyConfig {
   /// T = 128, 128 blocks took dispatch / combine from 49 / 54 us (32 blocks) to 35 / 43 us.
   int numSms = 128;
   int numThreads = 512;  ///< threads per block (a multiple of 32 in [64, 1024])
-  /// Launch each kernel with programmatic stream serialization (sm_90): it is launched while the kernel before it in
-  /// the stream still runs and waits for that kernel's end (griddepcontrol.wait) before it reads anything, so the
-  /// launch no longer sits between the two. The kernel before may be any kernel; false: plain launches.
+  /// Launch each kernel with programmatic stream serialization: it is launched while the kernel before it in the
+  /// stream still runs and waits for that kernel's end (griddepcontrol.wait) before it reads anything, so the launch
+  /// no longer sits between the two. The kernel before may be any kernel. Each kernel lets the next one be launched
+  /// from its start, so a kernel of the caller's launched after it with programmatic serialization must itself wait
+  /// (cudaGridDependencySynchronize) before reading recvX or the combined output; a plainly launched one needs
+  /// nothing. Used only where the kernels were compiled for sm_90 or later (which have the wait); false: plain
+  /// launches.
   bool programmaticLaunch = true;
 };
 

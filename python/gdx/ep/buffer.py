@@ -382,7 +382,8 @@ class Buffer:
                              use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
                              async_finish: bool = False, return_recv_hook: bool = False):
         """Sends each (token, expert) pair of `topk_idx` ([N, K] int64, -1: none) to the expert's rank: the kernel
-        sends a token once to each rank its experts live on, which fills a row per pair. `x`: [N, hidden] bfloat16, N <= num_max_dispatch_tokens_per_rank (T). Returns, as
+        sends a token once to each rank its experts live on, which fills a row per pair. `x`: [N, hidden] bfloat16,
+        N <= num_max_dispatch_tokens_per_rank (T). Returns, as
         DeepEP, (recv_x, recv_count, handle, event, hook): recv_x [L, T * R, hidden] (float8_e4m3fn with float32
         scales [L, T * R, hidden / 128] as a tuple when use_fp8, else bfloat16), the rows of local expert j being
         [0, recv_count[j]) grouped by source rank (handle[1]); hook is None, or with return_recv_hook a callable

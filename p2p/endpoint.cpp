@@ -62,8 +62,7 @@ Endpoint::Impl::Impl(const EndpointOptions& o) : options(o) {
     throw Error(ErrorCode::kInvalidArgument,
                 "p2p endpoint: port " + std::to_string(want) + " (GDX_P2P_PORT + GPU) is past 65535");
   int err = 0;
-  listener = net::listenAt(net::ipv4(options.bindAddress == "0.0.0.0" ? "" : options.bindAddress, want),
-                           net::Tuning::kControl, &err);
+  listener = net::listenAt(net::ipv4(options.bindAddress == "0.0.0.0" ? "" : options.bindAddress, want), &err);
   if (!listener.valid())
     throw Error(ErrorCode::kInvalidArgument,
                 "p2p endpoint: cannot listen on " +
@@ -134,7 +133,7 @@ bool Endpoint::Impl::acceptOne(net::Deadline deadline, Accepted* out) {
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       throw SystemError("accept4 (p2p listener)", errno, __FILE__, __LINE__);
     }
-    net::tuneSocket(fd.get(), net::Tuning::kControl);
+    net::tuneSocket(fd.get());
     const std::string from = net::peerName(fd.get());
     PairLink link = answerLink(std::move(fd), options.localGpu, options.transport, options.timeoutNs,
                                std::min(deadline, net::deadlineIn(options.timeoutNs)), who() + ": accepting " + from);
@@ -205,7 +204,7 @@ uint64_t Endpoint::connect(const std::string& ip, int remoteGpu, int port) {
   if (!fd.valid())
     throw Error(ErrorCode::kTimeout, who + ": nobody accepted within GDX_TIMEOUT_MS (" +
                                          std::to_string(impl_->options.timeoutNs / 1000000) + " ms): " + why);
-  net::tuneSocket(fd.get(), net::Tuning::kControl);
+  net::tuneSocket(fd.get());
   PairLink link = dialLink(std::move(fd), impl_->options.localGpu, impl_->options.transport, impl_->options.timeoutNs,
                            deadline, who);
   if (remoteGpu >= 0 && link.peerGpu != remoteGpu) GDX_WARN(who << ": the endpoint there serves GPU " << link.peerGpu);

@@ -194,7 +194,7 @@ void UrlTransport::connect(const std::string& peerUrl) {
     std::string why;
     net::UniqueFd fd = net::connectTo(hp, deadline, &why);
     if (!fd.valid()) throw Error(ErrorCode::kTimeout, who + ": the peer did not answer within GDX_TIMEOUT_MS: " + why);
-    net::tuneSocket(fd.get(), net::Tuning::kControl);
+    net::tuneSocket(fd.get());
     link = dialLink(std::move(fd), d.device, d.transport, d.timeoutNs, deadline, who);
   } else {
     for (;;) {
@@ -204,7 +204,7 @@ void UrlTransport::connect(const std::string& peerUrl) {
       if (::poll(&p, 1, ms) <= 0) continue;
       net::UniqueFd fd(::accept4(d.listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!fd.valid()) continue;
-      net::tuneSocket(fd.get(), net::Tuning::kControl);
+      net::tuneSocket(fd.get());
       link = answerLink(std::move(fd), d.device, d.transport, d.timeoutNs, deadline, who);
       break;
     }

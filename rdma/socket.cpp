@@ -21,8 +21,6 @@
 namespace gdx::net {
 namespace {
 
-// Large buffers keep several MiB in flight per socket; the kernel caps them at net.core.{r,w}mem_max.
-constexpr int kSocketBufferBytes = 4 << 20;
 // The longest a transfer waits in poll() before it looks at its abort check, deadline and stall timer again.
 constexpr int kPollSliceMs = 100;
 constexpr uint64_t kConnectRetryNs = 50000000ull;
@@ -212,14 +210,9 @@ std::string localAddressToward(const std::string& host) {
 
 // ---- Listening and connecting ---------------------------------------------------------------------------------
 
-void tuneSocket(int fd, Tuning tuning) {
+void tuneSocket(int fd) {
   int one = 1;
   GDX_SYS_CHECK(::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
-  if (tuning == Tuning::kBulk) {
-    int buf = kSocketBufferBytes;
-    GDX_SYS_CHECK(::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf) == 0);
-    GDX_SYS_CHECK(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf) == 0);
-  }
 }
 
 void detectLinkLoss(int fd, uint64_t timeoutNs) {
@@ -234,12 +227,12 @@ void detectLinkLoss(int fd, uint64_t timeoutNs) {
   GDX_SYS_CHECK(::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes) == 0);
 }
 
-UniqueFd listenAt(const SockAddr& a, Tuning tuning, int* err) {
+UniqueFd listenAt(const SockAddr& a, int* err) {
   UniqueFd fd(::socket(a.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   GDX_SYS_CHECK(fd.valid());
   int one = 1;
   GDX_SYS_CHECK(::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
-  tuneSocket(fd.get(), tuning);
+  tuneSocket(fd.get());
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) != 0) {
     *err = errno;
     return UniqueFd();
@@ -252,7 +245,7 @@ UniqueFd listenOn(const std::string& bindAddress, int* port) {
   std::string host = bindAddress == "0.0.0.0" ? "" : bindAddress;
   SockAddr a = ipv4(host, 0);
   int err = 0;
-  UniqueFd fd = listenAt(a, Tuning::kBulk, &err);
+  UniqueFd fd = listenAt(a, &err);
   if (!fd.valid())
     throw SystemError("bind(" + hostPort(host.empty() ? "0.0.0.0" : host, 0) + ")", err, __FILE__, __LINE__);
   sockaddr_in bound{};
@@ -262,10 +255,10 @@ UniqueFd listenOn(const std::string& bindAddress, int* port) {
   return fd;
 }
 
-UniqueFd connectOnce(const SockAddr& a, Tuning tuning, Deadline deadline, int* err, std::string* why) {
+UniqueFd connectOnce(const SockAddr& a, Deadline deadline, int* err, std::string* why) {
   UniqueFd fd(::socket(a.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   GDX_SYS_CHECK(fd.valid());
-  tuneSocket(fd.get(), tuning);  // before connect(): the buffer sizes decide the window scale of the handshake
+  tuneSocket(fd.get());
   int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.addr), a.len);
   int e = rc == 0 ? 0 : errno;
   // An interrupted connect() goes on in the background, like a non-blocking one.
@@ -294,7 +287,7 @@ UniqueFd connectTo(const HostPort& address, Deadline deadline, std::string* why)
   SockAddr a = ipv4(address.host, address.port);
   for (;;) {
     int err = 0;
-    UniqueFd fd = connectOnce(a, Tuning::kBulk, deadline, &err, why);
+    UniqueFd fd = connectOnce(a, deadline, &err, why);
     if (fd.valid()) return fd;
     // The peer may not listen yet, or its backlog is momentarily full: retry until the deadline.
     if (err != ECONNREFUSED && err != ETIMEDOUT && err != ECONNRESET && err != EAGAIN) return UniqueFd();

@@ -95,12 +95,12 @@ std::string localAddressToward(const std::string& host);
 
 // ---- Listening and connecting ---------------------------------------------------------------------------------
 
-/// How a socket is set up. Every socket gdx opens is non-blocking and close-on-exec.
-enum class Tuning {
-  kControl,  ///< small control messages: TCP_NODELAY, so that they do not sit in Nagle's buffer
-  kBulk,     ///< data streams: TCP_NODELAY and large send/receive buffers
-};
-void tuneSocket(int fd, Tuning tuning);
+/// How a socket is set up (every socket gdx opens is also non-blocking and close-on-exec): TCP_NODELAY, so that small
+/// messages do not sit in Nagle's buffer. The send and receive buffers are left to the kernel's autotuning: a fixed
+/// SO_SNDBUF / SO_RCVBUF turns it off and is capped at net.core.{w,r}mem_max (212992 bytes by default), so on most
+/// hosts it shrank the window, and even under a raised cap (4 MiB on the development VM) 8 and 16 MiB transfers over
+/// 4 sockets across network namespaces moved 6-9 % less than with autotuning (docs/PERFORMANCE.md, 2026-11-26).
+void tuneSocket(int fd);
 /// Makes a silent loss of the link (a cut cable, a host that vanished without a reset) an error on an idle `fd`
 /// within about half of `timeoutNs` (at least 2 s), with keepalive probes. (A socket with unacknowledged data is the
 /// sender's to bound: its stall limit of `timeoutNs` reports "no progress", which names the cause better than the
@@ -110,17 +110,16 @@ void tuneSocket(int fd, Tuning tuning);
 void detectLinkLoss(int fd, uint64_t timeoutNs);
 
 /// A listening socket bound to `a` (SO_REUSEADDR, so a restarted job can listen while old connections sit in
-/// TIME_WAIT). An invalid one with `*err` set when bind() fails; other failures throw SystemError. The tuning is
-/// set on the listener because accepted sockets inherit buffer sizes before the handshake, which is what lets the
-/// TCP window scale up to them.
-UniqueFd listenAt(const SockAddr& a, Tuning tuning, int* err);
-/// A kBulk listening socket on the IPv4 `bindAddress` (empty or "0.0.0.0": every interface), ephemeral port.
+/// TIME_WAIT). An invalid one with `*err` set when bind() fails; other failures throw SystemError. Tuned
+/// (tuneSocket): accepted sockets inherit its options.
+UniqueFd listenAt(const SockAddr& a, int* err);
+/// A listening socket on the IPv4 `bindAddress` (empty or "0.0.0.0": every interface), ephemeral port.
 UniqueFd listenOn(const std::string& bindAddress, int* port);
 
 /// One connect() attempt to `a`, bounded by `deadline`. Returns a connected, tuned socket, or an invalid one with
 /// `*err` (an errno value; ETIMEDOUT when the deadline passed) and `*why` set.
-UniqueFd connectOnce(const SockAddr& a, Tuning tuning, Deadline deadline, int* err, std::string* why);
-/// Connects (kBulk) to `address`, retrying while the listener is not there yet, until `deadline`. Returns a
+UniqueFd connectOnce(const SockAddr& a, Deadline deadline, int* err, std::string* why);
+/// Connects to `address`, retrying while the listener is not there yet, until `deadline`. Returns a
 /// connected socket, or an invalid one with `*why` set.
 UniqueFd connectTo(const HostPort& address, Deadline deadline, std::string* why);
 

@@ -144,7 +144,7 @@ struct Bootstrap::Impl {
 
   bool tryConnect(const SockAddr& a, Deadline deadline, std::string* lastError) {
     int err = 0;
-    net::UniqueFd s = net::connectOnce(a, net::Tuning::kControl, deadline, &err, lastError);
+    net::UniqueFd s = net::connectOnce(a, deadline, &err, lastError);
     if (!s.valid()) return false;
     fd = std::move(s);
     return true;

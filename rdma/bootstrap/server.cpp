@@ -129,7 +129,7 @@ struct RendezvousServer::Impl {
   }
 
   bool tryBind(const SockAddr& a, int* lastErr) {
-    listener = net::listenAt(a, net::Tuning::kControl, lastErr);
+    listener = net::listenAt(a, lastErr);
     return listener.valid();
   }
 
@@ -203,7 +203,7 @@ struct RendezvousServer::Impl {
       }
       auto c = std::make_unique<Conn>();
       c->fd.reset(fd);
-      net::tuneSocket(fd, net::Tuning::kControl);
+      net::tuneSocket(fd);
       c->peer = net::peerName(fd);
       c->deadline = deadlineIn(cfg.timeoutNs);
       GDX_DEBUG("rendezvous server: connection from " << c->peer);

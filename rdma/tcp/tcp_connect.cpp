@@ -207,7 +207,7 @@ void TcpTransport::acceptorLoop() {
         PendingHello p;
         p.fd.reset(fd);
         try {
-          net::tuneSocket(fd, net::Tuning::kBulk);
+          net::tuneSocket(fd);
           net::detectLinkLoss(fd, options_.timeoutNs);
         } catch (const std::exception& e) {
           GDX_WARN("TCP transport rank " << rank_ << ": dropping a connection: " << e.what());

@@ -354,10 +354,9 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
   if (!split.empty())
     std::printf(
         "low-latency (%d blocks x %d threads per kernel, %s launches), per call and rank (means over the ranks): the "
-        "whole call, "
-        "its send and receive halves (hook "
-        "form), the proxy threads' time taking and posting its commands, the time with transport operations in "
-        "flight (these overlap), and the ring slots the proxy took against the slots the kernels must push\n"
+        "whole call, its send and receive halves (hook form), the proxy threads' time taking and posting its commands, "
+        "the time with transport operations in flight (these overlap), and the ring slots the proxy took against the "
+        "slots the kernels must push\n"
         "%8s %9s %9s %9s %9s %9s %11s %9s %9s %9s\n",
         llSms, llThreads, llPdl ? "programmatic" : "plain", "tokens", "op", "call us", "send us", "recv us", "proxy us",
         "in-flight us", "taken", "expected", "commands/us");

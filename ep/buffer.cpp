@@ -29,6 +29,7 @@ const char* waitName(uint32_t where) {
     case kWaitCounts: return "the counts exchange";
     case kWaitData: return "the rows";
     case kWaitRow: return "a received row's stamp";
+    case kWaitReturnedRow: return "the stamp of a row sent back";
   }
   return "?";
 }
@@ -44,8 +45,10 @@ std::string describe(const Report& r) {
              v2 + " (with ranks on other hosts, dispatchWorst's handles must hold as many tokens as any rank sends)";
     case kTimeout:
       return "timed out waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where) +
-             (r.where == kWaitRow ? " (row " + std::to_string(r.token) + ", epoch " : " (epoch ") + v + ", seen " + v2 +
-             ")";
+             (r.where == kWaitRow           ? " (row " + std::to_string(r.token) + ", epoch "
+              : r.where == kWaitReturnedRow ? " (token " + std::to_string(r.token) + ", epoch "
+                                            : " (epoch ") +
+             v + ", seen " + v2 + ")";
     case kPeerFailed:
       return "a peer failed while waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where);
     case kPeerError:

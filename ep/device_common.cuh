@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cuda/atomic>
 
 #include "ep/protocol.hpp"
 #include "gdx/detail/atomic.hpp"
@@ -69,9 +70,10 @@ __device__ inline bool waitFlag(const Team& t, uint64_t* flag, uint64_t want, Wa
   }
 }
 
-/// Waits until the stamp of received row `row` from rank `peer` reads epoch e (protocol.hpp, "Row stamps").
-__device__ inline bool waitStamp(const Team& t, uint64_t* stamp, uint64_t e, int peer, int row) {
-  return waitFlag<true>(t, stamp, rowStamp(e), kWaitRow, peer, e, rowStamp(0), row);
+/// Waits until a row's stamp from rank `peer` reads epoch e (protocol.hpp, "Row stamps"); a failed wait reports
+/// `where` (kWaitRow or kWaitReturnedRow) and `at` (the row or the token).
+__device__ inline bool waitStamp(const Team& t, uint64_t* stamp, uint64_t e, int peer, WaitKind where, int at) {
+  return waitFlag<true>(t, stamp, rowStamp(e), where, peer, e, rowStamp(0), at);
 }
 
 __device__ inline bool isRemote(const Team& t, int r) {
@@ -194,23 +196,27 @@ __device__ inline bool putRowsToRemote(const Team& t, int r, int32_t rows, uint3
                      kSlotHeaderBytes + uint64_t(rows) * rowBytes, kFlagData, e);
 }
 
-/// Counts the blocks done with a phase in *counter; true on thread 0 of the last one (after a system fence that
-/// orders every block's stores before what it does next). Every thread of every block must call it.
-__device__ inline bool lastBlockDone(unsigned* counter) {
+/// Counts the blocks done with a phase in *counter; true on every thread of the last block to arrive. Every thread of
+/// every block must call it. The count is one acquire-release atomic at `Scope`: the other blocks' stores and loads
+/// come before their atomic (the barrier orders them before thread 0's), the last block's atomic synchronizes with
+/// theirs, and causality order is transitive, so whatever the last block then publishes with a release (a flag, a
+/// proxy command) covers every block's stores. The low-latency kernels take the GPU scope (each system-scope fence is
+/// about a microsecond on the path of every kernel there); the normal mode keeps the system scope.
+template <cuda::thread_scope Scope>
+__device__ inline bool lastBlock(uint32_t* counter) {
+  __shared__ int last;
   __syncthreads();
-  bool last = false;
   if (threadIdx.x == 0) {
-    // A release before the count (the block's stores, every thread's through the barrier) and, on the last block, an
-    // acquire after it: the one-way fences of sm_90. The two-way __threadfence_system() on both sides cost a full
-    // system fence more on the last block, which every kernel's tail waits for.
-    ptx::fenceReleaseSys();
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    if (last) {
-      *counter = 0;  // for the next launch, which the kernel boundary orders after this store
-      ptx::fenceAcquireSys();
-    }
+    cuda::atomic_ref<uint32_t, Scope> count(*counter);
+    last = count.fetch_add(1u, cuda::std::memory_order_acq_rel) == gridDim.x - 1;
+    if (last) count.store(0u, cuda::std::memory_order_relaxed);  // for the next launch (the kernel boundary orders it)
   }
+  __syncthreads();
   return last;
+}
+/// lastBlock at system scope, true on thread 0 of the last block only (the normal mode's single-thread tails).
+__device__ inline bool lastBlockDone(uint32_t* counter) {
+  return lastBlock<cuda::thread_scope_system>(counter) && threadIdx.x == 0;
 }
 
 /// Called by every block once its stores are issued; the last block to get here tells the ranks of this host that

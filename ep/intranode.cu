@@ -358,8 +358,9 @@ __device__ inline void copyOutRow(const DispatchArgs& a, const char* r, int row,
   }
 }
 
-// A warp's walk over its units of StampedRows: it copies each row out once its stamp reads e. take() copies the
-// ready ones and stops at the first that is not (between the warp's own sends); finish() waits for the rest, bounded.
+// A warp's walk over its units of StampedRows, copying each row out once its stamp reads e. walk(false) copies the
+// ready ones and stops at the first that is not (between the warp's own sends); walk(true) waits for each of the rest,
+// bounded, and returns false when a wait failed (reported).
 struct StampedReceiver {
   const Team& t;
   const DispatchArgs& a;
@@ -381,26 +382,16 @@ struct StampedReceiver {
   __device__ uint64_t* stampOf(int row) const {
     return reinterpret_cast<uint64_t*>(const_cast<char*>(rowAt(row)) + a.row.stampOffset);
   }
-  __device__ void take() {
+  __device__ bool walk(bool wait) {
     for (; unit < end; unit += stride) {
       int s;
       const int row = rowOf(unit, &s);
       if (row < 0) continue;
-      uint64_t v = 0;
-      if (lane == 0) v = atomicLoad(stampOf(row), kRelaxed);
-      if (__shfl_sync(0xffffffffu, v, 0) != rowStamp(e)) return;  // the row itself is read from L2 (LoadPath)
-      copyOutRow(a, rowAt(row), row, 0, a.row.xBytes, true, nScales, withTopk, lane);
-    }
-  }
-  __device__ bool finish() {
-    for (; unit < end; unit += stride) {
-      int s;
-      const int row = rowOf(unit, &s);
-      if (row < 0) continue;
-      bool ok = true;
-      if (lane == 0) ok = waitStamp(t, stampOf(row), e, s, row);
-      if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
-      __syncwarp();
+      bool ready = true;
+      if (lane == 0)  // the row itself is read from L2 (LoadPath)
+        ready =
+            wait ? waitStamp(t, stampOf(row), e, s, kWaitRow, row) : atomicLoad(stampOf(row), kRelaxed) == rowStamp(e);
+      if (!__shfl_sync(0xffffffffu, ready, 0)) return false;
       copyOutRow(a, rowAt(row), row, 0, a.row.xBytes, true, nScales, withTopk, lane);
     }
     return true;
@@ -519,9 +510,9 @@ __global__ void __launch_bounds__(1024) dispatchKernel(Team t, DispatchArgs a) {
                        lane);
       writeRelayMeta(t, dst + a.relay.metaOffset, tok, sendPos, h, expert, epr, weight, K, lane);
     }
-    rx.take();  // what has arrived from the other senders, between this warp's own tokens
+    rx.walk(false);  // what has arrived from the other senders, between this warp's own tokens
   }
-  const bool received = rx.finish();
+  const bool received = rx.walk(true);
   signalSent(t, e, net);
   if (__syncthreads_or(!received) || (t.relayedFrom && !relayDispatch(t, a, e))) {
     finishOp(t);
@@ -718,8 +709,9 @@ __device__ inline void sumToken(const CombineArgs& a, SumSources ss, int tok, ui
   }
 }
 
-// A warp's walk over its tokens of a stamped combine: take() sums those whose rows all carry e's stamp and stops at
-// the first that does not (between the warp's own sends); finish() waits for the rest, bounded.
+// A warp's walk over its tokens of a stamped combine, summing each once the rows it reads all carry e's stamp.
+// walk(false) sums the ready ones and stops at the first that is not (between the warp's own sends); walk(true) waits
+// for each of the rest, bounded, and returns false when a wait failed (reported, with the token).
 struct StampedSummer {
   const Team& t;
   const CombineArgs& a;
@@ -737,24 +729,14 @@ struct StampedSummer {
     if (pos < 0) return nullptr;
     return reinterpret_cast<uint64_t*>(rowsOf(t, t.rank) + int64_t(o.ownPrefix[lane] + pos) * rowBytes + stampOffset);
   }
-  __device__ void sum() {
+  __device__ bool walk(bool wait) {
     const uint32_t xb = static_cast<uint32_t>(a.hidden) * 2;
-    sumToken(a, sumSourcesOf(t, a, o, tok, rowBytes), tok, 0, xb, true, lane);
-  }
-  __device__ void take() {
     for (; tok < a.numTokens; tok += stride) {
-      uint64_t* stamp = laneStamp();
-      const bool ready = !stamp || atomicLoad(stamp, kRelaxed) == rowStamp(e);
-      if (!__all_sync(0xffffffffu, ready)) return;  // the rows themselves are read from L2 (LoadPath)
-      sum();
-    }
-  }
-  __device__ bool finish() {
-    for (; tok < a.numTokens; tok += stride) {
-      uint64_t* stamp = laneStamp();
-      const bool ok = !stamp || waitStamp(t, stamp, e, lane, -1);
-      if (!__all_sync(0xffffffffu, ok)) return false;
-      sum();
+      uint64_t* stamp = laneStamp();  // the rows themselves are read from L2 (LoadPath)
+      const bool ready = !stamp || (wait ? waitStamp(t, stamp, e, lane, kWaitReturnedRow, tok)
+                                         : atomicLoad(stamp, kRelaxed) == rowStamp(e));
+      if (!__all_sync(0xffffffffu, ready)) return false;
+      sumToken(a, sumSourcesOf(t, a, o, tok, rowBytes), tok, 0, xb, true, lane);
     }
     return true;
   }
@@ -775,6 +757,7 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
   __shared__ NetRows net;
   __shared__ int valid;
   __shared__ bool stamped;  // this rank sums by the rows' stamps
+  __shared__ int parts;     // warps a row of this rank's sends: combineSendParts, as every rank computes it
   const uint32_t rowBytes = combineRowBytes(a.hidden, K), stampOffset = combineStampOffset(a.hidden, K);
   const int sumParts = rowParts(a.numTokens, W, xb);
   if (threadIdx.x == 0) {
@@ -782,8 +765,13 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
     computeOffsets(t, a.handle.matrix, o, true);
     net.putMask = 0;  // the relays put
     stamped = !t.relayMask && !t.relayedFrom && sumParts == 1;
-    for (int d = 0; d < R; ++d)
-      if (d != me && combineSendParts(a.handle.matrix, R, d, W, xb) != 1) stamped = false;
+    for (int d = 0; d < R; ++d) {
+      const int p = combineSendParts(a.handle.matrix, R, d, W, xb);
+      if (d == me)
+        parts = p;
+      else if (p != 1)
+        stamped = false;
+    }
   }
   __syncthreads();
   if (!valid || !openOp(t, e)) {
@@ -792,7 +780,6 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
   }
   const uint32_t weightsOffset = align16(xb);
   const int total = o.inPrefix[R];
-  const int parts = rowParts(total, W, xb);  // combineSendParts of this rank
   StampedSummer sum{t, a, o, e, gw, W, rowBytes, stampOffset, lane};
   for (int unit = gw; unit < total * parts; unit += W) {
     const int row = unit / parts, part = unit - row * parts;
@@ -816,10 +803,10 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
       }
       __syncwarp();
     }
-    if (stamped) sum.take();
+    if (stamped) sum.walk(false);
   }
   if (stamped) {
-    sum.finish();           // a failed wait was reported: the host turns it into the error
+    sum.walk(true);         // a failed wait was reported: the host turns it into the error
     signalSent(t, e, net);  // dataDone still goes out: ranks that sum after it wait for it
     finishOp(t);
     return;

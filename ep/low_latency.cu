@@ -72,17 +72,34 @@ __device__ inline bool reachedOrWait(const LlTeam& lt, int peer, const uint64_t*
   return (seen >> shift) >= want || waitOrMask(lt, peer, word, want, shift);
 }
 
+/// Whether source s's word of epoch e counts in this call, decided once for the whole grid (LlState::recvVerdict): the
+/// first block to decide records what its own wait saw (`here`), every other block takes that record. A source whose
+/// word lands just as another block's wait for it times out is then in every block's view or in none: no row or token
+/// is assembled from some pieces with it and some without. A block that takes "arrived" from the record acquired it,
+/// released after the recording block's acquire of the word, so it sees what the word announced.
+__device__ inline bool agreedArrival(const LlTeam& lt, int s, bool here, uint64_t e) {
+  cuda::atomic_ref<uint64_t, cuda::thread_scope_device> verdict(lt.ll->recvVerdict[s]);
+  uint64_t cur = verdict.load(cuda::std::memory_order_acquire);
+  while ((cur >> 1) != e &&
+         !verdict.compare_exchange_weak(cur, e << 1 | uint64_t(here), cuda::std::memory_order_acq_rel,
+                                        cuda::std::memory_order_acquire)) {
+  }
+  return (cur >> 1) == e ? (cur & 1) != 0 : here;
+}
+
 /// Lane r of the block's last warp waits (reachedOrWait) until rank r's word, wordOf(r), reaches `want`; returns, on
 /// every thread, the ranks whose wait found them masked (or masked them): what the block then goes by, with no load of
 /// LlState::mask after the waits (one memory latency more on the path of a decode-size call). No barrier comes before
-/// the waits, so loads the other warps issued before the call overlap them.
+/// the waits, so loads the other warps issued before the call overlap them. `agree`: the receive kernels' waits for
+/// epoch `want`, whose outcome per rank is the grid's (agreedArrival), not the block's.
 template <typename WordOf>
-__device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64_t want) {
+__device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64_t want, bool agree = false) {
   static_assert(kMaxRanks <= 32, "one warp waits for every rank");
   __shared__ uint32_t masked;
   if (threadIdx.x >= blockDim.x - 32) {
     const int r = int(threadIdx.x & 31);
-    const bool ok = r >= lt.t.numRanks || reachedOrWait(lt, r, wordOf(r), want, 0);
+    bool ok = r >= lt.t.numRanks || reachedOrWait(lt, r, wordOf(r), want, 0);
+    if (agree && r < lt.t.numRanks) ok = agreedArrival(lt, r, ok, want);
     const uint32_t off = __ballot_sync(0xffffffffu, !ok);
     if (r == 0) masked = off;
   }
@@ -97,23 +114,6 @@ __device__ inline uint32_t waitFreed(const LlTeam& lt, uint64_t e) {
     return isRemote(lt.t, r) ? &lt.t.netSignals[lt.freedSignal + r] : &llCtrl(lt.t.base[lt.t.rank])->freed[r];
   };
   return lastWarpWaits(lt, freedOf, e > 2 ? e - 2 : 0);  // the first two calls wait for nothing (words are >= 0)
-}
-
-/// The grid's last block to call this gets true, on every thread. The count is one acquire-release atomic at GPU scope,
-/// not lastBlockDone's system-scope fences (each a microsecond more on the path of every kernel here). That is enough
-/// for what the last block then publishes to other GPUs with a system-scope release (the counts and dispDone, combDone,
-/// freed): the other blocks' writes and reads come before their atomic, the last block's atomic synchronizes with
-/// theirs (all on this GPU), and causality order is transitive, so a peer that acquires the flag sees the rows.
-__device__ inline bool lastBlock(uint32_t* counter) {
-  __shared__ int last;
-  __syncthreads();  // the block's work before its count (bar.sync: ordered before thread 0's release)
-  if (threadIdx.x == 0) {
-    cuda::atomic_ref<uint32_t, cuda::thread_scope_device> count(*counter);
-    last = count.fetch_add(1u, cuda::std::memory_order_acq_rel) == gridDim.x - 1;
-    if (last) count.store(0u, cuda::std::memory_order_relaxed);  // for the next launch (the kernel boundary orders it)
-  }
-  __syncthreads();
-  return last;
 }
 
 /// The receive side's "done with buffer e % 2" to every source (last block of a receive kernel).
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   };
   TokenPrefetch pre = blockIdx.x < a.numTokens ? prefetchToken(a, pieces, blockIdx.x) : TokenPrefetch{};
   int64_t firstExpert = topkOf(blockIdx.x);
-  const uint32_t masked = waitFreed(lt, e);  // its sync completes the counts
+  uint32_t masked = waitFreed(lt, e);  // its sync completes the counts
   const bool refused = mayOverfill && overfullExpert(lt, a, entries, e) >= 0;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;  // read by this handle's combine
   // A block per token: warp 0 reserves its rows and messages, every warp packs a share of it into the messages, then
@@ -366,6 +366,9 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     if (tok != int(blockIdx.x)) {
       pre = prefetchToken(a, pieces, tok);
       firstExpert = topkOf(tok);
+      // Ranks masked since (a failed put, another block's wait): nothing more is reserved for them. Loaded beside the
+      // token, used by warp 0 only.
+      if (warp == 0) masked |= atomicLoad(&lt.ll->mask, kRelaxed);
     }
     int64_t expert = -1;
     int row = -1;
@@ -412,6 +415,7 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     for (unsigned m = remoteSlots; m; m &= m - 1, ++nth) {
       if (nth % numWarps != warp) continue;
       const int k = __ffs(m) - 1, dk = slotRank[k];
+      if (isMasked(lt, dk)) continue;  // a put to it failed since the reservation: its counts will not be sent either
       ChannelDeviceHandle ch = t.net[dk];
       const Status st = ch.putWarp(t.stageWindow, y.mirrorDispMsg(b, lt.mirrorSlot[dk], slotMessage[k]), t.stageWindow,
                                    y.dispStageRow(b, tok), a.msg.bytes);
@@ -419,7 +423,7 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     }
     __syncthreads();  // `to` and the slots are rewritten for the next token
   }
-  if (!lastBlock(&lt.ll->sendBlocks)) return;
+  if (!lastBlock<cuda::thread_scope_device>(&lt.ll->sendBlocks)) return;
   // Every block's messages are out: the counts, per (destination, local expert) and the messages per destination
   // (entry L), after them (plain stores), then one release per destination (dispDone, or the put's signal). A release
   // store per count word cost about 30 us a call: each is a system-scope fence, and the last block's warps issue them
@@ -471,33 +475,20 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   const int nScales = y.H / kFp8ScaleBlock;
   const int64_t rowsPerExpert = int64_t(y.T) * R;
   const int gw = blockIdx.x * numWarps + warp, W = gridDim.x * numWarps;
-  // Every block alike: once each source's counts are here (thread s waits for its dispDone or, on another host, its
-  // signal), the rows of each (local expert j, source s), entry q = j * R + s, and their prefix; and the messages of
-  // each source and theirs.
+  // Every block alike: once each source's counts are here (lane s of the last warp waits for its dispDone or, on
+  // another host, its signal), the rows of each (local expert j, source s), entry q = j * R + s, and their prefix; and
+  // the messages of each source and theirs. Whether a source counts is the grid's verdict: every block builds its own
+  // prefix, and each row is written by one block, by its own prefix.
   const int Q = y.L * R;
   __shared__ int first[kMaxExperts + 1], firstMessage[kMaxRanks + 1];
-  // Whether a source's rows count is decided once per call for the whole grid (LlState::recvVerdict): every block
-  // builds its own prefix, and a source that arrives just as another block's wait for it times out must not be in one
-  // block's prefix and not in another's (each row is written by one block, by its own prefix).
-  __shared__ int included[kMaxRanks];
-  if (threadIdx.x < R) {
-    const int s = threadIdx.x;
-    const uint64_t* flag = isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[b][s];
-    const bool here = reachedOrWait(lt, s, flag, e, 0);
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> verdict(lt.ll->recvVerdict[s]);
-    uint64_t cur = verdict.load(cuda::std::memory_order_acquire);
-    while ((cur >> 1) != e &&
-           !verdict.compare_exchange_weak(cur, e << 1 | uint64_t(here), cuda::std::memory_order_acq_rel,
-                                          cuda::std::memory_order_acquire)) {
-    }
-    const bool in = (cur >> 1) == e ? (cur & 1) != 0 : here;
-    // Another block saw it arrive (its acquire, then its release of the verdict): the counts are visible here too.
-    included[s] = in;
-  }
-  __syncthreads();
-  const auto countOf = [&](int s, int j) {  // entry j of source s's counts (j == L: its messages), 0 unless included
+  const auto sentOf = [&](int s) -> const uint64_t* {
+    return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[b][s];
+  };
+  const uint32_t absent = lastWarpWaits(lt, sentOf, e, true);
+  const auto countOf = [&](int s, int j) {  // entry j of source s's counts (j == L: its messages), 0 when absent
     const LlCtrl* c = llCtrl(isRemote(t, s) ? t.mirror : t.base[me]);
-    return included[s] ? int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[b][s][j]), kRelaxed) & 0xffffffffu) : 0;
+    return (absent >> s) & 1u ? 0
+                              : int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[b][s][j]), kRelaxed) & 0xffffffffu);
   };
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = countOf(q % R, q / R);
   if (threadIdx.x < R) firstMessage[threadIdx.x] = countOf(threadIdx.x, y.L);
@@ -542,7 +533,7 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
       a.srcSlot[row] = lane;
     }
   }
-  if (!lastBlock(&lt.ll->recvBlocks)) return;
+  if (!lastBlock<cuda::thread_scope_device>(&lt.ll->recvBlocks)) return;
   releaseBuffer(lt, e);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->recvSeq = e;
@@ -575,12 +566,15 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
     if (((masked >> s) & 1u) || (piece > 0 && isRemote(t, s))) continue;
     const int64_t idx = int64_t(j) * rowsPerExpert + (v - first[j * R]);
     const int tok = a.srcInfo[idx], k = a.srcSlot[idx];
-    if (k < 0) continue;
+    // Every counted row was written by this handle's dispatch; a handle of another call (or of another Buffer) would
+    // name slots outside the source's area, and nothing is written there.
+    if (tok < 0 || tok >= y.T || k < 0 || k >= y.K) continue;
     const char* src = a.x + idx * xb;
     if (!isRemote(t, s)) {
       const uint32_t begin = min(xb, piece * perPiece), bytes = min(xb, begin + perPiece) - begin;
       warpCopy16<LoadPath::kInput>(t.base[s] + y.gpuCombRow(b, tok, k) + begin, src + begin, bytes, lane);
     } else {
+      if (isMasked(lt, s)) continue;  // a put to it failed since the block's wait (this or another warp's)
       const uint64_t stage = y.combStageRow(b, j, lt.remoteSlot[s], pos);
       warpCopy16<LoadPath::kInput>(t.mirror + stage, src, xb, lane);
       __syncwarp();
@@ -589,7 +583,7 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
       if (__any_sync(0xffffffffu, st != Status::kOk) && lane == 0) maskRank(lt, s);
     }
   }
-  if (!lastBlock(&lt.ll->sendBlocks)) return;
+  if (!lastBlock<cuda::thread_scope_device>(&lt.ll->sendBlocks)) return;
   const int d = threadIdx.x;  // every rank learns that this rank's rows of epoch e are in place
   if (d < R && !isMasked(lt, d)) {
     if (isRemote(t, d)) {
@@ -639,7 +633,7 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
   const auto doneOf = [&](int s) -> const uint64_t* {
     return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->combDone[b][s];
   };
-  const uint32_t mask = lastWarpWaits(lt, doneOf, e);  // a masked rank's experts add nothing
+  const uint32_t mask = lastWarpWaits(lt, doneOf, e, true);  // a masked rank's experts add nothing
   for (int unit = gw; unit < a.numTokens * pieces; unit += W) {
     const int tok = unit / pieces;
     const uint32_t begin = uint32_t(unit % pieces) * perPiece, end = min(vecs, begin + perPiece);
@@ -677,7 +671,7 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
       out[c] = r;
     }
   }
-  if (!lastBlock(&lt.ll->recvBlocks)) return;
+  if (!lastBlock<cuda::thread_scope_device>(&lt.ll->recvBlocks)) return;
   releaseBuffer(lt, e);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->recvSeq = e;

@@ -51,7 +51,7 @@ struct LlState {
   uint32_t sendBlocks;
   uint32_t recvBlocks;
   uint32_t mask;                      // bit r: rank r is masked
-  uint64_t recvVerdict[kMaxRanks];    // [source]: (receive epoch << 1) | whether its rows count in that dispatch
+  uint64_t recvVerdict[kMaxRanks];    // [source]: (receive epoch << 1) | whether it counts in that receive kernel
   int32_t sendCount[2][kMaxExperts];  // [b][expert]: rows reserved in this call
   int32_t sendMsgs[2][kMaxRanks];     // [b][destination]: messages reserved in this call
 };

@@ -73,8 +73,9 @@ enum ErrorKind : uint32_t {
   kExpertRows = 8,  // low-latency: value: the expert, value2: the top-k entries naming it; token: one naming it twice
 };
 
-/// Which wait timed out (Report::where).
-enum WaitKind : uint32_t { kWaitArrive = 1, kWaitCounts = 2, kWaitData = 3, kWaitRow = 4 };
+/// Which wait timed out (Report::where). kWaitRow: Report::token is the received row; kWaitReturnedRow (a combine's
+/// row sent back to this rank): it is the token.
+enum WaitKind : uint32_t { kWaitArrive = 1, kWaitCounts = 2, kWaitData = 3, kWaitRow = 4, kWaitReturnedRow = 5 };
 
 /// The first error of a Buffer, in host-mapped memory (kind written last, with a release).
 struct Report {

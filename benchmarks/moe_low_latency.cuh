@@ -6,7 +6,8 @@
 // other hosts, where a call's time goes and whether every command arrived: the ring slots the proxy threads took per
 // call against the slots the kernels must push (dispatch: a put per token and rank on another host one of its experts
 // lives on, the count put-with-signal (two slots) and the receive's release signal per such rank; combine: a put per
-// row going back, the "sent" and the release signal per such rank), the proxy threads' time taking and posting them and
+// (token, rank) row going back, the weights' put-with-signal (two slots), the "sent" and the release signal per such
+// rank), the proxy threads' time taking and posting them and
 // the time with transport operations in flight (GDX_PROXY_TIMING, which benchmark_moe sets). Lines "moe TOKENS ll-fp8
 // OP US BYTES" and "split TOKENS OP ..." go to rank 0's results.
 #pragma once
@@ -136,27 +137,24 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
     ep::LowLatencyDispatchInputs in{x, topk, n, sh.topk, true, false};
     ep::LowLatencyCombineInputs cin{y, topk, weights};
     // Selections and the commands they become: a dispatch puts each token once to each rank on another host that one
-    // of its experts lives on; a combine puts back one row per selection whose expert's rank is on another host.
-    double valid = 0, remotePairs = 0, remoteMessages = 0;
+    // of its experts lives on, and a combine puts one row back for each of those.
+    double valid = 0, remoteMessages = 0;
     for (int t = 0; t < n; ++t) {
       uint32_t ranks = 0;
       for (int k = 0; k < sh.topk; ++k) {
         const int64_t e = hostTopk[size_t(t) * sh.topk + k];
         if (e < 0) continue;
         valid += 1;
-        if (int(e / L) != me && !ctx.isDirect(int(e / L))) {
-          remotePairs += 1;
-          ranks |= 1u << int(e / L);
-        }
+        if (int(e / L) != me && !ctx.isDirect(int(e / L))) ranks |= 1u << int(e / L);
       }
       remoteMessages += __builtin_popcount(ranks);
     }
     int remoteRanks = 0;
     for (int p = 0; p < R; ++p) remoteRanks += p != me && !ctx.isDirect(p);
     // Ring slots per call (see the header): this rank's dispatch exactly; combine sends back the rows other ranks'
-    // dispatches put here, so only the sum over the ranks is known (each rank's pairs go out and come back once).
+    // dispatches put here, so only the sum over the ranks is known (each rank's messages go out and come back once).
     const double dispExpected = remoteMessages + 3.0 * remoteRanks;
-    const double combExpectedShare = remotePairs + 2.0 * remoteRanks;
+    const double combExpectedShare = remoteMessages + 4.0 * remoteRanks;
     int calls = 0;
     auto dispatch = [&] {
       ++calls;

@@ -26,8 +26,8 @@ uint64_t slotBytesOf(const LowLatencyConfig& c) {
   return std::max(llMessage(c.hidden, c.maxTopk, false).bytes, llMessage(c.hidden, c.maxTopk, true).bytes);
 }
 
-// Signal ids: the 3 x kMaxRanks at the top belong to ep::Buffer, these 2 x kMaxRanks just below.
-constexpr uint32_t kLlSignals = 2 * kMaxRanks;
+// Signal ids: the 3 x kMaxRanks at the top belong to ep::Buffer, these 3 x kMaxRanks just below.
+constexpr uint32_t kLlSignals = 3 * kMaxRanks;
 constexpr uint32_t kBufferSignals = 3 * kMaxRanks;
 
 }  // namespace
@@ -45,14 +45,18 @@ LlLayout llLayout(const LowLatencyConfig& c, int numRanks, int remoteSlots) {
   y.slotBytes = slotBytesOf(c);
   y.combRowBytes = uint64_t(c.hidden) * 2;
   const uint64_t combBytes = 2 * uint64_t(y.T) * y.K * y.combRowBytes;
+  const uint64_t weightBytes = uint64_t(y.T) * y.K * 4;  // one source's weights of one buffer (a multiple of 4)
   y.gpuComb = kLlCtrlBytes + 2 * uint64_t(y.R) * y.T * y.slotBytes;
-  y.gpuBytes = y.gpuComb + combBytes;
+  y.gpuWeights = y.gpuComb + combBytes;
+  y.gpuBytes = y.gpuWeights + 2 * uint64_t(y.R) * weightBytes;
   if (remoteSlots == 0) return y;
   y.mirrorComb = kLlCtrlBytes + 2 * uint64_t(y.S) * y.T * y.slotBytes;
-  y.dispStage = y.mirrorComb + combBytes;
+  y.mirrorWeights = y.mirrorComb + combBytes;
+  y.dispStage = (y.mirrorWeights + 2 * uint64_t(y.S) * weightBytes + 15) / 16 * 16;  // messages 16-byte aligned
   y.countStage = y.dispStage + 2 * uint64_t(y.T) * y.slotBytes;
   y.combStage = y.countStage + 2 * uint64_t(kMaxRanks) * (y.L + 1) * 8;
-  y.hostBytes = y.combStage + 2 * uint64_t(y.L) * y.S * y.T * y.combRowBytes;
+  y.weightStage = y.combStage + 2 * uint64_t(y.S) * y.T * y.combRowBytes;
+  y.hostBytes = y.weightStage + 2 * weightBytes;
   return y;
 }
 }  // namespace detail
@@ -171,6 +175,7 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
                          ", GDX_NUM_SIGNALS is " + std::to_string(context.numSignals()));
     lt.sentSignal = context.numSignals() - kBufferSignals - kLlSignals;
     lt.freedSignal = lt.sentSignal + kMaxRanks;
+    lt.weightsSignal = lt.freedSignal + kMaxRanks;
     for (uint32_t i = 0; i < kLlSignals; ++i) context.setSignal(lt.sentSignal + i, 0);
     // Pinned host memory the kernels write and read over PCIe: the proxy never issues a CUDA copy (ep/buffer.hpp).
     mapHostWindow(context, lt.lay.hostBytes, kLlCtrlBytes, "gdx::ep::LowLatencyBuffer network", &m.network);
@@ -200,8 +205,8 @@ LowLatencyBuffer::~LowLatencyBuffer() {
 
 LowLatencyHandle LowLatencyBuffer::newHandle() const {
   const LlLayout& y = impl_->team.lay;
-  const size_t rows = size_t(y.L) * y.T * y.R;
-  const size_t bytes = rows * 8 + size_t(y.L) * y.R * 8 + 16;
+  const size_t rows = size_t(y.L) * y.T * y.R, messages = size_t(y.R) * y.T;
+  const size_t bytes = rows * 8 + size_t(y.L) * y.R * 8 + 16 + (kMaxRanks + 1 + messages * (1 + y.K)) * 4;
   void* p = nullptr;
   GDX_CUDA_CHECK(cudaMalloc(&p, bytes));
   GDX_CUDA_CHECK(cudaMemset(p, 0, bytes));
@@ -212,6 +217,9 @@ LowLatencyHandle LowLatencyBuffer::newHandle() const {
   h.srcInfo_ = reinterpret_cast<int32_t*>(h.layoutRange_ + size_t(y.L) * y.R);
   h.srcSlot_ = h.srcInfo_ + rows;
   h.refused_ = h.srcSlot_ + rows;
+  h.msgFirst_ = h.refused_ + 4;
+  h.msgToken_ = h.msgFirst_ + kMaxRanks + 1;
+  h.msgRows_ = h.msgToken_ + messages;
   return h;
 }
 
@@ -295,6 +303,7 @@ void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, co
   a.srcSlot = handle.srcSlot_;
   a.layoutRange = handle.layoutRange_;
   a.refused = handle.refused_;
+  a.msgs = LlMessages{handle.msgFirst_, handle.msgToken_, handle.msgRows_};
   GDX_CUDA_CHECK(launchLlDispatchSend(impl_->team, a, stream));
   ++impl_->calls;
   handle.numTokens_ = in.numTokens;
@@ -332,10 +341,8 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
   a.out = static_cast<char*>(combined);
   a.numTokens = handle.numTokens_;
   a.numTopk = handle.numTopk_;
-  a.srcInfo = handle.srcInfo_;
-  a.srcSlot = handle.srcSlot_;
-  a.layoutRange = handle.layoutRange_;
   a.refused = handle.refused_;
+  a.msgs = LlMessages{handle.msgFirst_, handle.msgToken_, handle.msgRows_};
   GDX_CUDA_CHECK(launchLlCombineSend(impl_->team, a, stream));
   ++impl_->calls;
   auto args = std::make_shared<HookArgs>(HookArgs{false, {}, a, nullptr});

@@ -1,7 +1,6 @@
 // The low-latency kernels: dispatch send / receive, combine send / receive (protocol: ep/low_latency_protocol.hpp).
-// A block owns a token in dispatch send; warps own received messages (dispatch receive) or pieces of them (combine
-// send, combine receive). Dispatch: one put, or one set of direct stores, per (token, destination rank); combine: per
-// (token, expert) row.
+// A block owns a token in dispatch send; warps own received messages or pieces of them (dispatch receive, combine send)
+// or pieces of a token's sum (combine receive). One put, or one set of direct stores, per (token, rank) both ways.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -87,18 +86,19 @@ __device__ inline bool agreedArrival(const LlTeam& lt, int s, bool here, uint64_
   return (cur >> 1) == e ? (cur & 1) != 0 : here;
 }
 
-/// Lane r of the block's last warp waits (reachedOrWait) until rank r's word, wordOf(r), reaches `want`; returns, on
-/// every thread, the ranks whose wait found them masked (or masked them): what the block then goes by, with no load of
-/// LlState::mask after the waits (one memory latency more on the path of a decode-size call). No barrier comes before
-/// the waits, so loads the other warps issued before the call overlap them. `agree`: the receive kernels' waits for
-/// epoch `want`, whose outcome per rank is the grid's (agreedArrival), not the block's.
+/// Lane r of the block's last warp waits (reachedOrWait) until rank r's word, wordOf(r) (null: none), reaches `want`;
+/// returns, on every thread, the ranks whose wait found them masked (or masked them): what the block then goes by, with
+/// no load of LlState::mask after the waits (one memory latency more on the path of a decode-size call). No barrier
+/// comes before the waits, so loads the other warps issued before the call overlap them. `agree`: the receive kernels'
+/// waits for epoch `want`, whose outcome per rank is the grid's (agreedArrival), not the block's.
 template <typename WordOf>
 __device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64_t want, bool agree = false) {
   static_assert(kMaxRanks <= 32, "one warp waits for every rank");
   __shared__ uint32_t masked;
   if (threadIdx.x >= blockDim.x - 32) {
     const int r = int(threadIdx.x & 31);
-    bool ok = r >= lt.t.numRanks || reachedOrWait(lt, r, wordOf(r), want, 0);
+    const uint64_t* word = r < lt.t.numRanks ? wordOf(r) : nullptr;  // null: nothing to wait for
+    bool ok = !word || reachedOrWait(lt, r, word, want, 0);
     if (agree && r < lt.t.numRanks) ok = agreedArrival(lt, r, ok, want);
     const uint32_t off = __ballot_sync(0xffffffffu, !ok);
     if (r == 0) masked = off;
@@ -149,19 +149,6 @@ __device__ inline void prefixInPlace(int* first, int n) {
     if (lane == 0) first[n] = total;
   }
   __syncthreads();
-}
-
-/// The entry q of a prefix (first[0..n], nondecreasing) whose rows hold row v < first[n]: first[q] <= v < first[q+1].
-__device__ inline int entryOf(const int* first, int n, int v) {
-  int lo = 0, hi = n;  // first[lo] <= v < first[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (first[mid] <= v)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return lo;
 }
 
 // ---- dispatch -------------------------------------------------------------------------------------------------
@@ -494,12 +481,14 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   if (threadIdx.x < R) firstMessage[threadIdx.x] = countOf(threadIdx.x, y.L);
   prefixInPlace(first, Q);
   prefixInPlace(firstMessage, R);
-  if (blockIdx.x == 0)
+  if (blockIdx.x == 0) {
     for (int q = threadIdx.x; q < Q; q += blockDim.x) {
       const int j = q / R, s = q % R, begin = first[q] - first[j * R];
       a.layoutRange[q] = int64_t(begin) << 32 | (first[q + 1] - first[q]);
       if (s == 0) a.out.recvCount[j] = first[(j + 1) * R] - first[j * R];
     }
+    if (threadIdx.x <= R) a.msgs.first[threadIdx.x] = firstMessage[threadIdx.x];
+  }
   // The messages of all sources, flattened: any warp takes any (message, part). Lane k reads slot k of the meta; the
   // warp copies its part of the message into the row of each slot naming an expert of this rank. A decode-size call
   // has fewer messages than warps, and each is then cut into parts of at least 512 bytes (a message a warp left most
@@ -528,9 +517,13 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
         warpCopyFloats(a.out.recvXScales + r * nScales, reinterpret_cast<const float*>(m + a.msg.scaleOffset), nScales,
                        lane);
     }
-    if (part == 0 && mine) {
-      a.srcInfo[row] = meta[0];
-      a.srcSlot[row] = lane;
+    if (part == 0) {  // the handle: each row's source token and slot, and the message's rows for the combine
+      if (mine) {
+        a.srcInfo[row] = meta[0];
+        a.srcSlot[row] = lane;
+      }
+      if (lane == 0) a.msgs.token[v] = meta[0];
+      if (lane < y.K) a.msgs.rows[int64_t(v) * y.K + lane] = int32_t(row);
     }
   }
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->recvBlocks)) return;
@@ -541,45 +534,134 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
 
 // ---- combine --------------------------------------------------------------------------------------------------
 
+__device__ inline void addScaledBf16x8(float (&acc)[8], const int4& v, float w) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(h[q]);
+    acc[2 * q] += w * f.x;
+    acc[2 * q + 1] += w * f.y;
+  }
+}
+
+/// The warp writes vectors [begin, end) (8 BF16 each) of sum_i wt[i] * src[i] to `out`, in f32 and in the order of the
+/// sources, rounded once; four sources' loads are issued before any is summed. P: how `src` is read (kInput: the
+/// caller's inputs, which nothing writes during the kernel).
+template <LoadPath P>
+__device__ inline void warpWeightedSum(int4* out, const char* const (&src)[kMaxTopk], const float (&wt)[kMaxTopk],
+                                       int n, uint32_t begin, uint32_t end, int lane) {
+  for (uint32_t c = begin + lane; c < end; c += 32) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int q0 = 0; q0 < n; q0 += 4) {
+      int4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (q0 + u < n) v[u] = loadVec<P>(reinterpret_cast<const int4*>(src[q0 + u]) + c);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (q0 + u < n) addScaledBf16x8(acc, v[u], wt[q0 + u]);
+    }
+    int4 r;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) h[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+    out[c] = r;
+  }
+}
+
+/// Block 0 of a combine's send: this rank's top-k weights, [N][K] at the layout's K, to every other rank not masked
+/// (its own experts read the caller's): stored into the window of a rank of this host, then combWeights[b][me] = e
+/// released; staged once in pinned host memory and put with the signal weights[me] to a rank of another host. The
+/// experts' sums wait for them, so this comes first. Every thread of block 0 calls it.
+__device__ inline void publishWeights(const LlTeam& lt, const LlCombineArgs& a, int b, uint64_t e, uint32_t masked) {
+  const Team& t = lt.t;
+  const LlLayout& y = lt.lay;
+  const int R = t.numRanks, me = t.rank, n = a.numTokens * y.K;
+  const uint32_t to = ((1u << R) - 1u) & ~masked & ~(1u << me), remote = to & t.remoteMask;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int tok = i / y.K, k = i % y.K;
+    const float w = k < a.numTopk ? a.topkWeights[int64_t(tok) * a.numTopk + k] : 0.f;
+    for (uint32_t m = to & ~remote; m; m &= m - 1)
+      reinterpret_cast<float*>(t.base[__ffs(m) - 1] + y.gpuWeightsOf(b, me))[i] = w;
+    if (remote) reinterpret_cast<float*>(t.mirror + y.weightStageOf(b))[i] = w;
+  }
+  __syncthreads();
+  const int d = threadIdx.x;
+  if (d >= R || !((to >> d) & 1u)) return;
+  if ((remote >> d) & 1u) {
+    __threadfence_system();  // the staged weights (every thread's, through the barrier) before the put's command
+    ChannelDeviceHandle ch = t.net[d];
+    if (ch.putWithSignal(t.stageWindow, y.mirrorWeightsOf(b, lt.mirrorSlot[d]), t.stageWindow, y.weightStageOf(b),
+                         uint64_t(n) * 4, lt.weightsSignal + me, e, SignalOp::kSet) != Status::kOk)
+      maskRank(lt, d);
+  } else {
+    atomicStore(&llCtrl(t.base[d])->combWeights[b][me], e, kRelease);  // after the barrier: covers every weight
+  }
+}
+
 __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a) {
   followPreviousKernel();
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->sendSeq + 1;
-  const int b = int(e & 1), me = t.rank, R = t.numRanks, lane = threadIdx.x & 31;
+  const int b = int(e & 1), me = t.rank, R = t.numRanks, K = y.K, lane = threadIdx.x & 31;
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
-  const int64_t rowsPerExpert = int64_t(y.T) * R;
   const uint32_t xb = uint32_t(y.combRowBytes);
-  // The received rows, from the dispatch's ranges (entry q = j * R + s), flattened over the entries.
-  const int Q = y.L * R;
-  __shared__ int first[kMaxExperts + 1];
-  for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = int(a.layoutRange[q] & 0xffffffff);
-  const uint32_t masked = waitFreed(lt, e);  // beside the loads above
-  prefixInPlace(first, Q);
-  // A row for a rank of this host is cut into pieces (at least 512 bytes each) so that every warp has work at decode
-  // sizes; a row for another host is one put, staged whole by one warp (its piece 0).
-  const int pieces = max(1, min(W / max(first[Q], 1), int(xb / 512)));
-  const uint32_t perPiece = (xb / 16 + pieces - 1) / pieces * 16;
-  for (int unit = gw; unit < first[Q] * pieces; unit += W) {
+  const int64_t rows = int64_t(y.L) * y.T * R;  // of x
+  // The messages the dispatch received, per source (LlMessages), loaded beside the wait.
+  __shared__ int firstMessage[kMaxRanks + 1];
+  if (threadIdx.x <= R) firstMessage[threadIdx.x] = a.msgs.first[threadIdx.x];
+  const uint32_t masked = waitFreed(lt, e);  // its sync covers firstMessage
+  if (blockIdx.x == 0) publishWeights(lt, a, b, e, masked);
+  const auto weightsOf = [&](int s) -> const uint64_t* {
+    if (s == me) return nullptr;  // the caller's own
+    return isRemote(t, s) ? &t.netSignals[lt.weightsSignal + s] : &llCtrl(t.base[me])->combWeights[b][s];
+  };
+  const uint32_t absent = masked | lastWarpWaits(lt, weightsOf, e);
+  // Per message: the sum of its token's rows here, weighted by the source's weights, into one row for the source (the
+  // combine row of the token's first slot naming this rank). A row for a rank of this host is cut into pieces (at least
+  // 512 bytes each) so that every warp has work at decode sizes; one for another host is summed into staging whole by
+  // one warp (its piece 0) and put.
+  const int messages = firstMessage[R];
+  const int pieces = max(1, min(W / max(messages, 1), int(xb / 512)));
+  const uint32_t vecs = xb / 16, perPiece = (vecs + pieces - 1) / pieces;
+  for (int unit = gw; unit < messages * pieces; unit += W) {
     const int v = unit / pieces, piece = unit % pieces;
-    const int q = entryOf(first, Q, v), j = q / R, s = q % R, pos = v - first[q];
-    if (((masked >> s) & 1u) || (piece > 0 && isRemote(t, s))) continue;
-    const int64_t idx = int64_t(j) * rowsPerExpert + (v - first[j * R]);
-    const int tok = a.srcInfo[idx], k = a.srcSlot[idx];
-    // Every counted row was written by this handle's dispatch; a handle of another call (or of another Buffer) would
-    // name slots outside the source's area, and nothing is written there.
-    if (tok < 0 || tok >= y.T || k < 0 || k >= y.K) continue;
-    const char* src = a.x + idx * xb;
-    if (!isRemote(t, s)) {
-      const uint32_t begin = min(xb, piece * perPiece), bytes = min(xb, begin + perPiece) - begin;
-      warpCopy16<LoadPath::kInput>(t.base[s] + y.gpuCombRow(b, tok, k) + begin, src + begin, bytes, lane);
+    int s = 0;
+    while (v >= firstMessage[s + 1]) ++s;  // bounded by R: v < firstMessage[R]
+    const bool far = isRemote(t, s);
+    if (((absent >> s) & 1u) || (piece > 0 && far)) continue;
+    if (far && isMasked(lt, s)) continue;  // a put to it failed since the waits (this or another warp's)
+    const int tok = a.msgs.token[v];
+    const int row = lane < K ? a.msgs.rows[int64_t(v) * K + lane] : -1;
+    // The rows the dispatch wrote for this message (a handle of another call could name others: none is read then).
+    const unsigned slots = __ballot_sync(0xffffffffu, row >= 0 && row < rows);
+    if (tok < 0 || tok >= y.T || !slots) continue;
+    const float* weights = s == me
+                               ? a.topkWeights + int64_t(tok) * a.numTopk
+                               : reinterpret_cast<const float*>(far ? t.mirror + y.mirrorWeightsOf(b, lt.remoteSlot[s])
+                                                                    : t.base[me] + y.gpuWeightsOf(b, s)) +
+                                     int64_t(tok) * K;
+    const float w = (slots >> lane) & 1u ? weights[lane] : 0.f;  // a slot with a row is < the dispatch's numTopk
+    const char* src[kMaxTopk];
+    float wt[kMaxTopk];
+    int n = 0;
+    for (unsigned m = slots; m; m &= m - 1, ++n) {
+      const int k = __ffs(m) - 1;
+      src[n] = a.x + int64_t(__shfl_sync(0xffffffffu, row, k)) * xb;
+      wt[n] = __shfl_sync(0xffffffffu, w, k);
+    }
+    const int k0 = __ffs(slots) - 1;
+    if (!far) {
+      const uint32_t begin = min(vecs, piece * perPiece), end = min(vecs, begin + perPiece);
+      warpWeightedSum<LoadPath::kInput>(reinterpret_cast<int4*>(t.base[s] + y.gpuCombRow(b, tok, k0)), src, wt, n,
+                                        begin, end, lane);
     } else {
-      if (isMasked(lt, s)) continue;  // a put to it failed since the block's wait (this or another warp's)
-      const uint64_t stage = y.combStageRow(b, j, lt.remoteSlot[s], pos);
-      warpCopy16<LoadPath::kInput>(t.mirror + stage, src, xb, lane);
+      const uint64_t stage = y.combStageRow(b, lt.remoteSlot[s], v - firstMessage[s]);
+      warpWeightedSum<LoadPath::kInput>(reinterpret_cast<int4*>(t.mirror + stage), src, wt, n, 0, vecs, lane);
       __syncwarp();
       ChannelDeviceHandle ch = t.net[s];
-      const Status st = ch.putWarp(t.stageWindow, y.mirrorCombRow(b, tok, k), t.stageWindow, stage, xb);
+      const Status st = ch.putWarp(t.stageWindow, y.mirrorCombRow(b, tok, k0), t.stageWindow, stage, xb);
       if (__any_sync(0xffffffffu, st != Status::kOk) && lane == 0) maskRank(lt, s);
     }
   }
@@ -597,16 +679,6 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
 }
 
-__device__ inline void addScaledBf16x8(float (&acc)[8], const int4& v, float w) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const float2 f = __bfloat1622float2(h[q]);
-    acc[2 * q] += w * f.x;
-    acc[2 * q + 1] += w * f.y;
-  }
-}
-
 __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a) {
   followPreviousKernel();
   const Team& t = lt.t;
@@ -619,14 +691,13 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
   // token left most of the grid idle and each busy warp waiting on its loads).
   const int pieces = max(1, min(W / max(a.numTokens, 1), int(vecs / 32)));
   const uint32_t perPiece = (vecs + pieces - 1) / pieces;
-  // Lane k holds slot k's expert and weight of the warp's token: the whole top-k in one round trip (loaded slot after
-  // slot, they cost a memory latency each, 3 us of a one-token call). The first token's are loaded before the waits,
-  // beside whether the dispatch refused (caller inputs, final since followPreviousKernel).
+  // Lane k holds slot k's expert of the warp's token: the whole top-k in one round trip (loaded slot after slot, they
+  // cost a memory latency each, 3 us of a one-token call). The first token's are loaded before the waits, beside
+  // whether the dispatch refused (caller inputs, final since followPreviousKernel). The weights were applied by the
+  // experts' ranks.
   int64_t laneExpert = -1;
-  float laneWeight = 0.f;
   const auto loadTopk = [&](int tok) {
     laneExpert = lane < K && tok < a.numTokens ? a.topkIdx[int64_t(tok) * K + lane] : -1;
-    laneWeight = lane < K && tok < a.numTokens ? a.topkWeights[int64_t(tok) * K + lane] : 0.f;
   };
   loadTopk(gw / pieces);
   const bool refused = *a.refused != 0;  // its dispatch sent nothing: no row comes back, every sum is zero
@@ -638,38 +709,20 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
     const int tok = unit / pieces;
     const uint32_t begin = uint32_t(unit % pieces) * perPiece, end = min(vecs, begin + perPiece);
     if (unit != gw) loadTopk(tok);
+    // One row per rank the token went to, in the combine row of its first slot naming that rank (weighted there).
+    const int rank = !refused && laneExpert >= 0 && laneExpert < y.E ? int(laneExpert / y.L) : -1;
+    const unsigned sameRank = __match_any_sync(0xffffffffu, rank);
+    const bool first = rank >= 0 && lane == __ffs(sameRank) - 1 && !((mask >> rank) & 1u);
     const char* src[kMaxTopk];
     float wt[kMaxTopk];
     int n = 0;
-    for (int k = 0; k < (refused ? 0 : K); ++k) {
-      const int64_t ex = __shfl_sync(0xffffffffu, laneExpert, k);
-      const float w = __shfl_sync(0xffffffffu, laneWeight, k);
-      if (ex < 0 || ex >= y.E) continue;
-      const int d = int(ex / y.L);
-      if ((mask >> d) & 1u) continue;  // a masked rank's experts add nothing
+    for (unsigned m = __ballot_sync(0xffffffffu, first); m; m &= m - 1, ++n) {
+      const int k = __ffs(m) - 1, d = __shfl_sync(0xffffffffu, rank, k);
       src[n] = isRemote(t, d) ? t.mirror + y.mirrorCombRow(b, tok, k) : t.base[me] + y.gpuCombRow(b, tok, k);
-      wt[n] = w;
-      ++n;
+      wt[n] = 1.f;
     }
-    // Four sources' loads issued before any is summed (in slot order, as before: the same rounding).
-    int4* out = reinterpret_cast<int4*>(a.out + int64_t(tok) * y.H * 2);
-    for (uint32_t c = begin + lane; c < end; c += 32) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int q0 = 0; q0 < n; q0 += 4) {
-        int4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (q0 + u < n) v[u] = reinterpret_cast<const int4*>(src[q0 + u])[c];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (q0 + u < n) addScaledBf16x8(acc, v[u], wt[q0 + u]);
-      }
-      int4 r;
-      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&r);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) h[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-      out[c] = r;
-    }
+    warpWeightedSum<LoadPath::kCached>(reinterpret_cast<int4*>(a.out + int64_t(tok) * y.H * 2), src, wt, n, begin, end,
+                                       lane);
   }
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->recvBlocks)) return;
   releaseBuffer(lt, e);

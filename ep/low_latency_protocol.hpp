@@ -2,10 +2,12 @@
 // arguments and launchers (ep/low_latency.cu). The public side is include/gdx/ep/low_latency.hpp.
 //
 // Each rank's GPU window (IPC-mapped by the same-host ranks):
-//   LlCtrl | dispatch messages [2][R][T] slots | combine rows [2][T][K] rows of 2H
+//   LlCtrl | dispatch messages [2][R][T] slots | combine rows [2][T][K] rows of 2H | combine weights [2][R][T][K] f32
 // and, with ranks on other hosts, one window of pinned host memory:
-//   LlCtrl | dispatch messages [2][S][T] | combine rows [2][T][K]       the receive mirror those ranks put into
-//   | dispatch staging [2][T] slots | count staging [2][kMaxRanks][L + 1] | combine staging [2][L][S][T] rows of 2H
+//   LlCtrl | dispatch messages [2][S][T] | combine rows [2][T][K] | combine weights [2][S][T][K]   the receive mirror
+//   | dispatch staging [2][T] slots | count staging [2][kMaxRanks][L + 1] | combine staging [2][S][T] rows of 2H
+//   | weight staging [2][T][K]                                                                       (those ranks put
+//   into)
 // (S: most ranks on other hosts any rank has; a remote source has a compact slot among them). Call n (dispatches
 // and combines counted together, from 1: its epoch, below) uses buffer n % 2 of every area.
 //
@@ -13,7 +15,8 @@
 // counters: a replayed CUDA graph advances them). Senders publish, after their messages, dispCount words
 // ((e << 32) | n) per (source, local expert: its rows; and entry L: its messages) and then one release store
 // dispDone[b][sender] = e, or (remote) one put of the L + 1 words with the signal sent[sender] = e on the ring of the
-// data puts; a combine publishes combDone[b][sender] = e (or the signal). When a receive kernel is done with buffer b
+// data puts; a combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its top-k
+// weights with combWeights[b][sender] = e (or the signal weights[sender]). When a receive kernel is done with buffer b
 // it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e first
 // waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads. Waits that time out
 // mask the rank (see low_latency.hpp).
@@ -23,7 +26,11 @@
 // the sender reserves per (source, destination). Its meta names, per top-k slot, the expert and the row the sender
 // reserved for the token among those it sends that expert (-1: nothing sent for that slot); the receiver copies the
 // message into the row of each slot naming one of its experts. Slots naming one expert twice get consecutive rows.
-// Combine rows are kept per (token, slot).
+//
+// Combine. Each rank sums, per message it received, the experts' outputs of that token's slots here, weighted by the
+// source's top-k weights (which the source sends every rank at the start of its combine), and sends the source one row
+// per (token, rank), into the combine row of the token's first slot naming this rank: the source adds at most one row
+// per rank, and a token crosses each link once on the way back too.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,6 +46,7 @@ struct LlCtrl {
   uint64_t dispCount[2][kMaxRanks][kMaxExperts + 1];  // [b][source][local expert, L: messages]: (epoch << 32) | n
   uint64_t dispDone[2][kMaxRanks];                    // [b][source]: epoch, once its dispCount words of b are written
   uint64_t combDone[2][kMaxRanks];                    // [b][source]: epoch
+  uint64_t combWeights[2][kMaxRanks];                 // [b][source]: epoch, once its combine weights of b are here
   uint64_t freed[kMaxRanks];                          // [receiver]: the last epoch it finished reading
 };
 constexpr uint64_t kLlCtrlBytes = (sizeof(LlCtrl) + 4095) / 4096 * 4096;
@@ -82,8 +90,9 @@ struct LlLayout {
   uint64_t slotBytes;     // a dispatch message slot: the larger of the BF16 and FP8 messages
   uint64_t combRowBytes;  // 2H
   uint64_t gpuComb;       // offset of the combine rows in the GPU window
+  uint64_t gpuWeights;    // offset of the combine weights in the GPU window
   uint64_t gpuBytes;
-  uint64_t mirrorComb, dispStage, countStage, combStage, hostBytes;  // offsets in the host window
+  uint64_t mirrorComb, mirrorWeights, dispStage, countStage, combStage, weightStage, hostBytes;  // in the host window
 
   GDX_HOST_DEVICE_INLINE uint64_t gpuDispMsg(int b, int s, int m) const {
     return kLlCtrlBytes + ((uint64_t(b) * R + s) * T + m) * slotBytes;
@@ -91,6 +100,14 @@ struct LlLayout {
   GDX_HOST_DEVICE_INLINE uint64_t gpuCombRow(int b, int t, int k) const {
     return gpuComb + ((uint64_t(b) * T + t) * K + k) * combRowBytes;
   }
+  /// Source s's weights of buffer b, [T][K] floats (s: a rank in the GPU window, a remote slot in the mirror).
+  GDX_HOST_DEVICE_INLINE uint64_t gpuWeightsOf(int b, int s) const {
+    return gpuWeights + (uint64_t(b) * R + s) * T * K * 4;
+  }
+  GDX_HOST_DEVICE_INLINE uint64_t mirrorWeightsOf(int b, int slot) const {
+    return mirrorWeights + (uint64_t(b) * S + slot) * T * K * 4;
+  }
+  GDX_HOST_DEVICE_INLINE uint64_t weightStageOf(int b) const { return weightStage + uint64_t(b) * T * K * 4; }
   GDX_HOST_DEVICE_INLINE uint64_t mirrorDispMsg(int b, int slot, int m) const {
     return kLlCtrlBytes + ((uint64_t(b) * S + slot) * T + m) * slotBytes;
   }
@@ -103,8 +120,9 @@ struct LlLayout {
   GDX_HOST_DEVICE_INLINE uint64_t countStageOf(int b, int d) const {
     return countStage + (uint64_t(b) * kMaxRanks + d) * (L + 1) * 8;
   }
-  GDX_HOST_DEVICE_INLINE uint64_t combStageRow(int b, int j, int slot, int pos) const {
-    return combStage + ((uint64_t(b * L + j) * S + slot) * T + pos) * combRowBytes;
+  /// The staged combine row of message m from remote slot `slot` (the row that goes back to that source).
+  GDX_HOST_DEVICE_INLINE uint64_t combStageRow(int b, int slot, int m) const {
+    return combStage + ((uint64_t(b) * S + slot) * T + m) * combRowBytes;
   }
 };
 LlLayout llLayout(const LowLatencyConfig& c, int numRanks, int remoteSlots);
@@ -118,10 +136,20 @@ struct LlTeam {
   LlLayout lay;
   int8_t mirrorSlot[kMaxRanks];  // remote d: this rank's slot in d's mirror
   int8_t remoteSlot[kMaxRanks];  // remote s: s's slot in this rank's mirror
-  uint32_t sentSignal;           // signal ids: sentSignal + sender, freedSignal + receiver
+  uint32_t sentSignal;           // signal ids: sentSignal + sender, freedSignal + receiver, weightsSignal + sender
   uint32_t freedSignal;
+  uint32_t weightsSignal;
   int blocks, threads;      // of every kernel (LowLatencyConfig)
   bool programmaticLaunch;  // LowLatencyConfig::programmaticLaunch
+};
+
+/// The messages a dispatch received, kept in its handle for the combine (flattened over the sources in rank order):
+/// first[s] the first of source s's (first[R]: how many), and per message its token and, per top-k slot, the row of
+/// recvX it filled (-1: none). Combine sums each message's rows into the one row that goes back.
+struct LlMessages {
+  int32_t* first;  // [kMaxRanks + 1]
+  int32_t* token;  // [R * T]
+  int32_t* rows;   // [R * T][K]
 };
 
 struct LlDispatchArgs {
@@ -135,6 +163,7 @@ struct LlDispatchArgs {
   int32_t* srcSlot;
   int64_t* layoutRange;
   int32_t* refused;  // the handle's: set by the send kernel, 1 when it refused the top-k
+  LlMessages msgs;   // the handle's: written by the receive kernel
 };
 
 struct LlCombineArgs {
@@ -143,10 +172,8 @@ struct LlCombineArgs {
   const float* topkWeights;
   char* out;
   int numTokens, numTopk;
-  const int32_t* srcInfo;
-  const int32_t* srcSlot;
-  const int64_t* layoutRange;
   const int32_t* refused;  // the dispatch refused this rank's top-k: nothing came back, every sum is zero
+  LlMessages msgs;         // what its dispatch received
 };
 
 /// Whether the kernels were compiled for sm_90 or later, and so wait for the kernel before them (a build for an older

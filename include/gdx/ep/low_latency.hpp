@@ -9,10 +9,11 @@
 //  * other hosts: the block writes the token once into pinned host staging and issues one put per (token, rank)
 //    through the device channel to that rank (proxy, RDMA or TCP), into the receiver's receive mirror in pinned
 //    host memory, which its kernels read over PCIe. The proxy never issues a CUDA copy (see ep/buffer.hpp for why).
-// Combine sends each (token, expert) row back on its own. After its data, each sender publishes per (local expert,
-// source rank) counts (and, in dispatch, its number of messages): a release store on the direct path, a put-with-signal
-// on the same ring as the data puts otherwise (the channel's ordering makes the signal imply the rows). No host
-// synchronisation anywhere: every call can be captured in a CUDA graph and replayed.
+// Combine sends one row per (token, rank) back: the sum of the outputs of that token's experts on the rank, weighted by
+// the source's top-k weights (which each source first sends every rank). After its data, each sender publishes per
+// (local expert, source rank) counts (and, in dispatch, its number of messages): a release store on the direct path, a
+// put-with-signal on the same ring as the data puts otherwise (the channel's ordering makes the signal imply the rows).
+// No host synchronisation anywhere: every call can be captured in a CUDA graph and replayed.
 //
 //   ep::LowLatencyConfig cfg{/*maxTokensPerRank=*/128, /*hidden=*/7168, /*numExperts=*/288, /*maxTopk=*/8};
 //   ep::LowLatencyBuffer buf(ctx, cfg);                       // collective
@@ -132,7 +133,10 @@ class LowLatencyHandle {
   int32_t* srcInfo_ = nullptr;
   int32_t* srcSlot_ = nullptr;
   int64_t* layoutRange_ = nullptr;
-  int32_t* refused_ = nullptr;  // [1]: 1 when the dispatch's kernel refused its top-k (nothing sent, nothing to sum)
+  int32_t* refused_ = nullptr;   // [1]: 1 when the dispatch's kernel refused its top-k (nothing sent, nothing to sum)
+  int32_t* msgFirst_ = nullptr;  // the messages the dispatch received, for the combine (ep/low_latency_protocol.hpp)
+  int32_t* msgToken_ = nullptr;
+  int32_t* msgRows_ = nullptr;
   int numTokens_ = -1;
   int numTopk_ = -1;
   bool received_ = false;  // the receive half of its dispatch was launched

@@ -1,7 +1,7 @@
 """The low-latency mode of gdx.ep.Buffer (DeepEP's low_latency_dispatch / low_latency_combine) over
 gdx::ep::LowLatencyBuffer (include/gdx/ep/low_latency.hpp): the kernels issue the puts (a token once per rank its
-experts live on in dispatch, a row per (token, expert) in combine), no host synchronisation, so both calls can be
-captured in a CUDA graph.
+experts live on in dispatch, the weighted sum of its rows there back in combine), no host synchronisation, so both
+calls can be captured in a CUDA graph.
 
 What differs from DeepEP, each on purpose:
 - The native buffer's shapes are fixed when it is made: gdx makes one per (num_max_dispatch_tokens_per_rank, hidden,

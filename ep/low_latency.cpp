@@ -164,6 +164,8 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   t.remoteMask = remoteMask;
   t.window = m.window.id();
   lt.ll = m.state;
+  for (int p = 0; p < numRanks_; ++p)
+    if (p != rank_) lt.peerFailure[p] = context.deviceChannel(p).failure;
   lt.blocks = c.numSms;
   int major = 0;  // programmatic launch needs sm_90, and kernels built for it (llKernelsWaitForPrevious)
   GDX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, context.gpu().device));

@@ -133,6 +133,9 @@ struct LlTeam {
   Team t;              // t.state points at ll->common; t.mirror: the host window's device address
   LlState* ll;         // device
   uint32_t* maskHost;  // host-mapped [kMaxRanks]: 1 once the rank is masked (what maskedRanks() reads)
+  /// Each peer's failure word (host-mapped, the Context's: set once its connection broke or it died; null for this
+  /// rank): a wait on a dead peer of this host ends as soon as the Context knows, not after GDX_TIMEOUT_MS.
+  const uint32_t* peerFailure[kMaxRanks];
   LlLayout lay;
   int8_t mirrorSlot[kMaxRanks];  // remote d: this rank's slot in d's mirror
   int8_t remoteSlot[kMaxRanks];  // remote s: s's slot in this rank's mirror

@@ -27,8 +27,9 @@
 // buffering: consecutive calls use the two buffers in turn); a third before the oldest hook ran throws
 // kInvalidArgument, and hooks run in the order of their calls. Ranks make the same calls in the same order.
 //
-// Dead peers: every wait is bounded by GDX_TIMEOUT_MS. A rank whose data does not arrive in time (or that cannot be
-// reached: its put is refused) is masked: the call completes on the others, that rank's tokens count as not sent
+// Dead peers: every wait is bounded by GDX_TIMEOUT_MS. A rank whose data does not arrive in time, that the Context
+// knows failed (its connection broke: at once, without waiting out the timeout) or that cannot be reached (its put is
+// refused) is masked: the call completes on the others, that rank's tokens count as not sent
 // (received counts exclude them, their combine contributions are zero), later calls skip it at once, and
 // maskedRanks() names it. Bad input the host can see throws before anything is launched; an expert id outside
 // [-1, numExperts) is skipped by the kernel and thrown by the next call or checkErrors().

@@ -41,16 +41,21 @@ __device__ inline void maskRank(const LlTeam& lt, int r) {
 /// Waits until (*word >> shift) >= want for rank `peer`. False (rank masked) when it is or becomes masked, when it
 /// failed (its own failure word: nothing more of it can arrive), or after GDX_TIMEOUT_MS.
 __device__ inline bool waitOrMask(const LlTeam& lt, int peer, const uint64_t* word, uint64_t want, int shift) {
-  uint64_t start = 0;
+  uint64_t start = 0, failureSeen = 0;
   for (uint64_t spins = 0;; ++spins) {
     if ((atomicLoad(const_cast<uint64_t*>(word), kAcquire) >> shift) >= want) return true;
     if ((spins & 63) == 63) {
       if (isMasked(lt, peer)) return false;
-      // That rank's own failure word: a failed peer masks only itself.
-      const uint32_t* pf = lt.peerFailure[peer];
-      const uint32_t f = pf ? atomicLoad(const_cast<uint32_t*>(pf), kRelaxed) : 0u;
       const uint64_t now = nowNs();
-      if (start == 0) start = now;
+      if (start == 0) start = failureSeen = now;
+      // That rank's own failure word (a failed peer masks only itself), every 20 us: it is host memory, and a grid's
+      // waiting lanes reading it every few polls were enough PCIe reads to stall calls by 100-200 us.
+      const uint32_t* pf = lt.peerFailure[peer];
+      uint32_t f = 0;
+      if (pf && now - failureSeen >= 20000) {
+        f = atomicLoad(const_cast<uint32_t*>(pf), kRelaxed);
+        failureSeen = now;
+      }
       if (f != 0 || now - start > lt.t.timeoutNs) {
         maskRank(lt, peer);
         return false;

@@ -48,11 +48,12 @@ __device__ inline bool waitOrMask(const LlTeam& lt, int peer, const uint64_t* wo
       if (isMasked(lt, peer)) return false;
       const uint64_t now = nowNs();
       if (start == 0) start = failureSeen = now;
-      // That rank's own failure word (a failed peer masks only itself), every 20 us: it is host memory, and a grid's
-      // waiting lanes reading it every few polls were enough PCIe reads to stall calls by 100-200 us.
+      // That rank's own failure word (a failed peer masks only itself), once a millisecond from the first: it is host
+      // memory, and reading it in waits of a few microseconds (every 64 polls, or every 20 us) stalled calls by
+      // 100-200 us, each stall making the other rank's next waits long enough to read it too.
       const uint32_t* pf = lt.peerFailure[peer];
       uint32_t f = 0;
-      if (pf && now - failureSeen >= 20000) {
+      if (pf && now - failureSeen >= 1000000) {
         f = atomicLoad(const_cast<uint32_t*>(pf), kRelaxed);
         failureSeen = now;
       }

@@ -614,46 +614,32 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
   const uint32_t xb = uint32_t(y.combRowBytes);
   const int64_t rows = int64_t(y.L) * y.T * R;  // of x
-  // Per message the dispatch received (LlMessages): the sum of its token's rows here, weighted by the source's weights,
-  // into one row for the source (the combine row of the token's first slot naming this rank). A row for a rank of this
-  // host is cut into pieces (at least 512 bytes each) so that every warp has work at decode sizes; one for another host
-  // is summed into staging whole by one warp (its piece 0) and put.
-  const int laneFirst = lane <= R ? a.msgs.first[lane] : 0;  // lane l: the first message of source l
-  const int messages = __shfl_sync(0xffffffffu, laneFirst, R);
-  const int pieces = max(1, min(W / max(messages, 1), int(xb / 512)));
-  const uint32_t vecs = xb / 16, perPiece = (vecs + pieces - 1) / pieces;
-  // The warp's first unit, loaded before the waits (the handle and x are final since followPreviousKernel), its slice
-  // of each row requested into L2: at decode sizes a warp has one unit, and its loads would otherwise be memory
-  // latencies in a row after the weights arrive.
-  int tok = -1, row = -1;
-  const auto loadUnit = [&](int unit) {
-    const int v = unit / pieces;
-    tok = a.msgs.token[v];
-    row = lane < K ? a.msgs.rows[int64_t(v) * K + lane] : -1;
-  };
-  if (gw < messages * pieces) {
-    loadUnit(gw);
-    const uint32_t begin = min(vecs, (gw % pieces) * perPiece), end = min(vecs, begin + perPiece);
-    for (unsigned m = __ballot_sync(0xffffffffu, row >= 0 && row < rows); m; m &= m - 1) {
-      const char* r = a.x + int64_t(__shfl_sync(0xffffffffu, row, __ffs(m) - 1)) * xb;
-      for (uint32_t line = begin / 8 + lane; line * 8 < end; line += 32) ptx::prefetchL2(r + line * 128);
-    }
-  }
-  const uint32_t masked = waitFreed(lt, e);
+  // The messages the dispatch received, per source (LlMessages), loaded beside the wait.
+  __shared__ int firstMessage[kMaxRanks + 1];
+  if (threadIdx.x <= R) firstMessage[threadIdx.x] = a.msgs.first[threadIdx.x];
+  const uint32_t masked = waitFreed(lt, e);  // its sync covers firstMessage
   if (blockIdx.x == 0) publishWeights(lt, a, b, e, masked);
   const auto weightsOf = [&](int s) -> const uint64_t* {
     if (s == me) return nullptr;  // the caller's own
     return isRemote(t, s) ? &t.netSignals[lt.weightsSignal + s] : &llCtrl(t.base[me])->combWeights[b][s];
   };
   const uint32_t absent = masked | lastWarpWaits(lt, weightsOf, e);
+  // Per message: the sum of its token's rows here, weighted by the source's weights, into one row for the source (the
+  // combine row of the token's first slot naming this rank). A row for a rank of this host is cut into pieces (at least
+  // 512 bytes each) so that every warp has work at decode sizes; one for another host is summed into staging whole by
+  // one warp (its piece 0) and put.
+  const int messages = firstMessage[R];
+  const int pieces = max(1, min(W / max(messages, 1), int(xb / 512)));
+  const uint32_t vecs = xb / 16, perPiece = (vecs + pieces - 1) / pieces;
   for (int unit = gw; unit < messages * pieces; unit += W) {
     const int v = unit / pieces, piece = unit % pieces;
-    // Its source: the number of sources after the first whose first message is at or before v.
-    const int s = __popc(__ballot_sync(0xffffffffu, lane >= 1 && lane <= R && laneFirst <= v));
-    if (unit != gw) loadUnit(unit);
+    int s = 0;
+    while (v >= firstMessage[s + 1]) ++s;  // bounded by R: v < firstMessage[R]
     const bool far = isRemote(t, s);
     if (((absent >> s) & 1u) || (piece > 0 && far)) continue;
     if (far && isMasked(lt, s)) continue;  // a put to it failed since the waits (this or another warp's)
+    const int tok = a.msgs.token[v];
+    const int row = lane < K ? a.msgs.rows[int64_t(v) * K + lane] : -1;
     // The rows the dispatch wrote for this message (a handle of another call could name others: none is read then).
     const unsigned slots = __ballot_sync(0xffffffffu, row >= 0 && row < rows);
     if (tok < 0 || tok >= y.T || !slots) continue;
@@ -677,7 +663,7 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
       warpWeightedSum<LoadPath::kInput>(reinterpret_cast<int4*>(t.base[s] + y.gpuCombRow(b, tok, k0)), src, wt, n,
                                         begin, end, lane);
     } else {
-      const uint64_t stage = y.combStageRow(b, lt.remoteSlot[s], v - __shfl_sync(0xffffffffu, laneFirst, s));
+      const uint64_t stage = y.combStageRow(b, lt.remoteSlot[s], v - firstMessage[s]);
       warpWeightedSum<LoadPath::kInput>(reinterpret_cast<int4*>(t.mirror + stage), src, wt, n, 0, vecs, lane);
       __syncwarp();
       ChannelDeviceHandle ch = t.net[s];

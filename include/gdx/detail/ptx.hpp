@@ -73,14 +73,6 @@ GDX_DEVICE_INLINE void bulkWaitAll() {
 }
 #endif
 
-#if defined(__CUDACC__)
-/// Asks for the 128-byte line at `p` (global memory) to be brought into L2, without waiting or taking a register: a
-/// load of it issued later, after a wait, is then an L2 hit instead of a trip to memory.
-GDX_DEVICE_INLINE void prefetchL2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-#endif
-
 /// The one-way release fence of sm_90 (PTX 8.6): with a strong store after it, a release pattern that need not
 /// order later loads. Elsewhere the two-way fence.acq_rel.sys.
 GDX_DEVICE_INLINE void fenceReleaseSys() {

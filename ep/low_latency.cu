@@ -575,18 +575,25 @@ __device__ inline void warpWeightedSum(int4* out, const char* const (&src)[kMaxT
   }
 }
 
-/// Block 0 of a combine's send: this rank's top-k weights, [N][K] at the layout's K, to every other rank not masked
-/// (its own experts read the caller's): stored into the window of a rank of this host, then combWeights[b][me] = e
-/// released; staged once in pinned host memory and put with the signal weights[me] to a rank of another host. The
-/// experts' sums wait for them, so this comes first. Every thread of block 0 calls it.
-__device__ inline void publishWeights(const LlTeam& lt, const LlCombineArgs& a, int b, uint64_t e, uint32_t masked) {
+/// Entry i of this rank's combine weights as they are sent, [N][K] at the layout's K (0 past the top-k or the tokens).
+__device__ inline float weightOf(const LlCombineArgs& a, int K, int i) {
+  const int tok = i / K, k = i % K;
+  return i < a.numTokens * K && k < a.numTopk ? a.topkWeights[int64_t(tok) * a.numTopk + k] : 0.f;
+}
+
+/// Block 0 of a combine's send: this rank's top-k weights to every other rank not masked (its own experts read the
+/// caller's): stored into the window of a rank of this host, then combWeights[b][me] = e released; staged once in
+/// pinned host memory and put with the signal weights[me] to a rank of another host. The experts' sums wait for them,
+/// so this comes first. Every thread of block 0 calls it, with its first entry (weightOf at threadIdx.x) loaded before
+/// the buffer wait.
+__device__ inline void publishWeights(const LlTeam& lt, const LlCombineArgs& a, int b, uint64_t e, uint32_t masked,
+                                      float first) {
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const int R = t.numRanks, me = t.rank, n = a.numTokens * y.K;
   const uint32_t to = ((1u << R) - 1u) & ~masked & ~(1u << me), remote = to & t.remoteMask;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int tok = i / y.K, k = i % y.K;
-    const float w = k < a.numTopk ? a.topkWeights[int64_t(tok) * a.numTopk + k] : 0.f;
+    const float w = i == int(threadIdx.x) ? first : weightOf(a, y.K, i);
     for (uint32_t m = to & ~remote; m; m &= m - 1)
       reinterpret_cast<float*>(t.base[__ffs(m) - 1] + y.gpuWeightsOf(b, me))[i] = w;
     if (remote) reinterpret_cast<float*>(t.mirror + y.weightStageOf(b))[i] = w;
@@ -617,8 +624,9 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   // The messages the dispatch received, per source (LlMessages), loaded beside the wait.
   __shared__ int firstMessage[kMaxRanks + 1];
   if (threadIdx.x <= R) firstMessage[threadIdx.x] = a.msgs.first[threadIdx.x];
-  const uint32_t masked = waitFreed(lt, e);  // its sync covers firstMessage
-  if (blockIdx.x == 0) publishWeights(lt, a, b, e, masked);
+  const float firstWeight = blockIdx.x == 0 ? weightOf(a, K, threadIdx.x) : 0.f;  // loaded beside the wait
+  const uint32_t masked = waitFreed(lt, e);                                       // its sync covers firstMessage
+  if (blockIdx.x == 0) publishWeights(lt, a, b, e, masked, firstWeight);
   const auto weightsOf = [&](int s) -> const uint64_t* {
     if (s == me) return nullptr;  // the caller's own
     return isRemote(t, s) ? &t.netSignals[lt.weightsSignal + s] : &llCtrl(t.base[me])->combWeights[b][s];

@@ -446,10 +446,11 @@ class Buffer:
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False,
                             zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
                             out=None, combine_wait_recv_cost_stats=None):
-        """Sends every row of `handle`'s dispatch back to its source token, where the rows are summed weighted by
-        `topk_weights` ([N, K] float32; `topk_idx` the dispatch's). `x`: [L, T * R, hidden] bfloat16 (the experts'
+        """Returns the rows of `handle`'s dispatch to their source tokens, summed weighted by `topk_weights`
+        ([N, K] float32; `topk_idx` the dispatch's): each rank sums a token's rows of its experts with the source's
+        weights and sends one row back, which the source adds up. `x`: [L, T * R, hidden] bfloat16 (the experts'
         outputs in the rows the dispatch wrote). Returns (combined_x [N, hidden] bfloat16 (`out` when given),
-        event, hook), as DeepEP; with return_recv_hook the sum is done by hook()."""
+        event, hook), as DeepEP; with return_recv_hook the last sum is done by hook()."""
         torch = _torch()
         ep = _native_ep()
         state = self._ll_state("low_latency_combine")

@@ -122,17 +122,33 @@ __device__ inline uint32_t waitFreed(const LlTeam& lt, uint64_t e) {
   return lastWarpWaits(lt, freedOf, e > 2 ? e - 2 : 0);  // the first two calls wait for nothing (words are >= 0)
 }
 
+/// Thread d of the calling block tells rank d (unless masked) that this rank's word reads e: a release store into
+/// wordIn(d's LlCtrl) on the direct path, the signal signalBase + this rank otherwise (on the ring of this rank's puts
+/// to d, after them). A rank whose signal is refused is masked.
+template <typename WordIn>
+__device__ inline void tellEveryRank(const LlTeam& lt, uint32_t signalBase, WordIn wordIn, uint64_t e) {
+  const int d = threadIdx.x;
+  if (d >= lt.t.numRanks || isMasked(lt, d)) return;
+  if (isRemote(lt.t, d)) {
+    ChannelDeviceHandle ch = lt.t.net[d];
+    if (ch.signal(signalBase + lt.t.rank, e, SignalOp::kSet) != Status::kOk) maskRank(lt, d);
+  } else {
+    atomicStore(wordIn(llCtrl(lt.t.base[d])), e, kRelease);
+  }
+}
+
 /// The receive side's "done with buffer e % 2" to every source (last block of a receive kernel).
 __device__ inline void releaseBuffer(const LlTeam& lt, uint64_t e) {
-  const int s = threadIdx.x;
-  if (s < lt.t.numRanks && !isMasked(lt, s)) {
-    if (isRemote(lt.t, s)) {
-      ChannelDeviceHandle ch = lt.t.net[s];
-      if (ch.signal(lt.freedSignal + lt.t.rank, e, SignalOp::kSet) != Status::kOk) maskRank(lt, s);
-    } else {
-      atomicStore(&llCtrl(lt.t.base[s])->freed[lt.t.rank], e, kRelease);
-    }
-  }
+  tellEveryRank(
+      lt, lt.freedSignal, [&](LlCtrl* c) { return &c->freed[lt.t.rank]; }, e);
+}
+
+/// The source of message v of a receive, from the first message of each source (first[0..R], nondecreasing, v <
+/// first[R]): the loop is bounded by R.
+__device__ inline int sourceOf(const int* first, int v) {
+  int s = 0;
+  while (v >= first[s + 1]) ++s;
+  return s;
 }
 
 /// Turns the row counts first[0..n) (shared memory) into their exclusive prefix, first[n] the total: warp 0, each
@@ -503,8 +519,7 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   const int messages = firstMessage[R], parts = max(1, min(W / max(messages, 1), int(xOut / 512)));
   for (int unit = gw; unit < messages * parts; unit += W) {
     const int v = unit / parts, part = unit % parts;
-    int src = 0;
-    while (v >= firstMessage[src + 1]) ++src;  // bounded by R: v < firstMessage[R]
+    const int src = sourceOf(firstMessage, v);
     const char* m = dispatchedMessage(lt, b, src, v - firstMessage[src]);
     const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
     const int expert = lane < y.K ? meta[LlMeta::expertAt(lane) / 4] : -1;
@@ -641,8 +656,7 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   const uint32_t vecs = xb / 16, perPiece = (vecs + pieces - 1) / pieces;
   for (int unit = gw; unit < messages * pieces; unit += W) {
     const int v = unit / pieces, piece = unit % pieces;
-    int s = 0;
-    while (v >= firstMessage[s + 1]) ++s;  // bounded by R: v < firstMessage[R]
+    const int s = sourceOf(firstMessage, v);
     const bool far = isRemote(t, s);
     if (((absent >> s) & 1u) || (piece > 0 && far)) continue;
     if (far && isMasked(lt, s)) continue;  // a put to it failed since the waits (this or another warp's)
@@ -680,15 +694,9 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
     }
   }
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->sendBlocks)) return;
-  const int d = threadIdx.x;  // every rank learns that this rank's rows of epoch e are in place
-  if (d < R && !isMasked(lt, d)) {
-    if (isRemote(t, d)) {
-      ChannelDeviceHandle ch = t.net[d];
-      if (ch.signal(lt.sentSignal + me, e, SignalOp::kSet) != Status::kOk) maskRank(lt, d);
-    } else {
-      atomicStore(&llCtrl(t.base[d])->combDone[b][me], e, kRelease);
-    }
-  }
+  // Every rank learns that this rank's rows of epoch e are in place.
+  tellEveryRank(
+      lt, lt.sentSignal, [&](LlCtrl* c) { return &c->combDone[b][me]; }, e);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
 }

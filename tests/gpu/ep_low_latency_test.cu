@@ -58,6 +58,9 @@ struct LlCase {
   Case c;  // tokens per rank (tokensOf), hidden, topk, experts, routing, seed, zeroTokenRank
   bool fp8 = false;
   bool roundScale = false;
+  int maxTopk = 8;       // of the buffer
+  int numThreads = 512;  // per block of every kernel
+  int numSms = 128;      // blocks of every kernel (few: each block sends several tokens)
 };
 
 struct Inputs {
@@ -254,13 +257,29 @@ std::vector<LlCase> cases(int T) {
       false);
   add({"fp8 duplicates H4096 K6 E32", T - 24, 4096, 6, 32, true, Values::kRandom, Routing::kDuplicates, -1, 1, 15},
       true);
+  // The shapes at the edges: an odd number of 128-element blocks (the last FP8 step half empty), the largest top-k,
+  // the smallest and the largest blocks, and few blocks (each sends and receives many tokens).
+  v.push_back({{"fp8 odd blocks H1152 K16 E32, 3 blocks x 64 threads", T - 24, 1152, 16, 32, true, Values::kRandom,
+                Routing::kRandom, -1, 1, 17},
+               true,
+               false,
+               16,
+               64,
+               3});
+  v.push_back({{"bf16 odd blocks H384 K3 E16, 1024 threads", T - 24, 384, 3, 16, false, Values::kRandom,
+                Routing::kWithHoles, -1, 1, 19},
+               false,
+               false,
+               8,
+               1024,
+               128});
   return v;
 }
 
 // A buffer per case (its hidden size and experts); each case runs plain and through a hook.
 void runCases(Context& ctx, cudaStream_t stream, int T) {
   for (const LlCase& lc : cases(T)) {
-    ep::LowLatencyConfig cfg{T, lc.c.hidden, lc.c.experts, 8};
+    ep::LowLatencyConfig cfg{T, lc.c.hidden, lc.c.experts, lc.maxTopk, lc.numSms, lc.numThreads};
     ep::LowLatencyBuffer buf(ctx, cfg);
     Job j{ctx, buf, stream, ctx.worldSize(), lc.c.experts / ctx.worldSize()};
     runCase(j, lc, false);

@@ -20,11 +20,21 @@ __device__ inline LlCtrl* llCtrl(const char* base) {
 /// The first thing every kernel here does: wait until the kernel before it in the stream has ended and its writes are
 /// visible (at once without programmatic launch), then let the next kernel be launched. Each kernel reads state the
 /// previous one wrote (the epochs, the caller's inputs), so nothing may come before the wait; the next kernel, launched
-/// early, makes the same wait, so no kernel here ever starts reading before the one it follows has ended.
-__device__ inline void followPreviousKernel() {
+/// early, makes the same wait, so no kernel here ever starts reading before the one it follows has ended. `wait` false:
+/// a dispatch receive launched right after its own send (LlDispatchArgs::besideSend), which reads nothing of that
+/// kernel's but stamped messages and released counts; it waits at its end instead (endAfterPreviousKernel).
+__device__ inline void followPreviousKernel(bool wait = true) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (wait) cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+/// A kernel that did not wait at its start (followPreviousKernel(false)) waits here, in one block, before it ends: its
+/// end then still means that the kernel before it has ended, which the next kernel's wait relies on.
+__device__ inline void endAfterPreviousKernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
-  cudaTriggerProgrammaticLaunchCompletion();
 #endif
 }
 
@@ -284,15 +294,48 @@ __device__ inline void packToken(const LlDispatchArgs& a, const TokenPieces& tp,
   }
 }
 
-/// First half of the check that the call fits: the block counts the call's top-k entries per expert (every block
-/// alike, from topkIdx alone, so that all reach the same verdict without talking to each other). No trailing sync.
-__device__ inline void countEntries(const LlDispatchArgs& a, int E, int* entries) {
-  for (int i = threadIdx.x; i < E; i += blockDim.x) entries[i] = 0;
+/// The block counts the call's top-k entries per expert (every block alike, from topkIdx alone, so that all reach the
+/// same verdict on whether the call fits without talking to each other) and, when `messages` is given, the tokens that
+/// go to each rank (the messages it gets): the counts the dispatch publishes, known before any token is sent. No
+/// trailing sync.
+__device__ inline void countEntries(const LlDispatchArgs& a, const LlLayout& y, int* entries, int* messages) {
+  for (int i = threadIdx.x; i < y.E; i += blockDim.x) entries[i] = 0;
+  if (messages)
+    for (int i = threadIdx.x; i < kMaxRanks; i += blockDim.x) messages[i] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < a.numTokens * a.numTopk; i += blockDim.x) {
     const int64_t ex = a.topkIdx[i];
-    if (ex >= 0 && ex < E) atomicAdd(&entries[ex], 1);
+    if (ex >= 0 && ex < y.E) atomicAdd(&entries[ex], 1);
   }
+  if (!messages) return;
+  for (int tok = threadIdx.x; tok < a.numTokens; tok += blockDim.x) {
+    uint32_t to = 0;
+    for (int k = 0; k < a.numTopk; ++k) {
+      const int64_t ex = a.topkIdx[int64_t(tok) * a.numTopk + k];
+      if (ex >= 0 && ex < y.E) to |= 1u << int(ex / y.L);
+    }
+    for (; to; to &= to - 1) atomicAdd(&messages[__ffs(to) - 1], 1);
+  }
+}
+
+/// The count block of a dispatch send (after countEntries with messages, and a sync): this call's counts to every rank
+/// of this host not masked (refused: zeros, nothing comes), then dispDone[b][me] = e released to each. Its receivers
+/// build their rows' layout from them while the tokens are still being packed.
+__device__ inline void publishCounts(const LlTeam& lt, int b, uint64_t e, uint32_t masked, bool refused,
+                                     const int* entries, const int* messages) {
+  const Team& t = lt.t;
+  const LlLayout& y = lt.lay;
+  const int words = y.L + 1, R = t.numRanks;
+  const uint32_t to = ((1u << R) - 1u) & ~masked & ~t.remoteMask;
+  for (int i = threadIdx.x; i < R * words; i += blockDim.x) {
+    const int d = i / words, j = i % words;
+    if (!((to >> d) & 1u)) continue;
+    const int n = refused ? 0 : j < y.L ? entries[d * y.L + j] : messages[d];
+    atomicStore(&llCtrl(t.base[d])->dispCount[b][t.rank][j], e << 32 | uint32_t(min(n, y.T)), kRelaxed);
+  }
+  __syncthreads();
+  const int d = threadIdx.x;
+  if (d < R && ((to >> d) & 1u)) atomicStore(&llCtrl(t.base[d])->dispDone[b][t.rank], e, kRelease);  // covers them
 }
 
 /// Second half (after a sync): a rank may send one expert at most T rows (the receiver's area for it), which only a
@@ -350,9 +393,11 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->sendSeq + 1;
   const int b = int(e & 1), me = t.rank, lane = threadIdx.x & 31;
-  __shared__ int entries[kMaxExperts];
+  __shared__ int entries[kMaxExperts], messages[kMaxRanks];
   const bool mayOverfill = a.numTokens * a.numTopk > y.T;  // else no expert can get more than T entries
-  if (mayOverfill) countEntries(a, y.E, entries);
+  // The last block counts and publishes the call's counts (it has the fewest tokens, often none).
+  const bool countBlock = blockIdx.x == gridDim.x - 1;
+  if (mayOverfill || countBlock) countEntries(a, y, entries, countBlock ? messages : nullptr);
   // The block's first token: its share of x and (warp 0) its top-k, loaded before the wait (caller inputs, final
   // since followPreviousKernel), so that the wait's round trips and theirs overlap.
   const TokenPieces pieces(a, y.H);
@@ -365,6 +410,7 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   uint32_t masked = waitFreed(lt, e);  // its sync completes the counts
   const bool refused = mayOverfill && overfullExpert(lt, a, entries, e) >= 0;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;  // read by this handle's combine
+  if (countBlock) publishCounts(lt, b, e, masked, refused, entries, messages);
   // A block per token: warp 0 reserves its rows and messages, every warp packs a share of it into the messages, then
   // one warp per rank on another host puts the staged message there. Spread over the block, a decode-size call (a
   // token or a few per block) is not one warp's serial work: about 30 us for a 7168-wide FP8 token packed by one warp.
@@ -419,7 +465,10 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
         storeToRows(int32_t(row), a.msg.metaOffset + LlMeta::rowAt(y.K, lane), to);
       }
     }
-    __syncthreads();  // the whole message staged before a put reads it
+    __syncthreads();  // the whole message written before its stamp, and staged before a put reads it
+    // Each message to a rank of this host is stamped with the epoch, released after the block's stores (the barrier).
+    if (warp == 0 && lane < kMaxTopk && ((to.direct >> lane) & 1u))
+      atomicStore(reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(to.row[lane]) + a.msg.metaOffset + LlMeta::stampAt(y.K)), e, kRelease);
     int nth = 0;
     for (unsigned m = remoteSlots; m; m &= m - 1, ++nth) {
       if (nth % numWarps != warp) continue;
@@ -433,35 +482,26 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     __syncthreads();  // `to` and the slots are rewritten for the next token
   }
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->sendBlocks)) return;
-  // Every block's messages are out: the counts, per (destination, local expert) and the messages per destination
-  // (entry L), after them (plain stores), then one release per destination (dispDone, or the put's signal). A release
-  // store per count word cost about 30 us a call: each is a system-scope fence, and the last block's warps issue them
-  // one after another.
+  // Every block's messages are out. To each rank of another host, the counts that the reservations made, per local
+  // expert and the messages (entry L), staged, then put with the signal sent[me] after the messages on that ring (the
+  // ranks of this host had theirs from the count block). The reservation counters are reset for buffer b's next call.
   const int words = y.L + 1;
   for (int i = threadIdx.x; i < t.numRanks * words; i += blockDim.x) {
     const int d = i / words, j = i % words;
     int32_t* counter = j < y.L ? &lt.ll->sendCount[b][d * y.L + j] : &lt.ll->sendMsgs[b][d];
     const uint64_t word = e << 32 | uint32_t(min(*counter, y.T));
     *counter = 0;
-    if (isMasked(lt, d)) continue;
-    if (isRemote(t, d))
-      reinterpret_cast<uint64_t*>(t.mirror + y.countStageOf(b, d))[j] = word;
-    else
-      atomicStore(&llCtrl(t.base[d])->dispCount[b][me][j], word, kRelaxed);
+    if (isRemote(t, d) && !isMasked(lt, d)) reinterpret_cast<uint64_t*>(t.mirror + y.countStageOf(b, d))[j] = word;
   }
   __syncthreads();
   const int d = threadIdx.x;
-  if (d < t.numRanks && !isMasked(lt, d)) {
-    if (isRemote(t, d)) {
-      __threadfence_system();
-      ChannelDeviceHandle ch = t.net[d];
-      const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(b) * kMaxRanks + me) * (kMaxExperts + 1) * 8;
-      if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(words) * 8,
-                           lt.sentSignal + me, e, SignalOp::kSet) != Status::kOk)
-        maskRank(lt, d);
-    } else {
-      atomicStore(&llCtrl(t.base[d])->dispDone[b][me], e, kRelease);  // after the barrier: covers every count
-    }
+  if (d < t.numRanks && isRemote(t, d) && !isMasked(lt, d)) {
+    __threadfence_system();
+    ChannelDeviceHandle ch = t.net[d];
+    const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(b) * kMaxRanks + me) * (kMaxExperts + 1) * 8;
+    if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(words) * 8,
+                         lt.sentSignal + me, e, SignalOp::kSet) != Status::kOk)
+      maskRank(lt, d);
   }
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
@@ -473,8 +513,44 @@ __device__ inline const char* dispatchedMessage(const LlTeam& lt, int b, int src
                              : lt.t.base[lt.t.rank] + lt.lay.gpuDispMsg(b, src, m);
 }
 
+/// Whether message m from rank src of this host, of epoch e, is all here (its stamp reads e): lane 0 waits for it
+/// (waitOrMask: false once src is masked, failed or timed out), the warp follows.
+__device__ inline bool messageArrived(const LlTeam& lt, const LlDispatchArgs& a, int src, const char* m, uint64_t e,
+                                      int lane) {
+  bool ok = true;
+  if (lane == 0)
+    ok = waitOrMask(lt, src, reinterpret_cast<const uint64_t*>(m + a.msg.metaOffset + LlMeta::stampAt(lt.lay.K)), e, 0);
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  __syncwarp();  // lane 0's acquire of the stamp orders the warp's reads of the message after it
+  return ok;
+}
+
+/// Rank src's counts arrived but one of its messages never did (src failed mid-call): one warp of the grid (the first
+/// to get here in receive epoch e) zeroes every row the counts gave src, and their source token (-1), so that none
+/// holds what an earlier call left there; rows of src that other warps copied may be zeroed too. src is masked.
+__device__ inline void zeroRowsOf(const LlTeam& lt, const LlDispatchArgs& a, int src, const int* first, uint64_t e,
+                                  int lane) {
+  const LlLayout& y = lt.lay;
+  const int R = lt.t.numRanks, nScales = y.H / kFp8ScaleBlock;
+  const uint32_t xOut = a.fp8 ? y.H : y.H * 2;
+  unsigned long long was = 0;
+  if (lane == 0) was = atomicMax(reinterpret_cast<unsigned long long*>(&lt.ll->recvZeroed[src]), e);
+  if (__shfl_sync(0xffffffffu, was, 0) >= e) return;
+  for (int j = 0; j < y.L; ++j) {
+    const int q = j * R + src;
+    const int64_t begin = int64_t(j) * y.T * R + (first[q] - first[j * R]);
+    for (int64_t r = begin; r < begin + (first[q + 1] - first[q]); ++r) {
+      int4* row = reinterpret_cast<int4*>(static_cast<char*>(a.out.recvX) + r * xOut);
+      for (uint32_t c = lane; c < xOut / 16; c += 32) row[c] = make_int4(0, 0, 0, 0);
+      if (a.fp8)
+        for (int c = lane; c < nScales; c += 32) a.out.recvXScales[r * nScales + c] = 0.f;
+      if (lane == 0) a.srcInfo[r] = -1;
+    }
+  }
+}
+
 __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs a) {
-  followPreviousKernel();
+  followPreviousKernel(!a.besideSend);
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->recvSeq + 1;
@@ -521,6 +597,13 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
     const int v = unit / parts, part = unit % parts;
     const int src = sourceOf(firstMessage, v);
     const char* m = dispatchedMessage(lt, b, src, v - firstMessage[src]);
+    // From this host, each message as its stamp lands (from another host, all were here with the counts).
+    if (!isRemote(t, src) && !messageArrived(lt, a, src, m, e, lane)) {
+      zeroRowsOf(lt, a, src, first, e, lane);
+      if (part == 0 && lane < y.K) a.msgs.rows[int64_t(v) * y.K + lane] = -1;
+      if (part == 0 && lane == 0) a.msgs.token[v] = -1;
+      continue;
+    }
     const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
     const int expert = lane < y.K ? meta[LlMeta::expertAt(lane) / 4] : -1;
     const int pos = lane < y.K ? meta[LlMeta::rowAt(y.K, lane) / 4] : -1;
@@ -551,6 +634,7 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   releaseBuffer(lt, e);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->recvSeq = e;
+  if (a.besideSend) endAfterPreviousKernel();
 }
 
 // ---- combine --------------------------------------------------------------------------------------------------

@@ -12,10 +12,13 @@
 // and combines counted together, from 1: its epoch, below) uses buffer n % 2 of every area.
 //
 // Synchronisation. A call's send kernel has epoch e = sendSeq + 1, its receive kernel e = recvSeq + 1 (device
-// counters: a replayed CUDA graph advances them). Senders publish, after their messages, dispCount words
-// ((e << 32) | n) per (source, local expert: its rows; and entry L: its messages) and then one release store
-// dispDone[b][sender] = e, or (remote) one put of the L + 1 words with the signal sent[sender] = e on the ring of the
-// data puts; a combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its top-k
+// counters: a replayed CUDA graph advances them). A dispatch's counts are dispCount words ((e << 32) | n) per (source,
+// local expert: its rows; and entry L: its messages). They follow from the top-k alone, so one block of the send
+// kernel (the last) counts them and publishes them to every rank of this host at its start, with one release store
+// dispDone[b][sender] = e; each message there then carries its own stamp (LlMeta: e, released after the message's
+// bytes), and the receiver copies a message as soon as its stamp reads e, while the send kernel is still running. To
+// a rank of another host the counts go after the messages: one put of the L + 1 words with the signal
+// sent[sender] = e on the ring of the data puts, once every block's puts are out. A combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its top-k
 // weights with combWeights[b][sender] = e (or the signal weights[sender]). When a receive kernel is done with buffer b
 // it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e first
 // waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads. Waits that time out
@@ -60,6 +63,7 @@ struct LlState {
   uint32_t recvBlocks;
   uint32_t mask;                      // bit r: rank r is masked
   uint64_t recvVerdict[kMaxRanks];    // [source]: (receive epoch << 1) | whether it counts in that receive kernel
+  uint64_t recvZeroed[kMaxRanks];     // [source]: the last receive epoch that zeroed its rows (a message never came)
   int32_t sendCount[2][kMaxExperts];  // [b][expert]: rows reserved in this call
   int32_t sendMsgs[2][kMaxRanks];     // [b][destination]: messages reserved in this call
 };
@@ -69,11 +73,14 @@ struct LlMessage {
   uint32_t xBytes, scaleOffset, metaOffset, bytes;
 };
 /// A message's meta: the token, then per top-k slot (maxTopk of them) the expert and the row reserved for the token
-/// among those sent that expert (both -1 when nothing was sent for the slot).
+/// among those sent that expert (both -1 when nothing was sent for the slot), then the stamp: the epoch of the call
+/// that wrote the message, released after the rest by a sender of this host (a message put from another host has
+/// none: its signal comes after it).
 struct LlMeta {
-  static GDX_HOST_DEVICE_INLINE uint32_t bytes(int maxTopk) { return uint32_t(align16(4 + 8 * uint64_t(maxTopk))); }
   static GDX_HOST_DEVICE_INLINE uint32_t expertAt(int k) { return 4 + 4 * uint32_t(k); }
   static GDX_HOST_DEVICE_INLINE uint32_t rowAt(int maxTopk, int k) { return 4 + 4 * uint32_t(maxTopk + k); }
+  static GDX_HOST_DEVICE_INLINE uint32_t stampAt(int maxTopk) { return uint32_t(8 + 8 * uint64_t(maxTopk)); }
+  static GDX_HOST_DEVICE_INLINE uint32_t bytes(int maxTopk) { return uint32_t(align16(stampAt(maxTopk) + 8)); }
 };
 inline LlMessage llMessage(int hidden, int maxTopk, bool fp8) {
   LlMessage m;
@@ -167,6 +174,9 @@ struct LlDispatchArgs {
   int64_t* layoutRange;
   int32_t* refused;  // the handle's: set by the send kernel, 1 when it refused the top-k
   LlMessages msgs;   // the handle's: written by the receive kernel
+  /// The receive kernel is launched right after its own send kernel on the same stream (no hook): it then runs beside
+  /// that kernel, taking each message of this host as its stamp lands, instead of waiting for the send kernel's end.
+  bool besideSend;
 };
 
 struct LlCombineArgs {

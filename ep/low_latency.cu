@@ -132,25 +132,31 @@ __device__ inline uint32_t waitFreed(const LlTeam& lt, uint64_t e) {
   return lastWarpWaits(lt, freedOf, e > 2 ? e - 2 : 0);  // the first two calls wait for nothing (words are >= 0)
 }
 
-/// Thread d of the calling block tells rank d (unless masked) that this rank's word reads e: a release store into
-/// wordIn(d's LlCtrl) on the direct path, the signal signalBase + this rank otherwise (on the ring of this rank's puts
-/// to d, after them). A rank whose signal is refused is masked.
+/// Thread d of the calling block tells rank d (unless masked) that this rank's word reads e: a store into wordIn(d's
+/// LlCtrl) on the direct path (`order`), the signal signalBase + this rank otherwise (on the ring of this rank's puts to
+/// d, after them). A rank whose signal is refused is masked.
 template <typename WordIn>
-__device__ inline void tellEveryRank(const LlTeam& lt, uint32_t signalBase, WordIn wordIn, uint64_t e) {
+__device__ inline void tellEveryRank(const LlTeam& lt, uint32_t signalBase, WordIn wordIn, uint64_t e,
+                                     MemoryOrder order) {
   const int d = threadIdx.x;
   if (d >= lt.t.numRanks || isMasked(lt, d)) return;
   if (isRemote(lt.t, d)) {
     ChannelDeviceHandle ch = lt.t.net[d];
     if (ch.signal(signalBase + lt.t.rank, e, SignalOp::kSet) != Status::kOk) maskRank(lt, d);
   } else {
-    atomicStore(wordIn(llCtrl(lt.t.base[d])), e, kRelease);
+    atomicStore(wordIn(llCtrl(lt.t.base[d])), e, order);
   }
 }
 
-/// The receive side's "done with buffer e % 2" to every source (last block of a receive kernel).
+/// The receive side's "done with buffer e % 2" to every source (last block of a receive kernel, after lastBlock).
+/// A relaxed store, not a release: it announces that reads are over, and every read of the buffer by every block has
+/// returned its value before lastBlock's acquire-release count (each value was stored to the outputs, which that
+/// count orders first), so no write the source makes after seeing it can reach a read. A system-scope release here
+/// was a fence of about 1.6 us at the end of every receive kernel, on the path of the next call (2 x H100, per call
+/// of a dispatch and of a combine alike).
 __device__ inline void releaseBuffer(const LlTeam& lt, uint64_t e) {
   tellEveryRank(
-      lt, lt.freedSignal, [&](LlCtrl* c) { return &c->freed[lt.t.rank]; }, e);
+      lt, lt.freedSignal, [&](LlCtrl* c) { return &c->freed[lt.t.rank]; }, e, kRelaxed);
 }
 
 /// The source of message v of a receive, from the first message of each source (first[0..R], nondecreasing, v <
@@ -780,7 +786,7 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->sendBlocks)) return;
   // Every rank learns that this rank's rows of epoch e are in place.
   tellEveryRank(
-      lt, lt.sentSignal, [&](LlCtrl* c) { return &c->combDone[b][me]; }, e);
+      lt, lt.sentSignal, [&](LlCtrl* c) { return &c->combDone[b][me]; }, e, kRelease);  // covers every row
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
 }

@@ -133,8 +133,8 @@ __device__ inline uint32_t waitFreed(const LlTeam& lt, uint64_t e) {
 }
 
 /// Thread d of the calling block tells rank d (unless masked) that this rank's word reads e: a store into wordIn(d's
-/// LlCtrl) on the direct path (`order`), the signal signalBase + this rank otherwise (on the ring of this rank's puts to
-/// d, after them). A rank whose signal is refused is masked.
+/// LlCtrl) on the direct path (`order`), the signal signalBase + this rank otherwise (on the ring of this rank's puts
+/// to d, after them). A rank whose signal is refused is masked.
 template <typename WordIn>
 __device__ inline void tellEveryRank(const LlTeam& lt, uint32_t signalBase, WordIn wordIn, uint64_t e,
                                      MemoryOrder order) {
@@ -167,25 +167,30 @@ __device__ inline int sourceOf(const int* first, int v) {
   return s;
 }
 
-/// Turns the row counts first[0..n) (shared memory) into their exclusive prefix, first[n] the total: warp 0, each
-/// lane over a run of consecutive entries. Every thread of the block calls it (it ends with a sync).
-__device__ inline void prefixInPlace(int* first, int n) {
-  using WarpScan = cub::WarpScan<int>;
-  __shared__ typename WarpScan::TempStorage scan;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x, per = (n + 31) / 32, lo = min(n, lane * per), hi = min(n, lo + per);
-    int sum = 0;
-    for (int q = lo; q < hi; ++q) sum += first[q];
-    int base, total;
-    WarpScan(scan).ExclusiveSum(sum, base, total);
-    for (int q = lo; q < hi; ++q) {
-      const int c = first[q];
-      first[q] = base;
-      base += c;
-    }
-    if (lane == 0) first[n] = total;
+/// Turns the counts first[0..n) (shared memory) into their exclusive prefix, first[n] the total: one warp, each lane
+/// over a run of consecutive entries.
+__device__ inline void warpPrefixInPlace(int* first, int n, cub::WarpScan<int>::TempStorage& scan) {
+  const int lane = threadIdx.x & 31, per = (n + 31) / 32, lo = min(n, lane * per), hi = min(n, lo + per);
+  int sum = 0;
+  for (int q = lo; q < hi; ++q) sum += first[q];
+  int base, total;
+  cub::WarpScan<int>(scan).ExclusiveSum(sum, base, total);
+  for (int q = lo; q < hi; ++q) {
+    const int c = first[q];
+    first[q] = base;
+    base += c;
   }
+  if (lane == 0) first[n] = total;
+}
+
+/// Both prefixes of a dispatch receive at once (the rows per (local expert, source), and the messages per source),
+/// warps 0 and 1, between one pair of barriers. Every thread of the block calls it.
+__device__ inline void prefixesInPlace(int* rows, int numRows, int* messages, int numSources) {
+  __shared__ cub::WarpScan<int>::TempStorage scan[2];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, second = blockDim.x > 32 ? 1 : 0;
+  if (warp == 0) warpPrefixInPlace(rows, numRows, scan[0]);
+  if (warp == second) warpPrefixInPlace(messages, numSources, scan[1]);
   __syncthreads();
 }
 
@@ -314,13 +319,23 @@ __device__ inline void countEntries(const LlDispatchArgs& a, const LlLayout& y, 
     if (ex >= 0 && ex < y.E) atomicAdd(&entries[ex], 1);
   }
   if (!messages) return;
-  for (int tok = threadIdx.x; tok < a.numTokens; tok += blockDim.x) {
+  // A lane per token, its top-k loaded all at once (in a loop, one memory latency after another: 5 us at 128 tokens,
+  // on the path of every receiver), then per rank the warp's count in one atomic.
+  const int lane = threadIdx.x & 31;
+  for (int base = threadIdx.x & ~31; base < a.numTokens; base += blockDim.x) {
+    const int tok = base + lane;
+    int64_t ex[kMaxTopk];
+#pragma unroll
+    for (int k = 0; k < kMaxTopk; ++k)
+      ex[k] = tok < a.numTokens && k < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + k] : -1;
     uint32_t to = 0;
-    for (int k = 0; k < a.numTopk; ++k) {
-      const int64_t ex = a.topkIdx[int64_t(tok) * a.numTopk + k];
-      if (ex >= 0 && ex < y.E) to |= 1u << int(ex / y.L);
+#pragma unroll
+    for (int k = 0; k < kMaxTopk; ++k)
+      if (ex[k] >= 0 && ex[k] < y.E) to |= 1u << (int(ex[k]) / y.L);
+    for (int d = 0; d < kMaxRanks; ++d) {
+      const int n = __popc(__ballot_sync(0xffffffffu, (to >> d) & 1u));
+      if (lane == 0 && n > 0) atomicAdd(&messages[d], n);
     }
-    for (; to; to &= to - 1) atomicAdd(&messages[__ffs(to) - 1], 1);
   }
 }
 
@@ -474,7 +489,9 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     __syncthreads();  // the whole message written before its stamp, and staged before a put reads it
     // Each message to a rank of this host is stamped with the epoch, released after the block's stores (the barrier).
     if (warp == 0 && lane < kMaxTopk && ((to.direct >> lane) & 1u))
-      atomicStore(reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(to.row[lane]) + a.msg.metaOffset + LlMeta::stampAt(y.K)), e, kRelease);
+      atomicStore(
+          reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(to.row[lane]) + a.msg.metaOffset + LlMeta::stampAt(y.K)),
+          e, kRelease);
     int nth = 0;
     for (unsigned m = remoteSlots; m; m &= m - 1, ++nth) {
       if (nth % numWarps != warp) continue;
@@ -583,8 +600,7 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   };
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = countOf(q % R, q / R);
   if (threadIdx.x < R) firstMessage[threadIdx.x] = countOf(threadIdx.x, y.L);
-  prefixInPlace(first, Q);
-  prefixInPlace(firstMessage, R);
+  prefixesInPlace(first, Q, firstMessage, R);
   if (blockIdx.x == 0) {
     for (int q = threadIdx.x; q < Q; q += blockDim.x) {
       const int j = q / R, s = q % R, begin = first[q] - first[j * R];

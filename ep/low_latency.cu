@@ -339,24 +339,25 @@ __device__ inline void countEntries(const LlDispatchArgs& a, const LlLayout& y, 
   }
 }
 
-/// The count block of a dispatch send (after countEntries with messages, and a sync): this call's counts to every rank
-/// of this host not masked (refused: zeros, nothing comes), then dispDone[b][me] = e released to each. Its receivers
-/// build their rows' layout from them while the tokens are still being packed.
-__device__ inline void publishCounts(const LlTeam& lt, int b, uint64_t e, uint32_t masked, bool refused,
-                                     const int* entries, const int* messages) {
+/// The count block of a dispatch send (after countEntries with messages): this call's counts to every rank of this host
+/// not masked (refused: zeros, nothing comes), then dispDone[e % 4][me] = e released to each. Its receivers build their
+/// rows' layout from them while the tokens are still being packed.
+__device__ inline void publishCounts(const LlTeam& lt, uint64_t e, uint32_t masked, bool refused, const int* entries,
+                                     const int* messages) {
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
-  const int words = y.L + 1, R = t.numRanks;
+  const int words = y.L + 1, R = t.numRanks, c = countSlot(e);
   const uint32_t to = ((1u << R) - 1u) & ~masked & ~t.remoteMask;
+  __syncthreads();  // countEntries' counts
   for (int i = threadIdx.x; i < R * words; i += blockDim.x) {
     const int d = i / words, j = i % words;
     if (!((to >> d) & 1u)) continue;
     const int n = refused ? 0 : j < y.L ? entries[d * y.L + j] : messages[d];
-    atomicStore(&llCtrl(t.base[d])->dispCount[b][t.rank][j], e << 32 | uint32_t(min(n, y.T)), kRelaxed);
+    atomicStore(&llCtrl(t.base[d])->dispCount[c][t.rank][j], e << 32 | uint32_t(min(n, y.T)), kRelaxed);
   }
   __syncthreads();
   const int d = threadIdx.x;
-  if (d < R && ((to >> d) & 1u)) atomicStore(&llCtrl(t.base[d])->dispDone[b][t.rank], e, kRelease);  // covers them
+  if (d < R && ((to >> d) & 1u)) atomicStore(&llCtrl(t.base[d])->dispDone[c][t.rank], e, kRelease);  // covers them
 }
 
 /// Second half (after a sync): a rank may send one expert at most T rows (the receiver's area for it), which only a
@@ -428,10 +429,11 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   };
   TokenPrefetch pre = blockIdx.x < a.numTokens ? prefetchToken(a, pieces, blockIdx.x) : TokenPrefetch{};
   int64_t firstExpert = topkOf(blockIdx.x);
-  uint32_t masked = waitFreed(lt, e);  // its sync completes the counts
   const bool refused = mayOverfill && overfullExpert(lt, a, entries, e) >= 0;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;  // read by this handle's combine
-  if (countBlock) publishCounts(lt, b, e, masked, refused, entries, messages);
+  // The counts go out before the buffer wait: they have a slot of their own (e % 4), which no receive still reads.
+  if (countBlock) publishCounts(lt, e, atomicLoad(&lt.ll->mask, kRelaxed), refused, entries, messages);
+  uint32_t masked = waitFreed(lt, e);
   // A block per token: warp 0 reserves its rows and messages, every warp packs a share of it into the messages, then
   // one warp per rank on another host puts the staged message there. Spread over the block, a decode-size call (a
   // token or a few per block) is not one warp's serial work: about 30 us for a 7168-wide FP8 token packed by one warp.
@@ -521,7 +523,7 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   if (d < t.numRanks && isRemote(t, d) && !isMasked(lt, d)) {
     __threadfence_system();
     ChannelDeviceHandle ch = t.net[d];
-    const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(b) * kMaxRanks + me) * (kMaxExperts + 1) * 8;
+    const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(countSlot(e)) * kMaxRanks + me) * (kMaxExperts + 1) * 8;
     if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(words) * 8,
                          lt.sentSignal + me, e, SignalOp::kSet) != Status::kOk)
       maskRank(lt, d);
@@ -590,13 +592,14 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   const int Q = y.L * R;
   __shared__ int first[kMaxExperts + 1], firstMessage[kMaxRanks + 1];
   const auto sentOf = [&](int s) -> const uint64_t* {
-    return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[b][s];
+    return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[countSlot(e)][s];
   };
   const uint32_t absent = lastWarpWaits(lt, sentOf, e, true);
   const auto countOf = [&](int s, int j) {  // entry j of source s's counts (j == L: its messages), 0 when absent
     const LlCtrl* c = llCtrl(isRemote(t, s) ? t.mirror : t.base[me]);
-    return (absent >> s) & 1u ? 0
-                              : int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[b][s][j]), kRelaxed) & 0xffffffffu);
+    return (absent >> s) & 1u
+               ? 0
+               : int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[countSlot(e)][s][j]), kRelaxed) & 0xffffffffu);
   };
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = countOf(q % R, q / R);
   if (threadIdx.x < R) firstMessage[threadIdx.x] = countOf(threadIdx.x, y.L);

@@ -14,15 +14,16 @@
 // Synchronisation. A call's send kernel has epoch e = sendSeq + 1, its receive kernel e = recvSeq + 1 (device
 // counters: a replayed CUDA graph advances them). A dispatch's counts are dispCount words ((e << 32) | n) per (source,
 // local expert: its rows; and entry L: its messages). They follow from the top-k alone, so one block of the send
-// kernel (the last) counts them and publishes them to every rank of this host at its start, with one release store
-// dispDone[b][sender] = e; each message there then carries its own stamp (LlMeta: e, released after the message's
-// bytes), and the receiver copies a message as soon as its stamp reads e, while the send kernel is still running. To
-// a rank of another host the counts go after the messages: one put of the L + 1 words with the signal
-// sent[sender] = e on the ring of the data puts, once every block's puts are out. A combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its top-k
-// weights with combWeights[b][sender] = e (or the signal weights[sender]). When a receive kernel is done with buffer b
-// it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e first
-// waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads. Waits that time out
-// mask the rank (see low_latency.hpp).
+// kernel (the last) counts them and publishes them to every rank of this host at its start, before it waits for the
+// buffer (the counts have four slots, LlCtrl), with one release store dispDone[e % 4][sender] = e; each message there
+// then carries its own stamp (LlMeta: e, released after the message's bytes), and the receiver copies a message as soon
+// as its stamp reads e, while the send kernel is still running. To a rank of another host the counts go after the
+// messages: one put of the L + 1 words with the signal sent[sender] = e on the ring of the data puts, once every
+// block's puts are out. A combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its
+// top-k weights with combWeights[b][sender] = e (or the signal weights[sender]). When a receive kernel is done with
+// buffer b it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e
+// first waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads. Waits that
+// time out mask the rank (see low_latency.hpp).
 //
 // Messages. A token goes to each rank that one of its top-k experts lives on once, whatever the number of those
 // experts there: one message (the token, FP8 with scales or BF16) in that rank's area of the source, at a position
@@ -45,12 +46,21 @@
 
 namespace gdx::ep::detail {
 
+/// A dispatch's counts live in slot e % 4 (countSlot): they are published before the send's buffer wait, and the
+/// receive of e - 2 may still be reading slot (e - 2) % 4 then; slot e % 4 was last read by the receive of e - 4, which
+/// the send of e - 2 waited for.
+constexpr int kCountSlots = 4;
+GDX_HOST_DEVICE_INLINE int countSlot(uint64_t e) {
+  return int(e % kCountSlots);
+}
+
 struct LlCtrl {
-  uint64_t dispCount[2][kMaxRanks][kMaxExperts + 1];  // [b][source][local expert, L: messages]: (epoch << 32) | n
-  uint64_t dispDone[2][kMaxRanks];                    // [b][source]: epoch, once its dispCount words of b are written
-  uint64_t combDone[2][kMaxRanks];                    // [b][source]: epoch
-  uint64_t combWeights[2][kMaxRanks];                 // [b][source]: epoch, once its combine weights of b are here
-  uint64_t freed[kMaxRanks];                          // [receiver]: the last epoch it finished reading
+  uint64_t dispCount[kCountSlots][kMaxRanks]
+                    [kMaxExperts + 1];        // [e % 4][source][local expert, L: messages]: (e << 32) | n
+  uint64_t dispDone[kCountSlots][kMaxRanks];  // [e % 4][source]: e, once its dispCount words of e are written
+  uint64_t combDone[2][kMaxRanks];            // [b][source]: epoch
+  uint64_t combWeights[2][kMaxRanks];         // [b][source]: epoch, once its combine weights of b are here
+  uint64_t freed[kMaxRanks];                  // [receiver]: the last epoch it finished reading
 };
 constexpr uint64_t kLlCtrlBytes = (sizeof(LlCtrl) + 4095) / 4096 * 4096;
 

@@ -102,19 +102,21 @@ __device__ inline bool agreedArrival(const LlTeam& lt, int s, bool here, uint64_
   return (cur >> 1) == e ? (cur & 1) != 0 : here;
 }
 
-/// Lane r of the block's last warp waits (reachedOrWait) until rank r's word, wordOf(r) (null: none), reaches `want`;
-/// returns, on every thread, the ranks whose wait found them masked (or masked them): what the block then goes by, with
-/// no load of LlState::mask after the waits (one memory latency more on the path of a decode-size call). No barrier
-/// comes before the waits, so loads the other warps issued before the call overlap them. `agree`: the receive kernels'
-/// waits for epoch `want`, whose outcome per rank is the grid's (agreedArrival), not the block's.
+/// Lane r of the block's last warp waits (reachedOrWait) until rank r's word, wordOf(r) (null: none), reaches `want`
+/// (for the `tagged` ranks, its high 32 bits); returns, on every thread, the ranks whose wait found them masked (or
+/// masked them): what the block then goes by, with no load of LlState::mask after the waits (one memory latency more
+/// on the path of a decode-size call). No barrier comes before the waits, so loads the other warps issued before the
+/// call overlap them. `agree`: the receive kernels' waits for epoch `want`, whose outcome per rank is the grid's
+/// (agreedArrival), not the block's.
 template <typename WordOf>
-__device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64_t want, bool agree = false) {
+__device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64_t want, bool agree = false,
+                                         uint32_t tagged = 0) {
   static_assert(kMaxRanks <= 32, "one warp waits for every rank");
   __shared__ uint32_t masked;
   if (threadIdx.x >= blockDim.x - 32) {
     const int r = int(threadIdx.x & 31);
     const uint64_t* word = r < lt.t.numRanks ? wordOf(r) : nullptr;  // null: nothing to wait for
-    bool ok = !word || reachedOrWait(lt, r, word, want, 0);
+    bool ok = !word || reachedOrWait(lt, r, word, want, (tagged >> r) & 1u ? 32 : 0);
     if (agree && r < lt.t.numRanks) ok = agreedArrival(lt, r, ok, want);
     const uint32_t off = __ballot_sync(0xffffffffu, !ok);
     if (r == 0) masked = off;
@@ -261,6 +263,42 @@ __device__ inline TokenPrefetch prefetchToken(const LlDispatchArgs& a, const Tok
   return p;
 }
 
+/// Piece n (value v) of a thread's share of a token, packed and stored (packToken).
+__device__ inline void packPiece(const LlDispatchArgs& a, const TokenPieces& tp, const int4& v, int n,
+                                 const TokenRows& to) {
+  if (!tp.fp8) {
+    storeToRows(v, tp.srcOffset(n), to);
+    return;
+  }
+  // FP8: every lane of the warp takes part in the half-warp reductions, a lane without a block with zeros.
+  const bool on = tp.on(n);
+  const int blk = tp.fp8Block(n), hl = threadIdx.x & 15;
+  const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+  float2 f[4];
+  float amax = 0.f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    f[q] = __bfloat1622float2(h2[q]);
+    amax = fmaxf(amax, fmaxf(fabsf(f[q].x), fabsf(f[q].y)));
+  }
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within the half
+  float scale = fmaxf(amax, 1e-4f) / 448.f;
+  if (a.roundScale) scale = exp2f(ceilf(log2f(scale)));
+  const float inv = 1.f / scale;
+  uint2 packed;
+  uint32_t* w = &packed.x;
+#pragma unroll
+  for (int q = 0; q < 4; q += 2) {
+    const __nv_fp8x2_storage_t lo =
+        __nv_cvt_float2_to_fp8x2(make_float2(f[q].x * inv, f[q].y * inv), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi =
+        __nv_cvt_float2_to_fp8x2(make_float2(f[q + 1].x * inv, f[q + 1].y * inv), __NV_SATFINITE, __NV_E4M3);
+    w[q / 2] = uint32_t(lo) | uint32_t(hi) << 16;
+  }
+  if (on) storeToRows(packed, uint32_t(blk * kFp8ScaleBlock + hl * 8), to);
+  if (on && hl == 0) storeToRows(scale, a.msg.scaleOffset + uint32_t(blk) * 4, to);
+}
+
 /// The block packs token `tok`: FP8 e4m3 with one scale per 128 elements (amax / 448, optionally rounded up to a power
 /// of two), or the BF16 bytes as they are, each piece stored straight from registers into every message slot it goes
 /// to (the token is read once, nothing is read back). FP8: amax over the 16 lanes of a half-warp. The meta is the
@@ -269,40 +307,9 @@ __device__ inline void packToken(const LlDispatchArgs& a, const TokenPieces& tp,
                                  const TokenRows& to) {
   const char* src = tp.token(a, tok);
   const int count = tp.count();
-  for (int n = 0; n < count; ++n) {
-    const int4 v = n < kPrefetchPieces ? pre.v[n] : tp.load(src, n);
-    if (!tp.fp8) {
-      storeToRows(v, tp.srcOffset(n), to);
-      continue;
-    }
-    // FP8: every lane of the warp takes part in the half-warp reductions, a lane without a block with zeros.
-    const bool on = tp.on(n);
-    const int blk = tp.fp8Block(n), hl = threadIdx.x & 15;
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
-    float2 f[4];
-    float amax = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      f[q] = __bfloat1622float2(h2[q]);
-      amax = fmaxf(amax, fmaxf(fabsf(f[q].x), fabsf(f[q].y)));
-    }
-    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within the half
-    float scale = fmaxf(amax, 1e-4f) / 448.f;
-    if (a.roundScale) scale = exp2f(ceilf(log2f(scale)));
-    const float inv = 1.f / scale;
-    uint2 packed;
-    uint32_t* w = &packed.x;
-#pragma unroll
-    for (int q = 0; q < 4; q += 2) {
-      const __nv_fp8x2_storage_t lo =
-          __nv_cvt_float2_to_fp8x2(make_float2(f[q].x * inv, f[q].y * inv), __NV_SATFINITE, __NV_E4M3);
-      const __nv_fp8x2_storage_t hi =
-          __nv_cvt_float2_to_fp8x2(make_float2(f[q + 1].x * inv, f[q + 1].y * inv), __NV_SATFINITE, __NV_E4M3);
-      w[q / 2] = uint32_t(lo) | uint32_t(hi) << 16;
-    }
-    if (on) storeToRows(packed, uint32_t(blk * kFp8ScaleBlock + hl * 8), to);
-    if (on && hl == 0) storeToRows(scale, a.msg.scaleOffset + uint32_t(blk) * 4, to);
-  }
+  // The prefetched pieces by unrolled code and the rest in a loop: pre.v indexed by a loop counter would be kept in
+  // local memory, and the prefetch would wait for its loads to store them there, before the buffer wait.
+  for (int n = 0; n < count; ++n) packPiece(a, tp, n < kPrefetchPieces ? pre.v[n] : tp.load(src, n), n, to);
 }
 
 /// The block counts the call's top-k entries per expert (every block alike, from topkIdx alone, so that all reach the
@@ -324,14 +331,16 @@ __device__ inline void countEntries(const LlDispatchArgs& a, const LlLayout& y, 
   const int lane = threadIdx.x & 31;
   for (int base = threadIdx.x & ~31; base < a.numTokens; base += blockDim.x) {
     const int tok = base + lane;
-    int64_t ex[kMaxTopk];
-#pragma unroll
-    for (int k = 0; k < kMaxTopk; ++k)
-      ex[k] = tok < a.numTokens && k < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + k] : -1;
     uint32_t to = 0;
+    int ex[kMaxTopk];  // int, not the caller's int64: half the registers of a kernel at its 64-register bound
+#pragma unroll
+    for (int k = 0; k < kMaxTopk; ++k) {
+      const int64_t v = tok < a.numTokens && k < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + k] : -1;
+      ex[k] = v >= 0 && v < y.E ? int(v) : -1;
+    }
 #pragma unroll
     for (int k = 0; k < kMaxTopk; ++k)
-      if (ex[k] >= 0 && ex[k] < y.E) to |= 1u << (int(ex[k]) / y.L);
+      if (ex[k] >= 0) to |= 1u << (ex[k] / y.L);
     for (int d = 0; d < kMaxRanks; ++d) {
       const int n = __popc(__ballot_sync(0xffffffffu, (to >> d) & 1u));
       if (lane == 0 && n > 0) atomicAdd(&messages[d], n);
@@ -340,8 +349,10 @@ __device__ inline void countEntries(const LlDispatchArgs& a, const LlLayout& y, 
 }
 
 /// The count block of a dispatch send (after countEntries with messages): this call's counts to every rank of this host
-/// not masked (refused: zeros, nothing comes), then dispDone[e % 4][me] = e released to each. Its receivers build their
-/// rows' layout from them while the tokens are still being packed.
+/// not masked (refused: zeros, nothing comes), each word tagged with the epoch ((e << 32) | n). Plain stores, no
+/// release: the receiver takes a word once its tag reads e, so the counts leave without a system-scope fence (about
+/// 1.5 us on this block's path, and then on every receiver's). Its receivers build their rows' layout from them while
+/// the tokens are still being packed.
 __device__ inline void publishCounts(const LlTeam& lt, uint64_t e, uint32_t masked, bool refused, const int* entries,
                                      const int* messages) {
   const Team& t = lt.t;
@@ -355,9 +366,6 @@ __device__ inline void publishCounts(const LlTeam& lt, uint64_t e, uint32_t mask
     const int n = refused ? 0 : j < y.L ? entries[d * y.L + j] : messages[d];
     atomicStore(&llCtrl(t.base[d])->dispCount[c][t.rank][j], e << 32 | uint32_t(min(n, y.T)), kRelaxed);
   }
-  __syncthreads();
-  const int d = threadIdx.x;
-  if (d < R && ((to >> d) & 1u)) atomicStore(&llCtrl(t.base[d])->dispDone[c][t.rank], e, kRelease);  // covers them
 }
 
 /// Second half (after a sync): a rank may send one expert at most T rows (the receiver's area for it), which only a
@@ -591,15 +599,21 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   // prefix, and each row is written by one block, by its own prefix.
   const int Q = y.L * R;
   __shared__ int first[kMaxExperts + 1], firstMessage[kMaxRanks + 1];
-  const auto sentOf = [&](int s) -> const uint64_t* {
-    return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[countSlot(e)][s];
+  // A source of this host: its messages' count word (entry L) tagged e; of another host: its signal, after its counts.
+  const auto countWord = [&](int s, int j) -> const uint64_t* {
+    return &llCtrl(isRemote(t, s) ? t.mirror : t.base[me])->dispCount[countSlot(e)][s][j];
   };
-  const uint32_t absent = lastWarpWaits(lt, sentOf, e, true);
+  const auto sentOf = [&](int s) -> const uint64_t* {
+    return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : countWord(s, y.L);
+  };
+  const uint32_t absent = lastWarpWaits(lt, sentOf, e, true, ~t.remoteMask);
   const auto countOf = [&](int s, int j) {  // entry j of source s's counts (j == L: its messages), 0 when absent
-    const LlCtrl* c = llCtrl(isRemote(t, s) ? t.mirror : t.base[me]);
-    return (absent >> s) & 1u
-               ? 0
-               : int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[countSlot(e)][s][j]), kRelaxed) & 0xffffffffu);
+    if ((absent >> s) & 1u) return 0;
+    // Each word is taken once its tag reads e: a source of this host stores them without a release, in any order.
+    const uint64_t* w = countWord(s, j);
+    uint64_t v = atomicLoad(const_cast<uint64_t*>(w), kRelaxed);
+    if ((v >> 32) < e) v = waitOrMask(lt, s, w, e, 32) ? atomicLoad(const_cast<uint64_t*>(w), kRelaxed) : 0;
+    return int(v & 0xffffffffu);
   };
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = countOf(q % R, q / R);
   if (threadIdx.x < R) firstMessage[threadIdx.x] = countOf(threadIdx.x, y.L);

@@ -15,10 +15,10 @@
 // counters: a replayed CUDA graph advances them). A dispatch's counts are dispCount words ((e << 32) | n) per (source,
 // local expert: its rows; and entry L: its messages). They follow from the top-k alone, so one block of the send
 // kernel (the last) counts them and publishes them to every rank of this host at its start, before it waits for the
-// buffer (the counts have four slots, LlCtrl), with one release store dispDone[e % 4][sender] = e; each message there
-// then carries its own stamp (LlMeta: e, released after the message's bytes), and the receiver copies a message as soon
-// as its stamp reads e, while the send kernel is still running. To a rank of another host the counts go after the
-// messages: one put of the L + 1 words with the signal sent[sender] = e on the ring of the data puts, once every
+// buffer (the counts have four slots, LlCtrl), each word tagged with e and taken once its tag reads e; each message
+// there then carries its own stamp (LlMeta: e, released after the message's bytes), and the receiver copies a message
+// as soon as its stamp reads e, while the send kernel is still running. To a rank of another host the counts go after
+// the messages: one put of the L + 1 words with the signal sent[sender] = e on the ring of the data puts, once every
 // block's puts are out. A combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its
 // top-k weights with combWeights[b][sender] = e (or the signal weights[sender]). When a receive kernel is done with
 // buffer b it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e
@@ -56,11 +56,10 @@ GDX_HOST_DEVICE_INLINE int countSlot(uint64_t e) {
 
 struct LlCtrl {
   uint64_t dispCount[kCountSlots][kMaxRanks]
-                    [kMaxExperts + 1];        // [e % 4][source][local expert, L: messages]: (e << 32) | n
-  uint64_t dispDone[kCountSlots][kMaxRanks];  // [e % 4][source]: e, once its dispCount words of e are written
-  uint64_t combDone[2][kMaxRanks];            // [b][source]: epoch
-  uint64_t combWeights[2][kMaxRanks];         // [b][source]: epoch, once its combine weights of b are here
-  uint64_t freed[kMaxRanks];                  // [receiver]: the last epoch it finished reading
+                    [kMaxExperts + 1];  // [e % 4][source][local expert, L: messages]: (e << 32) | n
+  uint64_t combDone[2][kMaxRanks];      // [b][source]: epoch
+  uint64_t combWeights[2][kMaxRanks];   // [b][source]: epoch, once its combine weights of b are here
+  uint64_t freed[kMaxRanks];            // [receiver]: the last epoch it finished reading
 };
 constexpr uint64_t kLlCtrlBytes = (sizeof(LlCtrl) + 4095) / 4096 * 4096;
 

@@ -22,7 +22,7 @@ __device__ inline LlCtrl* llCtrl(const char* base) {
 /// previous one wrote (the epochs, the caller's inputs), so nothing may come before the wait; the next kernel, launched
 /// early, makes the same wait, so no kernel here ever starts reading before the one it follows has ended. `wait` false:
 /// a dispatch receive launched right after its own send (LlDispatchArgs::besideSend), which reads nothing of that
-/// kernel's but stamped messages and released counts; it waits at its end instead (endAfterPreviousKernel).
+/// kernel's but stamped messages and tagged counts; it waits at its end instead (endAfterPreviousKernel).
 __device__ inline void followPreviousKernel(bool wait = true) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (wait) cudaGridDependencySynchronize();
@@ -307,8 +307,6 @@ __device__ inline void packToken(const LlDispatchArgs& a, const TokenPieces& tp,
                                  const TokenRows& to) {
   const char* src = tp.token(a, tok);
   const int count = tp.count();
-  // The prefetched pieces by unrolled code and the rest in a loop: pre.v indexed by a loop counter would be kept in
-  // local memory, and the prefetch would wait for its loads to store them there, before the buffer wait.
   for (int n = 0; n < count; ++n) packPiece(a, tp, n < kPrefetchPieces ? pre.v[n] : tp.load(src, n), n, to);
 }
 
@@ -593,10 +591,10 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   const int nScales = y.H / kFp8ScaleBlock;
   const int64_t rowsPerExpert = int64_t(y.T) * R;
   const int gw = blockIdx.x * numWarps + warp, W = gridDim.x * numWarps;
-  // Every block alike: once each source's counts are here (lane s of the last warp waits for its dispDone or, on
-  // another host, its signal), the rows of each (local expert j, source s), entry q = j * R + s, and their prefix; and
-  // the messages of each source and theirs. Whether a source counts is the grid's verdict: every block builds its own
-  // prefix, and each row is written by one block, by its own prefix.
+  // Every block alike: once each source's counts are here (lane s of the last warp waits for its messages' count word
+  // to be tagged e or, on another host, for its signal), the rows of each (local expert j, source s), entry q = j * R +
+  // s, and their prefix; and the messages of each source and theirs. Whether a source counts is the grid's verdict:
+  // every block builds its own prefix, and each row is written by one block, by its own prefix.
   const int Q = y.L * R;
   __shared__ int first[kMaxExperts + 1], firstMessage[kMaxRanks + 1];
   // A source of this host: its messages' count word (entry L) tagged e; of another host: its signal, after its counts.

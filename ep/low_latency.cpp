@@ -318,6 +318,7 @@ void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, co
     hook->args_ = args;
     return;
   }
+  args->d.besideSend = true;  // its receive follows it at once on this stream
   LowLatencyHook now;
   now.owner_ = this;
   now.call_ = impl_->calls - 1;

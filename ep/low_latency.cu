@@ -20,11 +20,21 @@ __device__ inline LlCtrl* llCtrl(const char* base) {
 /// The first thing every kernel here does: wait until the kernel before it in the stream has ended and its writes are
 /// visible (at once without programmatic launch), then let the next kernel be launched. Each kernel reads state the
 /// previous one wrote (the epochs, the caller's inputs), so nothing may come before the wait; the next kernel, launched
-/// early, makes the same wait, so no kernel here ever starts reading before the one it follows has ended.
-__device__ inline void followPreviousKernel() {
+/// early, makes the same wait, so no kernel here ever starts reading before the one it follows has ended. `wait` false:
+/// a dispatch receive launched right after its own send (LlDispatchArgs::besideSend), which reads nothing of that
+/// kernel's but stamped messages and tagged counts; it waits at its end instead (endAfterPreviousKernel).
+__device__ inline void followPreviousKernel(bool wait = true) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (wait) cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+/// A kernel that did not wait at its start (followPreviousKernel(false)) waits here, in one block, before it ends: its
+/// end then still means that the kernel before it has ended, which the next kernel's wait relies on.
+__device__ inline void endAfterPreviousKernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
-  cudaTriggerProgrammaticLaunchCompletion();
 #endif
 }
 
@@ -92,19 +102,21 @@ __device__ inline bool agreedArrival(const LlTeam& lt, int s, bool here, uint64_
   return (cur >> 1) == e ? (cur & 1) != 0 : here;
 }
 
-/// Lane r of the block's last warp waits (reachedOrWait) until rank r's word, wordOf(r) (null: none), reaches `want`;
-/// returns, on every thread, the ranks whose wait found them masked (or masked them): what the block then goes by, with
-/// no load of LlState::mask after the waits (one memory latency more on the path of a decode-size call). No barrier
-/// comes before the waits, so loads the other warps issued before the call overlap them. `agree`: the receive kernels'
-/// waits for epoch `want`, whose outcome per rank is the grid's (agreedArrival), not the block's.
+/// Lane r of the block's last warp waits (reachedOrWait) until rank r's word, wordOf(r) (null: none), reaches `want`
+/// (for the `tagged` ranks, its high 32 bits); returns, on every thread, the ranks whose wait found them masked (or
+/// masked them): what the block then goes by, with no load of LlState::mask after the waits (one memory latency more
+/// on the path of a decode-size call). No barrier comes before the waits, so loads the other warps issued before the
+/// call overlap them. `agree`: the receive kernels' waits for epoch `want`, whose outcome per rank is the grid's
+/// (agreedArrival), not the block's.
 template <typename WordOf>
-__device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64_t want, bool agree = false) {
+__device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64_t want, bool agree = false,
+                                         uint32_t tagged = 0) {
   static_assert(kMaxRanks <= 32, "one warp waits for every rank");
   __shared__ uint32_t masked;
   if (threadIdx.x >= blockDim.x - 32) {
     const int r = int(threadIdx.x & 31);
     const uint64_t* word = r < lt.t.numRanks ? wordOf(r) : nullptr;  // null: nothing to wait for
-    bool ok = !word || reachedOrWait(lt, r, word, want, 0);
+    bool ok = !word || reachedOrWait(lt, r, word, want, (tagged >> r) & 1u ? 32 : 0);
     if (agree && r < lt.t.numRanks) ok = agreedArrival(lt, r, ok, want);
     const uint32_t off = __ballot_sync(0xffffffffu, !ok);
     if (r == 0) masked = off;
@@ -122,25 +134,31 @@ __device__ inline uint32_t waitFreed(const LlTeam& lt, uint64_t e) {
   return lastWarpWaits(lt, freedOf, e > 2 ? e - 2 : 0);  // the first two calls wait for nothing (words are >= 0)
 }
 
-/// Thread d of the calling block tells rank d (unless masked) that this rank's word reads e: a release store into
-/// wordIn(d's LlCtrl) on the direct path, the signal signalBase + this rank otherwise (on the ring of this rank's puts
+/// Thread d of the calling block tells rank d (unless masked) that this rank's word reads e: a store into wordIn(d's
+/// LlCtrl) on the direct path (`order`), the signal signalBase + this rank otherwise (on the ring of this rank's puts
 /// to d, after them). A rank whose signal is refused is masked.
 template <typename WordIn>
-__device__ inline void tellEveryRank(const LlTeam& lt, uint32_t signalBase, WordIn wordIn, uint64_t e) {
+__device__ inline void tellEveryRank(const LlTeam& lt, uint32_t signalBase, WordIn wordIn, uint64_t e,
+                                     MemoryOrder order) {
   const int d = threadIdx.x;
   if (d >= lt.t.numRanks || isMasked(lt, d)) return;
   if (isRemote(lt.t, d)) {
     ChannelDeviceHandle ch = lt.t.net[d];
     if (ch.signal(signalBase + lt.t.rank, e, SignalOp::kSet) != Status::kOk) maskRank(lt, d);
   } else {
-    atomicStore(wordIn(llCtrl(lt.t.base[d])), e, kRelease);
+    atomicStore(wordIn(llCtrl(lt.t.base[d])), e, order);
   }
 }
 
-/// The receive side's "done with buffer e % 2" to every source (last block of a receive kernel).
+/// The receive side's "done with buffer e % 2" to every source (last block of a receive kernel, after lastBlock).
+/// A relaxed store, not a release: it announces that reads are over, and every read of the buffer by every block has
+/// returned its value before lastBlock's acquire-release count (each value was stored to the outputs, which that
+/// count orders first), so no write the source makes after seeing it can reach a read. A system-scope release here
+/// was a fence of about 1.6 us at the end of every receive kernel, on the path of the next call (2 x H100, per call
+/// of a dispatch and of a combine alike).
 __device__ inline void releaseBuffer(const LlTeam& lt, uint64_t e) {
   tellEveryRank(
-      lt, lt.freedSignal, [&](LlCtrl* c) { return &c->freed[lt.t.rank]; }, e);
+      lt, lt.freedSignal, [&](LlCtrl* c) { return &c->freed[lt.t.rank]; }, e, kRelaxed);
 }
 
 /// The source of message v of a receive, from the first message of each source (first[0..R], nondecreasing, v <
@@ -151,25 +169,30 @@ __device__ inline int sourceOf(const int* first, int v) {
   return s;
 }
 
-/// Turns the row counts first[0..n) (shared memory) into their exclusive prefix, first[n] the total: warp 0, each
-/// lane over a run of consecutive entries. Every thread of the block calls it (it ends with a sync).
-__device__ inline void prefixInPlace(int* first, int n) {
-  using WarpScan = cub::WarpScan<int>;
-  __shared__ typename WarpScan::TempStorage scan;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x, per = (n + 31) / 32, lo = min(n, lane * per), hi = min(n, lo + per);
-    int sum = 0;
-    for (int q = lo; q < hi; ++q) sum += first[q];
-    int base, total;
-    WarpScan(scan).ExclusiveSum(sum, base, total);
-    for (int q = lo; q < hi; ++q) {
-      const int c = first[q];
-      first[q] = base;
-      base += c;
-    }
-    if (lane == 0) first[n] = total;
+/// Turns the counts first[0..n) (shared memory) into their exclusive prefix, first[n] the total: one warp, each lane
+/// over a run of consecutive entries.
+__device__ inline void warpPrefixInPlace(int* first, int n, cub::WarpScan<int>::TempStorage& scan) {
+  const int lane = threadIdx.x & 31, per = (n + 31) / 32, lo = min(n, lane * per), hi = min(n, lo + per);
+  int sum = 0;
+  for (int q = lo; q < hi; ++q) sum += first[q];
+  int base, total;
+  cub::WarpScan<int>(scan).ExclusiveSum(sum, base, total);
+  for (int q = lo; q < hi; ++q) {
+    const int c = first[q];
+    first[q] = base;
+    base += c;
   }
+  if (lane == 0) first[n] = total;
+}
+
+/// Both prefixes of a dispatch receive at once (the rows per (local expert, source), and the messages per source),
+/// warps 0 and 1, between one pair of barriers. Every thread of the block calls it.
+__device__ inline void prefixesInPlace(int* rows, int numRows, int* messages, int numSources) {
+  __shared__ cub::WarpScan<int>::TempStorage scan[2];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, second = blockDim.x > 32 ? 1 : 0;
+  if (warp == 0) warpPrefixInPlace(rows, numRows, scan[0]);
+  if (warp == second) warpPrefixInPlace(messages, numSources, scan[1]);
   __syncthreads();
 }
 
@@ -240,6 +263,42 @@ __device__ inline TokenPrefetch prefetchToken(const LlDispatchArgs& a, const Tok
   return p;
 }
 
+/// Piece n (value v) of a thread's share of a token, packed and stored (packToken).
+__device__ inline void packPiece(const LlDispatchArgs& a, const TokenPieces& tp, const int4& v, int n,
+                                 const TokenRows& to) {
+  if (!tp.fp8) {
+    storeToRows(v, tp.srcOffset(n), to);
+    return;
+  }
+  // FP8: every lane of the warp takes part in the half-warp reductions, a lane without a block with zeros.
+  const bool on = tp.on(n);
+  const int blk = tp.fp8Block(n), hl = threadIdx.x & 15;
+  const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+  float2 f[4];
+  float amax = 0.f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    f[q] = __bfloat1622float2(h2[q]);
+    amax = fmaxf(amax, fmaxf(fabsf(f[q].x), fabsf(f[q].y)));
+  }
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within the half
+  float scale = fmaxf(amax, 1e-4f) / 448.f;
+  if (a.roundScale) scale = exp2f(ceilf(log2f(scale)));
+  const float inv = 1.f / scale;
+  uint2 packed;
+  uint32_t* w = &packed.x;
+#pragma unroll
+  for (int q = 0; q < 4; q += 2) {
+    const __nv_fp8x2_storage_t lo =
+        __nv_cvt_float2_to_fp8x2(make_float2(f[q].x * inv, f[q].y * inv), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi =
+        __nv_cvt_float2_to_fp8x2(make_float2(f[q + 1].x * inv, f[q + 1].y * inv), __NV_SATFINITE, __NV_E4M3);
+    w[q / 2] = uint32_t(lo) | uint32_t(hi) << 16;
+  }
+  if (on) storeToRows(packed, uint32_t(blk * kFp8ScaleBlock + hl * 8), to);
+  if (on && hl == 0) storeToRows(scale, a.msg.scaleOffset + uint32_t(blk) * 4, to);
+}
+
 /// The block packs token `tok`: FP8 e4m3 with one scale per 128 elements (amax / 448, optionally rounded up to a power
 /// of two), or the BF16 bytes as they are, each piece stored straight from registers into every message slot it goes
 /// to (the token is read once, nothing is read back). FP8: amax over the 16 lanes of a half-warp. The meta is the
@@ -248,50 +307,62 @@ __device__ inline void packToken(const LlDispatchArgs& a, const TokenPieces& tp,
                                  const TokenRows& to) {
   const char* src = tp.token(a, tok);
   const int count = tp.count();
-  for (int n = 0; n < count; ++n) {
-    const int4 v = n < kPrefetchPieces ? pre.v[n] : tp.load(src, n);
-    if (!tp.fp8) {
-      storeToRows(v, tp.srcOffset(n), to);
-      continue;
-    }
-    // FP8: every lane of the warp takes part in the half-warp reductions, a lane without a block with zeros.
-    const bool on = tp.on(n);
-    const int blk = tp.fp8Block(n), hl = threadIdx.x & 15;
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
-    float2 f[4];
-    float amax = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      f[q] = __bfloat1622float2(h2[q]);
-      amax = fmaxf(amax, fmaxf(fabsf(f[q].x), fabsf(f[q].y)));
-    }
-    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within the half
-    float scale = fmaxf(amax, 1e-4f) / 448.f;
-    if (a.roundScale) scale = exp2f(ceilf(log2f(scale)));
-    const float inv = 1.f / scale;
-    uint2 packed;
-    uint32_t* w = &packed.x;
-#pragma unroll
-    for (int q = 0; q < 4; q += 2) {
-      const __nv_fp8x2_storage_t lo =
-          __nv_cvt_float2_to_fp8x2(make_float2(f[q].x * inv, f[q].y * inv), __NV_SATFINITE, __NV_E4M3);
-      const __nv_fp8x2_storage_t hi =
-          __nv_cvt_float2_to_fp8x2(make_float2(f[q + 1].x * inv, f[q + 1].y * inv), __NV_SATFINITE, __NV_E4M3);
-      w[q / 2] = uint32_t(lo) | uint32_t(hi) << 16;
-    }
-    if (on) storeToRows(packed, uint32_t(blk * kFp8ScaleBlock + hl * 8), to);
-    if (on && hl == 0) storeToRows(scale, a.msg.scaleOffset + uint32_t(blk) * 4, to);
-  }
+  for (int n = 0; n < count; ++n) packPiece(a, tp, n < kPrefetchPieces ? pre.v[n] : tp.load(src, n), n, to);
 }
 
-/// First half of the check that the call fits: the block counts the call's top-k entries per expert (every block
-/// alike, from topkIdx alone, so that all reach the same verdict without talking to each other). No trailing sync.
-__device__ inline void countEntries(const LlDispatchArgs& a, int E, int* entries) {
-  for (int i = threadIdx.x; i < E; i += blockDim.x) entries[i] = 0;
+/// The block counts the call's top-k entries per expert (every block alike, from topkIdx alone, so that all reach the
+/// same verdict on whether the call fits without talking to each other) and, when `messages` is given, the tokens that
+/// go to each rank (the messages it gets): the counts the dispatch publishes, known before any token is sent. No
+/// trailing sync.
+__device__ inline void countEntries(const LlDispatchArgs& a, const LlLayout& y, int* entries, int* messages) {
+  for (int i = threadIdx.x; i < y.E; i += blockDim.x) entries[i] = 0;
+  if (messages)
+    for (int i = threadIdx.x; i < kMaxRanks; i += blockDim.x) messages[i] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < a.numTokens * a.numTopk; i += blockDim.x) {
     const int64_t ex = a.topkIdx[i];
-    if (ex >= 0 && ex < E) atomicAdd(&entries[ex], 1);
+    if (ex >= 0 && ex < y.E) atomicAdd(&entries[ex], 1);
+  }
+  if (!messages) return;
+  // A lane per token, its top-k loaded all at once (in a loop, one memory latency after another: 5 us at 128 tokens,
+  // on the path of every receiver), then per rank the warp's count in one atomic.
+  const int lane = threadIdx.x & 31;
+  for (int base = threadIdx.x & ~31; base < a.numTokens; base += blockDim.x) {
+    const int tok = base + lane;
+    uint32_t to = 0;
+    int ex[kMaxTopk];  // int, not the caller's int64: half the registers of a kernel at its 64-register bound
+#pragma unroll
+    for (int k = 0; k < kMaxTopk; ++k) {
+      const int64_t v = tok < a.numTokens && k < a.numTopk ? a.topkIdx[int64_t(tok) * a.numTopk + k] : -1;
+      ex[k] = v >= 0 && v < y.E ? int(v) : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < kMaxTopk; ++k)
+      if (ex[k] >= 0) to |= 1u << (ex[k] / y.L);
+    for (int d = 0; d < kMaxRanks; ++d) {
+      const int n = __popc(__ballot_sync(0xffffffffu, (to >> d) & 1u));
+      if (lane == 0 && n > 0) atomicAdd(&messages[d], n);
+    }
+  }
+}
+
+/// The count block of a dispatch send (after countEntries with messages): this call's counts to every rank of this host
+/// not masked (refused: zeros, nothing comes), each word tagged with the epoch ((e << 32) | n). Plain stores, no
+/// release: the receiver takes a word once its tag reads e, so the counts leave without a system-scope fence (about
+/// 1.5 us on this block's path, and then on every receiver's). Its receivers build their rows' layout from them while
+/// the tokens are still being packed.
+__device__ inline void publishCounts(const LlTeam& lt, uint64_t e, uint32_t masked, bool refused, const int* entries,
+                                     const int* messages) {
+  const Team& t = lt.t;
+  const LlLayout& y = lt.lay;
+  const int words = y.L + 1, R = t.numRanks, c = countSlot(e);
+  const uint32_t to = ((1u << R) - 1u) & ~masked & ~t.remoteMask;
+  __syncthreads();  // countEntries' counts
+  for (int i = threadIdx.x; i < R * words; i += blockDim.x) {
+    const int d = i / words, j = i % words;
+    if (!((to >> d) & 1u)) continue;
+    const int n = refused ? 0 : j < y.L ? entries[d * y.L + j] : messages[d];
+    atomicStore(&llCtrl(t.base[d])->dispCount[c][t.rank][j], e << 32 | uint32_t(min(n, y.T)), kRelaxed);
   }
 }
 
@@ -350,9 +421,11 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->sendSeq + 1;
   const int b = int(e & 1), me = t.rank, lane = threadIdx.x & 31;
-  __shared__ int entries[kMaxExperts];
+  __shared__ int entries[kMaxExperts], messages[kMaxRanks];
   const bool mayOverfill = a.numTokens * a.numTopk > y.T;  // else no expert can get more than T entries
-  if (mayOverfill) countEntries(a, y.E, entries);
+  // The last block counts and publishes the call's counts (it has the fewest tokens, often none).
+  const bool countBlock = blockIdx.x == gridDim.x - 1;
+  if (mayOverfill || countBlock) countEntries(a, y, entries, countBlock ? messages : nullptr);
   // The block's first token: its share of x and (warp 0) its top-k, loaded before the wait (caller inputs, final
   // since followPreviousKernel), so that the wait's round trips and theirs overlap.
   const TokenPieces pieces(a, y.H);
@@ -362,9 +435,11 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   };
   TokenPrefetch pre = blockIdx.x < a.numTokens ? prefetchToken(a, pieces, blockIdx.x) : TokenPrefetch{};
   int64_t firstExpert = topkOf(blockIdx.x);
-  uint32_t masked = waitFreed(lt, e);  // its sync completes the counts
   const bool refused = mayOverfill && overfullExpert(lt, a, entries, e) >= 0;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.refused = refused;  // read by this handle's combine
+  // The counts go out before the buffer wait: they have a slot of their own (e % 4), which no receive still reads.
+  if (countBlock) publishCounts(lt, e, atomicLoad(&lt.ll->mask, kRelaxed), refused, entries, messages);
+  uint32_t masked = waitFreed(lt, e);
   // A block per token: warp 0 reserves its rows and messages, every warp packs a share of it into the messages, then
   // one warp per rank on another host puts the staged message there. Spread over the block, a decode-size call (a
   // token or a few per block) is not one warp's serial work: about 30 us for a 7168-wide FP8 token packed by one warp.
@@ -419,7 +494,12 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
         storeToRows(int32_t(row), a.msg.metaOffset + LlMeta::rowAt(y.K, lane), to);
       }
     }
-    __syncthreads();  // the whole message staged before a put reads it
+    __syncthreads();  // the whole message written before its stamp, and staged before a put reads it
+    // Each message to a rank of this host is stamped with the epoch, released after the block's stores (the barrier).
+    if (warp == 0 && lane < kMaxTopk && ((to.direct >> lane) & 1u))
+      atomicStore(
+          reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(to.row[lane]) + a.msg.metaOffset + LlMeta::stampAt(y.K)),
+          e, kRelease);
     int nth = 0;
     for (unsigned m = remoteSlots; m; m &= m - 1, ++nth) {
       if (nth % numWarps != warp) continue;
@@ -433,35 +513,26 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     __syncthreads();  // `to` and the slots are rewritten for the next token
   }
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->sendBlocks)) return;
-  // Every block's messages are out: the counts, per (destination, local expert) and the messages per destination
-  // (entry L), after them (plain stores), then one release per destination (dispDone, or the put's signal). A release
-  // store per count word cost about 30 us a call: each is a system-scope fence, and the last block's warps issue them
-  // one after another.
+  // Every block's messages are out. To each rank of another host, the counts that the reservations made, per local
+  // expert and the messages (entry L), staged, then put with the signal sent[me] after the messages on that ring (the
+  // ranks of this host had theirs from the count block). The reservation counters are reset for buffer b's next call.
   const int words = y.L + 1;
   for (int i = threadIdx.x; i < t.numRanks * words; i += blockDim.x) {
     const int d = i / words, j = i % words;
     int32_t* counter = j < y.L ? &lt.ll->sendCount[b][d * y.L + j] : &lt.ll->sendMsgs[b][d];
     const uint64_t word = e << 32 | uint32_t(min(*counter, y.T));
     *counter = 0;
-    if (isMasked(lt, d)) continue;
-    if (isRemote(t, d))
-      reinterpret_cast<uint64_t*>(t.mirror + y.countStageOf(b, d))[j] = word;
-    else
-      atomicStore(&llCtrl(t.base[d])->dispCount[b][me][j], word, kRelaxed);
+    if (isRemote(t, d) && !isMasked(lt, d)) reinterpret_cast<uint64_t*>(t.mirror + y.countStageOf(b, d))[j] = word;
   }
   __syncthreads();
   const int d = threadIdx.x;
-  if (d < t.numRanks && !isMasked(lt, d)) {
-    if (isRemote(t, d)) {
-      __threadfence_system();
-      ChannelDeviceHandle ch = t.net[d];
-      const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(b) * kMaxRanks + me) * (kMaxExperts + 1) * 8;
-      if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(words) * 8,
-                           lt.sentSignal + me, e, SignalOp::kSet) != Status::kOk)
-        maskRank(lt, d);
-    } else {
-      atomicStore(&llCtrl(t.base[d])->dispDone[b][me], e, kRelease);  // after the barrier: covers every count
-    }
+  if (d < t.numRanks && isRemote(t, d) && !isMasked(lt, d)) {
+    __threadfence_system();
+    ChannelDeviceHandle ch = t.net[d];
+    const uint64_t at = offsetof(LlCtrl, dispCount) + (uint64_t(countSlot(e)) * kMaxRanks + me) * (kMaxExperts + 1) * 8;
+    if (ch.putWithSignal(t.stageWindow, at, t.stageWindow, y.countStageOf(b, d), uint64_t(words) * 8,
+                         lt.sentSignal + me, e, SignalOp::kSet) != Status::kOk)
+      maskRank(lt, d);
   }
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
@@ -473,8 +544,44 @@ __device__ inline const char* dispatchedMessage(const LlTeam& lt, int b, int src
                              : lt.t.base[lt.t.rank] + lt.lay.gpuDispMsg(b, src, m);
 }
 
+/// Whether message m from rank src of this host, of epoch e, is all here (its stamp reads e): lane 0 waits for it
+/// (waitOrMask: false once src is masked, failed or timed out), the warp follows.
+__device__ inline bool messageArrived(const LlTeam& lt, const LlDispatchArgs& a, int src, const char* m, uint64_t e,
+                                      int lane) {
+  bool ok = true;
+  if (lane == 0)
+    ok = waitOrMask(lt, src, reinterpret_cast<const uint64_t*>(m + a.msg.metaOffset + LlMeta::stampAt(lt.lay.K)), e, 0);
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  __syncwarp();  // lane 0's acquire of the stamp orders the warp's reads of the message after it
+  return ok;
+}
+
+/// Rank src's counts arrived but one of its messages never did (src failed mid-call): one warp of the grid (the first
+/// to get here in receive epoch e) zeroes every row the counts gave src, and their source token (-1), so that none
+/// holds what an earlier call left there; rows of src that other warps copied may be zeroed too. src is masked.
+__device__ inline void zeroRowsOf(const LlTeam& lt, const LlDispatchArgs& a, int src, const int* first, uint64_t e,
+                                  int lane) {
+  const LlLayout& y = lt.lay;
+  const int R = lt.t.numRanks, nScales = y.H / kFp8ScaleBlock;
+  const uint32_t xOut = a.fp8 ? y.H : y.H * 2;
+  unsigned long long was = 0;
+  if (lane == 0) was = atomicMax(reinterpret_cast<unsigned long long*>(&lt.ll->recvZeroed[src]), e);
+  if (__shfl_sync(0xffffffffu, was, 0) >= e) return;
+  for (int j = 0; j < y.L; ++j) {
+    const int q = j * R + src;
+    const int64_t begin = int64_t(j) * y.T * R + (first[q] - first[j * R]);
+    for (int64_t r = begin; r < begin + (first[q + 1] - first[q]); ++r) {
+      int4* row = reinterpret_cast<int4*>(static_cast<char*>(a.out.recvX) + r * xOut);
+      for (uint32_t c = lane; c < xOut / 16; c += 32) row[c] = make_int4(0, 0, 0, 0);
+      if (a.fp8)
+        for (int c = lane; c < nScales; c += 32) a.out.recvXScales[r * nScales + c] = 0.f;
+      if (lane == 0) a.srcInfo[r] = -1;
+    }
+  }
+}
+
 __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs a) {
-  followPreviousKernel();
+  followPreviousKernel(!a.besideSend);
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->recvSeq + 1;
@@ -484,25 +591,31 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   const int nScales = y.H / kFp8ScaleBlock;
   const int64_t rowsPerExpert = int64_t(y.T) * R;
   const int gw = blockIdx.x * numWarps + warp, W = gridDim.x * numWarps;
-  // Every block alike: once each source's counts are here (lane s of the last warp waits for its dispDone or, on
-  // another host, its signal), the rows of each (local expert j, source s), entry q = j * R + s, and their prefix; and
-  // the messages of each source and theirs. Whether a source counts is the grid's verdict: every block builds its own
-  // prefix, and each row is written by one block, by its own prefix.
+  // Every block alike: once each source's counts are here (lane s of the last warp waits for its messages' count word
+  // to be tagged e or, on another host, for its signal), the rows of each (local expert j, source s), entry q = j * R +
+  // s, and their prefix; and the messages of each source and theirs. Whether a source counts is the grid's verdict:
+  // every block builds its own prefix, and each row is written by one block, by its own prefix.
   const int Q = y.L * R;
   __shared__ int first[kMaxExperts + 1], firstMessage[kMaxRanks + 1];
-  const auto sentOf = [&](int s) -> const uint64_t* {
-    return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->dispDone[b][s];
+  // A source of this host: its messages' count word (entry L) tagged e; of another host: its signal, after its counts.
+  const auto countWord = [&](int s, int j) -> const uint64_t* {
+    return &llCtrl(isRemote(t, s) ? t.mirror : t.base[me])->dispCount[countSlot(e)][s][j];
   };
-  const uint32_t absent = lastWarpWaits(lt, sentOf, e, true);
+  const auto sentOf = [&](int s) -> const uint64_t* {
+    return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : countWord(s, y.L);
+  };
+  const uint32_t absent = lastWarpWaits(lt, sentOf, e, true, ~t.remoteMask);
   const auto countOf = [&](int s, int j) {  // entry j of source s's counts (j == L: its messages), 0 when absent
-    const LlCtrl* c = llCtrl(isRemote(t, s) ? t.mirror : t.base[me]);
-    return (absent >> s) & 1u ? 0
-                              : int(atomicLoad(const_cast<uint64_t*>(&c->dispCount[b][s][j]), kRelaxed) & 0xffffffffu);
+    if ((absent >> s) & 1u) return 0;
+    // Each word is taken once its tag reads e: a source of this host stores them without a release, in any order.
+    const uint64_t* w = countWord(s, j);
+    uint64_t v = atomicLoad(const_cast<uint64_t*>(w), kRelaxed);
+    if ((v >> 32) < e) v = waitOrMask(lt, s, w, e, 32) ? atomicLoad(const_cast<uint64_t*>(w), kRelaxed) : 0;
+    return int(v & 0xffffffffu);
   };
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = countOf(q % R, q / R);
   if (threadIdx.x < R) firstMessage[threadIdx.x] = countOf(threadIdx.x, y.L);
-  prefixInPlace(first, Q);
-  prefixInPlace(firstMessage, R);
+  prefixesInPlace(first, Q, firstMessage, R);
   if (blockIdx.x == 0) {
     for (int q = threadIdx.x; q < Q; q += blockDim.x) {
       const int j = q / R, s = q % R, begin = first[q] - first[j * R];
@@ -521,6 +634,13 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
     const int v = unit / parts, part = unit % parts;
     const int src = sourceOf(firstMessage, v);
     const char* m = dispatchedMessage(lt, b, src, v - firstMessage[src]);
+    // From this host, each message as its stamp lands (from another host, all were here with the counts).
+    if (!isRemote(t, src) && !messageArrived(lt, a, src, m, e, lane)) {
+      zeroRowsOf(lt, a, src, first, e, lane);
+      if (part == 0 && lane < y.K) a.msgs.rows[int64_t(v) * y.K + lane] = -1;
+      if (part == 0 && lane == 0) a.msgs.token[v] = -1;
+      continue;
+    }
     const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
     const int expert = lane < y.K ? meta[LlMeta::expertAt(lane) / 4] : -1;
     const int pos = lane < y.K ? meta[LlMeta::rowAt(y.K, lane) / 4] : -1;
@@ -551,6 +671,7 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   releaseBuffer(lt, e);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->recvSeq = e;
+  if (a.besideSend) endAfterPreviousKernel();
 }
 
 // ---- combine --------------------------------------------------------------------------------------------------
@@ -696,7 +817,7 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->sendBlocks)) return;
   // Every rank learns that this rank's rows of epoch e are in place.
   tellEveryRank(
-      lt, lt.sentSignal, [&](LlCtrl* c) { return &c->combDone[b][me]; }, e);
+      lt, lt.sentSignal, [&](LlCtrl* c) { return &c->combDone[b][me]; }, e, kRelease);  // covers every row
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
 }

@@ -12,14 +12,18 @@
 // and combines counted together, from 1: its epoch, below) uses buffer n % 2 of every area.
 //
 // Synchronisation. A call's send kernel has epoch e = sendSeq + 1, its receive kernel e = recvSeq + 1 (device
-// counters: a replayed CUDA graph advances them). Senders publish, after their messages, dispCount words
-// ((e << 32) | n) per (source, local expert: its rows; and entry L: its messages) and then one release store
-// dispDone[b][sender] = e, or (remote) one put of the L + 1 words with the signal sent[sender] = e on the ring of the
-// data puts; a combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its top-k
-// weights with combWeights[b][sender] = e (or the signal weights[sender]). When a receive kernel is done with buffer b
-// it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e first
-// waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads. Waits that time out
-// mask the rank (see low_latency.hpp).
+// counters: a replayed CUDA graph advances them). A dispatch's counts are dispCount words ((e << 32) | n) per (source,
+// local expert: its rows; and entry L: its messages). They follow from the top-k alone, so one block of the send
+// kernel (the last) counts them and publishes them to every rank of this host at its start, before it waits for the
+// buffer (the counts have four slots, LlCtrl), each word tagged with e and taken once its tag reads e; each message
+// there then carries its own stamp (LlMeta: e, released after the message's bytes), and the receiver copies a message
+// as soon as its stamp reads e, while the send kernel is still running. To a rank of another host the counts go after
+// the messages: one put of the L + 1 words with the signal sent[sender] = e on the ring of the data puts, once every
+// block's puts are out. A combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its
+// top-k weights with combWeights[b][sender] = e (or the signal weights[sender]). When a receive kernel is done with
+// buffer b it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e
+// first waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads. Waits that
+// time out mask the rank (see low_latency.hpp).
 //
 // Messages. A token goes to each rank that one of its top-k experts lives on once, whatever the number of those
 // experts there: one message (the token, FP8 with scales or BF16) in that rank's area of the source, at a position
@@ -42,12 +46,20 @@
 
 namespace gdx::ep::detail {
 
+/// A dispatch's counts live in slot e % 4 (countSlot): they are published before the send's buffer wait, and the
+/// receive of e - 2 may still be reading slot (e - 2) % 4 then; slot e % 4 was last read by the receive of e - 4, which
+/// the send of e - 2 waited for.
+constexpr int kCountSlots = 4;
+GDX_HOST_DEVICE_INLINE int countSlot(uint64_t e) {
+  return int(e % kCountSlots);
+}
+
 struct LlCtrl {
-  uint64_t dispCount[2][kMaxRanks][kMaxExperts + 1];  // [b][source][local expert, L: messages]: (epoch << 32) | n
-  uint64_t dispDone[2][kMaxRanks];                    // [b][source]: epoch, once its dispCount words of b are written
-  uint64_t combDone[2][kMaxRanks];                    // [b][source]: epoch
-  uint64_t combWeights[2][kMaxRanks];                 // [b][source]: epoch, once its combine weights of b are here
-  uint64_t freed[kMaxRanks];                          // [receiver]: the last epoch it finished reading
+  uint64_t dispCount[kCountSlots][kMaxRanks]
+                    [kMaxExperts + 1];  // [e % 4][source][local expert, L: messages]: (e << 32) | n
+  uint64_t combDone[2][kMaxRanks];      // [b][source]: epoch
+  uint64_t combWeights[2][kMaxRanks];   // [b][source]: epoch, once its combine weights of b are here
+  uint64_t freed[kMaxRanks];            // [receiver]: the last epoch it finished reading
 };
 constexpr uint64_t kLlCtrlBytes = (sizeof(LlCtrl) + 4095) / 4096 * 4096;
 
@@ -60,6 +72,7 @@ struct LlState {
   uint32_t recvBlocks;
   uint32_t mask;                      // bit r: rank r is masked
   uint64_t recvVerdict[kMaxRanks];    // [source]: (receive epoch << 1) | whether it counts in that receive kernel
+  uint64_t recvZeroed[kMaxRanks];     // [source]: the last receive epoch that zeroed its rows (a message never came)
   int32_t sendCount[2][kMaxExperts];  // [b][expert]: rows reserved in this call
   int32_t sendMsgs[2][kMaxRanks];     // [b][destination]: messages reserved in this call
 };
@@ -69,11 +82,14 @@ struct LlMessage {
   uint32_t xBytes, scaleOffset, metaOffset, bytes;
 };
 /// A message's meta: the token, then per top-k slot (maxTopk of them) the expert and the row reserved for the token
-/// among those sent that expert (both -1 when nothing was sent for the slot).
+/// among those sent that expert (both -1 when nothing was sent for the slot), then the stamp: the epoch of the call
+/// that wrote the message, released after the rest by a sender of this host (a message put from another host has
+/// none: its signal comes after it).
 struct LlMeta {
-  static GDX_HOST_DEVICE_INLINE uint32_t bytes(int maxTopk) { return uint32_t(align16(4 + 8 * uint64_t(maxTopk))); }
   static GDX_HOST_DEVICE_INLINE uint32_t expertAt(int k) { return 4 + 4 * uint32_t(k); }
   static GDX_HOST_DEVICE_INLINE uint32_t rowAt(int maxTopk, int k) { return 4 + 4 * uint32_t(maxTopk + k); }
+  static GDX_HOST_DEVICE_INLINE uint32_t stampAt(int maxTopk) { return uint32_t(8 + 8 * uint64_t(maxTopk)); }
+  static GDX_HOST_DEVICE_INLINE uint32_t bytes(int maxTopk) { return uint32_t(align16(stampAt(maxTopk) + 8)); }
 };
 inline LlMessage llMessage(int hidden, int maxTopk, bool fp8) {
   LlMessage m;
@@ -167,6 +183,9 @@ struct LlDispatchArgs {
   int64_t* layoutRange;
   int32_t* refused;  // the handle's: set by the send kernel, 1 when it refused the top-k
   LlMessages msgs;   // the handle's: written by the receive kernel
+  /// The receive kernel is launched right after its own send kernel on the same stream (no hook): it then runs beside
+  /// that kernel, taking each message of this host as its stamp lands, instead of waiting for the send kernel's end.
+  bool besideSend;
 };
 
 struct LlCombineArgs {

@@ -10,9 +10,13 @@
 //    through the device channel to that rank (proxy, RDMA or TCP), into the receiver's receive mirror in pinned
 //    host memory, which its kernels read over PCIe. The proxy never issues a CUDA copy (see ep/buffer.hpp for why).
 // Combine sends one row per (token, rank) back: the sum of the outputs of that token's experts on the rank, weighted by
-// the source's top-k weights (which each source first sends every rank). After its data, each sender publishes per
-// (local expert, source rank) counts (and, in dispatch, its number of messages): a release store on the direct path, a
-// put-with-signal on the same ring as the data puts otherwise (the channel's ordering makes the signal imply the rows).
+// the source's top-k weights (which each source first sends every rank). A dispatch's counts per (local expert, source
+// rank), and its number of messages, follow from the top-k alone: on the direct path one block publishes them at the
+// start of the send, each word tagged with the call, and every message carries a stamp released after its bytes, so
+// the receiving kernel (launched beside the send when there is no hook) copies each message as it lands; to other
+// hosts the counts follow the data as a put-with-signal on the same ring (the channel's ordering makes the signal
+// imply the rows). Combine announces its rows after them: a release store on the direct path, a signal on the data's
+// ring otherwise.
 // No host synchronisation anywhere: every call can be captured in a CUDA graph and replayed.
 //
 //   ep::LowLatencyConfig cfg{/*maxTokensPerRank=*/128, /*hidden=*/7168, /*numExperts=*/288, /*maxTopk=*/8};

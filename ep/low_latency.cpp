@@ -22,8 +22,9 @@ namespace {
   throw Error(ErrorCode::kInvalidArgument, "gdx::ep low-latency rank " + std::to_string(rank) + ": " + what);
 }
 
+// The larger message, then the stamp's 16 bytes (LlLayout::stampOffset), which no message's bytes reach.
 uint64_t slotBytesOf(const LowLatencyConfig& c) {
-  return std::max(llMessage(c.hidden, c.maxTopk, false).bytes, llMessage(c.hidden, c.maxTopk, true).bytes);
+  return std::max(llMessage(c.hidden, c.maxTopk, false).bytes, llMessage(c.hidden, c.maxTopk, true).bytes) + 16;
 }
 
 // Signal ids: the 3 x kMaxRanks at the top belong to ep::Buffer, these 3 x kMaxRanks just below.
@@ -143,7 +144,9 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   }
   lt.lay = llLayout(c, numRanks_, slots);
   GDX_CUDA_CHECK(cudaMalloc(&m.memory, lt.lay.gpuBytes));
-  GDX_CUDA_CHECK(cudaMemset(m.memory, 0, kLlCtrlBytes));
+  // All of it, not only LlCtrl: a message's stamp must read 0 until a call writes it (LlLayout::stampOffset), and
+  // cudaMalloc may hand back the memory of a buffer freed before, stamps and all.
+  GDX_CUDA_CHECK(cudaMemset(m.memory, 0, lt.lay.gpuBytes));
   GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.state), sizeof(LlState)));
   GDX_CUDA_CHECK(cudaMemset(m.state, 0, sizeof(LlState)));
   GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.report), sizeof(Report), cudaHostAllocMapped));

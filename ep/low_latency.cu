@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     // Each message to a rank of this host is stamped with the epoch, released after the block's stores (the barrier).
     if (warp == 0 && lane < kMaxTopk && ((to.direct >> lane) & 1u))
       atomicStore(
-          reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(to.row[lane]) + a.msg.metaOffset + LlMeta::stampAt(y.K)),
+          reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(to.row[lane]) + y.stampOffset()),
           e, kRelease);
     int nth = 0;
     for (unsigned m = remoteSlots; m; m &= m - 1, ++nth) {
@@ -544,13 +544,13 @@ __device__ inline const char* dispatchedMessage(const LlTeam& lt, int b, int src
                              : lt.t.base[lt.t.rank] + lt.lay.gpuDispMsg(b, src, m);
 }
 
-/// Whether message m from rank src of this host, of epoch e, is all here (its stamp reads e): lane 0 waits for it
-/// (waitOrMask: false once src is masked, failed or timed out), the warp follows.
-__device__ inline bool messageArrived(const LlTeam& lt, const LlDispatchArgs& a, int src, const char* m, uint64_t e,
-                                      int lane) {
+/// Whether message m from rank src of this host, of epoch e, is all here (its stamp reads e; never more, as src's next
+/// write of the slot, at e + 2, waits for this receive's "freed"): lane 0 waits for it (waitOrMask: false once src is
+/// masked, failed or timed out), the warp follows.
+__device__ inline bool messageArrived(const LlTeam& lt, int src, const char* m, uint64_t e, int lane) {
   bool ok = true;
   if (lane == 0)
-    ok = waitOrMask(lt, src, reinterpret_cast<const uint64_t*>(m + a.msg.metaOffset + LlMeta::stampAt(lt.lay.K)), e, 0);
+    ok = waitOrMask(lt, src, reinterpret_cast<const uint64_t*>(m + lt.lay.stampOffset()), e, 0);
   ok = __shfl_sync(0xffffffffu, ok, 0);
   __syncwarp();  // lane 0's acquire of the stamp orders the warp's reads of the message after it
   return ok;
@@ -635,7 +635,7 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
     const int src = sourceOf(firstMessage, v);
     const char* m = dispatchedMessage(lt, b, src, v - firstMessage[src]);
     // From this host, each message as its stamp lands (from another host, all were here with the counts).
-    if (!isRemote(t, src) && !messageArrived(lt, a, src, m, e, lane)) {
+    if (!isRemote(t, src) && !messageArrived(lt, src, m, e, lane)) {
       zeroRowsOf(lt, a, src, first, e, lane);
       if (part == 0 && lane < y.K) a.msgs.rows[int64_t(v) * y.K + lane] = -1;
       if (part == 0 && lane == 0) a.msgs.token[v] = -1;

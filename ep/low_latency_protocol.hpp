@@ -16,7 +16,7 @@
 // local expert: its rows; and entry L: its messages). They follow from the top-k alone, so one block of the send
 // kernel (the last) counts them and publishes them to every rank of this host at its start, before it waits for the
 // buffer (the counts have four slots, LlCtrl), each word tagged with e and taken once its tag reads e; each message
-// there then carries its own stamp (LlMeta: e, released after the message's bytes), and the receiver copies a message
+// there then carries its own stamp (e, released after the message's bytes, LlLayout::stampOffset), and the receiver copies a message
 // as soon as its stamp reads e, while the send kernel is still running. To a rank of another host the counts go after
 // the messages: one put of the L + 1 words with the signal sent[sender] = e on the ring of the data puts, once every
 // block's puts are out. A combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its
@@ -82,14 +82,11 @@ struct LlMessage {
   uint32_t xBytes, scaleOffset, metaOffset, bytes;
 };
 /// A message's meta: the token, then per top-k slot (maxTopk of them) the expert and the row reserved for the token
-/// among those sent that expert (both -1 when nothing was sent for the slot), then the stamp: the epoch of the call
-/// that wrote the message, released after the rest by a sender of this host (a message put from another host has
-/// none: its signal comes after it).
+/// among those sent that expert (both -1 when nothing was sent for the slot).
 struct LlMeta {
   static GDX_HOST_DEVICE_INLINE uint32_t expertAt(int k) { return 4 + 4 * uint32_t(k); }
   static GDX_HOST_DEVICE_INLINE uint32_t rowAt(int maxTopk, int k) { return 4 + 4 * uint32_t(maxTopk + k); }
-  static GDX_HOST_DEVICE_INLINE uint32_t stampAt(int maxTopk) { return uint32_t(8 + 8 * uint64_t(maxTopk)); }
-  static GDX_HOST_DEVICE_INLINE uint32_t bytes(int maxTopk) { return uint32_t(align16(stampAt(maxTopk) + 8)); }
+  static GDX_HOST_DEVICE_INLINE uint32_t bytes(int maxTopk) { return uint32_t(align16(4 + 8 * uint64_t(maxTopk))); }
 };
 inline LlMessage llMessage(int hidden, int maxTopk, bool fp8) {
   LlMessage m;
@@ -103,13 +100,18 @@ inline LlMessage llMessage(int hidden, int maxTopk, bool fp8) {
 /// Sizes and offsets of the areas (the same on every rank).
 struct LlLayout {
   int L, T, H, K, E, R, S;
-  uint64_t slotBytes;     // a dispatch message slot: the larger of the BF16 and FP8 messages
+  uint64_t slotBytes;     // a dispatch message slot: the larger of the BF16 and FP8 messages, then 16 bytes (stamp)
   uint64_t combRowBytes;  // 2H
   uint64_t gpuComb;       // offset of the combine rows in the GPU window
   uint64_t gpuWeights;    // offset of the combine weights in the GPU window
   uint64_t gpuBytes;
   uint64_t mirrorComb, mirrorWeights, dispStage, countStage, combStage, weightStage, hostBytes;  // in the host window
 
+  /// The stamp of a message slot of the GPU window (a message of this host): the epoch of the call that wrote the
+  /// message, released after its bytes. It has the slot's last 8 bytes to itself, whatever the message's format, and
+  /// the window is zeroed at creation, so it only ever holds 0 or the epoch of a call that wrote this slot: no byte of
+  /// a token, and nothing a freed allocation left behind, can pass for it.
+  GDX_HOST_DEVICE_INLINE uint64_t stampOffset() const { return slotBytes - 8; }
   GDX_HOST_DEVICE_INLINE uint64_t gpuDispMsg(int b, int s, int m) const {
     return kLlCtrlBytes + ((uint64_t(b) * R + s) * T + m) * slotBytes;
   }

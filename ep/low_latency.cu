@@ -544,6 +544,28 @@ __device__ inline const char* dispatchedMessage(const LlTeam& lt, int b, int src
                              : lt.t.base[lt.t.rank] + lt.lay.gpuDispMsg(b, src, m);
 }
 
+/// A round of a warp's copy: lane l holds vectors i0 + l + 32 u (u < kRoundVecs) of `src` that are below `vecs`.
+constexpr int kRoundVecs = 4;
+__device__ inline void loadRound(int4 (&v)[kRoundVecs], const int4* src, uint32_t i0, uint32_t vecs, int lane) {
+#pragma unroll
+  for (int u = 0; u < kRoundVecs; ++u) {
+    const uint32_t i = i0 + lane + 32u * u;
+    if (i < vecs) v[u] = src[i];
+  }
+}
+/// Stores a round (loadRound) into row r of `out` (rows of `rowBytes`) for each lane r's row in `hits` holds.
+__device__ inline void storeRound(const int4 (&v)[kRoundVecs], char* out, uint32_t rowBytes, int64_t row, unsigned hits,
+                                  uint32_t i0, uint32_t vecs, int lane) {
+  for (unsigned h = hits; h; h &= h - 1) {
+    int4* d = reinterpret_cast<int4*>(out + __shfl_sync(0xffffffffu, row, __ffs(h) - 1) * rowBytes);
+#pragma unroll
+    for (int u = 0; u < kRoundVecs; ++u) {
+      const uint32_t i = i0 + lane + 32u * u;
+      if (i < vecs) d[i] = v[u];
+    }
+  }
+}
+
 /// Whether message m from rank src of this host, of epoch e, is all here (its stamp reads e; never more, as src's next
 /// write of the slot, at e + 2, waits for this receive's "freed"): lane 0 waits for it (waitOrMask: false once src is
 /// masked, failed or timed out), the warp follows.
@@ -641,6 +663,15 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
       if (part == 0 && lane == 0) a.msgs.token[v] = -1;
       continue;
     }
+    // The part's first round of vectors is loaded before the meta (one memory latency for both) and every round is
+    // stored from registers into each row the message fills: a copy per row loaded the message once per row, one
+    // latency each, and left a 128-token receive latency-bound (about four rows a message on two ranks).
+    uint32_t offset, len;
+    rowSlice(xOut, part, parts, &offset, &len);
+    const int4* piece = reinterpret_cast<const int4*>(m + offset);
+    const uint32_t vecs = len / 16;
+    int4 loaded[kRoundVecs];
+    loadRound(loaded, piece, 0, vecs, lane);
     const int32_t* meta = reinterpret_cast<const int32_t*>(m + a.msg.metaOffset);
     const int expert = lane < y.K ? meta[LlMeta::expertAt(lane) / 4] : -1;
     const int pos = lane < y.K ? meta[LlMeta::rowAt(y.K, lane) / 4] : -1;
@@ -649,14 +680,20 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
     const bool mine = j >= 0 && j < y.L && pos >= 0 && pos < first[q + 1] - first[q];
     const int64_t row = mine ? int64_t(j) * rowsPerExpert + (first[q] - first[j * R]) + pos : -1;
     const unsigned hits = __ballot_sync(0xffffffffu, mine);
-    uint32_t offset, len;
-    rowSlice(xOut, part, parts, &offset, &len);
-    for (unsigned h = hits; h; h &= h - 1) {
-      const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(h) - 1);
-      warpCopy16(static_cast<char*>(a.out.recvX) + r * xOut + offset, m + offset, len, lane);
-      if (a.fp8 && part == parts - 1)
-        warpCopyFloats(a.out.recvXScales + r * nScales, reinterpret_cast<const float*>(m + a.msg.scaleOffset), nScales,
-                       lane);
+    for (uint32_t i0 = 0; i0 < vecs; i0 += kRoundVecs * 32) {
+      if (i0 > 0) loadRound(loaded, piece, i0, vecs, lane);
+      storeRound(loaded, static_cast<char*>(a.out.recvX) + offset, xOut, row, hits, i0, vecs, lane);
+    }
+    if (a.fp8 && part == parts - 1) {  // the scales, likewise loaded once
+      const float* scales = reinterpret_cast<const float*>(m + a.msg.scaleOffset);
+      for (int c0 = 0; c0 < nScales; c0 += 32) {
+        const int c = c0 + lane;
+        const float f = c < nScales ? scales[c] : 0.f;
+        for (unsigned h = hits; h; h &= h - 1) {
+          const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(h) - 1);
+          if (c < nScales) a.out.recvXScales[r * nScales + c] = f;
+        }
+      }
     }
     if (part == 0) {  // the handle: each row's source token and slot, and the message's rows for the combine
       if (mine) {

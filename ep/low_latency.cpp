@@ -49,7 +49,8 @@ LlLayout llLayout(const LowLatencyConfig& c, int numRanks, int remoteSlots) {
   const uint64_t weightBytes = uint64_t(y.T) * y.K * 4;  // one source's weights of one buffer (a multiple of 4)
   y.gpuComb = kLlCtrlBytes + 2 * uint64_t(y.R) * y.T * y.slotBytes;
   y.gpuWeights = y.gpuComb + combBytes;
-  y.gpuBytes = y.gpuWeights + 2 * uint64_t(y.R) * weightBytes;
+  y.gpuCombStamps = y.gpuWeights + 2 * uint64_t(y.R) * weightBytes;
+  y.gpuBytes = y.gpuCombStamps + 2 * uint64_t(y.T) * y.K * y.combChunks() * 8;
   if (remoteSlots == 0) return y;
   y.mirrorComb = kLlCtrlBytes + 2 * uint64_t(y.S) * y.T * y.slotBytes;
   y.mirrorWeights = y.mirrorComb + combBytes;
@@ -357,7 +358,9 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
   h.owner_ = this;
   h.call_ = impl_->calls - 1;
   h.args_ = args;
-  if (!hook) runHook(now, stream);
+  if (hook) return;
+  args->c.besideSend = true;  // its receive follows it at once on this stream
+  runHook(now, stream);
 }
 
 void LowLatencyBuffer::runHook(LowLatencyHook& hook, cudaStream_t stream) {

@@ -136,12 +136,12 @@ __device__ inline uint32_t waitFreed(const LlTeam& lt, uint64_t e) {
 
 /// Thread d of the calling block tells rank d (unless masked) that this rank's word reads e: a store into wordIn(d's
 /// LlCtrl) on the direct path (`order`), the signal signalBase + this rank otherwise (on the ring of this rank's puts
-/// to d, after them). A rank whose signal is refused is masked.
+/// to d, after them). A rank whose signal is refused is masked. `ranks`: those told (the others are skipped).
 template <typename WordIn>
 __device__ inline void tellEveryRank(const LlTeam& lt, uint32_t signalBase, WordIn wordIn, uint64_t e,
-                                     MemoryOrder order) {
+                                     MemoryOrder order, uint32_t ranks = ~0u) {
   const int d = threadIdx.x;
-  if (d >= lt.t.numRanks || isMasked(lt, d)) return;
+  if (d >= lt.t.numRanks || !((ranks >> d) & 1u) || isMasked(lt, d)) return;
   if (isRemote(lt.t, d)) {
     ChannelDeviceHandle ch = lt.t.net[d];
     if (ch.signal(signalBase + lt.t.rank, e, SignalOp::kSet) != Status::kOk) maskRank(lt, d);
@@ -497,9 +497,7 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
     __syncthreads();  // the whole message written before its stamp, and staged before a put reads it
     // Each message to a rank of this host is stamped with the epoch, released after the block's stores (the barrier).
     if (warp == 0 && lane < kMaxTopk && ((to.direct >> lane) & 1u))
-      atomicStore(
-          reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(to.row[lane]) + y.stampOffset()),
-          e, kRelease);
+      atomicStore(reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(to.row[lane]) + y.stampOffset()), e, kRelease);
     int nth = 0;
     for (unsigned m = remoteSlots; m; m &= m - 1, ++nth) {
       if (nth % numWarps != warp) continue;
@@ -571,8 +569,7 @@ __device__ inline void storeRound(const int4 (&v)[kRoundVecs], char* out, uint32
 /// masked, failed or timed out), the warp follows.
 __device__ inline bool messageArrived(const LlTeam& lt, int src, const char* m, uint64_t e, int lane) {
   bool ok = true;
-  if (lane == 0)
-    ok = waitOrMask(lt, src, reinterpret_cast<const uint64_t*>(m + lt.lay.stampOffset()), e, 0);
+  if (lane == 0) ok = waitOrMask(lt, src, reinterpret_cast<const uint64_t*>(m + lt.lay.stampOffset()), e, 0);
   ok = __shfl_sync(0xffffffffu, ok, 0);
   __syncwarp();  // lane 0's acquire of the stamp orders the warp's reads of the message after it
   return ok;
@@ -748,6 +745,16 @@ __device__ inline void warpWeightedSum(int4* out, const char* const (&src)[kMaxT
   }
 }
 
+/// Vectors (16 bytes) per combine chunk.
+constexpr uint32_t kChunkVecs = kCombChunkBytes / 16;
+
+/// Chunks per piece when `chunks`-chunk rows of `rows` tokens (or messages) are shared by `warps` warps: as many pieces
+/// as give every warp one, at least a chunk each.
+__device__ inline int chunksPerPiece(int chunks, int warps, int rows) {
+  const int pieces = max(1, min(warps / max(rows, 1), chunks));
+  return (chunks + pieces - 1) / pieces;
+}
+
 /// Entry i of this rank's combine weights as they are sent, [N][K] at the layout's K (0 past the top-k or the tokens).
 __device__ inline float weightOf(const LlCombineArgs& a, int K, int i) {
   const int tok = i / K, k = i % K;
@@ -806,12 +813,13 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   };
   const uint32_t absent = masked | lastWarpWaits(lt, weightsOf, e);
   // Per message: the sum of its token's rows here, weighted by the source's weights, into one row for the source (the
-  // combine row of the token's first slot naming this rank). A row for a rank of this host is cut into pieces (at least
-  // 512 bytes each) so that every warp has work at decode sizes; one for another host is summed into staging whole by
-  // one warp (its piece 0) and put.
-  const int messages = firstMessage[R];
-  const int pieces = max(1, min(W / max(messages, 1), int(xb / 512)));
-  const uint32_t vecs = xb / 16, perPiece = (vecs + pieces - 1) / pieces;
+  // combine row of the token's first slot naming this rank). A row for a rank of this host is cut into pieces of whole
+  // chunks (kCombChunkBytes) so that every warp has work at decode sizes, and the warp stamps each chunk of its piece
+  // once its stores are done (the source sums each chunk as it lands); one for another host is summed into staging
+  // whole by one warp (its piece 0) and put.
+  const int messages = firstMessage[R], chunks = y.combChunks();
+  const int perPiece = chunksPerPiece(chunks, W, messages), pieces = (chunks + perPiece - 1) / perPiece;
+  const uint32_t vecs = xb / 16;
   for (int unit = gw; unit < messages * pieces; unit += W) {
     const int v = unit / pieces, piece = unit % pieces;
     const int s = sourceOf(firstMessage, v);
@@ -839,9 +847,12 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
     }
     const int k0 = __ffs(slots) - 1;
     if (!far) {
-      const uint32_t begin = min(vecs, piece * perPiece), end = min(vecs, begin + perPiece);
+      const int c0 = piece * perPiece, c1 = min(chunks, c0 + perPiece);
       warpWeightedSum<LoadPath::kInput>(reinterpret_cast<int4*>(t.base[s] + y.gpuCombRow(b, tok, k0)), src, wt, n,
-                                        begin, end, lane);
+                                        c0 * kChunkVecs, min(vecs, c1 * kChunkVecs), lane);
+      __syncwarp();  // every lane's stores of the piece before any of its stamps
+      for (int c = c0 + lane; c < c1; c += 32)
+        atomicStore(reinterpret_cast<uint64_t*>(t.base[s] + y.gpuCombStamp(b, tok, k0, c)), e, kRelease);
     } else {
       const uint64_t stage = y.combStageRow(b, lt.remoteSlot[s], v - firstMessage[s]);
       warpWeightedSum<LoadPath::kInput>(reinterpret_cast<int4*>(t.mirror + stage), src, wt, n, 0, vecs, lane);
@@ -852,62 +863,104 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
     }
   }
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->sendBlocks)) return;
-  // Every rank learns that this rank's rows of epoch e are in place.
+  // Every rank of another host learns that this rank's rows of epoch e are there: the signal on the ring of the puts,
+  // after them. The ranks of this host had each chunk's stamp.
   tellEveryRank(
-      lt, lt.sentSignal, [&](LlCtrl* c) { return &c->combDone[b][me]; }, e, kRelease);  // covers every row
+      lt, lt.sentSignal, [](LlCtrl*) -> uint64_t* { return nullptr; }, e, kRelease, t.remoteMask);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
 }
 
+/// Whether every chunk [c0, c1) of the combine row (tok, slot k) that rank d sends this rank is here: the chunks'
+/// stamps on the direct path, the signal that follows all of d's rows from another host. Called by the lane of slot k;
+/// false once d is (or becomes) masked, failed or timed out (reachedOrWait). Its acquires order the warp's reads of the
+/// chunks after them once the warp syncs.
+__device__ inline bool combineRowArrived(const LlTeam& lt, int b, uint64_t e, int tok, int k, int d, int c0, int c1) {
+  if (isRemote(lt.t, d)) return reachedOrWait(lt, d, &lt.t.netSignals[lt.sentSignal + d], e, 0);
+  const char* base = lt.t.base[lt.t.rank];
+  for (int c = c0; c < c1; ++c)
+    if (!reachedOrWait(lt, d, reinterpret_cast<const uint64_t*>(base + lt.lay.gpuCombStamp(b, tok, k, c)), e, 0))
+      return false;
+  return true;
+}
+
+/// The warp sums chunks [c0, c1) of token tok's combined row: one row per rank the token went to (laneExpert: lane k's
+/// top-k expert), in the combine row of its first slot naming that rank (weighted there), each read once it arrived
+/// (combineRowArrived). A rank that is masked, or is masked while the warp waits, adds nothing (see llCombineRecv).
+__device__ inline void sumCombinedChunks(const LlTeam& lt, const LlCombineArgs& a, int b, uint64_t e, int tok,
+                                         int64_t laneExpert, bool refused, uint32_t masked, int c0, int c1, int lane) {
+  const LlLayout& y = lt.lay;
+  const int rank = !refused && laneExpert >= 0 && laneExpert < y.E ? int(laneExpert / y.L) : -1;
+  const unsigned sameRank = __match_any_sync(0xffffffffu, rank);
+  bool first = rank >= 0 && lane == __ffs(sameRank) - 1 && !((masked >> rank) & 1u);
+  if (first) first = combineRowArrived(lt, b, e, tok, lane, rank, c0, c1);
+  const unsigned rows = __ballot_sync(0xffffffffu, first);
+  __syncwarp();  // each row's lane acquired its stamps before any lane reads the row
+  const char* src[kMaxTopk];
+  float wt[kMaxTopk];
+  int n = 0;
+  for (unsigned m = rows; m; m &= m - 1, ++n) {
+    const int k = __ffs(m) - 1, d = __shfl_sync(0xffffffffu, rank, k);
+    src[n] =
+        isRemote(lt.t, d) ? lt.t.mirror + y.mirrorCombRow(b, tok, k) : lt.t.base[lt.t.rank] + y.gpuCombRow(b, tok, k);
+    wt[n] = 1.f;
+  }
+  const uint32_t vecs = uint32_t(y.H) / 8;
+  warpWeightedSum<LoadPath::kCached>(reinterpret_cast<int4*>(a.out + int64_t(tok) * y.H * 2), src, wt, n,
+                                     c0 * kChunkVecs, min(vecs, c1 * kChunkVecs), lane);
+}
+
 __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a) {
-  followPreviousKernel();
-  const Team& t = lt.t;
+  followPreviousKernel(!a.besideSend);
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->recvSeq + 1;
-  const int b = int(e & 1), me = t.rank, K = a.numTopk, lane = threadIdx.x & 31;
-  const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), W = gridDim.x * (blockDim.x >> 5);
-  const uint32_t vecs = uint32_t(y.H) / 8;
-  // A token's row is cut into pieces of at least 32 vectors so that every warp has work at decode sizes (one warp per
-  // token left most of the grid idle and each busy warp waiting on its loads).
-  const int pieces = max(1, min(W / max(a.numTokens, 1), int(vecs / 32)));
-  const uint32_t perPiece = (vecs + pieces - 1) / pieces;
+  const int b = int(e & 1), K = a.numTopk, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gw = blockIdx.x * (blockDim.x >> 5) + warp, W = gridDim.x * (blockDim.x >> 5);
+  // A token's row is cut into pieces of whole chunks so that every warp has work at decode sizes (one warp per token
+  // left most of the grid idle and each busy warp waiting on its loads), and each piece is summed as its chunks land.
+  const int chunks = y.combChunks(), perPiece = chunksPerPiece(chunks, W, a.numTokens);
+  const int pieces = (chunks + perPiece - 1) / perPiece;
   // Lane k holds slot k's expert of the warp's token: the whole top-k in one round trip (loaded slot after slot, they
-  // cost a memory latency each, 3 us of a one-token call). The first token's are loaded before the waits, beside
-  // whether the dispatch refused (caller inputs, final since followPreviousKernel). The weights were applied by the
-  // experts' ranks.
+  // cost a memory latency each, 3 us of a one-token call). The weights were applied by the experts' ranks.
   int64_t laneExpert = -1;
   const auto loadTopk = [&](int tok) {
     laneExpert = lane < K && tok < a.numTokens ? a.topkIdx[int64_t(tok) * K + lane] : -1;
   };
-  loadTopk(gw / pieces);
   const bool refused = *a.refused != 0;  // its dispatch sent nothing: no row comes back, every sum is zero
-  const auto doneOf = [&](int s) -> const uint64_t* {
-    return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : &llCtrl(t.base[me])->combDone[b][s];
-  };
-  const uint32_t mask = lastWarpWaits(lt, doneOf, e, true);  // a masked rank's experts add nothing
+  // The ranks this block goes by: those masked when it starts, and any its waits find masked.
+  const uint32_t masked = atomicLoad(&lt.ll->mask, kRelaxed);
   for (int unit = gw; unit < a.numTokens * pieces; unit += W) {
-    const int tok = unit / pieces;
-    const uint32_t begin = uint32_t(unit % pieces) * perPiece, end = min(vecs, begin + perPiece);
-    if (unit != gw) loadTopk(tok);
-    // One row per rank the token went to, in the combine row of its first slot naming that rank (weighted there).
-    const int rank = !refused && laneExpert >= 0 && laneExpert < y.E ? int(laneExpert / y.L) : -1;
-    const unsigned sameRank = __match_any_sync(0xffffffffu, rank);
-    const bool first = rank >= 0 && lane == __ffs(sameRank) - 1 && !((mask >> rank) & 1u);
-    const char* src[kMaxTopk];
-    float wt[kMaxTopk];
-    int n = 0;
-    for (unsigned m = __ballot_sync(0xffffffffu, first); m; m &= m - 1, ++n) {
-      const int k = __ffs(m) - 1, d = __shfl_sync(0xffffffffu, rank, k);
-      src[n] = isRemote(t, d) ? t.mirror + y.mirrorCombRow(b, tok, k) : t.base[me] + y.gpuCombRow(b, tok, k);
-      wt[n] = 1.f;
-    }
-    warpWeightedSum<LoadPath::kCached>(reinterpret_cast<int4*>(a.out + int64_t(tok) * y.H * 2), src, wt, n, begin, end,
-                                       lane);
+    const int tok = unit / pieces, c0 = (unit % pieces) * perPiece;
+    loadTopk(tok);
+    sumCombinedChunks(lt, a, b, e, tok, laneExpert, refused, masked, c0, min(chunks, c0 + perPiece), lane);
   }
+  // Every sum must go by the same ranks. Each block notes the ranks it started without masked; if one of them is
+  // masked by the end (a wait here timed out, or a put of the send failed), some sums may hold its rows and others
+  // not, and the last block sums every token again without the ranks masked then, until no more are masked.
+  __syncthreads();
+  if (threadIdx.x == 0) atomicOr(&lt.ll->combUnmaskedAtStart, ~masked);
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->recvBlocks)) return;
+  __shared__ uint32_t now, seen;
+  if (threadIdx.x == 0) {
+    now = atomicLoad(&lt.ll->mask, kRelaxed);
+    seen = lt.ll->combUnmaskedAtStart;
+    lt.ll->combUnmaskedAtStart = 0;  // for the next combine receive, which starts after this kernel ends
+  }
+  __syncthreads();
+  for (uint32_t before = ~now; (seen & now) != 0 && before != now;) {
+    before = now;
+    for (int tok = warp; tok < a.numTokens; tok += blockDim.x >> 5) {
+      loadTopk(tok);
+      sumCombinedChunks(lt, a, b, e, tok, laneExpert, refused, before, 0, chunks, lane);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) now = atomicLoad(&lt.ll->mask, kRelaxed);
+    __syncthreads();
+  }
   releaseBuffer(lt, e);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->recvSeq = e;
+  if (a.besideSend) endAfterPreviousKernel();
 }
 
 /// Launches kernel k with the team's shape, programmatically serialized after the stream's previous kernel when the

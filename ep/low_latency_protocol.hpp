@@ -16,14 +16,16 @@
 // local expert: its rows; and entry L: its messages). They follow from the top-k alone, so one block of the send
 // kernel (the last) counts them and publishes them to every rank of this host at its start, before it waits for the
 // buffer (the counts have four slots, LlCtrl), each word tagged with e and taken once its tag reads e; each message
-// there then carries its own stamp (e, released after the message's bytes, LlLayout::stampOffset), and the receiver copies a message
-// as soon as its stamp reads e, while the send kernel is still running. To a rank of another host the counts go after
-// the messages: one put of the L + 1 words with the signal sent[sender] = e on the ring of the data puts, once every
-// block's puts are out. A combine publishes combDone[b][sender] = e (or the signal), and first, from its start, its
-// top-k weights with combWeights[b][sender] = e (or the signal weights[sender]). When a receive kernel is done with
-// buffer b it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel of epoch e
-// first waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads. Waits that
-// time out mask the rank (see low_latency.hpp).
+// there then carries its own stamp (e, released after the message's bytes, LlLayout::stampOffset), and the receiver
+// copies a message as soon as its stamp reads e, while the send kernel is still running. To a rank of another host the
+// counts go after the messages: one put of the L + 1 words with the signal sent[sender] = e on the ring of the data
+// puts, once every block's puts are out. A combine stamps each chunk of each row it sends a rank of this host
+// (LlLayout::gpuCombStamp: e, released after the chunk's bytes), so that the receiver sums a chunk as soon as it lands,
+// beside the send kernel; to a rank of another host it sends the signal sent[sender] = e after all its rows' puts.
+// First, from its start, it sends its top-k weights with combWeights[b][sender] = e (or the signal weights[sender]).
+// When a receive kernel is done with buffer b it tells every source freed[receiver] = e (a store, or the signal
+// freed[receiver]); a send kernel of epoch e first waits for freed >= e - 2 from every rank, so nobody overwrites a
+// buffer its receiver still reads. Waits that time out mask the rank (see low_latency.hpp).
 //
 // Messages. A token goes to each rank that one of its top-k experts lives on once, whatever the number of those
 // experts there: one message (the token, FP8 with scales or BF16) in that rank's area of the source, at a position
@@ -57,7 +59,6 @@ GDX_HOST_DEVICE_INLINE int countSlot(uint64_t e) {
 struct LlCtrl {
   uint64_t dispCount[kCountSlots][kMaxRanks]
                     [kMaxExperts + 1];  // [e % 4][source][local expert, L: messages]: (e << 32) | n
-  uint64_t combDone[2][kMaxRanks];      // [b][source]: epoch
   uint64_t combWeights[2][kMaxRanks];   // [b][source]: epoch, once its combine weights of b are here
   uint64_t freed[kMaxRanks];            // [receiver]: the last epoch it finished reading
 };
@@ -73,6 +74,7 @@ struct LlState {
   uint32_t mask;                      // bit r: rank r is masked
   uint64_t recvVerdict[kMaxRanks];    // [source]: (receive epoch << 1) | whether it counts in that receive kernel
   uint64_t recvZeroed[kMaxRanks];     // [source]: the last receive epoch that zeroed its rows (a message never came)
+  uint32_t combUnmaskedAtStart;       // the running combine receive: ranks some block started without masked
   int32_t sendCount[2][kMaxExperts];  // [b][expert]: rows reserved in this call
   int32_t sendMsgs[2][kMaxRanks];     // [b][destination]: messages reserved in this call
 };
@@ -97,13 +99,18 @@ inline LlMessage llMessage(int hidden, int maxTopk, bool fp8) {
   return m;
 }
 
+/// A combine row's chunk (LlLayout::gpuCombStamp): the unit in which rows are announced, and so the smallest piece of a
+/// row a warp sums on either side.
+constexpr uint32_t kCombChunkBytes = 512;
+
 /// Sizes and offsets of the areas (the same on every rank).
 struct LlLayout {
   int L, T, H, K, E, R, S;
-  uint64_t slotBytes;     // a dispatch message slot: the larger of the BF16 and FP8 messages, then 16 bytes (stamp)
-  uint64_t combRowBytes;  // 2H
-  uint64_t gpuComb;       // offset of the combine rows in the GPU window
-  uint64_t gpuWeights;    // offset of the combine weights in the GPU window
+  uint64_t slotBytes;      // a dispatch message slot: the larger of the BF16 and FP8 messages, then 16 bytes (stamp)
+  uint64_t combRowBytes;   // 2H
+  uint64_t gpuComb;        // offset of the combine rows in the GPU window
+  uint64_t gpuWeights;     // offset of the combine weights in the GPU window
+  uint64_t gpuCombStamps;  // offset of the combine rows' chunk stamps in the GPU window
   uint64_t gpuBytes;
   uint64_t mirrorComb, mirrorWeights, dispStage, countStage, combStage, weightStage, hostBytes;  // in the host window
 
@@ -117,6 +124,12 @@ struct LlLayout {
   }
   GDX_HOST_DEVICE_INLINE uint64_t gpuCombRow(int b, int t, int k) const {
     return gpuComb + ((uint64_t(b) * T + t) * K + k) * combRowBytes;
+  }
+  /// A combine row of the GPU window is announced in chunks of kCombChunkBytes: chunk c's stamp is the epoch of the
+  /// call that wrote it, released after its bytes by the warp that summed it (the window is zeroed at creation).
+  GDX_HOST_DEVICE_INLINE int combChunks() const { return int((combRowBytes + kCombChunkBytes - 1) / kCombChunkBytes); }
+  GDX_HOST_DEVICE_INLINE uint64_t gpuCombStamp(int b, int t, int k, int c) const {
+    return gpuCombStamps + (((uint64_t(b) * T + t) * K + k) * combChunks() + c) * 8;
   }
   /// Source s's weights of buffer b, [T][K] floats (s: a rank in the GPU window, a remote slot in the mirror).
   GDX_HOST_DEVICE_INLINE uint64_t gpuWeightsOf(int b, int s) const {
@@ -198,6 +211,7 @@ struct LlCombineArgs {
   int numTokens, numTopk;
   const int32_t* refused;  // the dispatch refused this rank's top-k: nothing came back, every sum is zero
   LlMessages msgs;         // what its dispatch received
+  bool besideSend;         // as LlDispatchArgs::besideSend: the receive sums each chunk of a row as its stamp lands
 };
 
 /// Whether the kernels were compiled for sm_90 or later, and so wait for the kernel before them (a build for an older

@@ -871,12 +871,10 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
 }
 
-/// Whether every chunk [c0, c1) of the combine row (tok, slot k) that rank d sends this rank is here: the chunks'
-/// stamps on the direct path, the signal that follows all of d's rows from another host. Called by the lane of slot k;
-/// false once d is (or becomes) masked, failed or timed out (reachedOrWait). Its acquires order the warp's reads of the
-/// chunks after them once the warp syncs.
+/// Whether every chunk [c0, c1) of the combine row (tok, slot k) that rank d of this host sends this rank is here (the
+/// chunks' stamps). Called by the lane of slot k; false once d is (or becomes) masked, failed or timed out
+/// (reachedOrWait). Its acquires order the warp's reads of the chunks after them once the warp syncs.
 __device__ inline bool combineRowArrived(const LlTeam& lt, int b, uint64_t e, int tok, int k, int d, int c0, int c1) {
-  if (isRemote(lt.t, d)) return reachedOrWait(lt, d, &lt.t.netSignals[lt.sentSignal + d], e, 0);
   const char* base = lt.t.base[lt.t.rank];
   for (int c = c0; c < c1; ++c)
     if (!reachedOrWait(lt, d, reinterpret_cast<const uint64_t*>(base + lt.lay.gpuCombStamp(b, tok, k, c)), e, 0))
@@ -886,14 +884,15 @@ __device__ inline bool combineRowArrived(const LlTeam& lt, int b, uint64_t e, in
 
 /// The warp sums chunks [c0, c1) of token tok's combined row: one row per rank the token went to (laneExpert: lane k's
 /// top-k expert), in the combine row of its first slot naming that rank (weighted there), each read once it arrived
-/// (combineRowArrived). A rank that is masked, or is masked while the warp waits, adds nothing (see llCombineRecv).
+/// (combineRowArrived; a rank of another host: `masked` excludes it unless its block saw its signal). A rank that is
+/// masked, or is masked while the warp waits, adds nothing (see llCombineRecv).
 __device__ inline void sumCombinedChunks(const LlTeam& lt, const LlCombineArgs& a, int b, uint64_t e, int tok,
                                          int64_t laneExpert, bool refused, uint32_t masked, int c0, int c1, int lane) {
   const LlLayout& y = lt.lay;
   const int rank = !refused && laneExpert >= 0 && laneExpert < y.E ? int(laneExpert / y.L) : -1;
   const unsigned sameRank = __match_any_sync(0xffffffffu, rank);
   bool first = rank >= 0 && lane == __ffs(sameRank) - 1 && !((masked >> rank) & 1u);
-  if (first) first = combineRowArrived(lt, b, e, tok, lane, rank, c0, c1);
+  if (first && !isRemote(lt.t, rank)) first = combineRowArrived(lt, b, e, tok, lane, rank, c0, c1);
   const unsigned rows = __ballot_sync(0xffffffffu, first);
   __syncwarp();  // each row's lane acquired its stamps before any lane reads the row
   const char* src[kMaxTopk];
@@ -927,8 +926,14 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
     laneExpert = lane < K && tok < a.numTokens ? a.topkIdx[int64_t(tok) * K + lane] : -1;
   };
   const bool refused = *a.refused != 0;  // its dispatch sent nothing: no row comes back, every sum is zero
-  // The ranks this block goes by: those masked when it starts, and any its waits find masked.
-  const uint32_t masked = atomicLoad(&lt.ll->mask, kRelaxed);
+  // The ranks this block goes by: those masked when it starts, and any its waits find masked. The rows of another
+  // host's rank all come before its signal, which the block's last warp waits for (one lane per such rank: polled by
+  // every warp, that host memory took the PCIe link from the send kernel's puts beside it).
+  const auto remoteSentOf = [&](int s) -> const uint64_t* {
+    return isRemote(lt.t, s) ? &lt.t.netSignals[lt.sentSignal + s] : nullptr;
+  };
+  const uint32_t masked =
+      atomicLoad(&lt.ll->mask, kRelaxed) | (lt.t.remoteMask ? lastWarpWaits(lt, remoteSentOf, e) : 0u);
   for (int unit = gw; unit < a.numTokens * pieces; unit += W) {
     const int tok = unit / pieces, c0 = (unit % pieces) * perPiece;
     loadTopk(tok);

@@ -15,8 +15,9 @@
 // start of the send, each word tagged with the call, and every message carries a stamp released after its bytes, so
 // the receiving kernel (launched beside the send when there is no hook) copies each message as it lands; to other
 // hosts the counts follow the data as a put-with-signal on the same ring (the channel's ordering makes the signal
-// imply the rows). Combine announces its rows after them: a release store on the direct path, a signal on the data's
-// ring otherwise.
+// imply the rows). Combine announces each 512-byte chunk of a row it returns on the direct path with a stamp released
+// after it, so that the receive (beside the send when every rank is on this host) sums each chunk as it lands; to
+// other hosts its rows are followed by a signal on the data's ring.
 // No host synchronisation anywhere: every call can be captured in a CUDA graph and replayed.
 //
 //   ep::LowLatencyConfig cfg{/*maxTokensPerRank=*/128, /*hidden=*/7168, /*numExperts=*/288, /*maxTopk=*/8};

@@ -27,6 +27,15 @@ constexpr size_t kMaxCompletions = 64;
 /// Longest sleep of drive() between looks at the deadline (a wake-up can be missed only when a transfer is finished
 /// by the progress thread between drive()'s look and its sleep; that costs at most this).
 constexpr uint64_t kDriveSleepNs = 1000 * 1000;
+/// While drive() polls and nothing was handed over, it still runs a round this often: credits owed for
+/// kCreditDelayNs and deadlines are found by rounds, not announced.
+constexpr uint64_t kQuietRoundNs = 20 * 1000;
+/// How long a blocking call polls after the last work it did before it sleeps. Longer than Connection::kSpinNs (the
+/// progress threads'): the caller waits for its peer's answer, a round trip plus the peer's own turnaround, which a
+/// small message's blocking send does every time (its credit comes back with the reply); on a 2-vCPU host that is
+/// 50-80 us, so 50 us of polling put the caller to sleep, and a futex wake-up on the reply's path, about every other
+/// message. The caller has nothing else to do meanwhile, and spinPause() yields the CPU to whoever else is runnable.
+constexpr uint64_t kDriveSpinNs = 200 * 1000;
 /// The receiver reports freed eager slots on its own (kCredit) once this many are unreported; fewer ride on the
 /// next clear-to-send.
 constexpr uint32_t kCreditBatch = kEagerSlots / 2;
@@ -837,9 +846,14 @@ Connection::Activity Connection::progress(bool arm) {
   if (!lane_) return Activity::kIdle;  // not started yet: start() is followed by the progress thread's first round
   std::unique_lock<std::mutex> lock(progressMutex_, std::try_to_lock);
   if (!lock.owns_lock()) return Activity::kIdle;  // the holder runs whatever was queued before it lets go (pending_)
-  bool worked = false;
-  while (pending_.exchange(false)) worked |= round();
-  worked |= round();  // completions are polled, not announced: one more round polls them even when nothing was queued
+  bool worked = false, ran = false;
+  while (pending_.exchange(false)) {
+    worked |= round();
+    ran = true;
+  }
+  // Completions are polled, not announced: one more round polls them even when nothing was queued, and after rounds
+  // that left writes in flight (those above ran the rest: credits owed, deadlines).
+  if (!ran || lane_->inFlight() > 0) worked |= round();
   Activity activity = worked ? Activity::kWorked : Activity::kIdle;
   if (!worked && lane_->inFlight() > 0) {
     // Completions are due. Polling for them in every idle thread starves whatever produces them (on a host with few
@@ -864,10 +878,21 @@ void Connection::drive(const Transfer& t, uint64_t deadlineNs) {
   Driving self(*this);
   uint64_t spins = 0;
   uint64_t activeNs = nowNs();
+  uint64_t roundNs = 0;  // when this thread last ran a round
   while (!t.finished()) {
-    // Poll for kSpinNs after the last work done (a reply or completion soon after is caught without a
+    // Poll for kDriveSpinNs after the last work done (a reply or completion soon after is caught without a
     // wake-up), then have completions announced and sleep until something arrives.
-    const bool spin = nowNs() - activeNs < kSpinNs;
+    const uint64_t before = nowNs();
+    const bool spin = before - activeNs < kDriveSpinNs;
+    // While polling, a round runs only when it can find something: work queued or handed over by the transport
+    // (pending_), completions to poll, or the turn of a quiet round (credits owed, deadlines). A round takes locks
+    // the transport's threads need to hand over what arrives, and on a host with few cores the time it takes is
+    // theirs: looking at two atomics instead leaves them the CPU and the locks, and yields sooner (spinPause).
+    if (spin && !pending_.load() && (!lane_ || lane_->inFlight() == 0) && before - roundNs < kQuietRoundNs) {
+      spinPause(++spins);
+      continue;
+    }
+    roundNs = before;
     const Activity activity = progress(!spin);
     if (t.finished()) break;
     const uint64_t now = nowNs();
@@ -886,16 +911,17 @@ void Connection::drive(const Transfer& t, uint64_t deadlineNs) {
 }
 
 bool Connection::round() {
-  std::deque<std::function<void()>> ops;
-  std::deque<Event> events;
+  // Emptied here too, not only below: a handler that threw out of the last round left its events behind.
+  roundOps_.clear();
+  roundEvents_.clear();
   {
     std::lock_guard<std::mutex> lock(opsMutex_);
-    ops.swap(ops_);
-    events.swap(inbox_);
+    roundOps_.swap(ops_);
+    roundEvents_.swap(inbox_);
   }
   const std::string failed = failure();
-  for (auto& e : events) handle(e);
-  for (auto& op : ops) {
+  for (const Event& e : roundEvents_) handle(e);
+  for (auto& op : roundOps_) {
     if (!failed.empty()) {
       op();  // queues its transfer in live_; failAll below fails it by name
       failAll(ErrorCode::kPeerFailed, failed);
@@ -912,7 +938,10 @@ bool Connection::round() {
   for (size_t i = 0; i < n; ++i) handleCompletion(done[i]);
   if (creditsFreed_ > 0 && failed.empty() && nowNs() - creditsOwedSinceNs_ >= kCreditDelayNs) flushCredits();
   sweep();
-  return n > 0 || !ops.empty() || !events.empty();
+  const bool worked = n > 0 || !roundOps_.empty() || !roundEvents_.empty();
+  roundOps_.clear();
+  roundEvents_.clear();
+  return worked;
 }
 
 void Connection::handleCompletion(const Completion& c) {

@@ -82,9 +82,9 @@ constexpr uint32_t kAdvertisedWindowBase = 0x80000000u;
 
 class Connection {
  public:
-  /// How long a thread that runs connections (drive(), the progress threads) polls after the last sign of activity
-  /// before it sleeps: about the round trip of a small message over loopback TCP, so that a reply or a completion
-  /// is caught without a wake-up, and short enough not to burn a core.
+  /// How long a progress thread polls after the last sign of activity before it sleeps: about the round trip of a
+  /// small message over loopback TCP, so that a reply or a completion is caught without a wake-up, and short enough
+  /// not to burn a core. A blocking call's drive() polls longer (connection.cpp, kDriveSpinNs).
   static constexpr uint64_t kSpinNs = 50 * 1000;
 
   /// `wake` is called (from any thread) when the progress thread has something to do.
@@ -136,7 +136,8 @@ class Connection {
   /// when they come), so that the caller may sleep instead of polling: kIdle instead of kPolling where it can.
   Activity progress(bool arm = false);
   /// Drives the connection from the calling thread until `t` is finished or `deadlineNs` passes: it polls for a
-  /// short while after the last work it did (a reply to a small message comes within tens of microseconds), then
+  /// short while after the last work it did (a reply to a small message comes within tens of microseconds; it runs
+  /// a round only when something was handed over, completions are due, or a quiet round is due), then
   /// sleeps until the transport hands over something (a message, an immediate, an armed completion) or the
   /// endpoint's progress thread finished a transfer. Work it leaves behind goes back to the progress thread.
   void drive(const Transfer& t, uint64_t deadlineNs);
@@ -254,8 +255,12 @@ class Connection {
   std::atomic<int> drivers_{0};       ///< threads in drive() or about to be (Driving)
   std::mutex opsMutex_;
   std::condition_variable driverCv_;  ///< drive() sleeps here (with opsMutex_)
-  std::deque<std::function<void()>> ops_;
-  std::deque<Event> inbox_;
+  std::vector<std::function<void()>> ops_;
+  std::vector<Event> inbox_;
+  // What a round took from ops_ and inbox_ (the thread holding progressMutex_): swapped with them, so that their
+  // storage is reused instead of allocated and freed every round.
+  std::vector<std::function<void()>> roundOps_;
+  std::vector<Event> roundEvents_;
 
   mutable std::mutex winMutex_;  // guards the tables below it, touched by callers and the progress thread
   std::unordered_map<uint32_t, std::string> localKeys_;  ///< windows registered with the transport

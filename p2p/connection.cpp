@@ -57,6 +57,7 @@ Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::func
     : id_(id), link_(std::move(link)), timeoutNs_(timeoutNs), wake_(std::move(wake)) {
   name_ = "connection " + std::to_string(id_) + " (peer " + link_.peerIp + ", GPU " + std::to_string(link_.peerGpu) +
           ", " + link_.detail + ")";
+  sharedName_ = std::make_shared<const std::string>(name_);
 }
 
 Connection::~Connection() {
@@ -367,7 +368,7 @@ void Connection::write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std:
                         "a write of " + std::to_string(dst[i].size) + " bytes at offset " +
                             std::to_string(dst[i].offset) + " does not fit the peer's window " +
                             std::to_string(dst[i].window) + " of " + std::to_string(have) + " bytes");
-          ensureLocal(src[i].region);
+          registerLocal(src[i].region);
           WriteOp op;
           op.peer = link_.peer();
           op.localWindow = src[i].region.window;
@@ -468,15 +469,20 @@ void Connection::forget(uint32_t window) {
 }
 
 std::string Connection::ensureLocal(const MemoryRegion& r) {
+  std::string key;
+  registerLocal(r, &key);
+  return key;
+}
+
+void Connection::registerLocal(const MemoryRegion& r, std::string* key) {
   std::lock_guard<std::mutex> lock(winMutex_);
   if (forgotten_.count(r.window))
     throw Error(ErrorCode::kInvalidArgument, name_ + ": memory region " + std::to_string(r.window) +
                                                  " was deregistered while the transfer was queued");
   auto it = localKeys_.find(r.window);
-  if (it != localKeys_.end()) return it->second;
-  std::string key = link_.transport->registerWindow(r.window, r.base, r.bytes, r.kind);
-  localKeys_[r.window] = key;
-  return key;
+  if (it == localKeys_.end())
+    it = localKeys_.emplace(r.window, link_.transport->registerWindow(r.window, r.base, r.bytes, r.kind)).first;
+  if (key) *key = it->second;
 }
 
 bool Connection::resolveLocal(uint32_t window, MemoryRegion* out) {
@@ -556,7 +562,7 @@ void Connection::trySends() {
       if (!remoteKnown_.count(cts.window))
         throw Error(ErrorCode::kProtocol, what + ": the peer's clear-to-send names window " +
                                               std::to_string(cts.window) + ", whose key never arrived");
-      ensureLocal(send.piece.region);
+      registerLocal(send.piece.region);
       WriteOp op;
       op.peer = link_.peer();
       op.localWindow = send.piece.region.window;
@@ -593,7 +599,7 @@ bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, con
   }
   const uint32_t credits = takeCredits();  // ride along: the peer's sends this side took since the last report
   try {
-    ensureLocal(piece.region);
+    registerLocal(piece.region);
     WriteOp op;
     op.peer = link_.peer();
     op.localWindow = piece.region.window;
@@ -665,7 +671,7 @@ void Connection::onReadRequest(const ControlMsg& m) {
     done.status = ReadStatus::kOutOfRange;
   } else {
     try {
-      ensureLocal(src);
+      registerLocal(src);
       WriteOp op;
       op.peer = link_.peer();
       op.localWindow = src.window;

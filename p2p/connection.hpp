@@ -99,6 +99,8 @@ class Connection {
   uint64_t id() const { return id_; }
   /// "connection 3 (peer 10.0.0.2:41234, GPU 1, tcp, 4 sockets, 1048576-byte chunks)", the start of its errors.
   const std::string& name() const { return name_; }
+  /// The same, shared with the transfers that name it in their errors (TransferName).
+  const std::shared_ptr<const std::string>& sharedName() const { return sharedName_; }
   uint64_t token() const { return link_.token; }
   const std::string& peerIp() const { return link_.peerIp; }
   int peerGpu() const { return link_.peerGpu; }
@@ -236,6 +238,8 @@ class Connection {
   void failAll(ErrorCode code, const std::string& why);
   /// Registers `r` with the transport once; returns its key. Throws for a forgotten region.
   std::string ensureLocal(const MemoryRegion& r);
+  /// The same, for callers that need no key (no copy of it on a small send's path); with `key`, it goes there.
+  void registerLocal(const MemoryRegion& r, std::string* key = nullptr);
   bool resolveLocal(uint32_t window, MemoryRegion* out);
   void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
   void postControl(const ControlMsg& m);
@@ -248,6 +252,7 @@ class Connection {
   const uint64_t timeoutNs_;
   std::function<void()> wake_;
   std::string name_;
+  std::shared_ptr<const std::string> sharedName_;
   TransportLane* lane_ = nullptr;
 
   std::mutex progressMutex_;          ///< held by the thread running the connection (progress())

@@ -37,7 +37,7 @@ struct Endpoint::Impl {
   /// The transfer `id` names (the caller holds `mutex`); throws kInvalidArgument for an id it does not know.
   std::map<uint64_t, std::shared_ptr<Transfer>>::iterator transferOf(uint64_t id);
   /// A transfer on `c` whose wait() drives `c` from the waiting thread.
-  std::shared_ptr<Transfer> newTransfer(const std::string& what, int parts, const std::shared_ptr<Connection>& c);
+  std::shared_ptr<Transfer> newTransfer(TransferName name, int parts, const std::shared_ptr<Connection>& c);
   /// Waits for a transfer started by a blocking call.
   void finish(const std::shared_ptr<Transfer>& t);
   void passiveLoop();

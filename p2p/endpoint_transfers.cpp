@@ -49,9 +49,9 @@ Piece Endpoint::Impl::piece(uint64_t mrId, const void* ptr, size_t size, const c
   return p;
 }
 
-std::shared_ptr<Transfer> Endpoint::Impl::newTransfer(const std::string& what, int parts,
+std::shared_ptr<Transfer> Endpoint::Impl::newTransfer(TransferName name, int parts,
                                                       const std::shared_ptr<Connection>& c) {
-  auto t = std::make_shared<Transfer>(what, parts, deadlineNs());
+  auto t = std::make_shared<Transfer>(std::move(name), parts, deadlineNs());
   std::weak_ptr<Connection> weak = c;
   t->setDriver([weak](const Transfer& self, uint64_t deadline) {
     if (auto conn = weak.lock()) conn->drive(self, deadline);
@@ -112,22 +112,17 @@ void Endpoint::dereg(uint64_t mrId) {
 
 namespace {
 
-std::string describe(const char* op, size_t pieces, uint64_t bytes, const Connection& c) {
-  return std::string(op) + " of " + (pieces == 1 ? "" : std::to_string(pieces) + " buffers, ") + std::to_string(bytes) +
-         " bytes on " + c.name();
+TransferName describe(const char* op, size_t pieces, uint64_t bytes, const Connection& c) {
+  return TransferName{op, pieces, bytes, c.sharedName()};
 }
 
-}  // namespace
-
-namespace {
-
-/// The checked pieces of a vectorised two-sided call, queued on its connection by `post`; the transfer's id.
+/// Checks the pieces of a vectorised two-sided call and queues them on `c` with `post`; the transfer.
 template <typename Post>
-uint64_t twoSided(Endpoint::Impl& d, uint64_t connId, const std::vector<Iov>& iovs, const char* op, const char* noun,
-                  Post post) {
-  auto c = d.connection(connId, op);
+std::shared_ptr<Transfer> twoSided(Endpoint::Impl& d, const std::shared_ptr<Connection>& c,
+                                   const std::vector<Iov>& iovs, const char* op, const char* noun, Post post) {
   if (iovs.empty()) throw Error(ErrorCode::kInvalidArgument, d.who() + ": " + op + ": no buffers");
   std::vector<Piece> pieces;
+  pieces.reserve(iovs.size());
   uint64_t total = 0;
   for (const Iov& v : iovs) {
     pieces.push_back(d.piece(v.mrId, v.ptr, v.size, op));
@@ -135,19 +130,29 @@ uint64_t twoSided(Endpoint::Impl& d, uint64_t connId, const std::vector<Iov>& io
   }
   auto t = d.newTransfer(describe(noun, pieces.size(), total, *c), static_cast<int>(pieces.size()), c);
   post(*c, t, std::move(pieces));
-  return d.remember(t);
+  return t;
+}
+
+std::shared_ptr<Transfer> startSend(Endpoint::Impl& d, const std::shared_ptr<Connection>& c,
+                                    const std::vector<Iov>& iovs) {
+  return twoSided(d, c, iovs, "send", "send",
+                  [](Connection& c, std::shared_ptr<Transfer> t, std::vector<Piece> p) { c.send(t, std::move(p)); });
+}
+
+std::shared_ptr<Transfer> startRecv(Endpoint::Impl& d, const std::shared_ptr<Connection>& c,
+                                    const std::vector<Iov>& iovs) {
+  return twoSided(d, c, iovs, "recv", "receive",
+                  [](Connection& c, std::shared_ptr<Transfer> t, std::vector<Piece> p) { c.recv(t, std::move(p)); });
 }
 
 }  // namespace
 
 uint64_t Endpoint::sendvAsync(uint64_t connId, const std::vector<Iov>& iovs) {
-  return twoSided(*impl_, connId, iovs, "send", "send",
-                  [](Connection& c, std::shared_ptr<Transfer> t, std::vector<Piece> p) { c.send(t, std::move(p)); });
+  return impl_->remember(startSend(*impl_, impl_->connection(connId, "send"), iovs));
 }
 
 uint64_t Endpoint::recvvAsync(uint64_t connId, const std::vector<Iov>& iovs) {
-  return twoSided(*impl_, connId, iovs, "recv", "receive",
-                  [](Connection& c, std::shared_ptr<Transfer> t, std::vector<Piece> p) { c.recv(t, std::move(p)); });
+  return impl_->remember(startRecv(*impl_, impl_->connection(connId, "recv"), iovs));
 }
 
 uint64_t Endpoint::sendAsync(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
@@ -156,23 +161,24 @@ uint64_t Endpoint::sendAsync(uint64_t connId, uint64_t mrId, const void* ptr, si
 uint64_t Endpoint::recvAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
   return recvvAsync(connId, {Iov{mrId, ptr, size}});
 }
-// The blocking calls drive their connection from the calling thread (Connection::Driving, then wait()): the
-// operation is posted and its completions polled here, with no hand-off to the progress thread.
+// The blocking calls drive their connection from the calling thread (Connection::Driving, then finish()): the
+// operation is posted and its completions polled here, with no hand-off to the progress thread. Their transfers
+// get no id: nobody else can ask for them.
 void Endpoint::send(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
-  Connection::Driving driving(*impl_->connection(connId, "send"));
-  wait(sendAsync(connId, mrId, ptr, size));
+  sendv(connId, {Iov{mrId, const_cast<void*>(ptr), size}});
 }
 void Endpoint::recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
-  Connection::Driving driving(*impl_->connection(connId, "recv"));
-  wait(recvAsync(connId, mrId, ptr, size));
+  recvv(connId, {Iov{mrId, ptr, size}});
 }
 void Endpoint::sendv(uint64_t connId, const std::vector<Iov>& iovs) {
-  Connection::Driving driving(*impl_->connection(connId, "send"));
-  wait(sendvAsync(connId, iovs));
+  auto c = impl_->connection(connId, "send");
+  Connection::Driving driving(*c);
+  impl_->finish(startSend(*impl_, c, iovs));
 }
 void Endpoint::recvv(uint64_t connId, const std::vector<Iov>& iovs) {
-  Connection::Driving driving(*impl_->connection(connId, "recv"));
-  wait(recvvAsync(connId, iovs));
+  auto c = impl_->connection(connId, "recv");
+  Connection::Driving driving(*c);
+  impl_->finish(startRecv(*impl_, c, iovs));
 }
 
 bool Endpoint::poll(uint64_t transferId) {

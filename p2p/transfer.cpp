@@ -6,6 +6,11 @@
 
 namespace gdx::p2p {
 
+std::string TransferName::text() const {
+  return std::string(op) + " of " + (pieces == 1 ? "" : std::to_string(pieces) + " buffers, ") + std::to_string(bytes) +
+         " bytes on " + (where ? *where : std::string("a connection"));
+}
+
 void Transfer::finishPart() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (failed_ || parts_ == 0) return;
@@ -24,11 +29,22 @@ void Transfer::fail(ErrorCode code, const std::string& why) {
 void Transfer::setWaiting(const std::string& what) {
   std::lock_guard<std::mutex> lock(mutex_);
   waiting_ = what;
+  waitingLiteral_ = nullptr;
+}
+
+void Transfer::setWaiting(const char* literal) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  waiting_.clear();
+  waitingLiteral_ = literal;
 }
 
 std::string Transfer::waiting() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return waiting_;
+  return waitingLocked();
+}
+
+std::string Transfer::waitingLocked() const {
+  return waitingLiteral_ ? std::string(waitingLiteral_) : waiting_;
 }
 
 bool Transfer::finished() const {
@@ -37,7 +53,7 @@ bool Transfer::finished() const {
 }
 
 void Transfer::throwIfFailed() const {
-  if (failed_) throw Error(code_, what_ + ": " + why_);
+  if (failed_) throw Error(code_, what() + ": " + why_);
 }
 
 bool Transfer::poll() const {
@@ -52,9 +68,10 @@ void Transfer::wait(uint64_t deadlineNs) const {
   while (!failed_ && parts_ > 0) {
     uint64_t now = nowNs();
     if (now >= deadlineNs)
-      throw Error(ErrorCode::kTimeout, what_ + ": not done within GDX_TIMEOUT_MS (" + std::to_string(parts_) +
-                                           " part(s) still outstanding" +
-                                           (waiting_.empty() ? std::string() : "; waiting for " + waiting_) + ")");
+      throw Error(ErrorCode::kTimeout,
+                  what() + ": not done within GDX_TIMEOUT_MS (" + std::to_string(parts_) +
+                      " part(s) still outstanding" +
+                      (waitingLocked().empty() ? std::string() : "; waiting for " + waitingLocked()) + ")");
     cv_.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadlineNs - now, 100000000)));
   }
   throwIfFailed();

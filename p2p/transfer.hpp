@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -13,13 +14,27 @@
 
 namespace gdx::p2p {
 
+/// An endpoint transfer's name in errors, kept in parts and put into words only when an error needs it: a small
+/// message's blocking call would otherwise build and copy this text for every message it moves.
+struct TransferName {
+  const char* op = "transfer";  ///< "send", "receive", "write", "read" (a string literal)
+  size_t pieces = 1;
+  uint64_t bytes = 0;
+  std::shared_ptr<const std::string> where;  ///< the connection's name (Connection::sharedName())
+  /// "send of 4096 bytes on connection 2 (peer 127.0.0.1, GPU 0, ...)", "send of 16 buffers, 4096 bytes on ...".
+  std::string text() const;
+};
+
 class Transfer {
  public:
   /// `what` names the operation in errors ("send of 4096 bytes on connection 2 (peer 127.0.0.1, GPU 0)").
   Transfer(std::string what, int parts, uint64_t deadlineNs)
       : what_(std::move(what)), parts_(parts), deadline_(deadlineNs) {}
+  Transfer(TransferName name, int parts, uint64_t deadlineNs)
+      : name_(std::move(name)), parts_(parts), deadline_(deadlineNs) {}
 
-  const std::string& what() const { return what_; }
+  /// What it is, for errors.
+  std::string what() const { return name_.where ? name_.text() : what_; }
   uint64_t deadlineNs() const { return deadline_; }
   /// One part finished; the transfer is done after the last.
   void finishPart();
@@ -28,6 +43,8 @@ class Transfer {
   bool finished() const;
   /// What the transfer waits for now, for the error if it never comes ("a matching receive posted by the peer").
   void setWaiting(const std::string& what);
+  /// The same for a string literal, kept as the pointer: a small message's hot path copies no text.
+  void setWaiting(const char* literal);
   std::string waiting() const;
   /// true when done, false while pending; throws gdx::Error (the failure's code) when it failed.
   bool poll() const;
@@ -41,7 +58,9 @@ class Transfer {
 
  private:
   void throwIfFailed() const;
+  std::string waitingLocked() const;  ///< waiting(), with mutex_ held
   const std::string what_;
+  const TransferName name_;  ///< what_ in parts, when the transfer was given those instead
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
   int parts_;
@@ -49,6 +68,7 @@ class Transfer {
   ErrorCode code_ = ErrorCode::kOk;
   std::string why_;
   std::string waiting_;
+  const char* waitingLiteral_ = nullptr;  ///< what it waits for when set from a literal (then waiting_ is empty)
   const uint64_t deadline_;
   Driver driver_;
 };

@@ -32,7 +32,7 @@ void Transfer::setWaiting(const std::string& what) {
   waitingLiteral_ = nullptr;
 }
 
-void Transfer::setWaiting(const char* literal) {
+void Transfer::setWaitingLiteral(const char* literal) {
   std::lock_guard<std::mutex> lock(mutex_);
   waiting_.clear();
   waitingLiteral_ = literal;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,8 +44,12 @@ class Transfer {
   bool finished() const;
   /// What the transfer waits for now, for the error if it never comes ("a matching receive posted by the peer").
   void setWaiting(const std::string& what);
-  /// The same for a string literal, kept as the pointer: a small message's hot path copies no text.
-  void setWaiting(const char* literal);
+  /// The same for a string literal, kept as the pointer: a small message's hot path copies no text. Only an array
+  /// binds here, so a `const char*` of a temporary string (`s.c_str()`) takes the copying overload above.
+  template <size_t N>
+  void setWaiting(const char (&literal)[N]) {
+    setWaitingLiteral(literal);
+  }
   std::string waiting() const;
   /// true when done, false while pending; throws gdx::Error (the failure's code) when it failed.
   bool poll() const;
@@ -59,6 +64,7 @@ class Transfer {
  private:
   void throwIfFailed() const;
   std::string waitingLocked() const;  ///< waiting(), with mutex_ held
+  void setWaitingLiteral(const char* literal);
   const std::string what_;
   const TransferName name_;  ///< what_ in parts, when the transfer was given those instead
   mutable std::mutex mutex_;

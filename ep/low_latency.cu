@@ -134,20 +134,24 @@ __device__ inline uint32_t waitFreed(const LlTeam& lt, uint64_t e) {
   return lastWarpWaits(lt, freedOf, e > 2 ? e - 2 : 0);  // the first two calls wait for nothing (words are >= 0)
 }
 
+/// Signal signalBase + this rank := e to rank d of another host, on the ring of this rank's puts to d (after them);
+/// masks d if the signal is refused.
+__device__ inline void signalRemoteRank(const LlTeam& lt, int d, uint32_t signalBase, uint64_t e) {
+  ChannelDeviceHandle ch = lt.t.net[d];
+  if (ch.signal(signalBase + lt.t.rank, e, SignalOp::kSet) != Status::kOk) maskRank(lt, d);
+}
+
 /// Thread d of the calling block tells rank d (unless masked) that this rank's word reads e: a store into wordIn(d's
-/// LlCtrl) on the direct path (`order`), the signal signalBase + this rank otherwise (on the ring of this rank's puts
-/// to d, after them). A rank whose signal is refused is masked. `ranks`: those told (the others are skipped).
+/// LlCtrl) on the direct path (`order`), signalRemoteRank otherwise.
 template <typename WordIn>
 __device__ inline void tellEveryRank(const LlTeam& lt, uint32_t signalBase, WordIn wordIn, uint64_t e,
-                                     MemoryOrder order, uint32_t ranks = ~0u) {
+                                     MemoryOrder order) {
   const int d = threadIdx.x;
-  if (d >= lt.t.numRanks || !((ranks >> d) & 1u) || isMasked(lt, d)) return;
-  if (isRemote(lt.t, d)) {
-    ChannelDeviceHandle ch = lt.t.net[d];
-    if (ch.signal(signalBase + lt.t.rank, e, SignalOp::kSet) != Status::kOk) maskRank(lt, d);
-  } else {
+  if (d >= lt.t.numRanks || isMasked(lt, d)) return;
+  if (isRemote(lt.t, d))
+    signalRemoteRank(lt, d, signalBase, e);
+  else
     atomicStore(wordIn(llCtrl(lt.t.base[d])), e, order);
-  }
 }
 
 /// The receive side's "done with buffer e % 2" to every source (last block of a receive kernel, after lastBlock).
@@ -748,11 +752,15 @@ __device__ inline void warpWeightedSum(int4* out, const char* const (&src)[kMaxT
 /// Vectors (16 bytes) per combine chunk.
 constexpr uint32_t kChunkVecs = kCombChunkBytes / 16;
 
-/// Chunks per piece when `chunks`-chunk rows of `rows` tokens (or messages) are shared by `warps` warps: as many pieces
-/// as give every warp one, at least a chunk each.
-__device__ inline int chunksPerPiece(int chunks, int warps, int rows) {
-  const int pieces = max(1, min(warps / max(rows, 1), chunks));
-  return (chunks + pieces - 1) / pieces;
+/// How `chunks`-chunk rows of `rows` tokens (or messages) are cut for `warps` warps: into as many pieces of whole
+/// chunks as give every warp one, at least a chunk each.
+struct RowPieces {
+  int perPiece;  // chunks per piece (the last may have fewer)
+  int pieces;    // per row
+};
+__device__ inline RowPieces cutIntoPieces(int chunks, int warps, int rows) {
+  const int wanted = max(1, min(warps / max(rows, 1), chunks)), perPiece = (chunks + wanted - 1) / wanted;
+  return {perPiece, (chunks + perPiece - 1) / perPiece};
 }
 
 /// Entry i of this rank's combine weights as they are sent, [N][K] at the layout's K (0 past the top-k or the tokens).
@@ -818,7 +826,7 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   // once its stores are done (the source sums each chunk as it lands); one for another host is summed into staging
   // whole by one warp (its piece 0) and put.
   const int messages = firstMessage[R], chunks = y.combChunks();
-  const int perPiece = chunksPerPiece(chunks, W, messages), pieces = (chunks + perPiece - 1) / perPiece;
+  const auto [perPiece, pieces] = cutIntoPieces(chunks, W, messages);
   const uint32_t vecs = xb / 16;
   for (int unit = gw; unit < messages * pieces; unit += W) {
     const int v = unit / pieces, piece = unit % pieces;
@@ -865,8 +873,8 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->sendBlocks)) return;
   // Every rank of another host learns that this rank's rows of epoch e are there: the signal on the ring of the puts,
   // after them. The ranks of this host had each chunk's stamp.
-  tellEveryRank(
-      lt, lt.sentSignal, [](LlCtrl*) -> uint64_t* { return nullptr; }, e, kRelease, t.remoteMask);
+  const int d = threadIdx.x;
+  if (d < R && isRemote(t, d) && !isMasked(lt, d)) signalRemoteRank(lt, d, lt.sentSignal, e);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->sendSeq = e;
 }
@@ -917,8 +925,8 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
   const int gw = blockIdx.x * (blockDim.x >> 5) + warp, W = gridDim.x * (blockDim.x >> 5);
   // A token's row is cut into pieces of whole chunks so that every warp has work at decode sizes (one warp per token
   // left most of the grid idle and each busy warp waiting on its loads), and each piece is summed as its chunks land.
-  const int chunks = y.combChunks(), perPiece = chunksPerPiece(chunks, W, a.numTokens);
-  const int pieces = (chunks + perPiece - 1) / perPiece;
+  const int chunks = y.combChunks();
+  const auto [perPiece, pieces] = cutIntoPieces(chunks, W, a.numTokens);
   // Lane k holds slot k's expert of the warp's token: the whole top-k in one round trip (loaded slot after slot, they
   // cost a memory latency each, 3 us of a one-token call). The weights were applied by the experts' ranks.
   int64_t laneExpert = -1;

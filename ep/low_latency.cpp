@@ -46,10 +46,11 @@ LlLayout llLayout(const LowLatencyConfig& c, int numRanks, int remoteSlots) {
   y.slotBytes = slotBytesOf(c);
   y.combRowBytes = uint64_t(c.hidden) * 2;
   const uint64_t combBytes = 2 * uint64_t(y.T) * y.K * y.combRowBytes;
-  const uint64_t weightBytes = uint64_t(y.T) * y.K * 4;  // one source's weights of one buffer (a multiple of 4)
+  const uint64_t weightBytes = uint64_t(y.T) * y.K * 4;        // one source's weights of one buffer, f32 (host window)
+  const uint64_t taggedWeightBytes = uint64_t(y.T) * y.K * 8;  // the same as tagged words (GPU window)
   y.gpuComb = kLlCtrlBytes + 2 * uint64_t(y.R) * y.T * y.slotBytes;
   y.gpuWeights = y.gpuComb + combBytes;
-  y.gpuCombStamps = y.gpuWeights + 2 * uint64_t(y.R) * weightBytes;
+  y.gpuCombStamps = y.gpuWeights + 2 * uint64_t(y.R) * taggedWeightBytes;
   y.gpuBytes = y.gpuCombStamps + 2 * uint64_t(y.T) * y.K * y.combChunks() * 8;
   if (remoteSlots == 0) return y;
   y.mirrorComb = kLlCtrlBytes + 2 * uint64_t(y.S) * y.T * y.slotBytes;

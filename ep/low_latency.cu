@@ -770,10 +770,10 @@ __device__ inline float weightOf(const LlCombineArgs& a, int K, int i) {
 }
 
 /// Block 0 of a combine's send: this rank's top-k weights to every other rank not masked (its own experts read the
-/// caller's): stored into the window of a rank of this host, then combWeights[b][me] = e released; staged once in
-/// pinned host memory and put with the signal weights[me] to a rank of another host. The experts' sums wait for them,
-/// so this comes first. Every thread of block 0 calls it, with its first entry (weightOf at threadIdx.x) loaded before
-/// the buffer wait.
+/// caller's): stored into the window of a rank of this host as words (e << 32) | the weight's bits, each taken once its
+/// tag reads e (taggedWeight), so no flag waits for a fence behind them; staged once in pinned host memory and put with
+/// the signal weights[me] to a rank of another host. The experts' sums wait for them, so this comes first. Every thread
+/// of block 0 calls it, with its first entry (weightOf at threadIdx.x) loaded before the buffer wait.
 __device__ inline void publishWeights(const LlTeam& lt, const LlCombineArgs& a, int b, uint64_t e, uint32_t masked,
                                       float first) {
   const Team& t = lt.t;
@@ -782,22 +782,35 @@ __device__ inline void publishWeights(const LlTeam& lt, const LlCombineArgs& a, 
   const uint32_t to = ((1u << R) - 1u) & ~masked & ~(1u << me), remote = to & t.remoteMask;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float w = i == int(threadIdx.x) ? first : weightOf(a, y.K, i);
+    const uint64_t word = e << 32 | __float_as_uint(w);
     for (uint32_t m = to & ~remote; m; m &= m - 1)
-      reinterpret_cast<float*>(t.base[__ffs(m) - 1] + y.gpuWeightsOf(b, me))[i] = w;
+      atomicStore(reinterpret_cast<uint64_t*>(t.base[__ffs(m) - 1] + y.gpuWeightsOf(b, me)) + i, word, kRelaxed);
     if (remote) reinterpret_cast<float*>(t.mirror + y.weightStageOf(b))[i] = w;
   }
+  if (!remote) return;
   __syncthreads();
   const int d = threadIdx.x;
-  if (d >= R || !((to >> d) & 1u)) return;
-  if ((remote >> d) & 1u) {
-    __threadfence_system();  // the staged weights (every thread's, through the barrier) before the put's command
-    ChannelDeviceHandle ch = t.net[d];
-    if (ch.putWithSignal(t.stageWindow, y.mirrorWeightsOf(b, lt.mirrorSlot[d]), t.stageWindow, y.weightStageOf(b),
-                         uint64_t(n) * 4, lt.weightsSignal + me, e, SignalOp::kSet) != Status::kOk)
-      maskRank(lt, d);
-  } else {
-    atomicStore(&llCtrl(t.base[d])->combWeights[b][me], e, kRelease);  // after the barrier: covers every weight
+  if (d >= R || !((remote >> d) & 1u)) return;
+  __threadfence_system();  // the staged weights (every thread's, through the barrier) before the put's command
+  ChannelDeviceHandle ch = t.net[d];
+  if (ch.putWithSignal(t.stageWindow, y.mirrorWeightsOf(b, lt.mirrorSlot[d]), t.stageWindow, y.weightStageOf(b),
+                       uint64_t(n) * 4, lt.weightsSignal + me, e, SignalOp::kSet) != Status::kOk)
+    maskRank(lt, d);
+}
+
+/// Top-k weight `slot` of token `tok` that source s of this host published for epoch e (publishWeights), once its
+/// word's tag reads e; false when s is or becomes masked first (waitOrMask). The word holds 0, e - 2 or e: the source
+/// writes buffer b again at e + 2 only after this rank's receive of e freed it.
+__device__ inline bool taggedWeight(const LlTeam& lt, int b, int s, int tok, int slot, uint64_t e, float* w) {
+  const uint64_t* word = reinterpret_cast<const uint64_t*>(lt.t.base[lt.t.rank] + lt.lay.gpuWeightsOf(b, s)) +
+                         int64_t(tok) * lt.lay.K + slot;
+  uint64_t v = atomicLoad(const_cast<uint64_t*>(word), kRelaxed);
+  if ((v >> 32) < e) {
+    if (!waitOrMask(lt, s, word, e, 32)) return false;
+    v = atomicLoad(const_cast<uint64_t*>(word), kRelaxed);
   }
+  *w = __uint_as_float(uint32_t(v));
+  return true;
 }
 
 __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a) {
@@ -815,11 +828,11 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
   const float firstWeight = blockIdx.x == 0 ? weightOf(a, K, threadIdx.x) : 0.f;  // loaded beside the wait
   const uint32_t masked = waitFreed(lt, e);                                       // its sync covers firstMessage
   if (blockIdx.x == 0) publishWeights(lt, a, b, e, masked, firstWeight);
-  const auto weightsOf = [&](int s) -> const uint64_t* {
-    if (s == me) return nullptr;  // the caller's own
-    return isRemote(t, s) ? &t.netSignals[lt.weightsSignal + s] : &llCtrl(t.base[me])->combWeights[b][s];
+  // The weights of a rank of another host come with its signal; those of this host are taken word by word.
+  const auto remoteWeightsOf = [&](int s) -> const uint64_t* {
+    return isRemote(t, s) ? &t.netSignals[lt.weightsSignal + s] : nullptr;
   };
-  const uint32_t absent = masked | lastWarpWaits(lt, weightsOf, e);
+  const uint32_t absent = masked | (t.remoteMask ? lastWarpWaits(lt, remoteWeightsOf, e) : 0u);
   // Per message: the sum of its token's rows here, weighted by the source's weights, into one row for the source (the
   // combine row of the token's first slot naming this rank). A row for a rank of this host is cut into pieces of whole
   // chunks (kCombChunkBytes) so that every warp has work at decode sizes, and the warp stamps each chunk of its piece
@@ -839,12 +852,19 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
     // The rows the dispatch wrote for this message (a handle of another call could name others: none is read then).
     const unsigned slots = __ballot_sync(0xffffffffu, row >= 0 && row < rows);
     if (tok < 0 || tok >= y.T || !slots) continue;
-    const float* weights = s == me
-                               ? a.topkWeights + int64_t(tok) * a.numTopk
-                               : reinterpret_cast<const float*>(far ? t.mirror + y.mirrorWeightsOf(b, lt.remoteSlot[s])
-                                                                    : t.base[me] + y.gpuWeightsOf(b, s)) +
-                                     int64_t(tok) * K;
-    const float w = (slots >> lane) & 1u ? weights[lane] : 0.f;  // a slot with a row is < the dispatch's numTopk
+    // Lane k's weight, for a slot with a row (< the dispatch's numTopk): the caller's own, the mirror's (another
+    // host: here with its signal), or the tagged word of a source of this host.
+    float w = 0.f;
+    bool weighed = true;
+    if ((slots >> lane) & 1u) {
+      if (s == me)
+        w = a.topkWeights[int64_t(tok) * a.numTopk + lane];
+      else if (far)
+        w = reinterpret_cast<const float*>(t.mirror + y.mirrorWeightsOf(b, lt.remoteSlot[s]))[int64_t(tok) * K + lane];
+      else
+        weighed = taggedWeight(lt, b, s, tok, lane, e, &w);
+    }
+    if (!__all_sync(0xffffffffu, weighed)) continue;  // s was masked while this waited: nothing goes back to it
     const char* src[kMaxTopk];
     float wt[kMaxTopk];
     int n = 0;

@@ -2,7 +2,8 @@
 // arguments and launchers (ep/low_latency.cu). The public side is include/gdx/ep/low_latency.hpp.
 //
 // Each rank's GPU window (IPC-mapped by the same-host ranks):
-//   LlCtrl | dispatch messages [2][R][T] slots | combine rows [2][T][K] rows of 2H | combine weights [2][R][T][K] f32
+//   LlCtrl | dispatch messages [2][R][T] slots | combine rows [2][T][K] rows of 2H | combine weights [2][R][T][K]
+//   tagged words (e << 32 | f32 bits) | combine rows' chunk stamps [2][T][K][chunks]
 // and, with ranks on other hosts, one window of pinned host memory:
 //   LlCtrl | dispatch messages [2][S][T] | combine rows [2][T][K] | combine weights [2][S][T][K]   the receive mirror
 //   | dispatch staging [2][T] slots | count staging [2][kMaxRanks][L + 1] | combine staging [2][S][T] rows of 2H
@@ -22,10 +23,11 @@
 // puts, once every block's puts are out. A combine stamps each chunk of each row it sends a rank of this host
 // (LlLayout::gpuCombStamp: e, released after the chunk's bytes), so that the receiver sums a chunk as soon as it lands,
 // beside the send kernel; to a rank of another host it sends the signal sent[sender] = e after all its rows' puts.
-// First, from its start, it sends its top-k weights with combWeights[b][sender] = e (or the signal weights[sender]).
-// When a receive kernel is done with buffer b it tells every source freed[receiver] = e (a store, or the signal
-// freed[receiver]); a send kernel of epoch e first waits for freed >= e - 2 from every rank, so nobody overwrites a
-// buffer its receiver still reads. Waits that time out mask the rank (see low_latency.hpp).
+// First, from its start, it sends its top-k weights: to a rank of this host as words (e << 32) | weight, each taken
+// once its tag reads e; to a rank of another host with the signal weights[sender] after them. When a receive kernel is
+// done with buffer b it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel
+// of epoch e first waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads.
+// Waits that time out mask the rank (see low_latency.hpp).
 //
 // Messages. A token goes to each rank that one of its top-k experts lives on once, whatever the number of those
 // experts there: one message (the token, FP8 with scales or BF16) in that rank's area of the source, at a position
@@ -59,7 +61,6 @@ GDX_HOST_DEVICE_INLINE int countSlot(uint64_t e) {
 struct LlCtrl {
   uint64_t dispCount[kCountSlots][kMaxRanks]
                     [kMaxExperts + 1];  // [e % 4][source][local expert, L: messages]: (e << 32) | n
-  uint64_t combWeights[2][kMaxRanks];   // [b][source]: epoch, once its combine weights of b are here
   uint64_t freed[kMaxRanks];            // [receiver]: the last epoch it finished reading
 };
 constexpr uint64_t kLlCtrlBytes = (sizeof(LlCtrl) + 4095) / 4096 * 4096;
@@ -131,10 +132,11 @@ struct LlLayout {
   GDX_HOST_DEVICE_INLINE uint64_t gpuCombStamp(int b, int t, int k, int c) const {
     return gpuCombStamps + (((uint64_t(b) * T + t) * K + k) * combChunks() + c) * 8;
   }
-  /// Source s's weights of buffer b, [T][K] floats (s: a rank in the GPU window, a remote slot in the mirror).
+  /// Source s's weights of buffer b in the GPU window, [T][K] tagged words ((epoch << 32) | the f32's bits).
   GDX_HOST_DEVICE_INLINE uint64_t gpuWeightsOf(int b, int s) const {
-    return gpuWeights + (uint64_t(b) * R + s) * T * K * 4;
+    return gpuWeights + (uint64_t(b) * R + s) * T * K * 8;
   }
+  /// Remote slot `slot`'s weights of buffer b in the host mirror, [T][K] floats (they come with a signal).
   GDX_HOST_DEVICE_INLINE uint64_t mirrorWeightsOf(int b, int slot) const {
     return mirrorWeights + (uint64_t(b) * S + slot) * T * K * 4;
   }

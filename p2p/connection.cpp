@@ -101,6 +101,39 @@ std::string Connection::failure() const {
   return failure_;
 }
 
+template <typename Op>
+void Connection::submit(Op op) {
+  std::unique_lock<std::mutex> lock(progressMutex_, std::try_to_lock);
+  if (!lane_ || !lock.owns_lock()) return queue(std::move(op));  // the holder runs it (pending_) before it lets go
+  // Operations queued and events handed over before this one are taken first, in the order a round takes them.
+  while (pending_.exchange(false)) round();
+  runOperation(op, failed_.load() ? failure() : std::string());
+  // One more round takes the completions of what the operation posted (a small send that left from this thread has
+  // its completion already) and whatever was handed over meanwhile; with neither it would find nothing, and the
+  // connection's deadlines and owed credits are looked at by the next round anyway (at most a millisecond away).
+  Activity activity = Activity::kWorked;
+  if (pending_.load() || lane_->inFlight() > 0) {
+    activity = progressHolding(lock, false, true);
+  } else {
+    lock.unlock();
+    notifyOtherDrivers();
+  }
+  if (activity != Activity::kIdle && drivers_.load() == 0) wake_();
+}
+
+template <typename Op>
+void Connection::runOperation(Op& op, const std::string& failed) {
+  if (!failed.empty()) {
+    op();  // queues its transfer in live_; failAll fails it by name
+    return failAll(ErrorCode::kPeerFailed, failed);
+  }
+  try {
+    op();
+  } catch (const std::exception& e) {
+    GDX_ERROR(name_ << ": " << e.what());
+  }
+}
+
 void Connection::queue(std::function<void()> op) {
   {
     std::lock_guard<std::mutex> lock(opsMutex_);
@@ -127,6 +160,33 @@ void Connection::onCompletionReady() {
     pending_ = true;
   }
   wakeDriver();
+}
+
+namespace {
+/// The connection the calling thread drives (Connection::Driving), so that a round it runs does not wake itself.
+thread_local Connection::Driving::Here drivenHere;
+}  // namespace
+
+Connection::Driving::Driving(Connection& c) : c_(c), outer_(drivenHere) {
+  c_.drivers_.fetch_add(1);
+  drivenHere = Here{&c, outer_.connection == &c ? outer_.depth + 1 : 1};
+}
+
+Connection::Driving::~Driving() {
+  drivenHere = outer_;
+  c_.leaveDriving();
+}
+
+int Connection::drivingHere() const {
+  return drivenHere.connection == this ? drivenHere.depth : 0;
+}
+
+void Connection::notifyOtherDrivers() {
+  // Only drivers in other threads can be asleep (this one is running); a blocking call's own round wakes nobody.
+  if (drivers_.load() <= drivingHere()) return;
+  // Taking opsMutex_ orders this notification after a sleeping driver's last look at its transfer.
+  { std::lock_guard<std::mutex> ops(opsMutex_); }
+  driverCv_.notify_all();
 }
 
 void Connection::leaveDriving() {
@@ -159,7 +219,7 @@ uint64_t Connection::track(std::shared_ptr<Transfer> t) {
 // ---- operations (queued by callers, run by the progress thread) ------------------------------------------------
 
 void Connection::send(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
-  queue([this, t, pieces = std::move(pieces)] {
+  submit([this, t, pieces = std::move(pieces)] {
     track(t);
     for (const Piece& p : pieces) {
       const uint64_t seq = nextSendSeq_++;
@@ -180,7 +240,7 @@ void Connection::send(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
 }
 
 void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
-  queue([this, t, pieces = std::move(pieces)] {
+  submit([this, t, pieces = std::move(pieces)] {
     track(t);
     t->setWaiting("the peer's matching send");
     for (const Piece& p : pieces) {
@@ -814,6 +874,7 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(winMutex_);
     if (failure_.empty()) failure_ = why;
+    failed_ = true;
   }
   GDX_WARN(name_ << ": " << why);
   for (auto& t : live_) t->fail(code, why);  // the transfer's own description names the connection
@@ -831,8 +892,7 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
   rts_.clear();
 }
 
-void Connection::sweep() {
-  const uint64_t now = nowNs();
+void Connection::sweep(uint64_t now) {
   if (now < nextSweepNs_) return;
   nextSweepNs_ = now + kSweepEveryNs;
   live_.erase(std::remove_if(live_.begin(), live_.end(),
@@ -852,7 +912,11 @@ Connection::Activity Connection::progress(bool arm) {
   if (!lane_) return Activity::kIdle;  // not started yet: start() is followed by the progress thread's first round
   std::unique_lock<std::mutex> lock(progressMutex_, std::try_to_lock);
   if (!lock.owns_lock()) return Activity::kIdle;  // the holder runs whatever was queued before it lets go (pending_)
-  bool worked = false, ran = false;
+  return progressHolding(lock, arm, false);
+}
+
+Connection::Activity Connection::progressHolding(std::unique_lock<std::mutex>& lock, bool arm, bool worked) {
+  bool ran = false;
   while (pending_.exchange(false)) {
     worked |= round();
     ran = true;
@@ -871,12 +935,7 @@ Connection::Activity Connection::progress(bool arm) {
       activity = Activity::kPolling;
   }
   lock.unlock();
-  if (drivers_.load() > 0) {
-    // A driver may sleep waiting for a transfer this round finished: taking opsMutex_ orders this notification
-    // after its last look at the transfer.
-    { std::lock_guard<std::mutex> ops(opsMutex_); }
-    driverCv_.notify_all();
-  }
+  notifyOtherDrivers();
   return activity;
 }
 
@@ -925,25 +984,15 @@ bool Connection::round() {
     roundOps_.swap(ops_);
     roundEvents_.swap(inbox_);
   }
-  const std::string failed = failure();
+  const std::string failed = failed_.load() ? failure() : std::string();
   for (const Event& e : roundEvents_) handle(e);
-  for (auto& op : roundOps_) {
-    if (!failed.empty()) {
-      op();  // queues its transfer in live_; failAll below fails it by name
-      failAll(ErrorCode::kPeerFailed, failed);
-      continue;
-    }
-    try {
-      op();
-    } catch (const std::exception& e) {
-      GDX_ERROR(name_ << ": " << e.what());
-    }
-  }
+  for (auto& op : roundOps_) runOperation(op, failed);
   Completion done[kMaxCompletions];
   size_t n = lane_->poll(done, kMaxCompletions);
   for (size_t i = 0; i < n; ++i) handleCompletion(done[i]);
-  if (creditsFreed_ > 0 && failed.empty() && nowNs() - creditsOwedSinceNs_ >= kCreditDelayNs) flushCredits();
-  sweep();
+  const uint64_t now = nowNs();  // one clock read for the credits' age and the deadlines
+  if (creditsFreed_ > 0 && failed.empty() && now - creditsOwedSinceNs_ >= kCreditDelayNs) flushCredits();
+  sweep(now);
   const bool worked = n > 0 || !roundOps_.empty() || !roundEvents_.empty();
   roundOps_.clear();
   roundEvents_.clear();

@@ -147,15 +147,24 @@ class Connection {
   bool driven() const { return drivers_.load() > 0; }
   /// Marks the calling thread as about to drive() the connection (a blocking call), so that queueing its operation
   /// does not also wake the progress thread for completions the caller will poll itself.
+  /// It also notes, for the calling thread, that it drives this connection (drivingHere()).
   class Driving {
    public:
-    explicit Driving(Connection& c) : c_(c) { c_.drivers_.fetch_add(1); }
-    ~Driving() { c_.leaveDriving(); }
+    explicit Driving(Connection& c);
+    ~Driving();
     Driving(const Driving&) = delete;
     Driving& operator=(const Driving&) = delete;
 
+    /// Which connection the calling thread drives, and how many Driving of it are open (a blocking write's, then
+    /// drive()'s own).
+    struct Here {
+      const Connection* connection = nullptr;
+      int depth = 0;
+    };
+
    private:
     Connection& c_;
+    const Here outer_;  ///< what the thread drove before this one; restored when this ends
   };
   /// "" while healthy, else why the connection failed.
   std::string failure() const;
@@ -197,6 +206,16 @@ class Connection {
   };
 
   void queue(std::function<void()> op);
+  /// Runs `op` (a void() callable) in the calling thread when no other thread runs the connection, after what was
+  /// queued or handed over before it, as a round would; else queues it. A blocking call's operation then costs no
+  /// std::function and no trip through ops_.
+  template <typename Op>
+  void submit(Op op);
+  /// Runs one queued operation as a round does: on a failed connection it fails the operation's transfer by name.
+  template <typename Op>
+  void runOperation(Op& op, const std::string& failed);
+  /// progress() for the thread that holds progressMutex_ (`lock`); `worked`: it already did work.
+  Activity progressHolding(std::unique_lock<std::mutex>& lock, bool arm, bool worked);
   void push(Event e);
   /// The transport announced a completion that was armed for: the driver or progress thread runs a round.
   void onCompletionReady();
@@ -204,6 +223,10 @@ class Connection {
   void wakeDriver();
   /// The last driver hands what is queued or in flight back to the progress thread.
   void leaveDriving();
+  /// How many of drivers_ are the calling thread's own.
+  int drivingHere() const;
+  /// Wakes the drivers in other threads, which may sleep waiting for a transfer that a round just finished.
+  void notifyOtherDrivers();
   /// One round of work (the caller holds progressMutex_); true if it did any (ran operations, handled arrivals or
   /// completions).
   bool round();
@@ -234,7 +257,7 @@ class Connection {
   void onKeyPart(const ControlMsg& m);
   void onReadRequest(const ControlMsg& m);
   void trySends();
-  void sweep();
+  void sweep(uint64_t now);
   void failAll(ErrorCode code, const std::string& why);
   /// Registers `r` with the transport once; returns its key. Throws for a forgotten region.
   std::string ensureLocal(const MemoryRegion& r);
@@ -275,7 +298,8 @@ class Connection {
   uint32_t nextAdvertised_ = kAdvertisedWindowBase;
   WindowResolver resolver_;
   std::string failure_;
-  std::vector<char> eagerBuffer_;  ///< this side's eager buffer (kEagerSlots x kEagerBytes), made on first use
+  std::atomic<bool> failed_{false};  ///< failure_ is set: a round reads this, not the text, while all is well
+  std::vector<char> eagerBuffer_;    ///< this side's eager buffer (kEagerSlots x kEagerBytes), made on first use
 
   // Progress thread only.
   std::function<void()> notify_;

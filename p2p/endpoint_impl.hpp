@@ -38,8 +38,12 @@ struct Endpoint::Impl {
   std::map<uint64_t, std::shared_ptr<Transfer>>::iterator transferOf(uint64_t id);
   /// A transfer on `c` whose wait() drives `c` from the waiting thread.
   std::shared_ptr<Transfer> newTransfer(TransferName name, int parts, const std::shared_ptr<Connection>& c);
+  /// A transfer without a driver, for a blocking call that drives its connection itself (finish(c, t)).
+  std::shared_ptr<Transfer> newTransfer(TransferName name, int parts);
   /// Waits for a transfer started by a blocking call.
   void finish(const std::shared_ptr<Transfer>& t);
+  /// The same for a transfer without a driver: the calling thread drives `c` until `t` is done, then waits for it.
+  void finish(Connection& c, const Transfer& t);
   void passiveLoop();
 
   EndpointOptions options;

@@ -49,9 +49,13 @@ Piece Endpoint::Impl::piece(uint64_t mrId, const void* ptr, size_t size, const c
   return p;
 }
 
+std::shared_ptr<Transfer> Endpoint::Impl::newTransfer(TransferName name, int parts) {
+  return std::make_shared<Transfer>(std::move(name), parts, deadlineNs());
+}
+
 std::shared_ptr<Transfer> Endpoint::Impl::newTransfer(TransferName name, int parts,
                                                       const std::shared_ptr<Connection>& c) {
-  auto t = std::make_shared<Transfer>(std::move(name), parts, deadlineNs());
+  auto t = newTransfer(std::move(name), parts);
   std::weak_ptr<Connection> weak = c;
   t->setDriver([weak](const Transfer& self, uint64_t deadline) {
     if (auto conn = weak.lock()) conn->drive(self, deadline);
@@ -76,6 +80,12 @@ std::map<uint64_t, std::shared_ptr<Transfer>>::iterator Endpoint::Impl::transfer
 
 void Endpoint::Impl::finish(const std::shared_ptr<Transfer>& t) {
   t->wait(t->deadlineNs() + kReportGraceNs);
+}
+
+void Endpoint::Impl::finish(Connection& c, const Transfer& t) {
+  const uint64_t deadline = t.deadlineNs() + kReportGraceNs;
+  c.drive(t, deadline);
+  t.wait(deadline);
 }
 
 // ---- memory ---------------------------------------------------------------------------------------------------
@@ -116,43 +126,69 @@ TransferName describe(const char* op, size_t pieces, uint64_t bytes, const Conne
   return TransferName{op, pieces, bytes, c.sharedName()};
 }
 
-/// Checks the pieces of a vectorised two-sided call and queues them on `c` with `post`; the transfer.
+/// The buffers of a two-sided call: a vector's, or the one of send()/recv() (which then builds no vector of them).
+struct Buffers {
+  const Iov* iovs;
+  size_t count;
+};
+
+/// How a two-sided call waits: an asynchronous one's transfer drives its connection when it is waited for; a
+/// blocking call drives it itself (Endpoint::Impl::finish(Connection&, ...)), so its transfer needs no driver.
+enum class Waiter { kAsync, kBlocking };
+
+/// Checks the pieces of a two-sided call and queues them on `c` with `post`; the transfer.
 template <typename Post>
-std::shared_ptr<Transfer> twoSided(Endpoint::Impl& d, const std::shared_ptr<Connection>& c,
-                                   const std::vector<Iov>& iovs, const char* op, const char* noun, Post post) {
-  if (iovs.empty()) throw Error(ErrorCode::kInvalidArgument, d.who() + ": " + op + ": no buffers");
+std::shared_ptr<Transfer> twoSided(Endpoint::Impl& d, const std::shared_ptr<Connection>& c, Buffers buffers,
+                                   Waiter waiter, const char* op, const char* noun, Post post) {
+  if (buffers.count == 0) throw Error(ErrorCode::kInvalidArgument, d.who() + ": " + op + ": no buffers");
   std::vector<Piece> pieces;
-  pieces.reserve(iovs.size());
+  pieces.reserve(buffers.count);
   uint64_t total = 0;
-  for (const Iov& v : iovs) {
+  for (size_t i = 0; i < buffers.count; ++i) {
+    const Iov& v = buffers.iovs[i];
     pieces.push_back(d.piece(v.mrId, v.ptr, v.size, op));
     total += v.size;
   }
-  auto t = d.newTransfer(describe(noun, pieces.size(), total, *c), static_cast<int>(pieces.size()), c);
+  TransferName name = describe(noun, pieces.size(), total, *c);
+  const int parts = static_cast<int>(pieces.size());
+  auto t =
+      waiter == Waiter::kBlocking ? d.newTransfer(std::move(name), parts) : d.newTransfer(std::move(name), parts, c);
   post(*c, t, std::move(pieces));
   return t;
 }
 
-std::shared_ptr<Transfer> startSend(Endpoint::Impl& d, const std::shared_ptr<Connection>& c,
-                                    const std::vector<Iov>& iovs) {
-  return twoSided(d, c, iovs, "send", "send",
+std::shared_ptr<Transfer> startSend(Endpoint::Impl& d, const std::shared_ptr<Connection>& c, Buffers buffers,
+                                    Waiter waiter) {
+  return twoSided(d, c, buffers, waiter, "send", "send",
                   [](Connection& c, std::shared_ptr<Transfer> t, std::vector<Piece> p) { c.send(t, std::move(p)); });
 }
 
-std::shared_ptr<Transfer> startRecv(Endpoint::Impl& d, const std::shared_ptr<Connection>& c,
-                                    const std::vector<Iov>& iovs) {
-  return twoSided(d, c, iovs, "recv", "receive",
+std::shared_ptr<Transfer> startRecv(Endpoint::Impl& d, const std::shared_ptr<Connection>& c, Buffers buffers,
+                                    Waiter waiter) {
+  return twoSided(d, c, buffers, waiter, "recv", "receive",
                   [](Connection& c, std::shared_ptr<Transfer> t, std::vector<Piece> p) { c.recv(t, std::move(p)); });
+}
+
+/// A blocking send or receive: queued and driven to its end by the calling thread (Connection::Driving first, so
+/// that queueing it does not also wake the progress thread).
+template <typename Start>
+void blocking(Endpoint::Impl& d, uint64_t connId, const char* op, Buffers buffers, Start start) {
+  auto c = d.connection(connId, op);
+  Connection::Driving driving(*c);
+  auto t = start(d, c, buffers, Waiter::kBlocking);
+  d.finish(*c, *t);
 }
 
 }  // namespace
 
 uint64_t Endpoint::sendvAsync(uint64_t connId, const std::vector<Iov>& iovs) {
-  return impl_->remember(startSend(*impl_, impl_->connection(connId, "send"), iovs));
+  return impl_->remember(
+      startSend(*impl_, impl_->connection(connId, "send"), Buffers{iovs.data(), iovs.size()}, Waiter::kAsync));
 }
 
 uint64_t Endpoint::recvvAsync(uint64_t connId, const std::vector<Iov>& iovs) {
-  return impl_->remember(startRecv(*impl_, impl_->connection(connId, "recv"), iovs));
+  return impl_->remember(
+      startRecv(*impl_, impl_->connection(connId, "recv"), Buffers{iovs.data(), iovs.size()}, Waiter::kAsync));
 }
 
 uint64_t Endpoint::sendAsync(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
@@ -161,24 +197,22 @@ uint64_t Endpoint::sendAsync(uint64_t connId, uint64_t mrId, const void* ptr, si
 uint64_t Endpoint::recvAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
   return recvvAsync(connId, {Iov{mrId, ptr, size}});
 }
-// The blocking calls drive their connection from the calling thread (Connection::Driving, then finish()): the
-// operation is posted and its completions polled here, with no hand-off to the progress thread. Their transfers
-// get no id: nobody else can ask for them.
+// The blocking calls drive their connection from the calling thread (blocking()): the operation is posted and its
+// completions polled here, with no hand-off to the progress thread. Their transfers get no id and no driver: nobody
+// else can ask for them.
 void Endpoint::send(uint64_t connId, uint64_t mrId, const void* ptr, size_t size) {
-  sendv(connId, {Iov{mrId, const_cast<void*>(ptr), size}});
+  const Iov one{mrId, const_cast<void*>(ptr), size};
+  blocking(*impl_, connId, "send", Buffers{&one, 1}, startSend);
 }
 void Endpoint::recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
-  recvv(connId, {Iov{mrId, ptr, size}});
+  const Iov one{mrId, ptr, size};
+  blocking(*impl_, connId, "recv", Buffers{&one, 1}, startRecv);
 }
 void Endpoint::sendv(uint64_t connId, const std::vector<Iov>& iovs) {
-  auto c = impl_->connection(connId, "send");
-  Connection::Driving driving(*c);
-  impl_->finish(startSend(*impl_, c, iovs));
+  blocking(*impl_, connId, "send", Buffers{iovs.data(), iovs.size()}, startSend);
 }
 void Endpoint::recvv(uint64_t connId, const std::vector<Iov>& iovs) {
-  auto c = impl_->connection(connId, "recv");
-  Connection::Driving driving(*c);
-  impl_->finish(startRecv(*impl_, c, iovs));
+  blocking(*impl_, connId, "recv", Buffers{iovs.data(), iovs.size()}, startRecv);
 }
 
 bool Endpoint::poll(uint64_t transferId) {

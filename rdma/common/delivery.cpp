@@ -13,19 +13,6 @@ size_t takeCompletions(std::deque<Completion>& done, Completion* out, size_t max
   return n;
 }
 
-void deliverMessage(const Transport::MessageHandler& handler, const RemoteMessage& m, const std::string& who) {
-  if (!handler) {
-    GDX_WARN(who << ": no message handler is set; a message of " << m.bytes << " bytes from peer " << m.peer
-                 << " is dropped");
-    return;
-  }
-  try {
-    handler(m);
-  } catch (const std::exception& e) {
-    GDX_ERROR(who << ": the message handler threw for a message from peer " << m.peer << ": " << e.what());
-  }
-}
-
 void PeerFailureNotifier::set(Transport::PeerFailureHandler handler) {
   std::lock_guard<std::mutex> lock(mutex_);
   handler_ = std::move(handler);

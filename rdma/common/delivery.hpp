@@ -35,8 +35,21 @@ void announce(const Transport::ImmHandler& handler, const RemoteWrite& w, const 
 }
 
 /// Hands `m` to `handler` on a transport thread: a throwing handler is logged, a missing one drops the message with
-/// a WARN naming the peer. `who` names the receiving transport.
-void deliverMessage(const Transport::MessageHandler& handler, const RemoteMessage& m, const std::string& who);
+/// a WARN naming the peer. `who` (a callable returning the name of the receiving transport) is only called then, as
+/// for announce(): every control message passes here.
+template <class Who>
+void deliverMessage(const Transport::MessageHandler& handler, const RemoteMessage& m, const Who& who) {
+  if (!handler) {
+    GDX_WARN(who() << ": no message handler is set; a message of " << m.bytes << " bytes from peer " << m.peer
+                   << " is dropped");
+    return;
+  }
+  try {
+    handler(m);
+  } catch (const std::exception& e) {
+    GDX_ERROR(who() << ": the message handler threw for a message from peer " << m.peer << ": " << e.what());
+  }
+}
 
 /// A transport's PeerFailureHandler: set by the user at any time, called by whichever thread notices a failure.
 class PeerFailureNotifier {

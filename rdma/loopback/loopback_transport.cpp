@@ -274,7 +274,7 @@ void LoopbackLane::postMessage(const MessageOp& op) {
     m.peer = kRank;
     m.bytes = op.bytes;
     std::memcpy(m.data, op.data, op.bytes);
-    common::deliverMessage(t_.messageHandler_, m, who());
+    common::deliverMessage(t_.messageHandler_, m, [this] { return who(); });
   }
   complete(op.cookie, status);
 }

@@ -1,21 +1,16 @@
 #include "rdma/tcp/rx_order.hpp"
 
 #include <cstring>
-#include <sstream>
 
 namespace gdx::tcp {
 
 std::string RxOrder::admit(const MessageHeader& h, uint64_t* atomicWord, const void* payload) {
+  // Called for every chunk received: an admitted one returns at the end without building any text.
   std::lock_guard<std::mutex> lock(mutex_);
-  std::ostringstream os;
-  if (h.seq < next_) {
-    os << "chunk of write #" << h.seq << ", which is already complete (next expected #" << next_ << ")";
-    return os.str();
-  }
-  if (h.seq - next_ >= maxAhead_) {
-    os << "write #" << h.seq << " is numbered more than " << maxAhead_ << " past the oldest unfinished #" << next_;
-    return os.str();
-  }
+  if (h.seq < next_)
+    return errorText("chunk of write #", h.seq, ", which is already complete (next expected #", next_, ")");
+  if (h.seq - next_ >= maxAhead_)
+    return errorText("write #", h.seq, " is numbered more than ", maxAhead_, " past the oldest unfinished #", next_);
   bool withImm = (h.flags & kFlagImm) != 0;
   bool atomic = h.type == static_cast<uint8_t>(MessageType::kAtomic);
   bool control = h.type == static_cast<uint8_t>(MessageType::kControl);
@@ -33,17 +28,14 @@ std::string RxOrder::admit(const MessageHeader& h, uint64_t* atomicWord, const v
     if (payload && h.chunkBytes <= sizeof m.payload) std::memcpy(m.payload, payload, h.chunkBytes);
   } else if (m.window != h.window || m.offset != h.offset || m.bytes != h.bytes || m.imm != h.imm ||
              m.withImm != withImm || m.atomic != atomic || m.control != control) {
-    os << "chunk disagrees with earlier chunks of write #" << h.seq << " (window " << m.window << ", offset "
-       << m.offset << ", bytes " << m.bytes << ")";
-    return os.str();
+    return errorText("chunk disagrees with earlier chunks of write #", h.seq, " (window ", m.window, ", offset ",
+                     m.offset, ", bytes ", m.bytes, ")");
   }
   // checkHeader() guaranteed chunkBytes <= bytes, so this cannot overflow.
-  if (h.chunkBytes > m.bytes - m.claimed) {
-    os << "chunks of write #" << h.seq << " add up to more than its " << m.bytes << " bytes";
-    return os.str();
-  }
+  if (h.chunkBytes > m.bytes - m.claimed)
+    return errorText("chunks of write #", h.seq, " add up to more than its ", m.bytes, " bytes");
   m.claimed += h.chunkBytes;
-  return "";
+  return {};
 }
 
 void RxOrder::placed(const MessageHeader& h, const std::function<void(const Message&)>& deliver) {

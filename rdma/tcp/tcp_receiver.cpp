@@ -137,7 +137,7 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
       message.peer = s.peer;
       message.bytes = static_cast<uint32_t>(m.bytes);
       std::memcpy(message.data, m.payload, message.bytes);
-      common::deliverMessage(messageHandler_, message, "TCP transport rank " + std::to_string(rank_));
+      common::deliverMessage(messageHandler_, message, [&] { return "TCP transport rank " + std::to_string(rank_); });
       return;
     }
     if (!immHandler_) return;

@@ -50,51 +50,40 @@ HelloReply checkHello(const Hello& hello, const std::string& secret, const Hello
 }
 
 std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk) {
-  std::ostringstream os;
-  if (h.magic != kMessageMagic) {
-    os << "bad magic 0x" << std::hex << h.magic;
-  } else if (h.version != kWireVersion) {
-    os << "unsupported wire version " << h.version;
-  } else if (h.type != static_cast<uint8_t>(MessageType::kWrite) &&
-             h.type != static_cast<uint8_t>(MessageType::kGoodbye) &&
-             h.type != static_cast<uint8_t>(MessageType::kAtomic) &&
-             h.type != static_cast<uint8_t>(MessageType::kControl)) {
-    os << "unknown message type " << static_cast<int>(h.type);
-  } else if ((h.flags & ~kFlagImm) != 0) {
-    os << "unknown flags 0x" << std::hex << static_cast<int>(h.flags);
-  } else if (h.lane != expectedLane) {
-    os << "lane " << h.lane << " on a connection of lane " << expectedLane;
-  } else if (h.type == static_cast<uint8_t>(MessageType::kWrite)) {
-    if (h.bytes == 0 || h.chunkBytes == 0) {
-      os << "empty write";
-    } else if (h.chunkBytes > maxChunk) {
-      os << "chunk of " << h.chunkBytes << " bytes exceeds the chunk limit of " << maxChunk;
-    } else if (h.chunkBytes > h.bytes || h.chunkOffset > h.bytes - h.chunkBytes) {
-      os << "chunk [" << h.chunkOffset << ", +" << h.chunkBytes << ") lies outside its message of " << h.bytes
-         << " bytes";
-    }
+  // Called for every message received: a well-formed header returns at the end without building any text.
+  if (h.magic != kMessageMagic) return errorText("bad magic 0x", std::hex, h.magic);
+  if (h.version != kWireVersion) return errorText("unsupported wire version ", h.version);
+  if (h.type != static_cast<uint8_t>(MessageType::kWrite) && h.type != static_cast<uint8_t>(MessageType::kGoodbye) &&
+      h.type != static_cast<uint8_t>(MessageType::kAtomic) && h.type != static_cast<uint8_t>(MessageType::kControl))
+    return errorText("unknown message type ", static_cast<int>(h.type));
+  if ((h.flags & ~kFlagImm) != 0) return errorText("unknown flags 0x", std::hex, static_cast<int>(h.flags));
+  if (h.lane != expectedLane) return errorText("lane ", h.lane, " on a connection of lane ", expectedLane);
+  if (h.type == static_cast<uint8_t>(MessageType::kWrite)) {
+    if (h.bytes == 0 || h.chunkBytes == 0) return "empty write";
+    if (h.chunkBytes > maxChunk)
+      return errorText("chunk of ", h.chunkBytes, " bytes exceeds the chunk limit of ", maxChunk);
+    if (h.chunkBytes > h.bytes || h.chunkOffset > h.bytes - h.chunkBytes)
+      return errorText("chunk [", h.chunkOffset, ", +", h.chunkBytes, ") lies outside its message of ", h.bytes,
+                       " bytes");
   } else if (h.type == static_cast<uint8_t>(MessageType::kAtomic)) {
-    if (h.flags != 0) {
-      os << "atomic with flags 0x" << std::hex << static_cast<int>(h.flags) << " (an atomic is never announced)";
-    } else if (h.imm != static_cast<uint32_t>(SignalOp::kAdd) && h.imm != static_cast<uint32_t>(SignalOp::kSet)) {
-      os << "unknown atomic kind " << h.imm;
-    } else if (h.bytes != kAtomicBytes || h.chunkBytes != kAtomicBytes || h.chunkOffset != 0) {
-      os << "atomic of " << h.bytes << " bytes with chunk [" << h.chunkOffset << ", +" << h.chunkBytes
-         << "); it must be one 8-byte word";
-    } else if (h.offset % kAtomicBytes != 0) {
-      os << "atomic at offset " << h.offset << ", which is not 8-byte aligned";
-    }
+    if (h.flags != 0)
+      return errorText("atomic with flags 0x", std::hex, static_cast<int>(h.flags), " (an atomic is never announced)");
+    if (h.imm != static_cast<uint32_t>(SignalOp::kAdd) && h.imm != static_cast<uint32_t>(SignalOp::kSet))
+      return errorText("unknown atomic kind ", h.imm);
+    if (h.bytes != kAtomicBytes || h.chunkBytes != kAtomicBytes || h.chunkOffset != 0)
+      return errorText("atomic of ", h.bytes, " bytes with chunk [", h.chunkOffset, ", +", h.chunkBytes,
+                       "); it must be one 8-byte word");
+    if (h.offset % kAtomicBytes != 0) return errorText("atomic at offset ", h.offset, ", which is not 8-byte aligned");
   } else if (h.type == static_cast<uint8_t>(MessageType::kControl)) {
-    if (h.bytes == 0 || h.bytes > kMaxMessageBytes || h.chunkBytes != h.bytes) {
-      os << "control message of " << h.bytes << " bytes with a chunk of " << h.chunkBytes << " bytes; it must be 1.."
-         << kMaxMessageBytes << " bytes in one chunk";
-    } else if (h.flags != 0 || h.window != 0 || h.offset != 0 || h.chunkOffset != 0 || h.imm != 0) {
-      os << "control message with window, offset, flags or immediate set";
-    }
+    if (h.bytes == 0 || h.bytes > kMaxMessageBytes || h.chunkBytes != h.bytes)
+      return errorText("control message of ", h.bytes, " bytes with a chunk of ", h.chunkBytes,
+                       " bytes; it must be 1..", kMaxMessageBytes, " bytes in one chunk");
+    if (h.flags != 0 || h.window != 0 || h.offset != 0 || h.chunkOffset != 0 || h.imm != 0)
+      return "control message with window, offset, flags or immediate set";
   } else if (h.chunkBytes != 0) {
-    os << "goodbye with " << h.chunkBytes << " payload bytes";
+    return errorText("goodbye with ", h.chunkBytes, " payload bytes");
   }
-  return os.str();
+  return {};
 }
 
 std::string describe(const MessageHeader& h) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -130,6 +131,15 @@ static_assert(sizeof(MessageHeader) == 56 && std::is_trivially_copyable_v<Messag
 /// and a control message are received inline, bounded by kMaxMessageBytes, whatever maxChunk is); for an atomic its
 /// kind, size and alignment; for a control message its length. Returns "" when it is well formed, else what is wrong.
 std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t maxChunk);
+
+/// The parts streamed into one string, for the text of an error: checks on the receive path call it only once one
+/// has failed, so that a well-formed message costs no formatting.
+template <typename... Parts>
+std::string errorText(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
 
 /// A short human-readable rendering of a header for error messages ("write {...}", "atomic {...}", "message {...}").
 std::string describe(const MessageHeader& h);

@@ -149,7 +149,7 @@ void VerbsTransport::deliver(int peer, const MessageRecord& r) {
   m.peer = peer;
   m.bytes = r.bytes;
   std::memcpy(m.data, r.data, r.bytes);
-  common::deliverMessage(messageHandler_, m, who());
+  common::deliverMessage(messageHandler_, m, [this] { return who(); });
 }
 
 void VerbsTransport::applyControl(int peer, const ControlRecord& r) {

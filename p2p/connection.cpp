@@ -97,6 +97,7 @@ void Connection::start() {
 }
 
 std::string Connection::failure() const {
+  if (!failed_.load()) return std::string();  // healthy: no lock and no copy (every round and operation asks)
   std::lock_guard<std::mutex> lock(winMutex_);
   return failure_;
 }
@@ -107,7 +108,7 @@ void Connection::submit(Op op) {
   if (!lane_ || !lock.owns_lock()) return queue(std::move(op));  // the holder runs it (pending_) before it lets go
   // Operations queued and events handed over before this one are taken first, in the order a round takes them.
   while (pending_.exchange(false)) round();
-  runOperation(op, failed_.load() ? failure() : std::string());
+  runOperation(op, failure());
   // One more round takes the completions of what the operation posted (a small send that left from this thread has
   // its completion already) and whatever was handed over meanwhile; with neither it would find nothing, and the
   // connection's deadlines and owed credits are looked at by the next round anyway (at most a millisecond away).
@@ -984,7 +985,7 @@ bool Connection::round() {
     roundOps_.swap(ops_);
     roundEvents_.swap(inbox_);
   }
-  const std::string failed = failed_.load() ? failure() : std::string();
+  const std::string failed = failure();
   for (const Event& e : roundEvents_) handle(e);
   for (auto& op : roundOps_) runOperation(op, failed);
   Completion done[kMaxCompletions];

@@ -298,7 +298,7 @@ class Connection {
   uint32_t nextAdvertised_ = kAdvertisedWindowBase;
   WindowResolver resolver_;
   std::string failure_;
-  std::atomic<bool> failed_{false};  ///< failure_ is set: a round reads this, not the text, while all is well
+  std::atomic<bool> failed_{false};  ///< failure_ is set: failure() reads this, not the text, while all is well
   std::vector<char> eagerBuffer_;    ///< this side's eager buffer (kEagerSlots x kEagerBytes), made on first use
 
   // Progress thread only.

@@ -384,6 +384,18 @@ void LowLatencyBuffer::runHook(LowLatencyHook& hook, cudaStream_t stream) {
   hook.args_.reset();
 }
 
+void detail::startEpochsAt(LowLatencyBuffer& buffer, uint64_t epoch) {
+  LowLatencyBuffer::Impl& m = *buffer.impl_;
+  if (m.team.t.remoteMask) invalid(buffer.rank_, "startEpochsAt: ranks on other hosts (their signals start at 0)");
+  if (m.calls) invalid(buffer.rank_, "startEpochsAt: the buffer already made calls");
+  GDX_CUDA_CHECK(cudaMemcpy(&m.state->sendSeq, &epoch, sizeof(epoch), cudaMemcpyHostToDevice));
+  GDX_CUDA_CHECK(cudaMemcpy(&m.state->recvSeq, &epoch, sizeof(epoch), cudaMemcpyHostToDevice));
+  // As if every receiver had freed this rank's buffers up to `epoch` (the first calls wait for epoch - 1 and epoch).
+  const std::vector<uint64_t> freed(kMaxRanks, epoch);
+  GDX_CUDA_CHECK(cudaMemcpy(static_cast<char*>(m.memory) + offsetof(LlCtrl, freed), freed.data(), kMaxRanks * 8,
+                            cudaMemcpyHostToDevice));
+}
+
 void LowLatencyHook::run(cudaStream_t stream) {
   if (!owner_) throw Error(ErrorCode::kInvalidArgument, "gdx::ep low-latency hook: nothing to receive (run twice?)");
   owner_->runHook(*this, stream);

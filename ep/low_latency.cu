@@ -48,12 +48,30 @@ __device__ inline void maskRank(const LlTeam& lt, int r) {
   lt.maskHost[r] = 1;  // host-mapped, read by the host without synchronisation
 }
 
-/// Waits until (*word >> shift) >= want for rank `peer`. False (rank masked) when it is or becomes masked, when it
-/// failed (its own failure word: nothing more of it can arrive), or after GDX_TIMEOUT_MS.
-__device__ inline bool waitOrMask(const LlTeam& lt, int peer, const uint64_t* word, uint64_t want, int shift) {
+/// A tagged word (dispatch counts, combine weights) is (epochTag(e) << 32) | a 32-bit value, written by the call of
+/// epoch e. The tag is never 0, which a word never written holds, and differs between any two epochs less than
+/// 2^32 - 1 apart, so a reader takes the word once its tag equals its own epoch's: after any number of calls (the
+/// 64-bit epoch itself does not fit beside the value, and its low 32 bits compared with >= would stop matching after
+/// 2^32 calls, a few days of decoding).
+__device__ inline uint64_t epochTag(uint64_t e) {
+  return e % 0xffffffffull + 1;
+}
+__device__ inline uint64_t taggedWord(uint64_t e, uint32_t value) {
+  return epochTag(e) << 32 | value;
+}
+/// How a waited-for word is compared with the epoch wanted: a flag or stamp (the epoch, 64 bits) with >=, a tagged
+/// word by its tag.
+enum class WordKind { kEpoch, kTagged };
+__device__ inline bool wordReached(uint64_t word, uint64_t want, WordKind kind) {
+  return kind == WordKind::kTagged ? (word >> 32) == epochTag(want) : word >= want;
+}
+
+/// Waits until `word` reaches `want` (wordReached) for rank `peer`. False (rank masked) when it is or becomes masked,
+/// when it failed (its own failure word: nothing more of it can arrive), or after GDX_TIMEOUT_MS.
+__device__ inline bool waitOrMask(const LlTeam& lt, int peer, const uint64_t* word, uint64_t want, WordKind kind) {
   uint64_t start = 0, failureSeen = 0;
   for (uint64_t spins = 0;; ++spins) {
-    if ((atomicLoad(const_cast<uint64_t*>(word), kAcquire) >> shift) >= want) return true;
+    if (wordReached(atomicLoad(const_cast<uint64_t*>(word), kAcquire), want, kind)) return true;
     if ((spins & 63) == 63) {
       if (isMasked(lt, peer)) return false;
       const uint64_t now = nowNs();
@@ -76,15 +94,15 @@ __device__ inline bool waitOrMask(const LlTeam& lt, int peer, const uint64_t* wo
   }
 }
 
-/// Whether rank `peer`'s word has reached `want` (>> shift), waiting (waitOrMask) only when the first look says not:
+/// Whether rank `peer`'s word has reached `want` (wordReached), waiting (waitOrMask) only when the first look says not:
 /// false when the rank is or becomes masked. The mask and the word are both loaded before either is looked at, the
 /// word last (an acquire load stalls until it is answered): with the caller's epoch load before them, one round trip
 /// to memory where checking each before loading the next cost three, on every kernel's critical path.
-__device__ inline bool reachedOrWait(const LlTeam& lt, int peer, const uint64_t* word, uint64_t want, int shift) {
+__device__ inline bool reachedOrWait(const LlTeam& lt, int peer, const uint64_t* word, uint64_t want, WordKind kind) {
   const uint32_t masked = atomicLoad(&lt.ll->mask, kRelaxed);
   const uint64_t seen = atomicLoad(const_cast<uint64_t*>(word), kAcquire);
   if ((masked >> peer) & 1u) return false;
-  return (seen >> shift) >= want || waitOrMask(lt, peer, word, want, shift);
+  return wordReached(seen, want, kind) || waitOrMask(lt, peer, word, want, kind);
 }
 
 /// Whether source s's word of epoch e counts in this call, decided once for the whole grid (LlState::recvVerdict): the
@@ -116,7 +134,7 @@ __device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64
   if (threadIdx.x >= blockDim.x - 32) {
     const int r = int(threadIdx.x & 31);
     const uint64_t* word = r < lt.t.numRanks ? wordOf(r) : nullptr;  // null: nothing to wait for
-    bool ok = !word || reachedOrWait(lt, r, word, want, (tagged >> r) & 1u ? 32 : 0);
+    bool ok = !word || reachedOrWait(lt, r, word, want, (tagged >> r) & 1u ? WordKind::kTagged : WordKind::kEpoch);
     if (agree && r < lt.t.numRanks) ok = agreedArrival(lt, r, ok, want);
     const uint32_t off = __ballot_sync(0xffffffffu, !ok);
     if (r == 0) masked = off;
@@ -351,7 +369,7 @@ __device__ inline void countEntries(const LlDispatchArgs& a, const LlLayout& y, 
 }
 
 /// The count block of a dispatch send (after countEntries with messages): this call's counts to every rank of this host
-/// not masked (refused: zeros, nothing comes), each word tagged with the epoch ((e << 32) | n). Plain stores, no
+/// not masked (refused: zeros, nothing comes), each word tagged with the epoch (taggedWord(e, n)). Plain stores, no
 /// release: the receiver takes a word once its tag reads e, so the counts leave without a system-scope fence (about
 /// 1.5 us on this block's path, and then on every receiver's). Its receivers build their rows' layout from them while
 /// the tokens are still being packed.
@@ -366,7 +384,7 @@ __device__ inline void publishCounts(const LlTeam& lt, uint64_t e, uint32_t mask
     const int d = i / words, j = i % words;
     if (!((to >> d) & 1u)) continue;
     const int n = refused ? 0 : j < y.L ? entries[d * y.L + j] : messages[d];
-    atomicStore(&llCtrl(t.base[d])->dispCount[c][t.rank][j], e << 32 | uint32_t(min(n, y.T)), kRelaxed);
+    atomicStore(&llCtrl(t.base[d])->dispCount[c][t.rank][j], taggedWord(e, uint32_t(min(n, y.T))), kRelaxed);
   }
 }
 
@@ -522,7 +540,7 @@ __global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs
   for (int i = threadIdx.x; i < t.numRanks * words; i += blockDim.x) {
     const int d = i / words, j = i % words;
     int32_t* counter = j < y.L ? &lt.ll->sendCount[b][d * y.L + j] : &lt.ll->sendMsgs[b][d];
-    const uint64_t word = e << 32 | uint32_t(min(*counter, y.T));
+    const uint64_t word = taggedWord(e, uint32_t(min(*counter, y.T)));
     *counter = 0;
     if (isRemote(t, d) && !isMasked(lt, d)) reinterpret_cast<uint64_t*>(t.mirror + y.countStageOf(b, d))[j] = word;
   }
@@ -573,7 +591,8 @@ __device__ inline void storeRound(const int4 (&v)[kRoundVecs], char* out, uint32
 /// masked, failed or timed out), the warp follows.
 __device__ inline bool messageArrived(const LlTeam& lt, int src, const char* m, uint64_t e, int lane) {
   bool ok = true;
-  if (lane == 0) ok = waitOrMask(lt, src, reinterpret_cast<const uint64_t*>(m + lt.lay.stampOffset()), e, 0);
+  if (lane == 0)
+    ok = waitOrMask(lt, src, reinterpret_cast<const uint64_t*>(m + lt.lay.stampOffset()), e, WordKind::kEpoch);
   ok = __shfl_sync(0xffffffffu, ok, 0);
   __syncwarp();  // lane 0's acquire of the stamp orders the warp's reads of the message after it
   return ok;
@@ -633,7 +652,8 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
     // Each word is taken once its tag reads e: a source of this host stores them without a release, in any order.
     const uint64_t* w = countWord(s, j);
     uint64_t v = atomicLoad(const_cast<uint64_t*>(w), kRelaxed);
-    if ((v >> 32) < e) v = waitOrMask(lt, s, w, e, 32) ? atomicLoad(const_cast<uint64_t*>(w), kRelaxed) : 0;
+    if (!wordReached(v, e, WordKind::kTagged))
+      v = waitOrMask(lt, s, w, e, WordKind::kTagged) ? atomicLoad(const_cast<uint64_t*>(w), kRelaxed) : 0;
     return int(v & 0xffffffffu);
   };
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = countOf(q % R, q / R);
@@ -770,10 +790,10 @@ __device__ inline float weightOf(const LlCombineArgs& a, int K, int i) {
 }
 
 /// Block 0 of a combine's send: this rank's top-k weights to every other rank not masked (its own experts read the
-/// caller's): stored into the window of a rank of this host as words (e << 32) | the weight's bits, each taken once its
-/// tag reads e (taggedWeight), so no flag waits for a fence behind them; staged once in pinned host memory and put with
-/// the signal weights[me] to a rank of another host. The experts' sums wait for them, so this comes first. Every thread
-/// of block 0 calls it, with its first entry (weightOf at threadIdx.x) loaded before the buffer wait.
+/// caller's): stored into the window of a rank of this host as tagged words (taggedWord: the weight's bits), each taken
+/// once its tag reads e (taggedWeight), so no flag waits for a fence behind them; staged once in pinned host memory and
+/// put with the signal weights[me] to a rank of another host. The experts' sums wait for them, so this comes first.
+/// Every thread of block 0 calls it, with its first entry (weightOf at threadIdx.x) loaded before the buffer wait.
 __device__ inline void publishWeights(const LlTeam& lt, const LlCombineArgs& a, int b, uint64_t e, uint32_t masked,
                                       float first) {
   const Team& t = lt.t;
@@ -782,7 +802,7 @@ __device__ inline void publishWeights(const LlTeam& lt, const LlCombineArgs& a, 
   const uint32_t to = ((1u << R) - 1u) & ~masked & ~(1u << me), remote = to & t.remoteMask;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float w = i == int(threadIdx.x) ? first : weightOf(a, y.K, i);
-    const uint64_t word = e << 32 | __float_as_uint(w);
+    const uint64_t word = taggedWord(e, __float_as_uint(w));
     for (uint32_t m = to & ~remote; m; m &= m - 1)
       atomicStore(reinterpret_cast<uint64_t*>(t.base[__ffs(m) - 1] + y.gpuWeightsOf(b, me)) + i, word, kRelaxed);
     if (remote) reinterpret_cast<float*>(t.mirror + y.weightStageOf(b))[i] = w;
@@ -799,14 +819,14 @@ __device__ inline void publishWeights(const LlTeam& lt, const LlCombineArgs& a, 
 }
 
 /// Top-k weight `slot` of token `tok` that source s of this host published for epoch e (publishWeights), once its
-/// word's tag reads e; false when s is or becomes masked first (waitOrMask). The word holds 0, e - 2 or e: the source
-/// writes buffer b again at e + 2 only after this rank's receive of e freed it.
+/// word's tag is e's; false when s is or becomes masked first (waitOrMask). The word holds 0, or e - 2's or e's: the
+/// source writes buffer b again at e + 2 only after this rank's receive of e freed it.
 __device__ inline bool taggedWeight(const LlTeam& lt, int b, int s, int tok, int slot, uint64_t e, float* w) {
   const uint64_t* word = reinterpret_cast<const uint64_t*>(lt.t.base[lt.t.rank] + lt.lay.gpuWeightsOf(b, s)) +
                          int64_t(tok) * lt.lay.K + slot;
   uint64_t v = atomicLoad(const_cast<uint64_t*>(word), kRelaxed);
-  if ((v >> 32) < e) {
-    if (!waitOrMask(lt, s, word, e, 32)) return false;
+  if (!wordReached(v, e, WordKind::kTagged)) {
+    if (!waitOrMask(lt, s, word, e, WordKind::kTagged)) return false;
     v = atomicLoad(const_cast<uint64_t*>(word), kRelaxed);
   }
   *w = __uint_as_float(uint32_t(v));
@@ -905,7 +925,8 @@ __global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a
 __device__ inline bool combineRowArrived(const LlTeam& lt, int b, uint64_t e, int tok, int k, int d, int c0, int c1) {
   const char* base = lt.t.base[lt.t.rank];
   for (int c = c0; c < c1; ++c)
-    if (!reachedOrWait(lt, d, reinterpret_cast<const uint64_t*>(base + lt.lay.gpuCombStamp(b, tok, k, c)), e, 0))
+    if (!reachedOrWait(lt, d, reinterpret_cast<const uint64_t*>(base + lt.lay.gpuCombStamp(b, tok, k, c)), e,
+                       WordKind::kEpoch))
       return false;
   return true;
 }

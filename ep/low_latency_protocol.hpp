@@ -3,7 +3,7 @@
 //
 // Each rank's GPU window (IPC-mapped by the same-host ranks):
 //   LlCtrl | dispatch messages [2][R][T] slots | combine rows [2][T][K] rows of 2H | combine weights [2][R][T][K]
-//   tagged words (e << 32 | f32 bits) | combine rows' chunk stamps [2][T][K][chunks]
+//   tagged words (epoch tag << 32 | f32 bits) | combine rows' chunk stamps [2][T][K][chunks]
 // and, with ranks on other hosts, one window of pinned host memory:
 //   LlCtrl | dispatch messages [2][S][T] | combine rows [2][T][K] | combine weights [2][S][T][K]   the receive mirror
 //   | dispatch staging [2][T] slots | count staging [2][kMaxRanks][L + 1] | combine staging [2][S][T] rows of 2H
@@ -13,21 +13,21 @@
 // and combines counted together, from 1: its epoch, below) uses buffer n % 2 of every area.
 //
 // Synchronisation. A call's send kernel has epoch e = sendSeq + 1, its receive kernel e = recvSeq + 1 (device
-// counters: a replayed CUDA graph advances them). A dispatch's counts are dispCount words ((e << 32) | n) per (source,
-// local expert: its rows; and entry L: its messages). They follow from the top-k alone, so one block of the send
-// kernel (the last) counts them and publishes them to every rank of this host at its start, before it waits for the
-// buffer (the counts have four slots, LlCtrl), each word tagged with e and taken once its tag reads e; each message
-// there then carries its own stamp (e, released after the message's bytes, LlLayout::stampOffset), and the receiver
-// copies a message as soon as its stamp reads e, while the send kernel is still running. To a rank of another host the
-// counts go after the messages: one put of the L + 1 words with the signal sent[sender] = e on the ring of the data
-// puts, once every block's puts are out. A combine stamps each chunk of each row it sends a rank of this host
-// (LlLayout::gpuCombStamp: e, released after the chunk's bytes), so that the receiver sums a chunk as soon as it lands,
-// beside the send kernel; to a rank of another host it sends the signal sent[sender] = e after all its rows' puts.
-// First, from its start, it sends its top-k weights: to a rank of this host as words (e << 32) | weight, each taken
-// once its tag reads e; to a rank of another host with the signal weights[sender] after them. When a receive kernel is
-// done with buffer b it tells every source freed[receiver] = e (a store, or the signal freed[receiver]); a send kernel
-// of epoch e first waits for freed >= e - 2 from every rank, so nobody overwrites a buffer its receiver still reads.
-// Waits that time out mask the rank (see low_latency.hpp).
+// counters: a replayed CUDA graph advances them). A dispatch's counts are dispCount words ((tag of e << 32) | n, the
+// tag never 0 and never wrapping onto a recent epoch) per (source, local expert: its rows; and entry L: its messages).
+// They follow from the top-k alone, so one block of the send kernel (the last) counts them and publishes them to every
+// rank of this host at its start, before it waits for the buffer (the counts have four slots, LlCtrl), each word tagged
+// with e and taken once its tag reads e; each message there then carries its own stamp (e, released after the message's
+// bytes, LlLayout::stampOffset), and the receiver copies a message as soon as its stamp reads e, while the send kernel
+// is still running. To a rank of another host the counts go after the messages: one put of the L + 1 words with the
+// signal sent[sender] = e on the ring of the data puts, once every block's puts are out. A combine stamps each chunk of
+// each row it sends a rank of this host (LlLayout::gpuCombStamp: e, released after the chunk's bytes), so that the
+// receiver sums a chunk as soon as it lands, beside the send kernel; to a rank of another host it sends the signal
+// sent[sender] = e after all its rows' puts. First, from its start, it sends its top-k weights: to a rank of this host
+// as words (tag of e << 32) | weight, each taken once its tag reads e; to a rank of another host with the signal
+// weights[sender] after them. When a receive kernel is done with buffer b it tells every source freed[receiver] = e (a
+// store, or the signal freed[receiver]); a send kernel of epoch e first waits for freed >= e - 2 from every rank, so
+// nobody overwrites a buffer its receiver still reads. Waits that time out mask the rank (see low_latency.hpp).
 //
 // Messages. A token goes to each rank that one of its top-k experts lives on once, whatever the number of those
 // experts there: one message (the token, FP8 with scales or BF16) in that rank's area of the source, at a position
@@ -60,7 +60,7 @@ GDX_HOST_DEVICE_INLINE int countSlot(uint64_t e) {
 
 struct LlCtrl {
   uint64_t dispCount[kCountSlots][kMaxRanks]
-                    [kMaxExperts + 1];  // [e % 4][source][local expert, L: messages]: (e << 32) | n
+                    [kMaxExperts + 1];  // [e % 4][source][local expert, L: messages]: (tag << 32) | n
   uint64_t freed[kMaxRanks];            // [receiver]: the last epoch it finished reading
 };
 constexpr uint64_t kLlCtrlBytes = (sizeof(LlCtrl) + 4095) / 4096 * 4096;

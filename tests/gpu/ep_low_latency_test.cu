@@ -369,10 +369,15 @@ void refusedTopk(Context& ctx, cudaStream_t stream, int T) {
 }
 
 // Dispatch + combine captured in a CUDA graph and replayed 100 times: the same rows and sums every time.
-void graphReplays(Context& ctx, cudaStream_t stream, int T) {
+// `firstEpoch`: where the buffer's epochs start (ep::detail::startEpochsAt; 0: at the start).
+void graphReplays(Context& ctx, cudaStream_t stream, int T, uint64_t firstEpoch = 0) {
   LlCase lc{{"graph fp8 H2048 K8 E32", T - 24, 2048, 8, 32, true, Values::kRandom, Routing::kWithHoles, -1, 1, 31},
             true};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 32, 8});
+  if (firstEpoch) {
+    ep::detail::startEpochsAt(buf, firstEpoch);
+    ctx.barrier();  // every rank's epochs set before any call writes into another's window
+  }
   Job j{ctx, buf, stream, ctx.worldSize(), 32 / ctx.worldSize()};
   Inputs in = makeInputs(j, lc.c);
   const auto allIdx = allGather(ctx, in.hidx);
@@ -431,6 +436,16 @@ void childMain() {
   cudaStreamDestroy(stream);
 }
 
+// The 202 calls of graphReplays cross epoch 2^32 (at its 50th replay): the tagged words (dispatch counts, combine
+// weights) hold 32 bits of the epoch beside their value, and must still tell this call's from an earlier one's.
+void epochsPast32BitsMain() {
+  Context ctx;
+  cudaStream_t stream;
+  GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  graphReplays(ctx, stream, kT, (uint64_t(1) << 32) - 101);
+  cudaStreamDestroy(stream);
+}
+
 // The last rank leaves right after the buffer is set up: the others' dispatch and combine complete within about
 // GDX_TIMEOUT_MS with that rank masked and its experts' contributions zero, and a second call skips it at once.
 void rankDiesMain() {
@@ -467,6 +482,8 @@ TEST(EpLowLatencyChild, Run) {
   if (!child) GTEST_SKIP() << "runs only as a child of EpLowLatency.* (GDX_EP_LL_CHILD)";
   if (std::string(child) == "rank-dies")
     rankDiesMain();
+  else if (std::string(child) == "epochs")
+    epochsPast32BitsMain();
   else
     childMain();
 }
@@ -496,6 +513,11 @@ TEST(EpLowLatency, FourRanksOnOneHostMatchTheReference) {
 TEST(EpLowLatency, TwoEmulatedHostsMatchTheReference) {
   GDX_SKIP_WITHOUT_GPU();
   runRanks("cases", "60000", 4, 2);
+}
+
+TEST(EpLowLatency, CallsPast32BitEpochsMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("epochs", "10000", 2);
 }
 
 TEST(EpLowLatency, DeadRankIsMaskedOnTwoRanks) {

@@ -115,6 +115,11 @@ struct LowLatencyCombineInputs {
 };
 
 class LowLatencyBuffer;
+namespace detail {
+/// For tests: the epoch of the buffer's first call is `epoch` + 1 instead of 1, so that a test can cross 2^32 calls
+/// (the tagged words' wrap). Every rank sets the same before any call, then a barrier; ranks of one host only.
+void startEpochsAt(LowLatencyBuffer& buffer, uint64_t epoch);
+}  // namespace detail
 
 /// The routing a dispatch received (DeepEP's handle): device memory made once by newHandle (outside any capture),
 /// filled by each dispatch's receive half.
@@ -195,6 +200,7 @@ class LowLatencyBuffer {
 
  private:
   friend class LowLatencyHook;
+  friend void detail::startEpochsAt(LowLatencyBuffer& buffer, uint64_t epoch);
   struct Impl;
   void beginCall(LowLatencyHook* hook, const char* op);
   void runHook(LowLatencyHook& hook, cudaStream_t stream);

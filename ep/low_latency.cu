@@ -105,6 +105,18 @@ __device__ inline bool reachedOrWait(const LlTeam& lt, int peer, const uint64_t*
   return wordReached(seen, want, kind) || waitOrMask(lt, peer, word, want, kind);
 }
 
+/// The value of rank `peer`'s tagged word once its tag is epoch e's, waiting (waitOrMask) only when the first look says
+/// not; false when the rank is or becomes masked first. Relaxed loads: the word carries its value with its tag.
+__device__ inline bool taggedValue(const LlTeam& lt, int peer, const uint64_t* word, uint64_t e, uint32_t* value) {
+  uint64_t v = atomicLoad(const_cast<uint64_t*>(word), kRelaxed);
+  if (!wordReached(v, e, WordKind::kTagged)) {
+    if (!waitOrMask(lt, peer, word, e, WordKind::kTagged)) return false;
+    v = atomicLoad(const_cast<uint64_t*>(word), kRelaxed);
+  }
+  *value = uint32_t(v);
+  return true;
+}
+
 /// Whether source s's word of epoch e counts in this call, decided once for the whole grid (LlState::recvVerdict): the
 /// first block to decide records what its own wait saw (`here`), every other block takes that record. A source whose
 /// word lands just as another block's wait for it times out is then in every block's view or in none: no row or token
@@ -650,11 +662,8 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   const auto countOf = [&](int s, int j) {  // entry j of source s's counts (j == L: its messages), 0 when absent
     if ((absent >> s) & 1u) return 0;
     // Each word is taken once its tag reads e: a source of this host stores them without a release, in any order.
-    const uint64_t* w = countWord(s, j);
-    uint64_t v = atomicLoad(const_cast<uint64_t*>(w), kRelaxed);
-    if (!wordReached(v, e, WordKind::kTagged))
-      v = waitOrMask(lt, s, w, e, WordKind::kTagged) ? atomicLoad(const_cast<uint64_t*>(w), kRelaxed) : 0;
-    return int(v & 0xffffffffu);
+    uint32_t n = 0;
+    return taggedValue(lt, s, countWord(s, j), e, &n) ? int(n) : 0;
   };
   for (int q = threadIdx.x; q < Q; q += blockDim.x) first[q] = countOf(q % R, q / R);
   if (threadIdx.x < R) firstMessage[threadIdx.x] = countOf(threadIdx.x, y.L);
@@ -824,12 +833,9 @@ __device__ inline void publishWeights(const LlTeam& lt, const LlCombineArgs& a, 
 __device__ inline bool taggedWeight(const LlTeam& lt, int b, int s, int tok, int slot, uint64_t e, float* w) {
   const uint64_t* word = reinterpret_cast<const uint64_t*>(lt.t.base[lt.t.rank] + lt.lay.gpuWeightsOf(b, s)) +
                          int64_t(tok) * lt.lay.K + slot;
-  uint64_t v = atomicLoad(const_cast<uint64_t*>(word), kRelaxed);
-  if (!wordReached(v, e, WordKind::kTagged)) {
-    if (!waitOrMask(lt, s, word, e, WordKind::kTagged)) return false;
-    v = atomicLoad(const_cast<uint64_t*>(word), kRelaxed);
-  }
-  *w = __uint_as_float(uint32_t(v));
+  uint32_t bits = 0;
+  if (!taggedValue(lt, s, word, e, &bits)) return false;
+  *w = __uint_as_float(bits);
   return true;
 }
 

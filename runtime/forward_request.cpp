@@ -17,15 +17,21 @@ std::string decodeForward(const RemoteMessage& m, ForwardRequest* out) {
 
 std::string resolveForward(const ForwardRequest& f, const DirectPeer* d, ForwardTarget* out) {
   if (!d) return "rank " + std::to_string(f.destination) + " is not reached directly from this GPU";
+  if (f.bytes == 0 && !f.hasSignal) return "a forward request with neither data nor a signal";
+  if (f.hasSignal && f.signalId >= d->peerNumSignals) return "signal id out of range";
+  out->signal = f.hasSignal ? d->peerSignals + f.signalId : nullptr;
+  out->src = nullptr;
+  out->dst = nullptr;
+  // A signal alone (a relayed signal, a put of no bytes) names no window: the request's window field is then
+  // whatever the sender left there, and need not be a GPU window on either rank.
+  if (f.bytes == 0) return {};
   if (f.window >= kMaxWindows || !d->localBase[f.window] || !d->peerBase[f.window])
     return "window " + std::to_string(f.window) + " is not a GPU window on both ranks";
   const uint64_t limit = std::min(d->localBytes[f.window], d->peerBytes[f.window]);
   if (f.offset > limit || f.bytes > limit - f.offset)
     return "range past the end of the window (" + std::to_string(limit) + " bytes)";
-  if (f.signalId >= d->peerNumSignals) return "signal id out of range";
   out->src = d->localBase[f.window] + f.offset;
   out->dst = d->peerBase[f.window] + f.offset;
-  out->signal = d->peerSignals + f.signalId;
   return {};
 }
 

@@ -179,6 +179,20 @@ TEST(RuntimeDecoders, WindowRecordAndForwardRequest) {
   got.offset = 9;
   EXPECT_NE(gdx::resolveForward(got, peer.get(), &t).find("past the end"), std::string::npos);
   EXPECT_NE(gdx::resolveForward(got, nullptr, &t), "");
+  // A signal alone needs no window: window 0 is not a GPU window here, and the request names it anyway.
+  gdx::ForwardRequest signalOnly;
+  signalOnly.hasSignal = 1;
+  signalOnly.signalId = 0;
+  signalOnly.value = 5;
+  t = gdx::ForwardTarget{};
+  EXPECT_EQ(gdx::resolveForward(signalOnly, peer.get(), &t), "");
+  EXPECT_EQ(t.signal, signals);
+  EXPECT_EQ(t.src, nullptr);
+  EXPECT_EQ(t.dst, nullptr);
+  signalOnly.signalId = 1;
+  EXPECT_NE(gdx::resolveForward(signalOnly, peer.get(), &t).find("signal id out of range"), std::string::npos);
+  gdx::ForwardRequest nothing;
+  EXPECT_NE(gdx::resolveForward(nothing, peer.get(), &t).find("neither data nor a signal"), std::string::npos);
   m.data[offsetof(gdx::ForwardRequest, hasSignal)] = 2;
   EXPECT_NE(gdx::decodeForward(m, &got), "");
 }

@@ -459,23 +459,39 @@ std::string Proxy::checkCommand(const Command& c, const Command* second) const {
   }
 }
 
-// A put: one write, merged with the puts around it when they continue each other (it is posted once a command
-// that does not continue it arrives, or at the end of the batch). A putWithSignal: its write (merged with the puts
-// before it) with the immediate, or the write and then the signal as a remote atomic when the update does not fit
-// the immediate.
-void Proxy::postPut(Posting& p, WriteMerger& merger, const Command& c, const Command* signal) {
-  const WriteOp w = writeOf(c);
-  if (!merger.extends(w)) postMerged(p, merger);
-  merger.add(w);
-  if (!signal) return;
-  WriteOp whole = merger.take();
-  whole.withImm = encodeSignalImm(signal->signalOp(), signal->signalId(), signal->value(), &whole.imm);
-  p.write(whole);
-  if (!whole.withImm) p.atomic(signalAtomicOf(*signal));
+// A put: one write, merged with the puts around it when they continue each other (the caller posted what it does
+// not continue; the merged write is posted once a command that does not continue it arrives, or at the end of the
+// batch). A putWithSignal: its write (merged with the puts before it) with the immediate, or the write and then the
+// signal as a remote atomic when the update does not fit the immediate.
+void Proxy::postPut(Thread& t, CommandRing& ring, Posting& p, WriteMerger& merger, const Command& c,
+                    const Command* signal, uint64_t lastPosition) {
+  merger.add(writeOf(c), lastPosition);
+  if (signal) postMerged(t, ring, p, merger, signal);
 }
 
-void Proxy::postMerged(Posting& p, WriteMerger& merger) {
-  if (merger.pending()) p.write(merger.take());
+// Posts the pending write (with `signal`, the putWithSignal's signal slot that ends it). When the transport refuses
+// it (a window deregistered after the registry's check), its puts fail, recorded as a fault of their peer at the
+// last one's position, and the caller goes on with the command at hand, which is not theirs to fail.
+void Proxy::postMerged(Thread& t, CommandRing& ring, Posting& p, WriteMerger& merger, const Command* signal) {
+  if (!merger.pending()) return;
+  const uint32_t merged = merger.count();
+  const uint64_t last = merger.lastPosition();
+  WriteOp w = merger.take();
+  try {
+    if (signal) w.withImm = encodeSignalImm(signal->signalOp(), signal->signalId(), signal->value(), &w.imm);
+    p.write(w);
+    if (signal && !w.withImm) p.atomic(signalAtomicOf(*signal));
+  } catch (const std::exception& e) {
+    t.errors.fetch_add(1, std::memory_order_relaxed);
+    const uint32_t peer = static_cast<uint32_t>(w.peer);
+    recordError(peer, "rank " + std::to_string(registry_.rank()) + " proxy thread " + std::to_string(t.index) +
+                          ": posting a write of " + std::to_string(w.bytes) + " bytes to peer " + std::to_string(peer) +
+                          " (window " + std::to_string(w.remoteWindow) + " offset " + std::to_string(w.remoteOffset) +
+                          ", " + std::to_string(merged) + (merged == 1 ? " put" : " puts merged") +
+                          (signal ? " and a signal" : "") + ", the last at ring position " + std::to_string(last) +
+                          ") failed: " + e.what());
+    ring.recordFault(peer, last, Status::kProxyError);
+  }
 }
 
 // Relayed: the data goes to the relay (no immediate), then the forward request on the same lane, which the relay
@@ -523,16 +539,13 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
   t.commands.fetch_add(n, std::memory_order_relaxed);
   Posting posting(t, r);
   WriteMerger merger;
-  // The transport refused what the registry allowed (a window deregistered meanwhile): that command fails (and the
-  // puts merged with it: the message says how many), recorded as a fault of its peer at `last`, its last position.
+  // The transport refused what the registry allowed (a window deregistered meanwhile): that command fails, recorded
+  // as a fault of its peer at `last`, its last position. (A refused put fails in postMerged(), with those merged with
+  // it.)
   auto failed = [&](const Command& c, uint64_t last, const std::exception& e) {
     t.errors.fetch_add(1, std::memory_order_relaxed);
-    const uint32_t merged = merger.count();
-    merger.take();
     recordError(c.peer(), "rank " + std::to_string(registry_.rank()) + " proxy thread " + std::to_string(t.index) +
-                              ": posting " + describe(c) +
-                              (merged > 1 ? " (merged with " + std::to_string(merged - 1) + " puts before it)" : "") +
-                              " failed: " + e.what());
+                              ": posting " + describe(c) + " failed: " + e.what());
     ring.recordFault(c.peer(), last, Status::kProxyError);
   };
   for (size_t i = 0; i < n;) {
@@ -556,10 +569,11 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
       const Command& signalSlot = second ? *second : c;
       const bool relayed = c.opcode() == Opcode::kRelayPut || ((second || isSignal(c)) && signalSlot.forwardTo() >= 0);
       if (why.empty() && !relayed && (c.opcode() == Opcode::kPut || c.opcode() == Opcode::kPutWithSignal)) {
-        postPut(posting, merger, c, second);
+        if (!merger.extends(writeOf(c))) postMerged(t, ring, posting, merger);
+        postPut(t, ring, posting, merger, c, second, position + slots - 1);
         continue;
       }
-      postMerged(posting, merger);  // what came before goes first
+      postMerged(t, ring, posting, merger);  // what came before goes first
       if (!why.empty()) continue;
       if (relayed)
         postRelayed(posting, c, signalSlot);
@@ -569,13 +583,7 @@ size_t Proxy::drainRing(Thread& t, size_t r) {
       failed(c, position + slots - 1, e);
     }
   }
-  if (t.lane) {
-    try {
-      postMerged(posting, merger);
-    } catch (const std::exception& e) {
-      failed(t.batch[n - 1], ring.consumed() - 1, e);
-    }
-  }
+  if (t.lane) postMerged(t, ring, posting, merger);
   posting.close(ring.consumed());
   ring.publishTail();
   if (startNs) {

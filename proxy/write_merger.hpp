@@ -24,8 +24,11 @@ class WriteMerger {
            next.remoteWindow == write_.remoteWindow && next.localOffset == write_.localOffset + write_.bytes &&
            next.remoteOffset == write_.remoteOffset + write_.bytes && write_.bytes + next.bytes <= kMaxMergedBytes;
   }
-  /// Adds `next`: to the pending write when it extends it; otherwise the caller took the pending write out first.
-  void add(const WriteOp& next) {
+  /// The ring position of the last slot of the last put merged so far: where a failure of the write is recorded.
+  uint64_t lastPosition() const { return lastPosition_; }
+  /// Adds `next`, the put whose last slot is at `lastPosition`: to the pending write when it extends it; otherwise
+  /// the caller took the pending write out first.
+  void add(const WriteOp& next, uint64_t lastPosition) {
     if (extends(next)) {
       write_.bytes += next.bytes;
     } else {
@@ -33,6 +36,7 @@ class WriteMerger {
       count_ = 0;
     }
     ++count_;
+    lastPosition_ = lastPosition;
   }
   /// Takes the pending write out.
   WriteOp take() {
@@ -43,6 +47,7 @@ class WriteMerger {
  private:
   WriteOp write_;
   uint32_t count_ = 0;
+  uint64_t lastPosition_ = 0;
 };
 
 }  // namespace gdx

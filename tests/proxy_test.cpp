@@ -209,5 +209,35 @@ TEST_F(ProxyMerge, AnInvalidPutInsideARunIsRejectedAloneAndThePutsAroundItArrive
   EXPECT_NE(proxy_->lastError().find("outside"), std::string::npos) << proxy_->lastError();
 }
 
+TEST_F(ProxyMerge, AMergedWriteTheTransportRefusesFailsItsOwnPutsAndTheNextCommandArrives) {
+  // Window 3 passes the registry's checks but the transport never heard of it (as after a deregistration between
+  // the check and the post): the transport refuses the merged write of the four puts into it.
+  constexpr uint32_t kUnknown = 3;
+  std::vector<unsigned char> unknown(kWindowBytes, kPoison);
+  registry_.addLocal(kUnknown, unknown.data(), kWindowBytes, MemoryKind::kHost);
+  registry_.addRemote(0, kUnknown, kWindowBytes);
+  constexpr uint64_t kBytes = 256;
+  for (uint64_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(ring_.push(Command::put(0, kSrc, i * kBytes, kUnknown, i * kBytes, kBytes)), Status::kOk);
+    ++pushed_;
+  }
+  // Then a put that does not continue them (another window): posting it is what posts the refused write first.
+  put(0, kBytes);
+  putWithSignal(kBytes, kBytes, 7);
+  drain();
+  expectRange(0, 2 * kBytes, true);
+  expectRange(2 * kBytes, kWindowBytes, false);
+  for (size_t i = 0; i < unknown.size(); ++i) ASSERT_EQ(unknown[i], kPoison) << "byte " << i << " of window 3";
+  ASSERT_EQ(imms_.size(), 1u);
+  EXPECT_TRUE(dataInPlaceAtImm_[0]);
+  EXPECT_EQ(proxy_->totalCounters().errors, 1u);
+  // The fault is the four puts', at the last one's position (3; lastFailed counts the positions up to and including
+  // it), not the next command's.
+  EXPECT_EQ(proxy_->ring(0).error(), Status::kOk);
+  EXPECT_EQ(proxy_->ring(0).fault(0).lastFailed, 4u);
+  EXPECT_EQ(static_cast<Status>(proxy_->ring(0).fault(0).status), Status::kProxyError);
+  EXPECT_NE(proxy_->lastError().find("4 puts merged"), std::string::npos) << proxy_->lastError();
+}
+
 }  // namespace
 }  // namespace gdx

@@ -122,8 +122,9 @@ class Proxy {
   bool reapCompletions(Thread& t, size_t* reaped);
   bool plainlyValid(const Command& c, const Command* second) const;
   std::string checkCommand(const Command& c, const Command* second) const;
-  void postPut(Posting& p, WriteMerger& merger, const Command& c, const Command* signal);
-  void postMerged(Posting& p, WriteMerger& merger);
+  void postPut(Thread& t, CommandRing& ring, Posting& p, WriteMerger& merger, const Command& c, const Command* signal,
+               uint64_t lastPosition);
+  void postMerged(Thread& t, CommandRing& ring, Posting& p, WriteMerger& merger, const Command* signal = nullptr);
   void postRelayed(Posting& p, const Command& c, const Command& second);
   void postAtomic(Posting& p, const Command& c);
   void recordError(const std::string& message);

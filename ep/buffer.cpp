@@ -103,25 +103,34 @@ struct Buffer::Impl {
 
   // Throws the recorded error, if any. Recoverable ones (bad input, found before anything was sent) are cleared so
   // the Buffer goes on; a timeout or a failed peer leaves it unusable.
-  // Throws kShutdown first when the Context is gone: every operation calls this before it launches a kernel, whose
-  // rings and signals would be freed memory.
+  // Throws kShutdown first when the Context is gone: every operation calls this (or earlierError()) before it launches
+  // a kernel, whose rings and signals would be freed memory.
   void raise(int rank, const std::shared_ptr<gdx::detail::ContextLink>& link, cudaStream_t stream) {
+    if (!earlierError(rank, link)) return;
+    Report r = *report;
+    std::memset(report, 0, sizeof(Report));
+    GDX_CUDA_CHECK(cudaMemsetAsync(&state->reportClaim, 0, sizeof(uint32_t), stream));
+    throw Error(codeOf(r.kind), "gdx::ep rank " + std::to_string(rank) + ": " + describe(r));
+  }
+
+  // What a collective call checks before its launch: throws when the Buffer cannot be used (its Context gone, an
+  // earlier timeout or lost peer); else says whether an earlier call left a recoverable error (bad input a kernel
+  // found on this rank alone, such as getDispatchLayout's). The call throws that one with raise() once it was
+  // launched: thrown before, this rank would skip a call the others make and wait for, breaking the Buffer for all.
+  bool earlierError(int rank, const std::shared_ptr<gdx::detail::ContextLink>& link) {
     gdx::detail::ContextUse ctx(link.get());
     if (!ctx) gdx::detail::throwContextGone(*link, "gdx::ep::Buffer");
     const uint32_t kind = atomicLoad(&report->kind, kAcquire);
-    if (kind == kNone) return;
-    Report r = *report;
-    std::string msg = "gdx::ep rank " + std::to_string(rank) + ": " + describe(r);
+    if (kind == kNone) return false;
     if (kind == kTimeout || kind == kPeerFailed) {
       broken = true;
+      std::string msg = "gdx::ep rank " + std::to_string(rank) + ": " + describe(*report);
       const std::string f = ctx->failure();
       if (!f.empty()) msg += " (" + f + ")";
       msg += "; this Buffer is unusable now";
       throw Error(codeOf(kind), msg);
     }
-    std::memset(report, 0, sizeof(Report));
-    GDX_CUDA_CHECK(cudaMemsetAsync(&state->reportClaim, 0, sizeof(uint32_t), stream));
-    throw Error(codeOf(kind), msg);
+    return true;
   }
 };
 
@@ -139,6 +148,13 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   if (config.numSms < 1 || config.numThreads < 64 || config.numThreads > 1024 || config.numThreads % 32 != 0)
     invalid(rank_, "config: numSms " + std::to_string(config.numSms) + ", numThreads " +
                        std::to_string(config.numThreads) + " (numThreads: a multiple of 32 in [64, 1024])");
+  int coResident = 0;
+  GDX_CUDA_CHECK(detail::maxCoResidentBlocks(context.gpu().device, config.numThreads, &coResident));
+  if (config.numSms > coResident)
+    invalid(rank_, "config: numSms " + std::to_string(config.numSms) + " blocks of " +
+                       std::to_string(config.numThreads) + " threads, but GPU " + std::to_string(context.gpu().device) +
+                       " runs at most " + std::to_string(coResident) +
+                       " of them at once, and the dispatch's and combine's blocks wait for each other");
   Impl& m = *impl_;
   GDX_CUDA_CHECK(cudaSetDevice(context.gpu().device));
   GDX_CUDA_CHECK(cudaMalloc(&m.memory, nvlBytes));
@@ -219,6 +235,15 @@ void Buffer::assignHostsAndRelays(const std::vector<uint32_t>& remoteMasks) {
       for (int r = 0; r < R; ++r)
         if (t.hostOf[r] == h && localIndex[r] == want) t.relayOf[s][h] = static_cast<int8_t>(r);
     }
+  // A relay's buffer holds, in a combine, the rows of its own tokens and of each source it relays for, from every
+  // rank of its host (combineRelayRow): the largest such count bounds the tokens a rank may send.
+  rowsPerToken_ = R;
+  for (int rho = 0; rho < R; ++rho) {
+    int relayed = 0;
+    for (int s = 0; s < R; ++s)
+      if (t.hostOf[s] != t.hostOf[rho] && t.relayOf[s][t.hostOf[rho]] == rho) ++relayed;
+    rowsPerToken_ = std::max(rowsPerToken_, hostSize[t.hostOf[rho]] * (1 + relayed));
+  }
   const int mine = t.hostOf[rank_];
   for (int r = 0; r < R; ++r) {
     if (t.hostOf[r] == mine) t.localMask |= 1u << r;
@@ -290,11 +315,11 @@ Buffer::~Buffer() {
 int Buffer::maxTokensPerRank(int hidden, int numTopk, DType dtype) const {
   uint64_t row = std::max<uint64_t>(dispatchRow(hidden, numTopk, dtype).rowBytes, combineRowBytes(hidden, numTopk));
   if (numRemote_ > 0) row = std::max<uint64_t>(row, relayRow(hidden, numTopk, dtype).rowBytes);
-  uint64_t rows = (nvlBytes_ - kCtrlBytes) / row / numRanks_;
+  uint64_t rows = (nvlBytes_ - kCtrlBytes) / row / static_cast<uint64_t>(rowsPerToken_);
   // Every rank sending all its tokens to one rank still fits (dispatch); a rank's rows coming back from its host's
-  // ranks and the rows of the sources its relays fit the same buffer (combine). Through the network, a rank stages
-  // at most one row per token for each relay (dispatch) and a relay one per relayed token (combine), each into a
-  // mirror slot per source.
+  // ranks and the rows of the sources its relays fit the same buffer (combine; rowsPerToken_ counts both). Through the
+  // network, a rank stages at most one row per token for each relay (dispatch) and a relay one per relayed token
+  // (combine), each into a mirror slot per source.
   if (numRemote_ > 0) {
     rows = std::min<uint64_t>(rows, (stageBytes_ - kCtrlBytes - kSlotHeaderBytes) / row);
     rows = std::min<uint64_t>(rows, (impl_->team.slotBytes - kSlotHeaderBytes) / row);
@@ -372,7 +397,7 @@ void Buffer::launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int
             "dispatch: numTopk " + std::to_string(in.numTopk) + " outside [1, " + std::to_string(kMaxTopk) + "]");
   if (in.numTokens > 0 && !in.topkIdx) invalid(rank_, "dispatch: topkIdx is needed (it routes the tokens)");
   if (expertAlignment < 1) invalid(rank_, "dispatch: expert alignment " + std::to_string(expertAlignment));
-  impl_->raise(rank_, context_, stream);
+  impl_->earlierError(rank_, context_);  // the callers throw an earlier call's error once the prepare was launched
   PrepareArgs a{};
   a.topkIdx = in.topkIdx;
   a.numTokens = in.numTokens;
@@ -411,9 +436,10 @@ void Buffer::getDispatchLayout(const int64_t* topkIdx, int numTokens, int numTop
 
 DispatchCounts Buffer::dispatchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment,
                                        cudaStream_t stream, int32_t* numRecvTokensPerExpert) {
+  const bool earlier = impl_->earlierError(rank_, context_);
   launchPrepare(in, handle, expertAlignment, numRecvTokensPerExpert, nullptr, true, stream);
   GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
-  impl_->raise(rank_, context_, stream);
+  if (!earlier) impl_->raise(rank_, context_, stream);  // this prepare's own error, found alike on every rank
   // The relay keeps where each relayed row goes: room for every token of the sources it relays.
   int relayed = 0;
   for (int s = 0; s < numRanks_; ++s)
@@ -423,6 +449,7 @@ DispatchCounts Buffer::dispatchPrepare(const DispatchInputs& in, DispatchHandle&
   c.numRecvTokens = impl_->hostCounts[0];
   c.numRecvTokensPerExpert.assign(impl_->hostCounts + 1, impl_->hostCounts + 1 + in.numExperts / numRanks_);
   handle.numRecvTokens_ = c.numRecvTokens;
+  if (earlier) impl_->raise(rank_, context_, stream);  // the handle is filled: the next calls go on in step
   return c;
 }
 
@@ -437,12 +464,22 @@ void Buffer::dispatch(const DispatchInputs& in, const DispatchHandle& handle, co
   if (in.topkIdx && in.numTopk != handle.numTopk_)
     invalid(rank_,
             "dispatch: numTopk " + std::to_string(in.numTopk) + ", the handle's is " + std::to_string(handle.numTopk_));
+  checkDispatchOutputs(in, out);
+  const bool earlier = impl_->earlierError(rank_, context_);
+  launchDispatchKernel(in, handle, out, stream);
+  if (earlier) impl_->raise(rank_, context_, stream);
+}
+
+void Buffer::checkDispatchOutputs(const DispatchInputs& in, const DispatchOutputs& out) const {
   if (out.capacity < 0 || (out.capacity > 0 && (!out.recvX || reinterpret_cast<uintptr_t>(out.recvX) % 16 != 0)))
     invalid(rank_,
             "dispatch: recvX must be a 16-byte aligned device pointer for " + std::to_string(out.capacity) + " rows");
   if (in.dtype == DType::kFloat8E4M3 && out.capacity > 0 && !out.recvXScales)
     invalid(rank_, "dispatch: FP8 needs recvXScales");
-  impl_->raise(rank_, context_, stream);
+}
+
+void Buffer::launchDispatchKernel(const DispatchInputs& in, const DispatchHandle& handle, const DispatchOutputs& out,
+                                  cudaStream_t stream) {
   DispatchArgs a{};
   a.x = static_cast<const char*>(in.x);
   a.xScales = in.xScales;
@@ -462,10 +499,13 @@ void Buffer::dispatch(const DispatchInputs& in, const DispatchHandle& handle, co
 void Buffer::dispatchWorst(const DispatchInputs& in, DispatchHandle& handle, const DispatchOutputs& out,
                            int numWorstTokens, int expertAlignment, cudaStream_t stream) {
   if (numWorstTokens < 0) invalid(rank_, "dispatch: numWorstTokens " + std::to_string(numWorstTokens));
-  launchPrepare(in, handle, expertAlignment, out.numRecvTokensPerExpert, out.numRecvTokens, false, stream);
   DispatchOutputs o = out;
   o.capacity = numWorstTokens;
-  dispatch(in, handle, o, stream);
+  checkDispatchOutputs(in, o);  // before the prepare: once it was launched, every rank must go on to the dispatch
+  const bool earlier = impl_->earlierError(rank_, context_);
+  launchPrepare(in, handle, expertAlignment, out.numRecvTokensPerExpert, out.numRecvTokens, false, stream);
+  launchDispatchKernel(in, handle, o, stream);
+  if (earlier) impl_->raise(rank_, context_, stream);
 }
 
 void Buffer::combine(const CombineInputs& in, const DispatchHandle& handle, const CombineOutputs& out,
@@ -477,7 +517,10 @@ void Buffer::combine(const CombineInputs& in, const DispatchHandle& handle, cons
     invalid(rank_, "combine: combinedX must be a 16-byte aligned device pointer");
   if (!in.x && handle.numRecvTokens_ != 0) invalid(rank_, "combine: x is needed");
   if (in.x && reinterpret_cast<uintptr_t>(in.x) % 16 != 0) invalid(rank_, "combine: x must be 16-byte aligned");
-  impl_->raise(rank_, context_, stream);
+  // The combine reads the biases with 16-byte loads, as it reads x: a misaligned one would trap the kernel.
+  if (reinterpret_cast<uintptr_t>(in.bias0) % 16 != 0 || reinterpret_cast<uintptr_t>(in.bias1) % 16 != 0)
+    invalid(rank_, "combine: bias0 and bias1 must be 16-byte aligned");
+  const bool earlier = impl_->earlierError(rank_, context_);
   CombineArgs a{};
   a.x = static_cast<const char*>(in.x);
   a.topkWeights = in.topkWeights;
@@ -490,6 +533,7 @@ void Buffer::combine(const CombineInputs& in, const DispatchHandle& handle, cons
   a.numTopk = handle.numTopk_;
   a.handle = viewOf(handle);
   GDX_CUDA_CHECK(launchCombine(impl_->team, a, config_, stream));
+  if (earlier) impl_->raise(rank_, context_, stream);
 }
 
 }  // namespace gdx::ep

@@ -852,4 +852,14 @@ cudaError_t launchCombine(const Team& team, const CombineArgs& a, const Config& 
   return cudaGetLastError();
 }
 
+cudaError_t maxCoResidentBlocks(int device, int numThreads, int* out) {
+  int sms = 0, dispatchPerSm = 0, combinePerSm = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess)
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&dispatchPerSm, dispatchKernel, numThreads, 0);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&combinePerSm, combineKernel, numThreads, 0);
+  *out = sms * std::min(dispatchPerSm, combinePerSm);
+  return e;
+}
+
 }  // namespace gdx::ep::detail

@@ -269,5 +269,8 @@ cudaError_t launchLayout(const Team& team, const LayoutArgs& a, cudaStream_t str
 cudaError_t launchPrepare(const Team& team, const PrepareArgs& a, cudaStream_t stream);
 cudaError_t launchDispatch(const Team& team, const DispatchArgs& a, const Config& cfg, cudaStream_t stream);
 cudaError_t launchCombine(const Team& team, const CombineArgs& a, const Config& cfg, cudaStream_t stream);
+/// How many blocks of `numThreads` threads of the dispatch and of the combine kernel (the fewer) `device` runs at
+/// once. Their blocks wait for each other's flags, so a launch of more blocks would wait for blocks that never start.
+cudaError_t maxCoResidentBlocks(int device, int numThreads, int* out);
 
 }  // namespace gdx::ep::detail

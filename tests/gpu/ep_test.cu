@@ -193,6 +193,14 @@ void runCase(Context& ctx, ep::Buffer& buf, const Case& c, cudaStream_t stream) 
   bias.put(hb.data(), hb.size() * 2);
   const bool withBias = c.seed % 2 == 1;
   ep::CombineInputs ci{dy.p, first.weights->as<float>(), withBias ? bias.p : nullptr, nullptr};
+  // A bias the kernel could not read with 16-byte loads is refused on the host (every rank alike), not trapped on.
+  ep::CombineInputs misaligned = ci;
+  misaligned.bias1 = static_cast<char*>(bias.p) + 2;
+  expectThrowContaining(
+      [&] {
+        buf.combine(misaligned, h, ep::CombineOutputs{outA.p, nullptr}, stream);
+      },
+      "16-byte aligned", "misaligned bias");
   buf.combine(ci, h, ep::CombineOutputs{outA.p, outW.as<float>()}, stream);
   buf.combine(ci, hw, ep::CombineOutputs{outB.p, nullptr}, stream);  // the worst form's handle: the same sums
   GDX_TEST_CUDA(cudaStreamSynchronize(stream));
@@ -297,6 +305,24 @@ void badInputs(Context& ctx, ep::Buffer& buf, cudaStream_t stream) {
         << "rows were written although the input was refused";
   }
   di.put(idx.data(), idx.size() * 8);
+  // An expert id out of range in the last rank's getDispatchLayout, a call of its own: it hears of it from its next
+  // call, a prepare, once that was made like everyone's; so no rank waits for it, and the Buffer goes on for all.
+  {
+    std::vector<int64_t> badIdx = idx;
+    if (me == kRanks - 1 && n > 0) badIdx[0] = 999;
+    Dev bi(badIdx.size() * 8), perRank(kRanks * 4), perExpert(16 * 4), inRank(size_t(n) * kRanks + 16);
+    bi.put(badIdx.data(), badIdx.size() * 8);
+    buf.getDispatchLayout(bi.as<int64_t>(), n, c.topk, 16, perRank.as<int32_t>(), perExpert.as<int32_t>(),
+                          inRank.as<bool>(), stream);
+    GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+    ep::DispatchHandle after = buf.newHandle(n);
+    if (me == kRanks - 1 && n > 0)
+      expectThrowContaining([&] { buf.dispatchPrepare(input(16, 2048, 0), after, 1, stream); }, "expert id 999",
+                            "getDispatchLayout's bad id, thrown after the prepare");
+    else
+      EXPECT_GE(buf.dispatchPrepare(input(16, 2048, 0), after, 1, stream).numRecvTokens, 0);
+    buf.checkErrors();  // nothing left on any rank
+  }
   if (remoteRanks(ctx) > 0) {
     // The worst form with handles made for this rank's own tokens only: rank 0 relays rank 2's tokens, more than its
     // handle holds, and every rank refuses the call alike, naming the relay (dispatchPrepare would have grown it).
@@ -329,6 +355,12 @@ void childMain() {
                          ctx.rank() == 0 ? ep::Config{16, 512} : ep::Config{});
       },
       "every rank must use the same", "mixed configs");
+  // More blocks than the GPU runs at once would wait for blocks that never start: refused alike on every rank.
+  expectThrowContaining(
+      [&] {
+        ep::Buffer tooWide(ctx, size_t(16) << 20, size_t(remote) * (64 << 20), {100000, 768});
+      },
+      "at once", "numSms beyond what runs at once");
   cudaStream_t stream;
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {

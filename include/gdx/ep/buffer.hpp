@@ -32,10 +32,12 @@
 // slots' outputs into it is the caller's, before combine).
 //
 // Errors, never hangs: arguments the host can check (expert count not a multiple of the ranks, hidden size, dtype,
-// top-k, more tokens than the buffer holds) throw gdx::Error(kInvalidArgument) before anything is launched. What
-// only the GPU sees (an expert id >= E or < -1, more received rows than the outputs hold) is exchanged among the
-// ranks before any token is sent, so every rank skips the data phase alike; the first such error (rank, value) is
-// kept in host-mapped memory and thrown by dispatchPrepare, by the next call, or by checkErrors(). Every wait inside
+// top-k, more tokens than the buffer holds) throw gdx::Error(kInvalidArgument) before anything is launched. An
+// expert id >= E or < -1 in a dispatch's top-k is exchanged among the ranks before any token is sent, so every rank
+// skips the data phase alike and dispatchPrepare throws it on every rank. What a kernel finds on one rank alone
+// (getDispatchLayout's bad ids, more received rows than a worst-form dispatch's outputs hold) is kept in host-mapped
+// memory and thrown by checkErrors() or by the next call once that call was launched, so that this rank still makes
+// the collective calls the others make and wait for. Every wait inside
 // the kernels is bounded by GDX_TIMEOUT_MS and ends on a peer's failure; the error names the rank, the peer, the
 // wait and the values seen. After a timeout the Buffer is unusable (every later call throws).
 #pragma once
@@ -174,7 +176,7 @@ class Buffer {
   DispatchHandle newHandle(int maxTokens) const;
 
   /// DeepEP's get_dispatch_layout: tokens per rank [R], tokens per expert [E], is_token_in_rank [N, R] (bool), on
-  /// `stream`. An expert id out of range is recorded (thrown by the next call that synchronises).
+  /// `stream`. An expert id out of range is recorded (thrown by checkErrors() or, once launched, by the next call).
   void getDispatchLayout(const int64_t* topkIdx, int numTokens, int numTopk, int numExperts, int32_t* numTokensPerRank,
                          int32_t* numTokensPerExpert, bool* isTokenInRank, cudaStream_t stream);
   /// Computes the routing of `in` into `handle` and exchanges the counts; waits for them on the host and returns
@@ -206,6 +208,9 @@ class Buffer {
  private:
   struct Impl;
   void checkDispatchInputs(const DispatchInputs& in, const DispatchHandle& handle, const char* op) const;
+  void checkDispatchOutputs(const DispatchInputs& in, const DispatchOutputs& out) const;
+  void launchDispatchKernel(const DispatchInputs& in, const DispatchHandle& handle, const DispatchOutputs& out,
+                            cudaStream_t stream);
   void launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment, int32_t* perExpert,
                      int32_t* numRecv, bool growOnHost, cudaStream_t stream);
   void growRelay(DispatchHandle& handle, int rows) const;
@@ -222,6 +227,9 @@ class Buffer {
   size_t nvlBytes_ = 0;
   size_t stageBytes_ = 0;  // per rank on another host that rows go to (relayMask | relayedFrom)
   int numRemote_ = 0;      // ranks on other hosts
+  // Rows per token of a rank that one buffer may have to hold: numRanks_ for a dispatch; for a combine at a relay,
+  // its host's size times (1 + the sources it relays for), which exceeds numRanks_ when hosts differ in size.
+  int rowsPerToken_ = 1;
   std::unique_ptr<Impl> impl_;
 };
 

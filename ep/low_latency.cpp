@@ -9,6 +9,7 @@
 #include "ep/low_latency_protocol.hpp"
 #include "ep/network_path.hpp"
 #include "gdx/detail/atomic.hpp"
+#include "gdx/detail/context_link.hpp"
 #include "gdx/detail/cuda_check.hpp"
 #include "gdx/detail/log.hpp"
 
@@ -102,7 +103,7 @@ struct HookArgs {
 };
 
 LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& config)
-    : context_(context),
+    : context_(context.link()),
       config_(config),
       rank_(context.rank()),
       numRanks_(context.worldSize()),
@@ -203,7 +204,13 @@ LowLatencyBuffer::~LowLatencyBuffer() {
     cudaDeviceSynchronize();
     CollectiveTag tag;
     tag.kind = "ep::LowLatencyBuffer teardown";
-    context_.bootstrap().allGather(std::string(), tag);  // no peer stores into the memory once all are here
+    gdx::detail::ContextUse ctx(context_.get());
+    if (ctx)
+      ctx->bootstrap().allGather(std::string(), tag);  // no peer stores into the memory once all are here
+    else
+      GDX_WARN("gdx::ep low-latency rank " << rank_
+                                           << ": buffer destroyed after its Context: its memory is freed without the "
+                                              "teardown barrier; destroy buffers before their Context");
   } catch (const std::exception& e) {
     GDX_WARN("gdx::ep low-latency rank " << rank_ << ": barrier at teardown failed: " << e.what());
   }
@@ -266,6 +273,7 @@ void LowLatencyBuffer::checkErrors() const {
 
 // Double buffering: at most two calls whose receive halves were not launched yet.
 void LowLatencyBuffer::beginCall(LowLatencyHook* hook, const char* op) {
+  requireContext(op);
   Impl& m = *impl_;
   const uint64_t inFlight = m.calls - m.received;
   if (inFlight >= 2)
@@ -278,7 +286,16 @@ void LowLatencyBuffer::beginCall(LowLatencyHook* hook, const char* op) {
   if (hook && hook->pending())
     invalid(rank_, std::string(op) + ": the hook passed still holds the receive half of call " +
                        std::to_string(hook->call_) + "; run it first");
-  checkErrors();
+}
+
+// An error a kernel recorded (a skipped expert id, a refused dispatch) is thrown once the call that finds it was
+// launched: thrown before, it would leave the other ranks waiting for a call this rank never made, masking it, and
+// this rank's epochs one behind theirs. Not while `stream` is being captured: checkErrors() resets the report with a
+// copy, which a capture does not allow (the next call outside the capture, or checkErrors(), throws it).
+void LowLatencyBuffer::raiseAfterLaunch(cudaStream_t stream) const {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  GDX_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) checkErrors();
 }
 
 void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, const LowLatencyDispatchOutputs& out,
@@ -321,14 +338,15 @@ void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, co
     hook->owner_ = this;
     hook->call_ = impl_->calls - 1;
     hook->args_ = args;
-    return;
+  } else {
+    args->d.besideSend = true;  // its receive follows it at once on this stream
+    LowLatencyHook now;
+    now.owner_ = this;
+    now.call_ = impl_->calls - 1;
+    now.args_ = args;
+    runHook(now, stream);
   }
-  args->d.besideSend = true;  // its receive follows it at once on this stream
-  LowLatencyHook now;
-  now.owner_ = this;
-  now.call_ = impl_->calls - 1;
-  now.args_ = args;
-  runHook(now, stream);
+  raiseAfterLaunch(stream);
 }
 
 void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, const LowLatencyHandle& handle,
@@ -359,15 +377,24 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
   h.owner_ = this;
   h.call_ = impl_->calls - 1;
   h.args_ = args;
-  if (hook) return;
-  // Its receive follows it at once on this stream. Not beside it when some ranks are on another host: the receive
-  // then waits for their signal first, and would only hold the SMs meanwhile (ranks sharing a GPU lose time slices to
-  // it: 128 tokens on 2 x 2 emulated hosts took twice as long).
-  args->c.besideSend = !impl_->team.t.remoteMask;
-  runHook(now, stream);
+  if (!hook) {
+    // Its receive follows it at once on this stream. Not beside it when some ranks are on another host: the receive
+    // then waits for their signal first, and would only hold the SMs meanwhile (ranks sharing a GPU lose time slices
+    // to it: 128 tokens on 2 x 2 emulated hosts took twice as long).
+    args->c.besideSend = !impl_->team.t.remoteMask;
+    runHook(now, stream);
+  }
+  raiseAfterLaunch(stream);
+}
+
+// The kernels read the Context's rings and failure words: none is launched once it is gone.
+void LowLatencyBuffer::requireContext(const char* op) const {
+  if (!gdx::detail::ContextUse(context_.get()))
+    gdx::detail::throwContextGone(*context_, std::string("gdx::ep::LowLatencyBuffer ") + op);
 }
 
 void LowLatencyBuffer::runHook(LowLatencyHook& hook, cudaStream_t stream) {
+  requireContext("receive hook");
   Impl& m = *impl_;
   if (hook.call_ != m.received)
     invalid(rank_, "receive hook of call " + std::to_string(hook.call_) + " run before that of call " +

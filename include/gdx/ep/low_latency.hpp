@@ -37,14 +37,15 @@
 // refused) is masked: the call completes on the others, that rank's tokens count as not sent
 // (received counts exclude them, their combine contributions are zero), later calls skip it at once, and
 // maskedRanks() names it. Bad input the host can see throws before anything is launched; an expert id outside
-// [-1, numExperts) is skipped by the kernel and thrown by the next call or checkErrors().
+// [-1, numExperts) is skipped by the kernel and thrown by checkErrors() or by the next call once that call was
+// launched (its results are valid and its hook set: the ranks stay in step; not from a call being captured).
 //
 // A token may name one expert in several top-k slots: every slot is its own (token, expert) pair, so the expert
 // receives the token once per slot (the counts include each), and combine weights each slot's row by that slot's
 // weight (handle.srcSlot() says which slot a row fills). A rank may send one expert at most maxTokensPerRank rows,
 // which only such tokens can exceed: a dispatch whose top-k would is refused whole by its kernel before anything is
-// sent (the others receive no rows from that rank, its combine sums nothing), and the next call or checkErrors()
-// throws kInvalidArgument naming the rank, a token and the expert.
+// sent (the others receive no rows from that rank, its combine sums nothing), and checkErrors() or the next call
+// (once launched, as above) throws kInvalidArgument naming the rank, a token and the expert.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -203,9 +204,13 @@ class LowLatencyBuffer {
   friend void detail::startEpochsAt(LowLatencyBuffer& buffer, uint64_t epoch);
   struct Impl;
   void beginCall(LowLatencyHook* hook, const char* op);
+  void raiseAfterLaunch(cudaStream_t stream) const;
+  void requireContext(const char* op) const;
   void runHook(LowLatencyHook& hook, cudaStream_t stream);
 
-  Context& context_;
+  // The Context's link, not a reference: a call after the Context is gone throws kShutdown instead of launching
+  // kernels that read its freed rings and failure words, and the destructor then skips the teardown barrier.
+  std::shared_ptr<gdx::detail::ContextLink> context_;
   LowLatencyConfig config_;
   int rank_ = 0;
   int numRanks_ = 1;

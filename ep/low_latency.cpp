@@ -272,7 +272,7 @@ void LowLatencyBuffer::checkErrors() const {
 }
 
 // Double buffering: at most two calls whose receive halves were not launched yet.
-void LowLatencyBuffer::beginCall(LowLatencyHook* hook, const char* op) {
+bool LowLatencyBuffer::beginCall(LowLatencyHook* hook, const char* op) {
   requireContext(op);
   Impl& m = *impl_;
   const uint64_t inFlight = m.calls - m.received;
@@ -286,13 +286,17 @@ void LowLatencyBuffer::beginCall(LowLatencyHook* hook, const char* op) {
   if (hook && hook->pending())
     invalid(rank_, std::string(op) + ": the hook passed still holds the receive half of call " +
                        std::to_string(hook->call_) + "; run it first");
+  // Only an error recorded before this call is thrown by it: one its own kernels record while the host is still in
+  // the call would make whether the call throws a race.
+  return atomicLoad(&impl_->report->kind, kAcquire) != kNone;
 }
 
 // An error a kernel recorded (a skipped expert id, a refused dispatch) is thrown once the call that finds it was
 // launched: thrown before, it would leave the other ranks waiting for a call this rank never made, masking it, and
 // this rank's epochs one behind theirs. Not while `stream` is being captured: checkErrors() resets the report with a
 // copy, which a capture does not allow (the next call outside the capture, or checkErrors(), throws it).
-void LowLatencyBuffer::raiseAfterLaunch(cudaStream_t stream) const {
+void LowLatencyBuffer::raiseAfterLaunch(bool earlier, cudaStream_t stream) const {
+  if (!earlier) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   GDX_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture == cudaStreamCaptureStatusNone) checkErrors();
@@ -313,7 +317,7 @@ void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, co
   if (!out.recvX || reinterpret_cast<uintptr_t>(out.recvX) % 16 != 0 || !out.recvCount)
     invalid(rank_, o + "recvX (16-byte aligned) and recvCount are needed");
   if (in.useFp8 && !out.recvXScales) invalid(rank_, o + "FP8 needs recvXScales [L, T * R, hidden / 128]");
-  beginCall(hook, "low_latency_dispatch");
+  const bool earlier = beginCall(hook, "low_latency_dispatch");
   LlDispatchArgs a{};
   a.x = static_cast<const char*>(in.x);
   a.topkIdx = in.topkIdx;
@@ -346,7 +350,7 @@ void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, co
     now.args_ = args;
     runHook(now, stream);
   }
-  raiseAfterLaunch(stream);
+  raiseAfterLaunch(earlier, stream);
 }
 
 void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, const LowLatencyHandle& handle,
@@ -359,7 +363,7 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
   if (handle.numTokens_ > 0 &&
       (!in.topkIdx || !in.topkWeights || !combined || reinterpret_cast<uintptr_t>(combined) % 16 != 0))
     invalid(rank_, o + "topkIdx, topkWeights and a 16-byte aligned output are needed");
-  beginCall(hook, "low_latency_combine");
+  const bool earlier = beginCall(hook, "low_latency_combine");
   LlCombineArgs a{};
   a.x = static_cast<const char*>(in.x);
   a.topkIdx = in.topkIdx;
@@ -384,7 +388,7 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
     args->c.besideSend = !impl_->team.t.remoteMask;
     runHook(now, stream);
   }
-  raiseAfterLaunch(stream);
+  raiseAfterLaunch(earlier, stream);
 }
 
 // The kernels read the Context's rings and failure words: none is launched once it is gone.

@@ -203,8 +203,9 @@ class LowLatencyBuffer {
   friend class LowLatencyHook;
   friend void detail::startEpochsAt(LowLatencyBuffer& buffer, uint64_t epoch);
   struct Impl;
-  void beginCall(LowLatencyHook* hook, const char* op);
-  void raiseAfterLaunch(cudaStream_t stream) const;
+  /// Checks a call may start; true when an earlier call left an error for it to throw (raiseAfterLaunch).
+  bool beginCall(LowLatencyHook* hook, const char* op);
+  void raiseAfterLaunch(bool earlier, cudaStream_t stream) const;
   void requireContext(const char* op) const;
   void runHook(LowLatencyHook& hook, cudaStream_t stream);
 

@@ -71,6 +71,7 @@
 #include "gdx/detail/direct_device.hpp"
 #include "gdx/detail/put_commands.hpp"
 #include "gdx/detail/ring_device.hpp"
+#include "gdx/detail/signal_imm.hpp"
 #include "gdx/device.hpp"
 #include "gdx/status.hpp"
 
@@ -210,7 +211,7 @@ struct ChannelDeviceHandle {
   }
   /// put() between windows bound once (bind): no table load on the direct path.
   GDX_HOST_DEVICE_INLINE Status put(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
-    if (w.dstWindow >= kMaxWindows || w.srcWindow >= kMaxWindows || !addressable(dstOffset, bytes) ||
+    if (w.dstWindow >= kMaxUserWindows || w.srcWindow >= kMaxUserWindows || !addressable(dstOffset, bytes) ||
         !addressable(srcOffset, bytes))
       return Status::kInvalidArgument;
 #if GDX_DEVICE_COMPILE
@@ -239,7 +240,7 @@ struct ChannelDeviceHandle {
   GDX_HOST_DEVICE_INLINE Status proxyPut(uint32_t dstWindow, uint64_t dstOffset, uint32_t srcWindow, uint64_t srcOffset,
                                          uint64_t bytes, bool withSignal, uint32_t signalId, uint64_t value,
                                          SignalOp op) {
-    if (dstWindow >= kMaxWindows || srcWindow >= kMaxWindows || signalId >= kMaxSignals ||
+    if (dstWindow >= kMaxUserWindows || srcWindow >= kMaxUserWindows || signalId >= kMaxSignals ||
         !addressable(dstOffset, bytes) || !addressable(srcOffset, bytes))
       return Status::kInvalidArgument;
     if (!withSignal) return enqueuePut(dstWindow, dstOffset, srcWindow, srcOffset, bytes, nullptr);
@@ -259,7 +260,7 @@ struct ChannelDeviceHandle {
   GDX_HOST_DEVICE_INLINE Status putWithSignal(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
                                               uint64_t bytes, uint32_t signalId, uint64_t value,
                                               SignalOp op = SignalOp::kAdd) {
-    if (w.dstWindow >= kMaxWindows || w.srcWindow >= kMaxWindows || signalId >= kMaxSignals ||
+    if (w.dstWindow >= kMaxUserWindows || w.srcWindow >= kMaxUserWindows || signalId >= kMaxSignals ||
         !addressable(dstOffset, bytes) || !addressable(srcOffset, bytes))
       return Status::kInvalidArgument;
     if (bytes == 0) return signal(signalId, value, op);
@@ -292,7 +293,7 @@ struct ChannelDeviceHandle {
 
   /// Atomically adds `value` to the 64-bit word at `dstOffset` (8-byte aligned) of the peer's `dstWindow`.
   GDX_HOST_DEVICE_INLINE Status atomicAdd(uint32_t dstWindow, uint64_t dstOffset, uint64_t value) {
-    if (dstWindow >= kMaxWindows || dstOffset % 8 != 0 || !addressable(dstOffset, 8) || forwardTo >= 0)
+    if (dstWindow >= kMaxUserWindows || dstOffset % 8 != 0 || !addressable(dstOffset, 8) || forwardTo >= 0)
       return Status::kInvalidArgument;
 #if GDX_DEVICE_COMPILE
     char* base = direct ? tableField(&direct->peerBase[dstWindow]) : nullptr;
@@ -381,7 +382,7 @@ struct ChannelDeviceHandle {
   GDX_DEVICE_INLINE int directCooperative(const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes,
                                           bool withSignal, uint32_t signalId, uint64_t value, SignalOp op, uint64_t tid,
                                           uint64_t nthreads, Sync&& sync) {
-    if (w.dstWindow >= kMaxWindows || w.srcWindow >= kMaxWindows || signalId >= kMaxSignals)
+    if (w.dstWindow >= kMaxUserWindows || w.srcWindow >= kMaxUserWindows || signalId >= kMaxSignals)
       return int(Status::kInvalidArgument);
     const DirectRoute r = directRoute(w, dstOffset, srcOffset, bytes, withSignal, signalId);
     if (r.path < 0) return int(Status::kInvalidArgument);

@@ -267,6 +267,13 @@ TEST(DeviceApiErrors, InvalidWindowOrOffsetIsRejectedAndReported) {
     for (unsigned char b : got) ASSERT_EQ(b, 0) << "a rejected put wrote to the destination";
     EXPECT_GE(ctx.proxy().totalCounters().errors, 2u);
     EXPECT_EQ(ctx.proxy().deviceRing(0).error(), Status::kOk);
+    // The signal array's window is the library's: a put into or out of it is refused in the kernel, as on the host
+    // (the proxy would take it: the peer registered that window).
+    putThenFlush<<<1, 1>>>(ctx.deviceChannel(0), kSignalWindowId, 0, s.id(), 8, status);
+    putThenFlush<<<1, 1>>>(ctx.deviceChannel(0), d.id(), 0, kSignalWindowId, 8, status + 1);
+    GDX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(static_cast<Status>(status[0]), Status::kInvalidArgument);
+    EXPECT_EQ(static_cast<Status>(status[1]), Status::kInvalidArgument);
     auto t0 = std::chrono::steady_clock::now();
     rejectedThenValid<<<1, 1>>>(ctx.deviceChannel(0), 50, d.id(), s.id(), 256, 3, status);
     GDX_TEST_CUDA(cudaDeviceSynchronize());

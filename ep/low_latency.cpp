@@ -99,7 +99,9 @@ struct HookArgs {
   bool dispatch;
   LlDispatchArgs d;
   LlCombineArgs c;
-  LowLatencyHandle* handle;  // dispatch: marked received when the hook runs
+  // Dispatch: the handle's memory the receive writes into, kept until the hook ran, and its received flag.
+  std::shared_ptr<void> memory;
+  std::shared_ptr<bool> received;
 };
 
 LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& config)
@@ -226,6 +228,7 @@ LowLatencyHandle LowLatencyBuffer::newHandle() const {
   GDX_CUDA_CHECK(cudaMemset(p, 0, bytes));
   LowLatencyHandle h;
   h.memory_ = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  h.received_ = std::make_shared<bool>(false);
   h.owner_ = this;
   h.layoutRange_ = static_cast<int64_t*>(p);
   h.srcInfo_ = reinterpret_cast<int32_t*>(h.layoutRange_ + size_t(y.L) * y.R);
@@ -336,8 +339,8 @@ void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, co
   ++impl_->calls;
   handle.numTokens_ = in.numTokens;
   handle.numTopk_ = in.numTopk;
-  handle.received_ = false;
-  auto args = std::make_shared<HookArgs>(HookArgs{true, a, {}, &handle});
+  *handle.received_ = false;
+  auto args = std::make_shared<HookArgs>(HookArgs{true, a, {}, handle.memory_, handle.received_});
   if (hook) {
     hook->owner_ = this;
     hook->call_ = impl_->calls - 1;
@@ -358,7 +361,7 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
   const std::string o = "low_latency_combine: ";
   if (handle.owner_ != this || handle.numTokens_ < 0)
     invalid(rank_, o + "the handle is not one a dispatch of this buffer filled");
-  if (!handle.received_) invalid(rank_, o + "the handle's dispatch was not received yet (run its hook first)");
+  if (!*handle.received_) invalid(rank_, o + "the handle's dispatch was not received yet (run its hook first)");
   if (!in.x || reinterpret_cast<uintptr_t>(in.x) % 16 != 0) invalid(rank_, o + "x must be a 16-byte aligned pointer");
   if (handle.numTokens_ > 0 &&
       (!in.topkIdx || !in.topkWeights || !combined || reinterpret_cast<uintptr_t>(combined) % 16 != 0))
@@ -375,7 +378,7 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
   a.msgs = LlMessages{handle.msgFirst_, handle.msgToken_, handle.msgRows_};
   GDX_CUDA_CHECK(launchLlCombineSend(impl_->team, a, stream));
   ++impl_->calls;
-  auto args = std::make_shared<HookArgs>(HookArgs{false, {}, a, nullptr});
+  auto args = std::make_shared<HookArgs>(HookArgs{false, {}, a, nullptr, nullptr});
   LowLatencyHook now;
   LowLatencyHook& h = hook ? *hook : now;
   h.owner_ = this;
@@ -406,7 +409,7 @@ void LowLatencyBuffer::runHook(LowLatencyHook& hook, cudaStream_t stream) {
   const HookArgs& h = *static_cast<const HookArgs*>(hook.args_.get());
   if (h.dispatch) {
     GDX_CUDA_CHECK(launchLlDispatchRecv(m.team, h.d, stream));
-    h.handle->received_ = true;
+    *h.received = true;
   } else {
     GDX_CUDA_CHECK(launchLlCombineRecv(m.team, h.c, stream));
   }

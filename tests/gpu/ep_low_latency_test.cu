@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -306,10 +307,15 @@ void doubleBuffering(Context& ctx, cudaStream_t stream, int T) {
   Inputs ia = makeInputs(j, a.c), ib = makeInputs(j, b.c);
   const auto allA = allGather(ctx, ia.hidx), allB = allGather(ctx, ib.hidx);
   Outputs oa(j, a.c, false), ob(j, b.c, false), oc(j, a.c, false);
-  ep::LowLatencyHandle ha = buf.newHandle(), hb = buf.newHandle(), hc = buf.newHandle();
+  ep::LowLatencyHandle ha = buf.newHandle(), hc = buf.newHandle();
+  auto filled = std::make_unique<ep::LowLatencyHandle>(buf.newHandle());
   ep::LowLatencyHook hookA, hookB, hookC;
   buf.lowLatencyDispatch({ia.x->p, ia.idx->as<int64_t>(), ia.n, 4, false}, oa.out, ha, stream, &hookA);
-  buf.lowLatencyDispatch({ib.x->p, ib.idx->as<int64_t>(), ib.n, 4, false}, ob.out, hb, stream, &hookB);
+  buf.lowLatencyDispatch({ib.x->p, ib.idx->as<int64_t>(), ib.n, 4, false}, ob.out, *filled, stream, &hookB);
+  // The handle micro-batch b filled is copied and destroyed before its hook runs: the hook keeps the memory it
+  // receives into, and the copy sees the receive (combine takes it).
+  const ep::LowLatencyHandle hb = *filled;
+  filled.reset();
   expectThrowContaining(
       [&] {
         buf.lowLatencyDispatch({ia.x->p, ia.idx->as<int64_t>(), ia.n, 4, false}, oc.out, hc, stream, &hookC);

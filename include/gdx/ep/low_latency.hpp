@@ -151,7 +151,9 @@ class LowLatencyHandle {
   int32_t* msgRows_ = nullptr;
   int numTokens_ = -1;
   int numTopk_ = -1;
-  bool received_ = false;  // the receive half of its dispatch was launched
+  // The receive half of its dispatch was launched; shared by copies of the handle and by the pending hook, which
+  // sets it (the hook may run after this handle was copied or destroyed).
+  std::shared_ptr<bool> received_;
 };
 
 /// The receive half of a call made with a hook: run(stream) launches it (once, in the order of the calls).

@@ -1,9 +1,12 @@
 #include "p2p/memory_kind.hpp"
 
 #include <cstring>
+#include <memory>
 #include <string>
 
+#include "gdx/config.hpp"
 #include "gdx/error.hpp"
+#include "rdma/common/cuda_staging.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -31,11 +34,17 @@ void copyFromHost(void* dst, MemoryKind dstKind, const void* src, size_t n, cons
     return;
   }
 #if defined(GDX_HAVE_CUDA)
-  // cudaMemcpyDefault: unified addressing finds the GPU the region lives on, whichever device is current.
-  const cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
-  if (e != cudaSuccess)
-    throw Error(ErrorCode::kCuda, std::string(what) + ": copying " + std::to_string(n) +
-                                      " bytes into GPU memory: " + cudaGetErrorString(e));
+  // On a stream of the copier's own with a bounded wait, not cudaMemcpy on the legacy default stream: that one waits
+  // for every kernel of the blocking streams (a kernel spinning until this very message arrives, say) with no bound,
+  // and the connection's driver, which makes the copy, would wait with it. A copier owns its streams and is used by
+  // one thread at a time: one per thread; one whose copy timed out is left for a new one.
+  thread_local std::unique_ptr<common::CudaCopier> copier;
+  if (!copier || !copier->usable()) copier = std::make_unique<common::CudaCopier>(defaultTimeoutNs());
+  const int device = common::cudaWindowDevice(dst, n, what);
+  const std::string why = copier->copy(dst, src, n, device);
+  if (!why.empty())
+    throw Error(ErrorCode::kCuda,
+                std::string(what) + ": copying " + std::to_string(n) + " bytes into GPU memory: " + why);
 #else
   throw Error(ErrorCode::kInvalidArgument, std::string(what) + ": GPU memory in a build without CUDA");
 #endif

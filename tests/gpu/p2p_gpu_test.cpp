@@ -7,8 +7,11 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gdx/error.hpp"
@@ -55,6 +58,9 @@ void upload(void* dst, size_t n, uint64_t seed) {
   landed();
 }
 
+/// How long a host function holds the legacy default stream at most in the eager-receive check.
+constexpr std::chrono::seconds kHoldBound{20};
+
 /// -1 when the `n` GPU bytes at `src` are fillRandom(seed)'s, else the first that differs.
 long long mismatchOnGpu(const void* src, size_t n, uint64_t seed) {
   std::vector<unsigned char> got(n), want(n);
@@ -76,6 +82,28 @@ int serverMain(int gpu, int port) {
     uint64_t mr = ep.reg(dst.p, n);
     ep.recv(conn, mr, dst.p, n);
     CHILD_CHECK(mismatchOnGpu(dst.p, n, 1000 + n) == -1);
+    ep.dereg(mr);
+  }
+  {
+    // An eager receive into GPU memory while the legacy default stream is held (by a host function that waits for
+    // the receive, as a kernel on a blocking stream waiting for this message would): the copy out of the eager
+    // buffer does not queue behind it.
+    GpuBuffer dst(256);
+    uint64_t mr = ep.reg(dst.p, 256);
+    std::atomic<bool> received{false};
+    cudaHostFn_t hold = [](void* flag) {
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!static_cast<std::atomic<bool>*>(flag)->load() && std::chrono::steady_clock::now() - t0 < kHoldBound)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
+    CHILD_CHECK(cudaLaunchHostFunc(cudaStreamLegacy, hold, &received) == cudaSuccess);
+    const auto t0 = std::chrono::steady_clock::now();
+    ep.recv(conn, mr, dst.p, 256);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    received = true;
+    CHILD_CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHILD_CHECK(took < kHoldBound / 2);
+    CHILD_CHECK(mismatchOnGpu(dst.p, 256, 77) == -1);
     ep.dereg(mr);
   }
   // Quarters: 0 written over the transport, 1 written over IPC, 2 read over the transport, 3 read over IPC.
@@ -105,6 +133,13 @@ int clientMain(int gpu, int port) {
     upload(src.p, n, 1000 + n);
     uint64_t mr = ep.reg(src.p, n);
     ep.send(conn, mr, src.p, n);
+    ep.dereg(mr);
+  }
+  {
+    GpuBuffer src(256);
+    upload(src.p, 256, 77);
+    uint64_t mr = ep.reg(src.p, 256);
+    ep.send(conn, mr, src.p, 256);
     ep.dereg(mr);
   }
   const std::string desc = recvBlob(ep, conn), ipcDesc = recvBlob(ep, conn);

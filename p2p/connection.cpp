@@ -801,13 +801,18 @@ void Connection::handleMessage(const ControlMsg& m) {
                                                                std::to_string(eager->second.bytes) + expects +
                                                                " (the peer dropped the data)");
         eagerSends_.erase(eager);
-      } else if (!sends_.empty() && sends_.front().seq == m.id) {  // a large send waiting for its clear-to-send
-        sends_.front().t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(m.id) + " of " +
-                                                                std::to_string(sends_.front().piece.size) + expects +
-                                                                " (nothing was sent)");
-        sends_.pop_front();
-        trySends();
+        return;
       }
+      // A large send waiting for its clear-to-send: at the head of sends_, or behind sends that wait for credits (a
+      // small receive refuses a large send as soon as its announcement arrives, long before it leaves).
+      auto waiting = std::find_if(sends_.begin(), sends_.end(), [&](const PendingSend& s) { return s.seq == m.id; });
+      if (waiting == sends_.end()) return;
+      waiting->t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(m.id) + " of " +
+                                                        std::to_string(waiting->piece.size) + expects +
+                                                        " (nothing was sent)");
+      const bool head = waiting == sends_.begin();
+      sends_.erase(waiting);
+      if (head) trySends();
       return;
     }
     case MsgType::kSendRefused: {

@@ -197,6 +197,63 @@ TEST(P2pEager, ALargeSendIntoASmallReceiveFailsBothSidesWhicheverCameFirst) {
       }));
 }
 
+TEST(P2pEager, ALargeSendRefusedWhileSmallSendsAreQueuedAheadOfItFailsByName) {
+  // More small sends than the eager buffer holds, then a large one whose receive is small: the refusal comes back
+  // while most of the small sends still wait for credits ahead of the large one.
+  constexpr int kSmall = 3 * static_cast<int>(p2p::kEagerSlots);
+  constexpr size_t kLarge = 2 * kEagerBytes;
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        const uint64_t conn = ep.accept().connId;
+        usleep(200 * 1000);  // the first small sends fill the eager buffer, the large one announced itself
+        std::vector<std::vector<unsigned char>> got(kSmall);
+        std::vector<uint64_t> ids;
+        for (int i = 0; i < kSmall; ++i) {
+          got[i].assign(1 + (i * 53) % kEagerBytes, 0xA5);  // poisoned
+          ids.push_back(ep.recvAsync(conn, ep.reg(got[i].data(), got[i].size()), got[i].data(), got[i].size()));
+        }
+        std::vector<unsigned char> small(100, 0xA5);
+        ErrorCode code = ErrorCode::kOk;
+        const std::string why = errorOf([&] { ep.recv(conn, ep.reg(small.data(), 100), small.data(), 100); }, &code);
+        CHILD_CHECK(code == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(why.find("the peer's send is " + std::to_string(kLarge) + " bytes") != std::string::npos);
+        for (int i = 0; i < kSmall; ++i) {
+          ep.wait(ids[i]);
+          std::vector<unsigned char> want(got[i].size());
+          fillRandom(want.data(), want.size(), 900 + i);
+          CHILD_CHECK(firstMismatch(got[i].data(), want.data(), want.size()) == -1);
+        }
+        for (unsigned char b : small) CHILD_CHECK(b == 0xA5);
+        CHILD_CHECK(recvBlob(ep, conn) == "still works");
+        return 0;
+      },
+      [](int, int port) {
+        setenv("GDX_TIMEOUT_MS", "4000", 1);  // a send that misses its refusal times out after this
+        Endpoint ep(loopbackEndpoint(0));
+        const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::vector<std::vector<unsigned char>> data(kSmall);
+        std::vector<uint64_t> ids;
+        for (int i = 0; i < kSmall; ++i) {
+          data[i].resize(1 + (i * 53) % kEagerBytes);
+          fillRandom(data[i].data(), data[i].size(), 900 + i);
+          ids.push_back(ep.sendAsync(conn, ep.reg(data[i].data(), data[i].size()), data[i].data(), data[i].size()));
+        }
+        std::vector<unsigned char> large(kLarge, 3);
+        const uint64_t largeId = ep.sendAsync(conn, ep.reg(large.data(), large.size()), large.data(), large.size());
+        const uint64_t t0 = nowNs();
+        ErrorCode code = ErrorCode::kOk;
+        const std::string why = errorOf([&] { ep.wait(largeId); }, &code);
+        std::fprintf(stderr, "the large send ended after %.1f ms: %s\n", (nowNs() - t0) / 1e6, why.c_str());
+        CHILD_CHECK(code == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(why.find("expects 100 bytes") != std::string::npos);
+        for (uint64_t id : ids) ep.wait(id);
+        sendBlob(ep, conn, "still works");
+        return 0;
+      }));
+}
+
 TEST(P2pEager, ASendCompletesSoonAfterAReceiverThatThenGoesQuietTookIt) {
   expectAllZero(runServerClients(
       1,

@@ -1,11 +1,18 @@
 // gdx::p2p::Endpoint between real processes on loopback: every call with random data checked byte for byte, many
-// transfers in flight, vectors of 1..64 buffers, a server with several clients, and misuse (unknown ids, ranges past
-// a region, damaged or foreign descriptors, mismatched sizes, a peer that dies) ending in clear errors, never hangs.
+// transfers in flight, vectors of 1..64 buffers, a server with several clients (also clients whose handshake comes
+// late to a passive accept), and misuse (unknown ids, ranges past a region, damaged or foreign descriptors,
+// mismatched sizes, a peer that dies) ending in clear errors, never hangs.
 // Runs over GDX_TRANSPORT (tcp here; the Soft-RoCE VM runs the same binary with GDX_TRANSPORT=verbs).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "gdx/error.hpp"
@@ -353,6 +360,102 @@ TEST(P2pEndpoint, SeveralClientsAreServedAndBadMetadataIsRefused) {
       return 0;
     }));
   for (pid_t p : pids) EXPECT_EQ(waitChild(p, 240), 0);
+}
+
+/// A TCP relay on 127.0.0.1 in front of `targetPort`: each client it accepts is connected through at once, but what
+/// the client sends is held back `delayMs` before it is passed on (then bytes go both ways until either side closes).
+/// To the server this is a dialler whose handshake comes late. Serves `clients` clients one after another.
+class SlowRelay {
+ public:
+  SlowRelay(int targetPort, int delayMs, int clients) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listener_, clients) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      throw Error(ErrorCode::kSystem, "SlowRelay: cannot listen");
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([=] {
+      for (int i = 0; i < clients; ++i) relayOne(targetPort, delayMs);
+    });
+  }
+  ~SlowRelay() {
+    ::shutdown(listener_, SHUT_RDWR);  // a client that never came (the test failed before it) is not waited for
+    thread_.join();
+    ::close(listener_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void relayOne(int targetPort, int delayMs) {
+    const int client = ::accept(listener_, nullptr, nullptr);
+    const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(targetPort));
+    if (client >= 0 && ::connect(server, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      usleep(delayMs * 1000);
+      pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+      char buf[4096];
+      for (bool open = true; open && ::poll(p, 2, 10000) > 0;) {
+        for (int from = 0; from < 2 && open; ++from) {
+          if (!(p[from].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          const ssize_t n = ::read(p[from].fd, buf, sizeof buf);
+          open = n > 0 && ::write(p[1 - from].fd, buf, static_cast<size_t>(n)) == n;
+        }
+      }
+    }
+    ::close(server);
+    if (client >= 0) ::close(client);
+  }
+  int listener_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+TEST(P2pEndpoint, PassiveAcceptGivesAHelloThatComesLateTheWholeTimeout) {
+  // The passive thread waits for clients in slices of 200 ms; a client accepted late in one, whose Hello takes
+  // 150 ms to come, is still answered (the handshake is bounded by GDX_TIMEOUT_MS, not by what is left of the slice).
+  constexpr int kClients = 8;
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        setenv("GDX_TIMEOUT_MS", "5000", 1);
+        Endpoint ep(loopbackEndpoint(port));
+        ep.startPassiveAccept();
+        for (int i = 0; i < kClients; ++i) {
+          const uint64_t conn = ep.accept().connId;
+          std::vector<unsigned char> got(1000 + i, 0xA5), want(got.size());
+          fillRandom(want.data(), want.size(), 400 + i);
+          ep.recv(conn, ep.reg(got.data(), got.size()), got.data(), got.size());
+          CHILD_CHECK(firstMismatch(got.data(), want.data(), want.size()) == -1);
+        }
+        return 0;
+      },
+      [](int, int port) {
+        setenv("GDX_TIMEOUT_MS", "5000", 1);
+        SlowRelay relay(port, 150, kClients);
+        Endpoint ep(loopbackEndpoint(0));
+        for (int i = 0; i < kClients; ++i) {
+          // The passive thread began a slice when it took the last client: come 60..120 ms into it, so that less
+          // than the Hello's 150 ms is left of it.
+          usleep((60 + (i * 17) % 60) * 1000);
+          uint64_t conn = 0;
+          try {
+            conn = ep.connect("127.0.0.1", -1, relay.port());
+          } catch (const Error& e) {
+            std::fprintf(stderr, "client %d of %d: %s\n", i + 1, kClients, e.what());
+            return 1;
+          }
+          std::vector<unsigned char> data(1000 + i);
+          fillRandom(data.data(), data.size(), 400 + i);
+          ep.send(conn, ep.reg(data.data(), data.size()), data.data(), data.size());
+        }
+        return 0;
+      }));
 }
 
 TEST(P2pEndpoint, AddRemoteEndpointIsCachedPerEndpoint) {

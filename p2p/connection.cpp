@@ -413,48 +413,53 @@ void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, 
 }
 
 void Connection::write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std::vector<RemotePiece> dst, bool notify) {
-  queue([this, t, src = std::move(src), dst = std::move(dst), notify] {
-    track(t);
-    // Post once every destination window is known; each whenKnown() either runs now or parks the retry.
-    auto attempt = std::make_shared<std::function<void()>>();
-    *attempt = [this, t, src, dst, notify, attempt] {
-      for (const RemotePiece& d : dst)
-        if (!remoteKnown_.count(d.window)) return whenKnown(d.window, t, *attempt);
-      if (t->finished()) return;
-      try {
-        for (size_t i = 0; i < src.size(); ++i) {
-          const uint64_t have = remoteKnown_[dst[i].window];
-          if (dst[i].offset > have || dst[i].size > have - dst[i].offset)
-            throw Error(ErrorCode::kInvalidArgument,
-                        "a write of " + std::to_string(dst[i].size) + " bytes at offset " +
-                            std::to_string(dst[i].offset) + " does not fit the peer's window " +
-                            std::to_string(dst[i].window) + " of " + std::to_string(have) + " bytes");
-          registerLocal(src[i].region);
-          WriteOp op;
-          op.peer = link_.peer();
-          op.localWindow = src[i].region.window;
-          op.localOffset = src[i].offset;
-          op.remoteWindow = dst[i].window;
-          op.remoteOffset = dst[i].offset;
-          op.bytes = src[i].size;
-          op.withImm = notify && i + 1 == src.size();
-          op.imm = kNotifyImm;
-          op.cookie = nextId_++;
-          cookies_[op.cookie] = t;
-          lane_->post(op);
-        }
-        ControlMsg fence;
-        fence.type = MsgType::kFence;
-        fence.id = nextId_++;
-        fences_[fence.id] = t;
-        t->setWaiting("the peer's acknowledgement that the data is in place (fence " + std::to_string(fence.id) + ")");
-        postControl(fence);
-      } catch (const Error& e) {
-        t->fail(e.code(), e.what());
-      }
-    };
-    (*attempt)();
+  auto w = std::make_shared<PendingWrite>(PendingWrite{std::move(t), std::move(src), std::move(dst), notify});
+  queue([this, w] {
+    track(w->t);
+    postWrite(w);
   });
+}
+
+void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
+  // Posted once every destination window is known; until then the waiter for the first unknown key is all that
+  // holds it, so that it is let go once posted or failed (a retry that held itself kept every write alive).
+  for (const RemotePiece& d : w->dst)
+    if (!remoteKnown_.count(d.window)) return whenKnown(d.window, w->t, [this, w] { postWrite(w); });
+  const std::shared_ptr<Transfer>& t = w->t;
+  if (t->finished()) return;
+  try {
+    for (size_t i = 0; i < w->src.size(); ++i) {
+      const Piece& src = w->src[i];
+      const RemotePiece& dst = w->dst[i];
+      const uint64_t have = remoteKnown_[dst.window];
+      if (dst.offset > have || dst.size > have - dst.offset)
+        throw Error(ErrorCode::kInvalidArgument, "a write of " + std::to_string(dst.size) + " bytes at offset " +
+                                                     std::to_string(dst.offset) + " does not fit the peer's window " +
+                                                     std::to_string(dst.window) + " of " + std::to_string(have) +
+                                                     " bytes");
+      registerLocal(src.region);
+      WriteOp op;
+      op.peer = link_.peer();
+      op.localWindow = src.region.window;
+      op.localOffset = src.offset;
+      op.remoteWindow = dst.window;
+      op.remoteOffset = dst.offset;
+      op.bytes = src.size;
+      op.withImm = w->notify && i + 1 == w->src.size();
+      op.imm = kNotifyImm;
+      op.cookie = nextId_++;
+      cookies_[op.cookie] = t;
+      lane_->post(op);
+    }
+    ControlMsg fence;
+    fence.type = MsgType::kFence;
+    fence.id = nextId_++;
+    fences_[fence.id] = t;
+    t->setWaiting("the peer's acknowledgement that the data is in place (fence " + std::to_string(fence.id) + ")");
+    postControl(fence);
+  } catch (const Error& e) {
+    t->fail(e.code(), e.what());
+  }
 }
 
 void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::vector<RemotePiece> src) {

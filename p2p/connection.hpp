@@ -200,6 +200,13 @@ class Connection {
     bool written = false;
     bool matched = false;
   };
+  /// A one-sided write until it is posted (it may wait for the keys of its destination windows).
+  struct PendingWrite {
+    std::shared_ptr<Transfer> t;
+    std::vector<Piece> src;
+    std::vector<RemotePiece> dst;
+    bool notify = false;
+  };
   struct Advertised {
     MemoryRegion region;  ///< the advertised range, as a window of its own
     uint32_t parent = 0;  ///< the endpoint region it lies in
@@ -267,6 +274,8 @@ class Connection {
   void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
   void postControl(const ControlMsg& m);
   uint64_t track(std::shared_ptr<Transfer> t);
+  /// Posts write `w` once the keys of its destination windows are known (whenKnown), or fails its transfer.
+  void postWrite(const std::shared_ptr<PendingWrite>& w);
   /// Runs `op` once the peer's key of `window` is known (asking for it once), or fails `t` if it is refused.
   void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op);
 

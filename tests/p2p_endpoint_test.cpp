@@ -1,7 +1,8 @@
 // gdx::p2p::Endpoint between real processes on loopback: every call with random data checked byte for byte, many
 // transfers in flight, vectors of 1..64 buffers, a server with several clients (also clients whose handshake comes
 // late to a passive accept), and misuse (unknown ids, ranges past a region, damaged or foreign descriptors,
-// mismatched sizes, a peer that dies) ending in clear errors, never hangs.
+// mismatched sizes, a peer that dies) ending in clear errors, never hangs. Under it, two connections of one process
+// show what the endpoint cannot: that a finished transfer is let go.
 // Runs over GDX_TRANSPORT (tcp here; the Soft-RoCE VM runs the same binary with GDX_TRANSPORT=verbs).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -12,12 +13,18 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
+#include "gdx/detail/clock.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
+#include "p2p/connection.hpp"
+#include "p2p/pair_link.hpp"
+#include "p2p/progress_pool.hpp"
 #include "p2p/protocol.hpp"
+#include "rdma/socket.hpp"
 #include "support/p2p_helpers.hpp"
 #include "support/test_support.hpp"
 
@@ -473,6 +480,82 @@ TEST(P2pEndpoint, AddRemoteEndpointIsCachedPerEndpoint) {
               client.send(a, client.reg(data.data(), data.size()), data.data(), data.size());
               server.wait(t);
               CHILD_CHECK(firstMismatch(got.data(), data.data(), got.size()) == -1);
+              return 0;
+            }),
+            0);
+}
+
+/// Two connections of this process joined over loopback TCP, each run by a progress pool of its own: an endpoint's
+/// machinery without the endpoint, for what only a connection can show. Closed in the order an endpoint closes.
+struct ConnectionPair {
+  static constexpr uint64_t kTimeoutNs = 10ull * 1000 * 1000 * 1000;
+  std::unique_ptr<p2p::ProgressPool> pool[2];
+  std::shared_ptr<p2p::Connection> conn[2];
+
+  ConnectionPair() {
+    int port = 0;
+    net::UniqueFd listener = net::listenOn("127.0.0.1", &port);
+    p2p::PairLink link[2];
+    std::thread dialler([&] {
+      const net::Deadline deadline = net::deadlineIn(kTimeoutNs);
+      std::string why;
+      net::UniqueFd fd = net::connectTo(net::HostPort{"127.0.0.1", port}, deadline, &why);
+      link[0] = p2p::dialLink(std::move(fd), -1, "tcp", kTimeoutNs, deadline, "dialling");
+    });
+    pollfd p{listener.get(), POLLIN, 0};
+    ::poll(&p, 1, 10000);
+    net::UniqueFd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    link[1] = p2p::answerLink(std::move(fd), -1, "tcp", kTimeoutNs, net::deadlineIn(kTimeoutNs), "accepting");
+    dialler.join();
+    for (int i = 0; i < 2; ++i) {
+      pool[i] = std::make_unique<p2p::ProgressPool>(1);
+      conn[i] = std::make_shared<p2p::Connection>(i + 1, std::move(link[i]), kTimeoutNs, pool[i]->waker(0));
+    }
+    std::thread starting([&] { conn[0]->start(); });  // connecting the transport is collective
+    conn[1]->start();
+    starting.join();
+    for (int i = 0; i < 2; ++i) pool[i]->add(0, conn[i]);
+  }
+  ~ConnectionPair() {
+    for (int i = 0; i < 2; ++i) {
+      pool[i]->stop();
+      pool[i]->remove(conn[i].get());
+    }
+    for (auto& c : conn) c.reset();
+    for (auto& p : pool) p.reset();
+  }
+};
+
+TEST(P2pConnection, AOneSidedWriteLetsGoOfItsTransferOnceItIsDone) {
+  EXPECT_EQ(runSolo([] {
+              ConnectionPair pair;
+              constexpr size_t kBytes = 64 << 10;
+              std::vector<unsigned char> src(kBytes), dst(kBytes, 0xA5);
+              const p2p::MemoryRegion from{1, reinterpret_cast<char*>(src.data()), kBytes, MemoryKind::kHost};
+              const p2p::MemoryRegion into{1, reinterpret_cast<char*>(dst.data()), kBytes, MemoryKind::kHost};
+              const uint32_t window = pair.conn[1]->advertise(into, 0, kBytes);
+              // The first write waits for the window's key (it asks for it), the later ones find it known.
+              constexpr int kWrites = 3;
+              std::weak_ptr<p2p::Transfer> done[kWrites];
+              for (int i = 0; i < kWrites; ++i) {
+                fillRandom(src.data(), kBytes, 60 + i);
+                auto t = std::make_shared<p2p::Transfer>("write", 2, nowNs() + ConnectionPair::kTimeoutNs);
+                done[i] = t;
+                pair.conn[0]->write(t, {p2p::Piece{from, 0, kBytes}}, {p2p::RemotePiece{window, 0, kBytes}}, false);
+                t->wait(t->deadlineNs());
+                CHILD_CHECK(firstMismatch(dst.data(), src.data(), kBytes) == -1);
+              }
+              // The connection keeps a finished transfer until its next look at the deadlines (every 10 ms), no
+              // longer: then nothing holds it.
+              auto allGone = [&] {
+                for (auto& d : done)
+                  if (!d.expired()) return false;
+                return true;
+              };
+              for (const uint64_t until = nowNs() + 2000ull * 1000 * 1000; !allGone() && nowNs() < until;) usleep(1000);
+              for (int i = 0; i < kWrites; ++i)
+                if (!done[i].expired()) std::fprintf(stderr, "write %d: its transfer is still held\n", i);
+              CHILD_CHECK(allGone());
               return 0;
             }),
             0);

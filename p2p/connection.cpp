@@ -40,6 +40,12 @@ constexpr uint64_t kDriveSpinNs = 200 * 1000;
 /// next clear-to-send.
 constexpr uint32_t kCreditBatch = kEagerSlots / 2;
 
+/// Why a send failed whose receive failed with `code` (kReceiveFailed), after "send #n of b bytes".
+std::string receiveFailed(ErrorCode code) {
+  return std::string(": the receive the peer posted for it ended in error (") + errorCodeName(code) +
+         ") and takes no data";
+}
+
 const char* readStatusText(ReadStatus s) {
   switch (s) {
     case ReadStatus::kOk: return "ok";
@@ -224,6 +230,15 @@ void Connection::send(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
     track(t);
     for (const Piece& p : pieces) {
       const uint64_t seq = nextSendSeq_++;
+      if (!failedAhead_.empty()) {
+        auto failed = failedAhead_.find(seq);
+        if (failed != failedAhead_.end()) {  // the peer's receive for it failed before it was posted
+          t->fail(ErrorCode::kPeerFailed, "send #" + std::to_string(seq) + " of " + std::to_string(p.size) + " bytes" +
+                                              receiveFailed(failed->second) + " (nothing was sent)");
+          failedAhead_.erase(failed);
+          continue;
+        }
+      }
       sends_.push_back(PendingSend{seq, t, p});
       if (p.size > kEagerBytes) {
         // Its receive tells where it goes (clear-to-send) if it is as large; a small receive, which sends nothing,
@@ -247,6 +262,11 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
     for (const Piece& p : pieces) {
       const uint64_t seq = nextRecvSeq_++;
       const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
+      const ErrorCode failed = t->failureCode();
+      if (failed != ErrorCode::kOk) {  // an earlier buffer of it failed: this one takes nothing either
+        abandonRecv(seq, failed);
+        continue;
+      }
       try {
         PendingRecv r{t, p.size, seq, p};
         auto early = early_.find(key);
@@ -288,6 +308,9 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
         postControl(cts);
       } catch (const Error& e) {
         t->fail(e.code(), std::string("receive #") + std::to_string(seq) + ": " + e.what());
+        recvs_.erase(key);
+        abandonRecv(seq, e.code());
+        abandonFailedRecvs();  // the buffers of it posted before this one
       }
     }
   });
@@ -303,6 +326,60 @@ void Connection::refuseSend(const PendingRecv& r, uint64_t sendBytes) {
   no.id = r.seq;
   no.bytes = r.bytes;
   postControl(no);
+  abandonFailedRecvs();  // the receive's other buffers
+}
+
+void Connection::abandonRecv(uint64_t seq, ErrorCode code) {
+  const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
+  // The sender hears of it before the credit of its eager data (below), which would otherwise confirm the send.
+  tellReceiveFailed(seq, code);
+  auto early = early_.find(key);
+  if (early != early_.end()) {  // its eager data is here: dropped
+    early_.erase(early);
+    freeEagerSlot();
+    return;
+  }
+  // A large send that announced itself waits for a clear-to-send that never comes: nothing of it will arrive.
+  if (rts_.erase(key)) return;
+  failedRecvs_[key] = seq;  // its eager data, or a write after its clear-to-send, may be on the way
+}
+
+void Connection::tellReceiveFailed(uint64_t seq, ErrorCode code) {
+  ControlMsg no;
+  no.type = MsgType::kReceiveFailed;
+  no.id = seq;
+  no.code = code == ErrorCode::kOk ? ErrorCode::kInternal : code;
+  try {
+    postControl(no);
+  } catch (const Error& e) {  // called on failure paths: a transport that cannot carry it fails the peer anyway
+    GDX_WARN(name_ << ": telling the peer that receive #" << seq << " failed: " << e.what());
+  }
+}
+
+void Connection::abandonFailedRecvs() {
+  std::vector<std::pair<uint64_t, ErrorCode>> failed;
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    const ErrorCode code = it->second.t->failureCode();
+    if (code == ErrorCode::kOk) {
+      ++it;
+      continue;
+    }
+    failed.emplace_back(it->second.seq, code);
+    it = recvs_.erase(it);
+  }
+  std::sort(failed.begin(), failed.end());  // the sender hears of them in order
+  for (const auto& f : failed) abandonRecv(f.first, f.second);
+}
+
+bool Connection::arrivedForFailedRecv(uint64_t seq) {
+  if (failedRecvs_.empty()) return false;
+  bool failed = false;
+  // Sends arrive in the order of their numbers: those of failed receives before this one will never come.
+  for (auto it = failedRecvs_.begin(); it != failedRecvs_.end();) {
+    failed |= it->second == seq;
+    it = it->second <= seq ? failedRecvs_.erase(it) : std::next(it);
+  }
+  return failed;
 }
 
 void Connection::flushCredits() {
@@ -336,7 +413,8 @@ void Connection::onRequestToSend(const ControlMsg& m) {
   const uint32_t key = static_cast<uint32_t>(m.id) & kSeqMask;
   auto it = recvs_.find(key);
   if (it == recvs_.end()) {
-    rts_[key] = m.bytes;  // the receive is not posted yet: it checks when it is
+    if (failedRecvs_.count(key)) return;  // its receive failed, and the sender was told
+    rts_[key] = m.bytes;                  // the receive is not posted yet: it checks when it is
     return;
   }
   if (it->second.bytes > kEagerBytes) return;  // a large receive sent its clear-to-send; the sender compares sizes
@@ -362,14 +440,32 @@ void Connection::takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes) 
   if (bytes != r.bytes) {
     refuseSend(r, bytes);
   } else {
+    bool dropped = false;
     try {
-      copyFromHost(r.piece.region.base + r.piece.offset, r.piece.region.kind,
-                   eagerBuffer_.data() + static_cast<uint64_t>(slot) * kEagerBytes, bytes, "copying eager data");
-      r.t->finishPart();
+      // Never into memory its caller may have taken back: that of a receive that failed already (a receive with a
+      // part outstanding is finished only by failing), or of a region deregistered while the receive was pending.
+      if (regionForgotten(r.piece.region.window))
+        throw Error(ErrorCode::kInvalidArgument, "memory region " + std::to_string(r.piece.region.window) +
+                                                     " was deregistered while the receive was pending");
+      dropped = r.t->finished();
+      if (!dropped) {
+        copyFromHost(r.piece.region.base + r.piece.offset, r.piece.region.kind,
+                     eagerBuffer_.data() + static_cast<uint64_t>(slot) * kEagerBytes, bytes, "copying eager data");
+        r.t->finishPart();
+      }
     } catch (const Error& e) {
-      r.t->fail(e.code(), "receive #" + std::to_string(r.seq) + ": " + e.what());
+      r.t->fail(e.code(), "receive #" + std::to_string(r.seq) + ": " + e.message() + " (nothing was written)");
+      dropped = true;
+    }
+    if (dropped) {  // the sender hears of it before the slot's credit, which would otherwise confirm the send
+      tellReceiveFailed(r.seq, r.t->failureCode());
+      abandonFailedRecvs();
     }
   }
+  freeEagerSlot();
+}
+
+void Connection::freeEagerSlot() {
   // The freed slot is this side's confirmation that the send arrived whole: it goes back with the next eager write
   // to the peer (a reply), with the next receive posted, or on its own once it is kCreditDelayNs old.
   if (creditsFreed_++ == 0) creditsOwedSinceNs_ = nowNs();
@@ -389,6 +485,7 @@ void Connection::onEagerData(uint32_t imm, uint64_t bytes) {
                                              std::to_string(key) + " does not fit the eager buffer (" +
                                              std::to_string(early_.size()) + " of " + std::to_string(kEagerSlots) +
                                              " slots held): the peer ignored its credits");
+  if (arrivedForFailedRecv(seq)) return freeEagerSlot();  // its receive failed: dropped (the sender was told)
   auto it = recvs_.find(key);
   if (it == recvs_.end()) {
     early_[key] = EarlyData{slot, bytes};  // held until the receive is posted
@@ -413,48 +510,53 @@ void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, 
 }
 
 void Connection::write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std::vector<RemotePiece> dst, bool notify) {
-  queue([this, t, src = std::move(src), dst = std::move(dst), notify] {
-    track(t);
-    // Post once every destination window is known; each whenKnown() either runs now or parks the retry.
-    auto attempt = std::make_shared<std::function<void()>>();
-    *attempt = [this, t, src, dst, notify, attempt] {
-      for (const RemotePiece& d : dst)
-        if (!remoteKnown_.count(d.window)) return whenKnown(d.window, t, *attempt);
-      if (t->finished()) return;
-      try {
-        for (size_t i = 0; i < src.size(); ++i) {
-          const uint64_t have = remoteKnown_[dst[i].window];
-          if (dst[i].offset > have || dst[i].size > have - dst[i].offset)
-            throw Error(ErrorCode::kInvalidArgument,
-                        "a write of " + std::to_string(dst[i].size) + " bytes at offset " +
-                            std::to_string(dst[i].offset) + " does not fit the peer's window " +
-                            std::to_string(dst[i].window) + " of " + std::to_string(have) + " bytes");
-          registerLocal(src[i].region);
-          WriteOp op;
-          op.peer = link_.peer();
-          op.localWindow = src[i].region.window;
-          op.localOffset = src[i].offset;
-          op.remoteWindow = dst[i].window;
-          op.remoteOffset = dst[i].offset;
-          op.bytes = src[i].size;
-          op.withImm = notify && i + 1 == src.size();
-          op.imm = kNotifyImm;
-          op.cookie = nextId_++;
-          cookies_[op.cookie] = t;
-          lane_->post(op);
-        }
-        ControlMsg fence;
-        fence.type = MsgType::kFence;
-        fence.id = nextId_++;
-        fences_[fence.id] = t;
-        t->setWaiting("the peer's acknowledgement that the data is in place (fence " + std::to_string(fence.id) + ")");
-        postControl(fence);
-      } catch (const Error& e) {
-        t->fail(e.code(), e.what());
-      }
-    };
-    (*attempt)();
+  auto w = std::make_shared<PendingWrite>(PendingWrite{std::move(t), std::move(src), std::move(dst), notify});
+  queue([this, w] {
+    track(w->t);
+    postWrite(w);
   });
+}
+
+void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
+  // Posted once every destination window is known; until then the waiter for the first unknown key is all that
+  // holds it, so that it is let go once posted or failed (a retry that held itself kept every write alive).
+  for (const RemotePiece& d : w->dst)
+    if (!remoteKnown_.count(d.window)) return whenKnown(d.window, w->t, [this, w] { postWrite(w); });
+  const std::shared_ptr<Transfer>& t = w->t;
+  if (t->finished()) return;
+  try {
+    for (size_t i = 0; i < w->src.size(); ++i) {
+      const Piece& src = w->src[i];
+      const RemotePiece& dst = w->dst[i];
+      const uint64_t have = remoteKnown_[dst.window];
+      if (dst.offset > have || dst.size > have - dst.offset)
+        throw Error(ErrorCode::kInvalidArgument, "a write of " + std::to_string(dst.size) + " bytes at offset " +
+                                                     std::to_string(dst.offset) + " does not fit the peer's window " +
+                                                     std::to_string(dst.window) + " of " + std::to_string(have) +
+                                                     " bytes");
+      registerLocal(src.region);
+      WriteOp op;
+      op.peer = link_.peer();
+      op.localWindow = src.region.window;
+      op.localOffset = src.offset;
+      op.remoteWindow = dst.window;
+      op.remoteOffset = dst.offset;
+      op.bytes = src.size;
+      op.withImm = w->notify && i + 1 == w->src.size();
+      op.imm = kNotifyImm;
+      op.cookie = nextId_++;
+      cookies_[op.cookie] = PostedWrite{t};
+      lane_->post(op);
+    }
+    ControlMsg fence;
+    fence.type = MsgType::kFence;
+    fence.id = nextId_++;
+    fences_[fence.id] = t;
+    t->setWaiting("the peer's acknowledgement that the data is in place (fence " + std::to_string(fence.id) + ")");
+    postControl(fence);
+  } catch (const Error& e) {
+    t->fail(e.code(), e.what());
+  }
 }
 
 void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::vector<RemotePiece> src) {
@@ -546,6 +648,11 @@ void Connection::registerLocal(const MemoryRegion& r, std::string* key) {
   if (key) *key = it->second;
 }
 
+bool Connection::regionForgotten(uint32_t window) const {
+  std::lock_guard<std::mutex> lock(winMutex_);
+  return forgotten_.count(window) > 0;
+}
+
 bool Connection::resolveLocal(uint32_t window, MemoryRegion* out) {
   WindowResolver resolver;
   {
@@ -634,7 +741,7 @@ void Connection::trySends() {
       op.withImm = true;
       op.imm = static_cast<uint32_t>(send.seq) & kSeqMask;
       op.cookie = nextId_++;
-      cookies_[op.cookie] = send.t;
+      cookies_[op.cookie] = PostedWrite{send.t, send.seq};
       send.t->setWaiting("the transport's completion of " + what);
       lane_->post(op);
     } catch (const Error& e) {
@@ -750,6 +857,43 @@ void Connection::onReadRequest(const ControlMsg& m) {
   postControl(done);
 }
 
+bool Connection::failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why) {
+  auto eager = eagerSends_.find(seq);
+  if (eager != eagerSends_.end()) {  // it left eagerly; its slot's credit still comes, and is skipped
+    eager->second.t->fail(code, "send #" + std::to_string(seq) + " of " + std::to_string(eager->second.bytes) +
+                                    " bytes" + why + " (the peer dropped the data)");
+    eagerSends_.erase(eager);
+    return true;
+  }
+  // Waiting for its clear-to-send or for credits: at the head of sends_, or behind sends that wait for credits (a
+  // small receive refuses a large send as soon as its announcement arrives, long before it leaves).
+  auto waiting = std::find_if(sends_.begin(), sends_.end(), [&](const PendingSend& s) { return s.seq == seq; });
+  if (waiting == sends_.end()) return false;
+  waiting->t->fail(code, "send #" + std::to_string(seq) + " of " + std::to_string(waiting->piece.size) + " bytes" +
+                             why + " (nothing was sent)");
+  cts_.erase(seq);
+  const bool head = waiting == sends_.begin();
+  sends_.erase(waiting);
+  if (head) trySends();
+  return true;
+}
+
+void Connection::onReceiveFailed(const ControlMsg& m) {
+  if (failUnsentSend(m.id, ErrorCode::kPeerFailed, receiveFailed(m.code))) return;
+  for (auto it = cookies_.begin(); it != cookies_.end(); ++it) {
+    if (it->second.sendSeq != m.id) continue;
+    // Its write left before this notice came: it may land in the peer's buffer all the same.
+    it->second.t->fail(ErrorCode::kPeerFailed,
+                       "send #" + std::to_string(m.id) + receiveFailed(m.code) +
+                           ", but this send's data was on its way already and may have been written into its buffer");
+    cookies_.erase(it);
+    return;
+  }
+  if (m.id < nextSendSeq_) return;  // done already, or failed on this side
+  failedAhead_[m.id] = m.code;      // not posted yet: it fails when it is
+  cts_.erase(m.id);                 // a clear-to-send the receive sent before it failed
+}
+
 void Connection::handleMessage(const ControlMsg& m) {
   switch (m.type) {
     case MsgType::kKeyRequest: {
@@ -792,24 +936,12 @@ void Connection::handleMessage(const ControlMsg& m) {
       }
       return trySends();
     case MsgType::kRequestToSend: return onRequestToSend(m);
-    case MsgType::kReceiveRefused: {
-      const std::string expects = " bytes: the receive the peer posted for it expects " + std::to_string(m.bytes) +
-                                  " bytes; sizes must match exactly";
-      auto eager = eagerSends_.find(m.id);
-      if (eager != eagerSends_.end()) {  // its slot's credit still comes, and is skipped
-        eager->second.t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(m.id) + " of " +
-                                                               std::to_string(eager->second.bytes) + expects +
-                                                               " (the peer dropped the data)");
-        eagerSends_.erase(eager);
-      } else if (!sends_.empty() && sends_.front().seq == m.id) {  // a large send waiting for its clear-to-send
-        sends_.front().t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(m.id) + " of " +
-                                                                std::to_string(sends_.front().piece.size) + expects +
-                                                                " (nothing was sent)");
-        sends_.pop_front();
-        trySends();
-      }
+    case MsgType::kReceiveRefused:
+      failUnsentSend(m.id, ErrorCode::kInvalidArgument,
+                     ": the receive the peer posted for it expects " + std::to_string(m.bytes) +
+                         " bytes; sizes must match exactly");
       return;
-    }
+    case MsgType::kReceiveFailed: return onReceiveFailed(m);
     case MsgType::kSendRefused: {
       auto it = recvs_.find(static_cast<uint32_t>(m.id) & kSeqMask);
       if (it == recvs_.end()) return;
@@ -818,6 +950,7 @@ void Connection::handleMessage(const ControlMsg& m) {
                              std::to_string(m.bytes) + " bytes, this receive expects " +
                              std::to_string(it->second.bytes) + "; sizes must match exactly (nothing was written)");
       recvs_.erase(it);
+      abandonFailedRecvs();  // the receive's other buffers
       return;
     }
     case MsgType::kFence: {
@@ -857,9 +990,20 @@ void Connection::handle(const Event& e) {
     }
     if (e.imm & kEagerImm) return onEagerData(e.imm, e.bytes);
     auto it = recvs_.find(e.imm);
-    if (it == recvs_.end())
-      return failAll(ErrorCode::kProtocol,
-                     "data arrived for receive #" + std::to_string(e.imm) + ", which was never posted");
+    if (it == recvs_.end()) {
+      auto failed = failedRecvs_.find(e.imm);
+      if (failed == failedRecvs_.end())
+        return failAll(ErrorCode::kProtocol,
+                       "data arrived for receive #" + std::to_string(e.imm) + ", which was never posted");
+      // The write left before the sender heard that its receive failed: the transport placed the data (the region
+      // was still registered), which the receive's caller was told it would not get.
+      const uint64_t seq = failed->second;
+      GDX_WARN(name_ << ": the data of send #" << seq << " arrived after its receive had failed");
+      arrivedForFailedRecv(seq);
+      nextArrival_ = seq + 1;
+      return;
+    }
+    arrivedForFailedRecv(it->second.seq);  // failed receives before it will see nothing more
     nextArrival_ = it->second.seq + 1;
     it->second.t->finishPart();
     recvs_.erase(it);
@@ -891,15 +1035,19 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
   eagerCookies_.clear();
   early_.clear();
   rts_.clear();
+  failedRecvs_.clear();
+  failedAhead_.clear();
 }
 
 void Connection::sweep(uint64_t now) {
   if (now < nextSweepNs_) return;
   nextSweepNs_ = now + kSweepEveryNs;
+  bool timedOut = false;
   live_.erase(std::remove_if(live_.begin(), live_.end(),
                              [&](const std::shared_ptr<Transfer>& t) {
                                if (t->finished()) return true;
                                if (now < t->deadlineNs()) return false;
+                               timedOut = true;
                                const std::string waiting = t->waiting();
                                t->fail(ErrorCode::kTimeout, "not done within GDX_TIMEOUT_MS (" +
                                                                 std::to_string(timeoutNs_ / 1000000) + " ms)" +
@@ -907,6 +1055,7 @@ void Connection::sweep(uint64_t now) {
                                return true;
                              }),
               live_.end());
+  if (timedOut) abandonFailedRecvs();  // receives among them take nothing that still comes
 }
 
 Connection::Activity Connection::progress(bool arm) {
@@ -1021,10 +1170,10 @@ void Connection::handleCompletion(const Completion& c) {
   auto it = cookies_.find(c.cookie);
   if (it == cookies_.end()) return;
   if (c.status == Status::kOk)
-    it->second->finishPart();
+    it->second.t->finishPart();
   else
-    it->second->fail(errorCodeFor(c.status),
-                     std::string("the transport failed the write: ") + statusName(c.status) + " (" + failure() + ")");
+    it->second.t->fail(errorCodeFor(c.status),
+                       std::string("the transport failed the write: ") + statusName(c.status) + " (" + failure() + ")");
   cookies_.erase(it);
 }
 

@@ -13,6 +13,12 @@
 // back. A size mismatch fails both sides by name: the receive that finds it says so (kReceiveRefused), a larger send
 // announces itself (kRequestToSend) so that a small receive can. Sends leave in their numbered order either way (an
 // eager send waits behind an earlier one that waits for its clear-to-send), so every message arrives in order.
+// A receive that failed (it timed out, a buffer of its vector was refused, its memory was deregistered) takes nothing
+// more: its other buffers are withdrawn, the sender is told (kReceiveFailed) and fails the sends for them by name,
+// and eager data still on its way is dropped. A large send's write is stopped only if the notice reaches the sender
+// before it posted the write: one already on its way still lands in the receive's buffer (the sender fails by name
+// too, unless its write completed before the notice came), unless the region was deregistered first, in which case
+// the transport refuses it and the connection fails.
 // One-sided: advertise() registers exactly the advertised range as a window of its own, so the peer's transport
 // refuses anything outside it; a writer learns the window's key on first use (kKeyRequest) and completes a write
 // once a fence posted after it is acknowledged, i.e. once its data is in place at the peer. A read asks the owner
@@ -200,6 +206,18 @@ class Connection {
     bool written = false;
     bool matched = false;
   };
+  /// A one-sided write until it is posted (it may wait for the keys of its destination windows).
+  struct PendingWrite {
+    std::shared_ptr<Transfer> t;
+    std::vector<Piece> src;
+    std::vector<RemotePiece> dst;
+    bool notify = false;
+  };
+  /// A posted write by its cookie: a one-sided write's, or a large send's (`sendSeq`, to find it by number).
+  struct PostedWrite {
+    std::shared_ptr<Transfer> t;
+    uint64_t sendSeq = UINT64_MAX;  ///< UINT64_MAX: not a send
+  };
   struct Advertised {
     MemoryRegion region;  ///< the advertised range, as a window of its own
     uint32_t parent = 0;  ///< the endpoint region it lies in
@@ -252,6 +270,23 @@ class Connection {
   void onRequestToSend(const ControlMsg& m);
   /// Fails receive `r`, whose send is `sendBytes`, and tells the sender (kReceiveRefused).
   void refuseSend(const PendingRecv& r, uint64_t sendBytes);
+  /// Receive `seq`, a buffer of a receive that failed with `code`, takes nothing: the sender is told
+  /// (kReceiveFailed), its eager data is dropped if it is here, and whatever still comes for it will be.
+  void abandonRecv(uint64_t seq, ErrorCode code);
+  /// Tells the sender that receive `seq` failed with `code` (kReceiveFailed).
+  void tellReceiveFailed(uint64_t seq, ErrorCode code);
+  /// Withdraws every posted buffer of receives that failed (abandonRecv), after any failure of a receive.
+  void abandonFailedRecvs();
+  /// Send `seq` arrived (its eager data or its write's immediate): true if its receive had failed (it is forgotten
+  /// then, and so are failed receives before it, whose sends will never come).
+  bool arrivedForFailedRecv(uint64_t seq);
+  /// An eager slot was emptied: its credit goes back with the next eager write, receive or on its own.
+  void freeEagerSlot();
+  /// The peer's receive for send `m.id` failed: the send fails by name wherever it is, or when it is posted.
+  void onReceiveFailed(const ControlMsg& m);
+  /// Fails send `seq` with `code` and "send #seq of N bytes" + `why` if it left eagerly or still waits in sends_;
+  /// false if it is neither.
+  bool failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why);
   void handle(const Event& e);
   void handleMessage(const ControlMsg& m);
   void onKeyPart(const ControlMsg& m);
@@ -264,9 +299,13 @@ class Connection {
   /// The same, for callers that need no key (no copy of it on a small send's path); with `key`, it goes there.
   void registerLocal(const MemoryRegion& r, std::string* key = nullptr);
   bool resolveLocal(uint32_t window, MemoryRegion* out);
+  /// true once forget(window) was called.
+  bool regionForgotten(uint32_t window) const;
   void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
   void postControl(const ControlMsg& m);
   uint64_t track(std::shared_ptr<Transfer> t);
+  /// Posts write `w` once the keys of its destination windows are known (whenKnown), or fails its transfer.
+  void postWrite(const std::shared_ptr<PendingWrite>& w);
   /// Runs `op` once the peer's key of `window` is known (asking for it once), or fails `t` if it is refused.
   void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op);
 
@@ -305,9 +344,9 @@ class Connection {
   std::function<void()> notify_;
   uint64_t nextSendSeq_ = 0, nextRecvSeq_ = 0, nextId_ = 1;
   std::deque<PendingSend> sends_;
-  std::map<uint64_t, ControlMsg> cts_;                               ///< clear-to-send by send number
-  std::unordered_map<uint32_t, PendingRecv> recvs_;                  ///< by the low 31 bits of the receive's number
-  std::unordered_map<uint64_t, std::shared_ptr<Transfer>> cookies_;  ///< posted writes by cookie
+  std::map<uint64_t, ControlMsg> cts_;                 ///< clear-to-send by send number
+  std::unordered_map<uint32_t, PendingRecv> recvs_;    ///< by the low 31 bits of the receive's number
+  std::unordered_map<uint64_t, PostedWrite> cookies_;  ///< posted writes by cookie
   std::unordered_map<uint64_t, std::shared_ptr<Transfer>> fences_, reads_;
   std::unordered_map<uint32_t, uint64_t> remoteKnown_;  ///< peer windows added to the transport, with their size
   std::set<uint32_t> keysSent_;
@@ -330,6 +369,11 @@ class Connection {
   uint64_t creditsOwedSinceNs_ = 0;
   uint64_t nextArrival_ = 0;                    ///< the number after the last send whose data arrived
   std::unordered_map<uint32_t, uint64_t> rts_;  ///< sizes of large sends announced before their receive
+  /// Receives that failed before their send arrived (low bits of the number -> the number): what comes for them is
+  /// dropped. Forgotten when that send or a later one arrives.
+  std::unordered_map<uint32_t, uint64_t> failedRecvs_;
+  /// Sender side: sends not yet posted whose receive the peer said failed (kReceiveFailed), by number.
+  std::map<uint64_t, ErrorCode> failedAhead_;
 };
 
 }  // namespace gdx::p2p

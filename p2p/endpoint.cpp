@@ -120,10 +120,10 @@ uint64_t Endpoint::Impl::adopt(PairLink link) {
   return id;
 }
 
-bool Endpoint::Impl::acceptOne(net::Deadline deadline, Accepted* out) {
+bool Endpoint::Impl::acceptOne(net::Deadline waitUntil, Accepted* out) {
   for (;;) {
     pollfd p{listener.get(), POLLIN, 0};
-    int ms = net::msUntil(deadline, 100);
+    int ms = net::msUntil(waitUntil, 100);
     if (ms == 0 || stopping) return false;
     int rc = ::poll(&p, 1, ms);
     if (rc < 0 && errno != EINTR) throw SystemError("poll (p2p listener)", errno, __FILE__, __LINE__);
@@ -135,8 +135,11 @@ bool Endpoint::Impl::acceptOne(net::Deadline deadline, Accepted* out) {
     }
     net::tuneSocket(fd.get());
     const std::string from = net::peerName(fd.get());
+    // The handshake has GDX_TIMEOUT_MS from here, whatever was left of the wait: a client the passive thread took at
+    // the end of one of its 200 ms slices would otherwise get only the rest of it for its Hello, and fail. (A client
+    // that never says Hello holds this thread that long, as it always held a blocking accept().)
     PairLink link = answerLink(std::move(fd), options.localGpu, options.transport, options.timeoutNs,
-                               std::min(deadline, net::deadlineIn(options.timeoutNs)), who() + ": accepting " + from);
+                               net::deadlineIn(options.timeoutNs), who() + ": accepting " + from);
     out->ip = hostOf(link.peerIp);
     out->remoteGpu = link.peerGpu;
     out->connId = adopt(std::move(link));

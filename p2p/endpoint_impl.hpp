@@ -30,8 +30,9 @@ struct Endpoint::Impl {
   /// The region `mrId` after checking that [ptr, ptr + size) lies in it; throws kInvalidArgument naming both.
   MemoryRegion region(uint64_t mrId, const void* ptr, size_t size, const char* op);
   Piece piece(uint64_t mrId, const void* ptr, size_t size, const char* op);
-  /// Accepts one client (bounded by `deadline`); nullopt-like false when none came in time.
-  bool acceptOne(net::Deadline deadline, Accepted* out);
+  /// Accepts one client: waits for it until `waitUntil` (false when none came by then), then gives its handshake
+  /// GDX_TIMEOUT_MS of its own.
+  bool acceptOne(net::Deadline waitUntil, Accepted* out);
   uint64_t adopt(PairLink link);
   uint64_t remember(std::shared_ptr<Transfer> t);
   /// The transfer `id` names (the caller holds `mutex`); throws kInvalidArgument for an id it does not know.

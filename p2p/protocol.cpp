@@ -47,6 +47,7 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kCredit: return "credit";
     case MsgType::kReceiveRefused: return "receive refused";
     case MsgType::kRequestToSend: return "request to send";
+    case MsgType::kReceiveFailed: return "receive failed";
   }
   return "unknown";
 }
@@ -72,6 +73,7 @@ MessageOp encode(const ControlMsg& m, int peer) {
       w.put(m.id).put(m.window).put(m.offset).put(m.bytes).put(m.dstWindow).put(m.dstOffset);
       break;
     case MsgType::kReadDone: w.put(m.id).put<uint8_t>(static_cast<uint8_t>(m.status)); break;
+    case MsgType::kReceiveFailed: w.put(m.id).put<uint8_t>(static_cast<uint8_t>(m.code)); break;
   }
   MessageOp op;
   op.peer = peer;
@@ -119,6 +121,14 @@ std::string decode(const RemoteMessage& msg, ControlMsg* out) {
       r.get(&m.id) && r.get(&s);
       if (r.ok() && s > static_cast<uint8_t>(ReadStatus::kFailed)) return "a read status " + std::to_string(s);
       m.status = static_cast<ReadStatus>(s);
+      break;
+    }
+    case MsgType::kReceiveFailed: {
+      uint8_t code = 0;
+      r.get(&m.id) && r.get(&code);
+      if (r.ok() && (code == 0 || code > static_cast<uint8_t>(ErrorCode::kShutdown)))  // kOk, or past the last
+        return "a receive failure with error code " + std::to_string(code);
+      m.code = static_cast<ErrorCode>(code);
       break;
     }
     default: return "a control message of unknown type " + std::to_string(type);

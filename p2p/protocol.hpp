@@ -18,6 +18,9 @@
 //   kCredit       credits                     eager slots freed since the last report, on their own
 //   kReceiveRefused seq bytes                 the seq-th send did not match its receive of `bytes`; the receive failed
 //   kRequestToSend seq bytes                  the seq-th send is larger than kEagerBytes (a small receive refuses it)
+//   kReceiveFailed seq code                   the seq-th send's receive failed (`code`: it timed out, another of its
+//                                             buffers was refused, its memory was deregistered) and takes no data:
+//                                             the send fails, and what still arrives for it is dropped
 #pragma once
 
 #include <cstddef>
@@ -25,6 +28,7 @@
 #include <string>
 
 #include "gdx/detail/transport.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx::p2p {
 
@@ -41,6 +45,7 @@ enum class MsgType : uint8_t {
   kCredit = 10,
   kReceiveRefused = 11,
   kRequestToSend = 12,
+  kReceiveFailed = 13,
 };
 
 /// Why a read was refused (kReadDone's status).
@@ -56,10 +61,11 @@ struct ControlMsg {
   uint32_t dstWindow = 0;
   uint64_t dstOffset = 0;
   ReadStatus status = ReadStatus::kOk;
-  uint16_t keyTotal = 0;  ///< kKeyPart: length of the whole key
-  uint16_t keyAt = 0;     ///< kKeyPart: where this piece goes
-  uint32_t credits = 0;   ///< kClearToSend, kCredit: eager slots the receiver freed since its last report
-  std::string keyPiece;   ///< kKeyPart
+  uint16_t keyTotal = 0;            ///< kKeyPart: length of the whole key
+  uint16_t keyAt = 0;               ///< kKeyPart: where this piece goes
+  uint32_t credits = 0;             ///< kClearToSend, kCredit: eager slots the receiver freed since its last report
+  ErrorCode code = ErrorCode::kOk;  ///< kReceiveFailed: how the receive failed (never kOk)
+  std::string keyPiece;             ///< kKeyPart
 };
 
 /// Eager sends: a send of at most kEagerBytes does not wait for a clear-to-send (its receive sends none); it is

@@ -52,6 +52,11 @@ bool Transfer::finished() const {
   return failed_ || parts_ == 0;
 }
 
+ErrorCode Transfer::failureCode() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failed_ ? code_ : ErrorCode::kOk;
+}
+
 void Transfer::throwIfFailed() const {
   if (failed_) throw Error(code_, what() + ": " + why_);
 }

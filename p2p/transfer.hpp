@@ -42,6 +42,8 @@ class Transfer {
   /// Fails the transfer (the first failure wins); later parts are ignored.
   void fail(ErrorCode code, const std::string& why);
   bool finished() const;
+  /// How it failed; kOk while it has not.
+  ErrorCode failureCode() const;
   /// What the transfer waits for now, for the error if it never comes ("a matching receive posted by the peer").
   void setWaiting(const std::string& what);
   /// The same for a string literal, kept as the pointer: a small message's hot path copies no text. Only an array

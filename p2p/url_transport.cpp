@@ -127,13 +127,22 @@ struct UrlTransport::Impl {
   std::condition_variable cv;
   uint64_t arrived = 0, promised = 0;  ///< notified writes arrived, and waitForWrite() calls made
 
+  // The order of Endpoint::Impl::~Impl: no RegisteredMemory reaches the connection once it left the registry, no
+  // progress thread runs it once the pool stopped, and the connection closes while the stopped pool still lives:
+  // its transport threads hand over what arrives until the end (the peer's goodbye, acknowledgements, notified
+  // writes) and wake the pool's workers for it.
   ~Impl() {
-    pool.reset();
     if (conn) {
       Registry& g = Registry::get();
       std::lock_guard<std::mutex> lock(g.mutex);
       g.conns.erase(conn.get());
     }
+    if (pool) {
+      pool->stop();
+      pool->remove(conn.get());
+    }
+    conn.reset();
+    pool.reset();
   }
 };
 

@@ -1,8 +1,10 @@
 // Eager sends of gdx::p2p::Endpoint (messages of at most p2p::kEagerBytes travel without a clear-to-send, into the
 // receiver's eager buffer, and complete when its credit comes back) between real processes on loopback: sizes around
 // the threshold, receives posted before and after the data arrived, many small messages in order beyond the buffer's
-// slots (the sender waits for credits), size mismatches either way round, a receiver that takes a message and goes
-// quiet, a receiver that never receives, and a peer that dies mid-stream. Random bytes, poisoned buffers, every byte
+// slots (the sender waits for credits), size mismatches either way round (also one refused behind queued sends),
+// receives that failed (a refused buffer of a vector, a timeout, memory deregistered while waiting) taking nothing
+// of the sends that come for them while those fail by name, a receiver that takes a message and goes quiet, a
+// receiver that never receives, and a peer that dies mid-stream. Random bytes, poisoned buffers, every byte
 // compared. Runs over GDX_TRANSPORT (tcp here; the Soft-RoCE VM runs it with GDX_TRANSPORT=verbs).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -193,6 +195,214 @@ TEST(P2pEager, ALargeSendIntoASmallReceiveFailsBothSidesWhicheverCameFirst) {
           if (!receiveFirst) std::fprintf(stderr, "as expected: %s\n", why.c_str());
         }
         sendBlob(ep, conn, "still works");
+        return 0;
+      }));
+}
+
+TEST(P2pEager, ALargeSendRefusedWhileSmallSendsAreQueuedAheadOfItFailsByName) {
+  // More small sends than the eager buffer holds, then a large one whose receive is small: the refusal comes back
+  // while most of the small sends still wait for credits ahead of the large one.
+  constexpr int kSmall = 3 * static_cast<int>(p2p::kEagerSlots);
+  constexpr size_t kLarge = 2 * kEagerBytes;
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        const uint64_t conn = ep.accept().connId;
+        usleep(200 * 1000);  // the first small sends fill the eager buffer, the large one announced itself
+        std::vector<std::vector<unsigned char>> got(kSmall);
+        std::vector<uint64_t> ids;
+        for (int i = 0; i < kSmall; ++i) {
+          got[i].assign(1 + (i * 53) % kEagerBytes, 0xA5);  // poisoned
+          ids.push_back(ep.recvAsync(conn, ep.reg(got[i].data(), got[i].size()), got[i].data(), got[i].size()));
+        }
+        std::vector<unsigned char> small(100, 0xA5);
+        ErrorCode code = ErrorCode::kOk;
+        const std::string why = errorOf([&] { ep.recv(conn, ep.reg(small.data(), 100), small.data(), 100); }, &code);
+        CHILD_CHECK(code == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(why.find("the peer's send is " + std::to_string(kLarge) + " bytes") != std::string::npos);
+        for (int i = 0; i < kSmall; ++i) {
+          ep.wait(ids[i]);
+          std::vector<unsigned char> want(got[i].size());
+          fillRandom(want.data(), want.size(), 900 + i);
+          CHILD_CHECK(firstMismatch(got[i].data(), want.data(), want.size()) == -1);
+        }
+        for (unsigned char b : small) CHILD_CHECK(b == 0xA5);
+        CHILD_CHECK(recvBlob(ep, conn) == "still works");
+        return 0;
+      },
+      [](int, int port) {
+        setenv("GDX_TIMEOUT_MS", "4000", 1);  // a send that misses its refusal times out after this
+        Endpoint ep(loopbackEndpoint(0));
+        const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::vector<std::vector<unsigned char>> data(kSmall);
+        std::vector<uint64_t> ids;
+        for (int i = 0; i < kSmall; ++i) {
+          data[i].resize(1 + (i * 53) % kEagerBytes);
+          fillRandom(data[i].data(), data[i].size(), 900 + i);
+          ids.push_back(ep.sendAsync(conn, ep.reg(data[i].data(), data[i].size()), data[i].data(), data[i].size()));
+        }
+        std::vector<unsigned char> large(kLarge, 3);
+        const uint64_t largeId = ep.sendAsync(conn, ep.reg(large.data(), large.size()), large.data(), large.size());
+        const uint64_t t0 = nowNs();
+        ErrorCode code = ErrorCode::kOk;
+        const std::string why = errorOf([&] { ep.wait(largeId); }, &code);
+        std::fprintf(stderr, "the large send ended after %.1f ms: %s\n", (nowNs() - t0) / 1e6, why.c_str());
+        CHILD_CHECK(code == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(why.find("expects 100 bytes") != std::string::npos);
+        for (uint64_t id : ids) ep.wait(id);
+        sendBlob(ep, conn, "still works");
+        return 0;
+      }));
+}
+
+bool allAre(const std::vector<unsigned char>& b, unsigned char v) {
+  for (unsigned char x : b)
+    if (x != v) return false;
+  return true;
+}
+
+TEST(P2pEager, AFailedReceiveVectorTakesNothingMoreAndTheSendsForItFailByName) {
+  // recvv of two 100-byte buffers against a send of 200 bytes, then one of 100: the receive fails on its first buffer,
+  // and its second buffer must take nothing of the second send, whether that came before the receive was posted,
+  // is on its way as the receive fails, or is made after the receiver deregistered the memory. Both sends fail by
+  // name; the poisoned buffer keeps every byte.
+  enum Round { kDataFirst, kReceiveFirst, kAfterDereg };
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        const uint64_t conn = ep.accept().connId;
+        std::vector<unsigned char> buf(200, 0xA5);  // poisoned
+        for (Round round : {kDataFirst, kReceiveFirst, kAfterDereg}) {
+          const uint64_t mr = ep.reg(buf.data(), buf.size());
+          const std::vector<p2p::Iov> halves = {{mr, buf.data(), 100}, {mr, buf.data() + 100, 100}};
+          ErrorCode code = ErrorCode::kOk;
+          std::string why;
+          if (round == kDataFirst) {
+            usleep(200 * 1000);  // both sends' data is here, waiting in the eager buffer
+            why = errorOf([&] { ep.recvv(conn, halves); }, &code);
+          } else if (round == kReceiveFirst) {
+            const uint64_t id = ep.recvvAsync(conn, halves);
+            sendBlob(ep, conn, "posted");  // both sends leave now, while the receive is posted
+            why = errorOf([&] { ep.wait(id); }, &code);
+          } else {
+            why = errorOf([&] { ep.recvv(conn, halves); }, &code);
+          }
+          CHILD_CHECK(code == ErrorCode::kInvalidArgument);
+          CHILD_CHECK(why.find("the peer's send is 200 bytes, this receive expects 100") != std::string::npos);
+          ep.dereg(mr);
+          sendBlob(ep, conn, "deregistered");
+          CHILD_CHECK(recvBlob(ep, conn) == "sent");
+          CHILD_CHECK(allAre(buf, 0xA5));
+        }
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::vector<unsigned char> data(200);
+        fillRandom(data.data(), data.size(), 21);
+        const uint64_t mr = ep.reg(data.data(), data.size());
+        for (Round round : {kDataFirst, kReceiveFirst, kAfterDereg}) {
+          ErrorCode whole = ErrorCode::kOk, half = ErrorCode::kOk;
+          std::string why;
+          if (round == kAfterDereg) {
+            errorOf([&] { ep.send(conn, mr, data.data(), 200); }, &whole);
+            CHILD_CHECK(recvBlob(ep, conn) == "deregistered");
+            why = errorOf([&] { ep.send(conn, mr, data.data(), 100); }, &half);
+          } else {
+            if (round == kReceiveFirst) CHILD_CHECK(recvBlob(ep, conn) == "posted");
+            const uint64_t first = ep.sendAsync(conn, mr, data.data(), 200);
+            const uint64_t second = ep.sendAsync(conn, mr, data.data(), 100);
+            errorOf([&] { ep.wait(first); }, &whole);
+            why = errorOf([&] { ep.wait(second); }, &half);
+            CHILD_CHECK(recvBlob(ep, conn) == "deregistered");
+          }
+          std::fprintf(stderr, "round %d: %s\n", static_cast<int>(round), why.c_str());
+          sendBlob(ep, conn, "sent");  // first, so that the receiver checks its buffer either way
+          CHILD_CHECK(whole == ErrorCode::kInvalidArgument);
+          CHILD_CHECK(half == ErrorCode::kPeerFailed);
+          CHILD_CHECK(why.find("the receive the peer posted for it ended in error (invalid argument)") !=
+                      std::string::npos);
+        }
+        return 0;
+      }));
+}
+
+TEST(P2pEager, AReceiveThatTimedOutTakesNothingFromALateSendSmallOrLarge) {
+  const std::vector<size_t> sizes = {100, 3 * kEagerBytes};
+  expectAllZero(runServerClients(
+      1,
+      [&](int port) {
+        p2p::EndpointOptions o = loopbackEndpoint(port);
+        o.timeoutNs = 1000ull * 1000 * 1000;
+        Endpoint ep(o);
+        const uint64_t conn = ep.accept().connId;
+        for (size_t n : sizes) {
+          std::vector<unsigned char> buf(n, 0xA5);  // poisoned, and still registered when the send comes
+          const uint64_t mr = ep.reg(buf.data(), buf.size());
+          ErrorCode code = ErrorCode::kOk;
+          errorOf([&] { ep.recv(conn, mr, buf.data(), n); }, &code);
+          CHILD_CHECK(code == ErrorCode::kTimeout);
+          sendBlob(ep, conn, "timed out");
+          CHILD_CHECK(recvBlob(ep, conn) == "sent");
+          CHILD_CHECK(allAre(buf, 0xA5));
+        }
+        return 0;
+      },
+      [&](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        for (size_t n : sizes) {
+          std::vector<unsigned char> data(n);
+          fillRandom(data.data(), n, n);
+          CHILD_CHECK(recvBlob(ep, conn) == "timed out");
+          ErrorCode code = ErrorCode::kOk;
+          const std::string why = errorOf([&] { ep.send(conn, ep.reg(data.data(), n), data.data(), n); }, &code);
+          std::fprintf(stderr, "%zu bytes: %s\n", n, why.c_str());
+          sendBlob(ep, conn, "sent");  // first, so that the receiver checks its buffer either way
+          CHILD_CHECK(code == ErrorCode::kPeerFailed);
+          CHILD_CHECK(why.find("the receive the peer posted for it ended in error (timeout)") != std::string::npos);
+        }
+        return 0;
+      }));
+}
+
+TEST(P2pEager, AReceiveWhoseMemoryWasDeregisteredWhileItWaitedTakesNothing) {
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        const uint64_t conn = ep.accept().connId;
+        std::vector<unsigned char> buf(100, 0xA5);  // poisoned
+        const uint64_t mr = ep.reg(buf.data(), buf.size());
+        const uint64_t id = ep.recvAsync(conn, mr, buf.data(), buf.size());
+        ep.dereg(mr);  // too early: the receive still waits for its send
+        sendBlob(ep, conn, "deregistered");
+        CHILD_CHECK(recvBlob(ep, conn) == "sent");
+        ErrorCode code = ErrorCode::kOk;
+        const std::string why = errorOf([&] { ep.wait(id); }, &code);
+        std::fprintf(stderr, "receive: %s\n", why.c_str());
+        CHILD_CHECK(code == ErrorCode::kInvalidArgument);
+        CHILD_CHECK(why.find("was deregistered while the receive was pending") != std::string::npos);
+        CHILD_CHECK(allAre(buf, 0xA5));
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::vector<unsigned char> data(100);
+        fillRandom(data.data(), data.size(), 31);
+        CHILD_CHECK(recvBlob(ep, conn) == "deregistered");
+        ErrorCode code = ErrorCode::kOk;
+        const std::string why =
+            errorOf([&] { ep.send(conn, ep.reg(data.data(), data.size()), data.data(), data.size()); }, &code);
+        std::fprintf(stderr, "send: %s\n", why.c_str());
+        sendBlob(ep, conn, "sent");
+        CHILD_CHECK(code == ErrorCode::kPeerFailed);
+        CHILD_CHECK(why.find("the receive the peer posted for it ended in error (invalid argument)") !=
+                    std::string::npos);
         return 0;
       }));
 }

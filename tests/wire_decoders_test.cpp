@@ -252,6 +252,29 @@ TEST(P2pDecoders, HandshakeMetadataAndIpcDescriptors) {
   EXPECT_NE(decodeIpc(encodeIpc(out).substr(1), &out).find("not a gdx IPC descriptor"), std::string::npos);
 }
 
+TEST(P2pDecoders, AReceiveFailureCarriesItsErrorCodeOrIsRefused) {
+  using namespace gdx::p2p;
+  ControlMsg failed;
+  failed.type = MsgType::kReceiveFailed;
+  failed.id = (uint64_t{1} << 40) + 7;
+  failed.code = gdx::ErrorCode::kTimeout;
+  gdx::MessageOp op = encode(failed, 1);
+  gdx::RemoteMessage msg;
+  msg.bytes = op.bytes;
+  std::memcpy(msg.data, op.data, op.bytes);
+  ControlMsg back;
+  ASSERT_EQ(decode(msg, &back), "");
+  EXPECT_EQ(back.type, MsgType::kReceiveFailed);
+  EXPECT_EQ(back.id, failed.id);
+  EXPECT_EQ(back.code, gdx::ErrorCode::kTimeout);
+  for (uint8_t code : {uint8_t{0}, static_cast<uint8_t>(static_cast<uint8_t>(gdx::ErrorCode::kShutdown) + 1)}) {
+    msg.data[msg.bytes - 1] = code;  // the code is the last byte
+    EXPECT_NE(decode(msg, &back).find("error code " + std::to_string(code)), std::string::npos);
+  }
+  msg.bytes -= 1;
+  EXPECT_NE(decode(msg, &back).find("truncated receive failed"), std::string::npos);
+}
+
 TEST(P2pDecoders, WindowKeysComeBackWholeOrAreRefused) {
   using namespace gdx::p2p;
   const std::string key(3 * kKeyPieceBytes + 5, 'k');

@@ -159,7 +159,8 @@ std::string p2pMessage(const gdx::p2p::ControlMsg& m) {
 
 void p2pSeeds() {
   using namespace gdx::p2p;
-  // 0: control messages. A 100-byte key in pieces, then a clear-to-send, a read request and a read done.
+  // 0: control messages. A 100-byte key in pieces, then a clear-to-send, a read request, a read done and a receive
+  // that failed.
   std::string messages = bytesOf({0});
   for (const ControlMsg& part : splitKey(7, std::string(100, 'k'), 1 << 20)) messages += p2pMessage(part);
   ControlMsg cts;
@@ -178,7 +179,12 @@ void p2pSeeds() {
   ControlMsg done;
   done.type = MsgType::kReadDone;
   done.id = 9;
-  seed("fuzz_p2p_wire", "control", messages + p2pMessage(cts) + p2pMessage(read) + p2pMessage(done));
+  ControlMsg failed;
+  failed.type = MsgType::kReceiveFailed;
+  failed.id = 4;
+  failed.code = gdx::ErrorCode::kTimeout;
+  seed("fuzz_p2p_wire", "control",
+       messages + p2pMessage(cts) + p2pMessage(read) + p2pMessage(done) + p2pMessage(failed));
   // 1: a key cut and put back together: window 7 of 4096 bytes, a 90-byte key.
   seed("fuzz_p2p_wire", "key-round-trip",
        bytesOf({1}) + raw(uint32_t{7}) + raw(uint64_t{4096}) + raw(uint16_t{90}) + std::string(90, 'q'));

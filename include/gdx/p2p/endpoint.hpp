@@ -62,7 +62,8 @@ class Endpoint {
   /// Connects to the endpoint of `remoteGpu` at `ip` (port: -1 = GDX_P2P_PORT + remoteGpu). Throws gdx::Error
   /// naming the address when nobody answers within GDX_TIMEOUT_MS, or the peer refuses.
   uint64_t connect(const std::string& ip, int remoteGpu, int port = -1);
-  /// Waits (bounded) for the next connecting client.
+  /// Waits (bounded) for the next connecting client: GDX_TIMEOUT_MS for one to connect, and as long again for its
+  /// handshake.
   Accepted accept();
   /// Accepts every client in a background thread from now on; accept() then hands them out in arrival order.
   void startPassiveAccept();

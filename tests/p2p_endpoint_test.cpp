@@ -12,6 +12,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -335,6 +337,34 @@ TEST(P2pEndpoint, PeerKilledMidTransferFailsItsTransfersAndTheServerGoesOn) {
                       return 0;
                     }),
                 /*killed=*/1);
+}
+
+TEST(P2pEndpoint, APeerThatClosesCleanlyFailsWhatStillWaitsForItWithoutWaitingOutTheTimeout) {
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        setenv("GDX_TIMEOUT_MS", "20000", 1);
+        Endpoint ep(loopbackEndpoint(port));
+        const uint64_t conn = ep.accept().connId;
+        std::vector<unsigned char> buf(4096, 0xA5);
+        const uint64_t mr = ep.reg(buf.data(), buf.size());
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          ep.recv(conn, mr, buf.data(), buf.size());  // the client closes its endpoint instead of sending
+          return 1;
+        } catch (const Error& e) {
+          CHILD_CHECK(e.code() == ErrorCode::kPeerFailed);
+          CHILD_CHECK(std::string(e.what()).find("closed the connection") != std::string::npos);
+        }
+        CHILD_CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+        CHILD_CHECK(std::all_of(buf.begin(), buf.end(), [](unsigned char b) { return b == 0xA5; }));
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        ep.connect("127.0.0.1", -1, port);
+        return 0;  // the endpoint closes here, with a goodbye
+      }));
 }
 
 TEST(P2pEndpoint, SeveralClientsAreServedAndBadMetadataIsRefused) {

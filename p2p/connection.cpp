@@ -1056,8 +1056,9 @@ void Connection::sweep(uint64_t now) {
                              }),
               live_.end());
   if (timedOut) abandonFailedRecvs();  // receives among them take nothing that still comes
-  // A peer that closed its end said goodbye, which the transport does not report as a failure (the Context's ranks
-  // all say it at teardown): without this, what still waits for that peer would wait out its timeout.
+  // A peer that closed its end said goodbye (TCP), which the transport does not report as a failure (the Context's
+  // ranks all say it at teardown): without this, what still waits for that peer would wait out its timeout. Over
+  // verbs a clean close says nothing; it is seen when an operation to the peer fails.
   if (!failed_.load() && link_.transport->peerStatus(link_.peer()) == Status::kShutdown)
     failAll(ErrorCode::kPeerFailed, "the peer closed the connection");
 }

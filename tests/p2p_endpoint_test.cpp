@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -339,7 +341,11 @@ TEST(P2pEndpoint, PeerKilledMidTransferFailsItsTransfersAndTheServerGoesOn) {
                 /*killed=*/1);
 }
 
+// The TCP transport's goodbye. Over verbs a peer that closes destroys its queue pairs and says nothing: this side
+// notices only when one of its operations to the peer fails, so a receive waiting for it ends at the timeout.
 TEST(P2pEndpoint, APeerThatClosesCleanlyFailsWhatStillWaitsForItWithoutWaitingOutTheTimeout) {
+  const char* transport = std::getenv("GDX_TRANSPORT");
+  if (transport && std::string(transport) == "verbs") GTEST_SKIP() << "verbs announces no clean close";
   expectAllZero(runServerClients(
       1,
       [](int port) {

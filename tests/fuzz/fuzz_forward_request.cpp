@@ -53,8 +53,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool reachable = in.take<uint8_t>() % 4 != 0;
   if (!resolveForward(f, reachable ? peer.get() : nullptr, &t).empty()) return 0;
   GDX_FUZZ_CHECK(reachable);
-  // What the copy queue then does: copy the range, raise the signal.
-  std::memmove(t.dst, t.src, f.bytes);
+  // What the copy queue then does: copy the range (none for a signal alone), raise the signal.
+  GDX_FUZZ_CHECK(f.bytes > 0 || f.hasSignal);
+  if (f.bytes > 0) std::memmove(t.dst, t.src, f.bytes);
   if (f.hasSignal) *t.signal += f.value;
   return 0;
 }

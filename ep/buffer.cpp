@@ -9,6 +9,7 @@
 
 #include "ep/network_path.hpp"
 #include "ep/protocol.hpp"
+#include "ep/teardown.hpp"
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/cuda_check.hpp"
 #include "gdx/detail/log.hpp"
@@ -295,20 +296,7 @@ void Buffer::connectRemote(Context& context, size_t rdmaBytes) {
 }
 
 Buffer::~Buffer() {
-  try {
-    cudaDeviceSynchronize();
-    CollectiveTag tag;
-    tag.kind = "ep::Buffer teardown";
-    gdx::detail::ContextUse ctx(context_.get());
-    if (ctx)
-      ctx->bootstrap().allGather(std::string(), tag);  // no peer stores into the memory any more once all are here
-    else
-      GDX_WARN("gdx::ep rank " << rank_
-                               << ": Buffer destroyed after its Context: its memory is freed without the teardown "
-                                  "barrier; destroy Buffers before their Context");
-  } catch (const std::exception& e) {
-    GDX_WARN("gdx::ep rank " << rank_ << ": barrier at Buffer teardown failed: " << e.what());
-  }
+  detail::teardownBarrier(context_, rank_, "ep::Buffer");
   impl_.reset();
 }
 

@@ -8,6 +8,7 @@
 
 #include "ep/low_latency_protocol.hpp"
 #include "ep/network_path.hpp"
+#include "ep/teardown.hpp"
 #include "gdx/detail/atomic.hpp"
 #include "gdx/detail/context_link.hpp"
 #include "gdx/detail/cuda_check.hpp"
@@ -202,20 +203,7 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
 }
 
 LowLatencyBuffer::~LowLatencyBuffer() {
-  try {
-    cudaDeviceSynchronize();
-    CollectiveTag tag;
-    tag.kind = "ep::LowLatencyBuffer teardown";
-    gdx::detail::ContextUse ctx(context_.get());
-    if (ctx)
-      ctx->bootstrap().allGather(std::string(), tag);  // no peer stores into the memory once all are here
-    else
-      GDX_WARN("gdx::ep low-latency rank " << rank_
-                                           << ": buffer destroyed after its Context: its memory is freed without the "
-                                              "teardown barrier; destroy buffers before their Context");
-  } catch (const std::exception& e) {
-    GDX_WARN("gdx::ep low-latency rank " << rank_ << ": barrier at teardown failed: " << e.what());
-  }
+  detail::teardownBarrier(context_, rank_, "ep::LowLatencyBuffer");
   impl_.reset();
 }
 

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -91,6 +93,21 @@ TEST(P2pUrlTransport, ManyNotifiedWritesInFlightEveryByteChecked) {
   for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
 }
 
+/// Counts this side in at `step` and waits until both sides are there, at most 10 s; false (saying which step) when
+/// the other side did not come.
+bool meet(std::atomic<int>& arrived, const char* step) {
+  ++arrived;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (arrived.load() < 2) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "the other side did not reach '%s' within 10 s\n", step);
+      return false;
+    }
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 /// `rounds` times: two transports of this process connect, write to each other (checked), leave more notified writes
 /// in flight and close at the same moment. Each side closes while the other's goodbye, fence acknowledgements and
 /// notified writes still arrive: its transport threads hand them to the connection, which wakes the progress thread,
@@ -109,13 +126,12 @@ int closeTwoTransportsTogether(int rounds) {
       url[i] = t[i]->bind();
     }
     std::atomic<int> connected{0}, closing{0};
-    std::atomic<bool> ok[2] = {{false}, {false}};
+    std::atomic<bool> ok[2] = {{false}, {false}}, met[2] = {{false}, {false}};
     auto side = [&](int me) {
       const int peer = 1 - me;
       t[me]->connect(url[peer]);
       fillRandom(buf[me].data(), kSide / 2, 100 * round + me);  // the half this side writes into the peer's
-      ++connected;
-      while (connected.load() < 2) std::this_thread::yield();
+      if (!meet(connected, "connected")) return;
       const RemoteBuffer remote{buf[peer].data() + kSide / 2, mem[peer]->remoteKey()};
       const bool wrote = t[me]->write(mem[me]->view(0, kSide / 2), remote, true).get() == Status::kOk;
       const bool arrived = t[me]->waitForWrite().get() == Status::kOk;
@@ -124,13 +140,13 @@ int closeTwoTransportsTogether(int rounds) {
       ok[me] = wrote && arrived && firstMismatch(buf[me].data() + kSide / 2, want.data(), want.size()) == -1;
       std::vector<std::future<Status>> inFlight;
       for (int i = 0; i < 8; ++i) inFlight.push_back(t[me]->write(mem[me]->view(0, kSide / 2), remote, true));
-      ++closing;
-      while (closing.load() < 2) std::this_thread::yield();
+      met[me] = meet(closing, "closing");
       t[me].reset();  // the futures are dropped unresolved
     };
     std::thread a(side, 0), b(side, 1);
     a.join();
     b.join();
+    CHILD_CHECK(met[0] && met[1]);
     CHILD_CHECK(ok[0] && ok[1]);
   }
   return 0;

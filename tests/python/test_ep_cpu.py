@@ -76,3 +76,39 @@ def test_current_stream_falls_back_to_the_public_call(fake_torch):
     assert ep_torch.current_stream_handle() == 0x100
     state.device = 1
     assert ep_torch.current_stream_handle() == 0x200
+
+
+def test_deep_ep_names_are_exported_by_star_import():
+    """DeepEP's module-level names (a one-line deep_ep module re-exports them) come with `from gdx.ep import *`; the
+    constructor takes DeepEP's arguments by position and by name."""
+    import inspect
+    namespace = {}
+    torch = pytest.importorskip("torch", reason="topk_idx_t is a torch dtype")
+    exec("from gdx.ep import *", namespace)
+    for name in ("Buffer", "Config", "EventOverlap", "topk_idx_t"):
+        assert name in namespace, name
+    assert namespace["topk_idx_t"] is torch.int64
+    params = list(inspect.signature(namespace["Buffer"].__init__).parameters)
+    assert params[1:13] == ["group", "num_nvl_bytes", "num_rdma_bytes", "low_latency_mode", "num_qps_per_rank",
+                            "allow_nvlink_for_low_latency_mode", "allow_mnnvl", "use_fabric", "explicitly_destroy",
+                            "enable_shrink", "comm", "config"]
+    for method in ("is_sm90_compiled", "get_comm_stream", "get_local_buffer_tensor", "get_dispatch_layout",
+                   "dispatch", "combine", "low_latency_dispatch", "low_latency_combine", "clean_low_latency_buffer",
+                   "get_next_low_latency_combine_buffer", "low_latency_update_mask_buffer",
+                   "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer", "destroy", "set_num_sms",
+                   "capture", "get_low_latency_rdma_size_hint", "get_dispatch_config", "get_combine_config"):
+        assert callable(getattr(namespace["Buffer"], method)), method
+    ll = inspect.signature(namespace["Buffer"].low_latency_dispatch).parameters
+    assert list(ll)[1:] == ["x", "topk_idx", "num_max_dispatch_tokens_per_rank", "num_experts",
+                            "cumulative_local_expert_recv_stats", "dispatch_wait_recv_cost_stats", "use_fp8",
+                            "round_scale", "use_ue8m0", "async_finish", "return_recv_hook"]
+    lc = inspect.signature(namespace["Buffer"].low_latency_combine).parameters
+    assert list(lc)[1:] == ["x", "topk_idx", "topk_weights", "handle", "use_logfmt", "zero_copy", "async_finish",
+                            "return_recv_hook", "out", "combine_wait_recv_cost_stats"]
+
+
+def test_a_buffer_needs_a_group_or_a_communicator():
+    _native_ep_or_skip()
+    from gdx.ep import Buffer
+    with pytest.raises(gdx.InvalidArgumentError, match="group or comm"):
+        Buffer(None)

@@ -197,8 +197,9 @@ class Buffer {
   /// `stream`. An expert id out of range is recorded (thrown by checkErrors() or, once launched, by the next call).
   void getDispatchLayout(const int64_t* topkIdx, int numTokens, int numTopk, int numExperts, int32_t* numTokensPerRank,
                          int32_t* numTokensPerExpert, bool* isTokenInRank, cudaStream_t stream);
-  /// Computes the routing of `in` into `handle` and exchanges the counts; waits for them on the host and returns
-  /// them. Throws for bad input on any rank (naming the rank and the value), before any token is sent.
+  /// Computes the routing of `in` (from its top-k, or by rank from isTokenInRank: DispatchInputs) into `handle` and
+  /// exchanges the counts; waits for them on the host and returns them. Throws for bad input on any rank (naming the
+  /// rank and the value), before any token is sent.
   DispatchCounts dispatchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment,
                                  cudaStream_t stream, int32_t* numRecvTokensPerExpert = nullptr);
   /// Sends the tokens along `handle`'s routing (of a dispatchPrepare on the same token count, or any earlier

@@ -38,6 +38,22 @@ def test_dispatch_structs_made_in_one_call():
     assert (ep.DispatchOutputs(3, 0x10).recv_x_scales, ep.DispatchOutputs().capacity) == (0, 0)
 
 
+def test_dispatch_inputs_by_rank():
+    """The form without top-k (DeepEP's dispatch without topk_idx): routed by is_token_in_rank, counted by
+    num_tokens_per_expert; both default to 0 so that the top-k callers stay as they are."""
+    ep = _native_ep_or_skip()
+    i = ep.DispatchInputs(0x1000, 0, 7, 256, ep.DType.bfloat16, num_experts=64, is_token_in_rank=0x5000,
+                          num_tokens_per_expert=0x6000)
+    assert _fields(i, ["topk_idx", "topk_weights", "num_topk", "num_experts", "is_token_in_rank",
+                       "num_tokens_per_expert"]) == {"topk_idx": 0, "topk_weights": 0, "num_topk": 0, "num_experts": 64,
+                                                     "is_token_in_rank": 0x5000, "num_tokens_per_expert": 0x6000}
+    topk = ep.DispatchInputs(0x1000, 0x2000, 7, 256, ep.DType.bfloat16, 0x3000, 0x4000, 8, 64)
+    assert (topk.is_token_in_rank, topk.num_tokens_per_expert) == (0, 0)
+    topk.is_token_in_rank, topk.num_tokens_per_expert = 0x7000, 0x8000
+    assert (topk.is_token_in_rank, topk.num_tokens_per_expert) == (0x7000, 0x8000)
+    assert (ep.DispatchInputs().is_token_in_rank, ep.DispatchInputs().num_tokens_per_expert) == (0, 0)
+
+
 def test_low_latency_structs_made_in_one_call():
     ep = _native_ep_or_skip()
     li = ep.LowLatencyDispatchInputs(0x10, 0x20, 5, 4, False, True)

@@ -356,6 +356,10 @@ const int32_t* Buffer::countsMatrix(const DispatchHandle& handle) const {
   return viewOf(handle).matrix;
 }
 
+void* Buffer::localMemory() const {
+  return impl_->memory;
+}
+
 void Buffer::checkErrors() const {
   impl_->raise(rank_, context_, nullptr);
 }

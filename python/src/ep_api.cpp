@@ -120,7 +120,8 @@ void bindEp(py::module_& m) {
       .def_property_readonly("num_tokens", &ep::DispatchHandle::numTokens)
       .def_property_readonly("hidden", &ep::DispatchHandle::hidden)
       .def_property_readonly("num_topk", &ep::DispatchHandle::numTopk)
-      .def_property_readonly("num_recv_tokens", &ep::DispatchHandle::numRecvTokens);
+      .def_property_readonly("num_recv_tokens", &ep::DispatchHandle::numRecvTokens)
+      .def_property_readonly("address", [](const ep::DispatchHandle& h) { return addressOf(&h); });
 
   // The Buffer keeps the _Context it was made from alive (keep_alive), since it holds a reference to it.
   py::class_<ep::Buffer>(ep, "Buffer")
@@ -186,7 +187,11 @@ void bindEp(py::module_& m) {
           py::arg("combined_x"), py::arg("combined_topk_weights"), py::arg("stream"))
       .def("counts_matrix",
            [](const ep::Buffer& b, const ep::DispatchHandle& h) { return addressOf(b.countsMatrix(h)); })
-      .def("check_errors", &ep::Buffer::checkErrors);
+      .def("check_errors", &ep::Buffer::checkErrors)
+      .def("local_buffer",
+           [](const ep::Buffer& b) { return std::make_pair(addressOf(b.localMemory()), b.localBytes()); })
+      // The C++ object, for gdx._gdx_torch (a module of its own pybind11, which cannot take this class).
+      .def_property_readonly("address", [](const ep::Buffer& b) { return addressOf(&b); });
   bindEpLowLatency(ep);
 }
 

@@ -224,6 +224,11 @@ class Buffer {
   /// Throws the first error a kernel of this Buffer recorded (gdx::Error naming rank, peer, value); no sync.
   void checkErrors() const;
 
+  /// This rank's NVLink buffer (the nvlBytes its peers store into; DeepEP's get_local_buffer_tensor): device memory
+  /// whose bytes the kernels own between calls.
+  void* localMemory() const;
+  size_t localBytes() const { return nvlBytes_; }
+
  private:
   struct Impl;
   void checkDispatchInputs(const DispatchInputs& in, const DispatchHandle& handle, const char* op) const;

@@ -23,6 +23,7 @@ from ._native import address as _address
 from ._native import fp8_dtype as _fp8_dtype
 from ._native import native_dtype as _native_dtype
 from ._native import native_ep as _native_ep
+from ._native import torch_extension
 from ._torch import check as _check_tensor
 from ._torch import current_stream_handle
 from ._torch import torch as _torch
@@ -135,6 +136,8 @@ class Buffer:
             cfg = (config or Config(Buffer.num_sms))._native(self.group_size)
             self.runtime = native_ep.Buffer(self._context._native, num_nvl_bytes,
                                             0 if low_latency_mode else num_rdma_bytes, cfg)
+        self._ext = torch_extension()  # the per-call fast path, where it was built (gdx/ep/_native.py)
+        self._address = self.runtime.address if self.runtime is not None else 0
         self._handles: dict = {}  # free native handles by capacity, reused in stream order
         self._low_latency = LowLatencyMode(self._context, num_rdma_bytes) if low_latency_mode else None
         self._comm_stream = None
@@ -315,6 +318,11 @@ class Buffer:
         """The cached form: `handle`'s routing again, no top-k. Nothing waits on the host, so at small token counts
         this call's host time is what the GPU waits for: one native call, with every field as an argument."""
         rows = handle.rows
+        if self._ext is not None:
+            recv_x, recv_scales = self._ext.cached_dispatch(self._address, handle._native.address, x, x_scales, rows,
+                                                            stream)
+            event = end_event(async_finish, (x, x_scales, recv_x, recv_scales))
+            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
         recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
         self.runtime.dispatch_flat(handle._native, x.data_ptr(), _address(x_scales), n, hidden,
                                    _native_dtype(x_scales is not None), rows, recv_x.data_ptr(), _address(recv_scales),
@@ -337,11 +345,16 @@ class Buffer:
         if x.shape[0] < (handle.rows or 0) or x.shape[1] != handle.hidden:
             raise InvalidArgumentError(f"combine: x is {tuple(x.shape)}, the dispatch received "
                                        f"[{handle.rows}, {handle.hidden}]")
-        combined_w = None
         if topk_weights is not None:
             topk_weights = _check_tensor(topk_weights, torch.float32, 2, "topk_weights")
-            combined_w = x.new_empty((handle.num_tokens, topk_weights.shape[1]), dtype=torch.float32)
         bias0, bias1 = self._check_biases(bias) if bias is not None else (None, None)
+        if self._ext is not None:
+            combined_x, combined_w = self._ext.combine(self._address, handle._native.address, x, topk_weights, bias0,
+                                                       bias1, handle.num_tokens, stream)
+            return combined_x, combined_w, end_event(async_finish, (x, topk_weights, bias0, bias1, combined_x))
+        combined_w = None
+        if topk_weights is not None:
+            combined_w = x.new_empty((handle.num_tokens, topk_weights.shape[1]), dtype=torch.float32)
         combined_x = x.new_empty((handle.num_tokens, handle.hidden))
         self.runtime.combine_flat(handle._native, x.data_ptr(), _address(topk_weights), _address(bias0),
                                   _address(bias1), combined_x.data_ptr(), _address(combined_w), stream)

@@ -71,6 +71,7 @@ enum ErrorKind : uint32_t {
   kBadHandle = 6,      // the handle's routing is not valid (its prepare failed)
   kRelayCapacity = 7,  // peer: the relay, value: the source's tokens, value2: the relay rows its handle holds
   kExpertRows = 8,  // low-latency: value: the expert, value2: the top-k entries naming it; token: one naming it twice
+  kUnmaskRefused = 9,  // low-latency: peer: the rank an unmask left masked (a wait had masked it: it missed a call)
 };
 
 /// Which wait timed out (Report::where). kWaitRow: Report::token is the received row; kWaitReturnedRow (a combine's

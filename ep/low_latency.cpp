@@ -313,8 +313,8 @@ void LowLatencyBuffer::checkErrors() const {
       what = "internal error: row " + v + " for one expert from token " + token + ", past maxTokensPerRank " + v2;
       break;
     case kUnmaskRefused:
-      what = "unmask refused: rank " + std::to_string(r.peer) +
-             " stays masked (ranks bitmask " + v + "): a call's wait masked it before the unmask ran, so it missed " +
+      what = "unmask refused: rank " + std::to_string(r.peer) + " stays masked (ranks bitmask " + v +
+             "): a call's wait masked it before the unmask ran, so it missed " +
              "a call and its epochs are not this rank's";
       break;
     default: what = "error " + std::to_string(kind);

@@ -622,7 +622,8 @@ __device__ inline int64_t scaleBase(bool ue8m0, int rows, int nScales, int64_t r
 /// Scale c (f: a power of two with UE8M0, whose exponent byte is stored) of the row whose scales start at `base`.
 __device__ inline void storeScale(const LlDispatchArgs& a, int64_t base, int rows, int c, float f) {
   if (a.ue8m0)
-    static_cast<uint8_t*>(a.out.recvXScales)[base + int64_t(c / 4) * rows * 4 + (c & 3)] = uint8_t(__float_as_uint(f) >> 23);
+    static_cast<uint8_t*>(a.out.recvXScales)[base + int64_t(c / 4) * rows * 4 + (c & 3)] =
+        uint8_t(__float_as_uint(f) >> 23);
   else
     static_cast<float*>(a.out.recvXScales)[base + int64_t(c) * rows] = f;
 }
@@ -692,7 +693,8 @@ __device__ __forceinline__ void dispatchRecv(const LlTeam& lt, const LlDispatchA
       const int j = q / R, s = q % R, begin = first[q] - first[j * R];
       a.layoutRange[q] = int64_t(begin) << 32 | (first[q + 1] - first[q]);
       if (s == 0) a.out.recvCount[j] = first[(j + 1) * R] - first[j * R];
-      if (s == 0 && a.out.cumulativeRecvStats) atomicAdd(a.out.cumulativeRecvStats + j, first[(j + 1) * R] - first[j * R]);
+      if (s == 0 && a.out.cumulativeRecvStats)
+        atomicAdd(a.out.cumulativeRecvStats + j, first[(j + 1) * R] - first[j * R]);
     }
     if (threadIdx.x <= R) a.msgs.first[threadIdx.x] = firstMessage[threadIdx.x];
   }
@@ -1077,8 +1079,8 @@ __global__ void llQueryMask(LlTeam lt, int32_t* out) {
   for (int r = threadIdx.x; r < lt.t.numRanks; r += blockDim.x) out[r] = int32_t((mask >> r) & 1u);
 }
 
-/// Launches kernel k with `blocks` blocks of the team's threads, programmatically serialized after the stream's previous
-/// kernel when the team asks for it (followPreviousKernel is the kernel's side of that).
+/// Launches kernel k with `blocks` blocks of the team's threads, programmatically serialized after the stream's
+/// previous kernel when the team asks for it (followPreviousKernel is the kernel's side of that).
 template <typename... Params, typename... Args>
 cudaError_t launch(void (*k)(Params...), const LlTeam& team, int blocks, int threads, cudaStream_t stream,
                    const Args&... args) {
@@ -1104,8 +1106,8 @@ cudaError_t launch(void (*k)(Params...), const LlTeam& team, int blocks, int thr
 // plain parameters had 324; the combine's spill more so: 324, plain 296).
 namespace gdx::ep::ll {
 
-__global__ void __launch_bounds__(1024) dispatch(const __grid_constant__ detail::LlTeam lt, const __grid_constant__ detail::LlDispatchArgs a,
-                                                  int phases) {
+__global__ void __launch_bounds__(1024)
+    dispatch(const __grid_constant__ detail::LlTeam lt, const __grid_constant__ detail::LlDispatchArgs a, int phases) {
   detail::followPreviousKernel();
   if (phases & detail::kLlSend) detail::dispatchSend(lt, a);
   if (phases & detail::kLlRecv) detail::dispatchRecv(lt, a);

@@ -32,9 +32,10 @@
 // does its share of the sends and then its share of the receive, which waits for the data by stamps and counts (the
 // launch takes at most as many blocks as fit on the GPU at once, so that no block waits for one not yet running).
 // Send/receive split: pass a LowLatencyHook*; the call then launches only the send phase and the hook
-// (hook.run(stream)) launches the same kernel's receive phase later, so no SM waits while the data is in flight. Two calls may be in flight (double
-// buffering: consecutive calls use the two buffers in turn); a third before the oldest hook ran throws
-// kInvalidArgument, and hooks run in the order of their calls. Ranks make the same calls in the same order.
+// (hook.run(stream)) launches the same kernel's receive phase later, so no SM waits while the data is in flight. Two
+// calls may be in flight (double buffering: consecutive calls use the two buffers in turn); a third before the oldest
+// hook ran throws kInvalidArgument, and hooks run in the order of their calls. Ranks make the same calls in the same
+// order.
 //
 // Dead peers: every wait is bounded by GDX_TIMEOUT_MS. A rank whose data does not arrive in time, that the Context
 // knows failed (its connection broke: at once, without waiting out the timeout) or that cannot be reached (its put is

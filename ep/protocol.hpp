@@ -72,6 +72,7 @@ enum ErrorKind : uint32_t {
   kRelayCapacity = 7,  // peer: the relay, value: the source's tokens, value2: the relay rows its handle holds
   kExpertRows = 8,  // low-latency: value: the expert, value2: the top-k entries naming it; token: one naming it twice
   kBadExpertCount = 9,  // by-rank dispatch: value: packBadCount(expert, its negative count in numTokensPerExpert)
+  kUnmaskRefused = 10,  // low-latency: peer: the rank an unmask left masked (a wait had masked it: it missed a call)
 };
 /// A negative count of numTokensPerExpert and its expert in one int64 (what a rank's status value carries).
 GDX_HOST_DEVICE_INLINE int64_t packBadCount(int expert, int32_t count) {

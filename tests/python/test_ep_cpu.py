@@ -63,6 +63,14 @@ def test_low_latency_structs_made_in_one_call():
     assert (lo.recv_x, lo.recv_x_scales, lo.recv_count) == (0x30, 0x40, 0x50)
     lc = ep.LowLatencyCombineInputs(0x60, 0x70, 0x80)
     assert (lc.x, lc.topk_idx, lc.topk_weights) == (0x60, 0x70, 0x80)
+    # DeepEP's optional pieces: UE8M0 scales and the receive statistics (0: none).
+    assert (li.use_ue8m0, ep.LowLatencyDispatchInputs(0x10, 0x20, 5, 4, True, True, True).use_ue8m0) == (False, True)
+    assert (lo.cumulative_local_expert_recv_stats, lo.wait_recv_cost_stats, lc.wait_recv_cost_stats) == (0, 0, 0)
+    so = ep.LowLatencyDispatchOutputs(0x30, 0x40, 0x50, 0x90, 0xa0)
+    assert (so.cumulative_local_expert_recv_stats, so.wait_recv_cost_stats) == (0x90, 0xa0)
+    sc = ep.LowLatencyCombineInputs(0x60, 0x70, 0x80, wait_recv_cost_stats=0xb0)
+    assert sc.wait_recv_cost_stats == 0xb0
+    assert all(hasattr(ep.LowLatencyBuffer, name) for name in ("update_mask", "query_mask", "clean_mask"))
 
 
 @pytest.fixture

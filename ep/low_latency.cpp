@@ -235,6 +235,13 @@ LowLatencyHandle LowLatencyBuffer::newHandle() const {
   return h;
 }
 
+void* LowLatencyBuffer::localMemory() const {
+  return impl_->memory;
+}
+size_t LowLatencyBuffer::localBytes() const {
+  return impl_->team.lay.gpuBytes;
+}
+
 std::vector<int> LowLatencyBuffer::maskedRanks() const {
   std::vector<int> v;
   for (int r = 0; r < numRanks_; ++r)

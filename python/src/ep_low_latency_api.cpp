@@ -104,12 +104,14 @@ void bindEpLowLatency(py::module_& ep) {
       .def_property_readonly("src_slot", [](const ep::LowLatencyHandle& h) { return addressOf(h.srcSlot()); })
       .def_property_readonly("layout_range", [](const ep::LowLatencyHandle& h) { return addressOf(h.layoutRange()); })
       .def_property_readonly("num_tokens", &ep::LowLatencyHandle::numTokens)
-      .def_property_readonly("num_topk", &ep::LowLatencyHandle::numTopk);
+      .def_property_readonly("num_topk", &ep::LowLatencyHandle::numTopk)
+      .def_property_readonly("address", [](const ep::LowLatencyHandle& h) { return addressOf(&h); });
 
   py::class_<ep::LowLatencyHook>(ep, "LowLatencyHook")
       .def(py::init<>())
       .def_property_readonly("pending", &ep::LowLatencyHook::pending)
-      .def("run", [](ep::LowLatencyHook& h, uintptr_t stream) { h.run(streamFrom(stream)); });
+      .def("run", [](ep::LowLatencyHook& h, uintptr_t stream) { h.run(streamFrom(stream)); })
+      .def_property_readonly("address", [](const ep::LowLatencyHook& h) { return addressOf(&h); });
 
   // Keeps the _Context alive (keep_alive): the buffer holds a reference to it.
   py::class_<ep::LowLatencyBuffer>(ep, "LowLatencyBuffer")
@@ -136,6 +138,43 @@ void bindEpLowLatency(py::module_& ep) {
              uintptr_t combined, uintptr_t stream,
              ep::LowLatencyHook* hook) { b.lowLatencyCombine(in, h, pointerFrom(combined), streamFrom(stream), hook); },
           py::arg("inputs"), py::arg("handle"), py::arg("combined"), py::arg("stream"), py::arg("hook") = nullptr)
+      // Both calls with every field as an argument: one crossing each, for the pointer path of gdx/ep/low_latency.py
+      // (its host time is what the GPU waits for at small token counts).
+      .def("dispatch_flat",
+           [](ep::LowLatencyBuffer& b, uintptr_t x, uintptr_t topkIdx, int numTokens, int numTopk, bool useFp8,
+              bool roundScale, bool useUe8m0, uintptr_t recvX, uintptr_t recvXScales, uintptr_t recvCount,
+              uintptr_t cumulativeStats, uintptr_t waitStats, ep::LowLatencyHandle& h, uintptr_t stream,
+              ep::LowLatencyHook* hook) {
+             ep::LowLatencyDispatchInputs in;
+             in.x = typedPointer<const void>(x);
+             in.topkIdx = typedPointer<const int64_t>(topkIdx);
+             in.numTokens = numTokens;
+             in.numTopk = numTopk;
+             in.useFp8 = useFp8;
+             in.roundScale = roundScale;
+             in.useUe8m0 = useUe8m0;
+             ep::LowLatencyDispatchOutputs o;
+             o.recvX = typedPointer<void>(recvX);
+             o.recvXScales = typedPointer<void>(recvXScales);
+             o.recvCount = typedPointer<int32_t>(recvCount);
+             o.cumulativeRecvStats = typedPointer<int32_t>(cumulativeStats);
+             o.waitRecvCostStats = typedPointer<int64_t>(waitStats);
+             b.lowLatencyDispatch(in, o, h, streamFrom(stream), hook);
+           })
+      .def("combine_flat",
+           [](ep::LowLatencyBuffer& b, uintptr_t x, uintptr_t topkIdx, uintptr_t topkWeights, uintptr_t combined,
+              uintptr_t waitStats, const ep::LowLatencyHandle& h, uintptr_t stream, ep::LowLatencyHook* hook) {
+             ep::LowLatencyCombineInputs in;
+             in.x = typedPointer<const void>(x);
+             in.topkIdx = typedPointer<const int64_t>(topkIdx);
+             in.topkWeights = typedPointer<const float>(topkWeights);
+             in.waitRecvCostStats = typedPointer<int64_t>(waitStats);
+             b.lowLatencyCombine(in, h, pointerFrom(combined), streamFrom(stream), hook);
+           })
+      .def("local_buffer",
+           [](const ep::LowLatencyBuffer& b) { return std::make_pair(addressOf(b.localMemory()), b.localBytes()); })
+      // The C++ object, for gdx._gdx_torch (a module of its own pybind11, which cannot take this class).
+      .def_property_readonly("address", [](const ep::LowLatencyBuffer& b) { return addressOf(&b); })
       .def("masked_ranks", &ep::LowLatencyBuffer::maskedRanks)
       // Shrink mode (DeepEP's low_latency_update_mask_buffer / _query_mask_buffer / _clean_mask_buffer), ordered on
       // `stream`; query_mask writes int32 [num_ranks] (1: masked) to device memory at `out`.

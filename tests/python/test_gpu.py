@@ -373,13 +373,14 @@ def _ll_deepep_extras(torch, buf, rank, world, x, topk_idx, weights, all_idx, re
     assert torch.equal(lf.cpu(), combined.cpu())
     assert _calc_diff(combined.float(), reference) < 1e-5
 
-    # The mask calls (stream-ordered): none masked, one masked, cleaned.
+    # The mask calls (stream-ordered): none masked, the next rank masked (a rank cannot mask itself), cleaned.
     status = torch.full((world,), 7, dtype=torch.int32, device="cuda")
     buf.low_latency_query_mask_buffer(status)
     assert status.tolist() == [0] * world
-    buf.low_latency_update_mask_buffer(world - 1, True)
+    other = (rank + 1) % world
+    buf.low_latency_update_mask_buffer(other, True)
     buf.low_latency_query_mask_buffer(status)
-    assert status.tolist() == [0] * (world - 1) + [1]
+    assert status.tolist() == [int(r == other) for r in range(world)]
     buf.low_latency_clean_mask_buffer()
     buf.low_latency_query_mask_buffer(status)
     assert status.tolist() == [0] * world

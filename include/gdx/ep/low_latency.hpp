@@ -245,6 +245,10 @@ class LowLatencyBuffer {
   /// Throws the first error a kernel recorded (an expert id out of range, a refused top-k), naming rank and values;
   /// no sync.
   void checkErrors() const;
+  /// This rank's GPU window (DeepEP's RDMA buffer, get_local_buffer_tensor): device memory the kernels own between
+  /// calls.
+  void* localMemory() const;
+  size_t localBytes() const;
 
  private:
   friend class LowLatencyHook;

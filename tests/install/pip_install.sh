@@ -27,13 +27,19 @@ if ! "$python" -m venv --system-site-packages "$work/venv" >"$work/venv.log" 2>&
   exit 77
 fi
 venv_python=$work/venv/bin/python
+# PYTHON itself in a virtualenv (`make` run inside one): --system-site-packages reaches its base's packages only, so
+# the new one also sees PYTHON's own (pytest, torch, setuptools, pybind11) through a .pth file, after its own.
+outer=$("$python" -c 'import sys, sysconfig; sys.prefix != sys.base_prefix and print(sysconfig.get_path("purelib"))')
+if [ -n "$outer" ]; then
+  echo "$outer" >"$("$venv_python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/gdx_test_outer_venv.pth"
+fi
 stamp "virtualenv $work/venv (--system-site-packages)"
 
 mkdir "$work/src"
 cp -r "$src/pyproject.toml" "$src/setup.py" "$src/CMakeLists.txt" "$src/README.md" "$src/python" "$work/src/"
 find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
 (cd "$work/src" && GDX_CMAKE_BUILD_DIR=$build "$venv_python" -m pip install --no-build-isolation --no-index \
-  --disable-pip-version-check -q .)
+  --disable-pip-version-check --no-cache-dir -q .)
 stamp "pip install --no-build-isolation . (packaging $build)"
 "$venv_python" -m pip show -f gdx | sed -n '1,2p;/^Files:/,$p'
 

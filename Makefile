@@ -89,4 +89,4 @@ format:
 	clang-format -i $$(git ls-files '*.hpp' '*.cpp' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD) python/gdx.egg-info
+	rm -rf $(BUILD) python/gdx.egg-info python/gdx/*.so*  # the last two: pip install (-e) .

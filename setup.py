@@ -14,6 +14,7 @@ CUDA is built where nvcc is found, as `make` does. Environment:
   GDX_CMAKE_ARGS             more -D... arguments for the configure step
   GDX_CMAKE_BUILD_DIR        an already configured build directory (`make`'s build/) to package instead of configuring
                              a new one: it is only brought up to date (CTest's pip_install test uses this)
+`pip install -e .` puts the extension and libgdx into python/gdx/ (`make clean` removes them).
 The CMake build directory is build/pip/cmake-<python tag> (kept between runs: a second `pip install .` recompiles
 only what changed); `make clean` removes it.
 """
@@ -121,10 +122,20 @@ class CMakeBuild(build_ext):
         dest.mkdir(parents=True, exist_ok=True)
         files = [p for p in staged.iterdir() if p.name.endswith(".so") or ".so." in p.name]
         linked = {p.resolve() for p in files if p.is_symlink()}
+        self.gdx_native = []
         for p in files:
             if p.is_symlink() or p.resolve() not in linked:
                 shutil.copyfile(p.resolve(), dest / p.name)
+                self.gdx_native.append(dest / p.name)
                 print(f"setup.py: {dest / p.name}", flush=True)
+
+    def copy_extensions_to_source(self):
+        """`pip install -e .`: setuptools copies the extension into python/gdx/; libgdx has to go beside it too."""
+        super().copy_extensions_to_source()
+        package_dir = Path(self.get_finalized_command("build_py").get_package_dir("gdx")).resolve()
+        for p in getattr(self, "gdx_native", []):
+            if p.parent.resolve() != package_dir:
+                shutil.copyfile(p, package_dir / p.name)
 
 
 setup(

@@ -130,7 +130,7 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
   GDX_CUDA_CHECK(cudaMalloc(&y, rows * sh.hidden * 2));
   GDX_CUDA_CHECK(cudaMemset(y, 0, rows * sh.hidden * 2));
   GDX_CUDA_CHECK(cudaMalloc(&combined, size_t(maxT) * sh.hidden * 2));
-  ep::LowLatencyDispatchOutputs out{recvX, static_cast<float*>(recvScales), static_cast<int32_t*>(recvCount)};
+  ep::LowLatencyDispatchOutputs out{recvX, recvScales, static_cast<int32_t*>(recvCount)};
   ep::LowLatencyHandle h = buf.newHandle();
   std::ostringstream lines;
   for (int n : tokens) {

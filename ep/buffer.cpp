@@ -35,10 +35,17 @@ const char* waitName(uint32_t where) {
   return "?";
 }
 
+// kBadExpertCount's value (packBadCount).
+std::string badCount(int64_t packed) {
+  return "numTokensPerExpert[" + std::to_string(int32_t(uint64_t(packed) >> 32)) + "] is " +
+         std::to_string(int32_t(uint32_t(uint64_t(packed)))) + ", a negative count";
+}
+
 std::string describe(const Report& r) {
   const std::string v = std::to_string(r.value), v2 = std::to_string(r.value2);
   switch (r.kind) {
     case kBadExpert: return "expert id " + v + " outside [-1, " + v2 + ")";
+    case kBadExpertCount: return badCount(r.value);
     case kRecvCapacity: return v + " rows to receive but the outputs hold " + v2;
     case kBadHandle: return "the handle's routing is not valid (its prepare failed)";
     case kRelayCapacity:
@@ -54,7 +61,9 @@ std::string describe(const Report& r) {
       return "a peer failed while waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where);
     case kPeerError:
       return "rank " + std::to_string(r.peer) + " found bad input (" +
-             (r.value == kBadExpert ? "expert id " + v2 : "error " + v + ", value " + v2) +
+             (r.value == kBadExpert        ? "expert id " + v2
+              : r.value == kBadExpertCount ? badCount(r.value2)
+                                           : "error " + v + ", value " + v2) +
              "), so no rank sent anything";
   }
   return "unknown error " + std::to_string(r.kind);
@@ -347,6 +356,10 @@ const int32_t* Buffer::countsMatrix(const DispatchHandle& handle) const {
   return viewOf(handle).matrix;
 }
 
+void* Buffer::localMemory() const {
+  return impl_->memory;
+}
+
 void Buffer::checkErrors() const {
   impl_->raise(rank_, context_, nullptr);
 }
@@ -380,14 +393,30 @@ void Buffer::launchPrepare(const DispatchInputs& in, DispatchHandle& handle, int
   if (in.numExperts <= 0 || in.numExperts > kMaxExperts || in.numExperts % numRanks_ != 0)
     invalid(rank_, "dispatch: " + std::to_string(in.numExperts) + " experts, not a positive multiple of the " +
                        std::to_string(numRanks_) + " ranks (at most " + std::to_string(kMaxExperts) + ")");
-  if (in.numTopk < 1 || in.numTopk > kMaxTopk)
-    invalid(rank_,
-            "dispatch: numTopk " + std::to_string(in.numTopk) + " outside [1, " + std::to_string(kMaxTopk) + "]");
-  if (in.numTokens > 0 && !in.topkIdx) invalid(rank_, "dispatch: topkIdx is needed (it routes the tokens)");
+  // The by-rank form (DispatchInputs): no top-k at all. Else the top-k form, whose topkIdx only a rank without
+  // tokens may leave null.
+  const bool byRank = !in.topkIdx && in.numTopk == 0;
+  if (byRank) {
+    if (in.topkWeights) invalid(rank_, "dispatch: topkWeights without topkIdx (the by-rank form has no top-k)");
+    if (in.numTokens > 0 && !in.isTokenInRank)
+      invalid(rank_, "dispatch: without topkIdx, isTokenInRank [numTokens, numRanks] routes the tokens and is needed");
+    if (!in.numTokensPerExpert)
+      invalid(rank_, "dispatch: without topkIdx, numTokensPerExpert [numExperts] (get_dispatch_layout's) is needed");
+  } else {
+    if (in.numTopk < 1 || in.numTopk > kMaxTopk)
+      invalid(rank_, "dispatch: numTopk " + std::to_string(in.numTopk) + " outside [1, " + std::to_string(kMaxTopk) +
+                         "] (0 without topkIdx: the by-rank form)");
+    if (in.numTokens > 0 && !in.topkIdx)
+      invalid(rank_,
+              "dispatch: topkIdx is needed (it routes the tokens); without it numTopk must be 0, and "
+              "isTokenInRank and numTokensPerExpert route them");
+  }
   if (expertAlignment < 1) invalid(rank_, "dispatch: expert alignment " + std::to_string(expertAlignment));
   impl_->earlierError(rank_, context_);  // the callers throw an earlier call's error once the prepare was launched
   PrepareArgs a{};
   a.topkIdx = in.topkIdx;
+  a.isTokenInRank = byRank ? reinterpret_cast<const uint8_t*>(in.isTokenInRank) : nullptr;
+  a.numTokensPerExpert = byRank ? in.numTokensPerExpert : nullptr;  // non-null: the kernel routes by rank
   a.numTokens = in.numTokens;
   a.numTopk = in.numTopk;
   a.numExperts = in.numExperts;

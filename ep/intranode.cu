@@ -45,10 +45,11 @@ __global__ void __launch_bounds__(kLayoutThreads) layoutKernel(Team t, LayoutArg
 
 // ---- prepare: routing, counts, exchange ----------------------------------------------------------------------
 
-// One block. Every token's destination ranks (from its experts) and, with ranks on other hosts, the hosts among
-// them; its row among the tokens sent to each rank and to each other host's relay (a block-wide scan over those
-// columns), the tokens per rank and per expert; then the barrier, each rank's counts into every peer's Ctrl, and,
-// once all ranks' counts are here, the matrix and the received counts per local expert.
+// One block. Every token's destination ranks (from its experts, or in the by-rank form from isTokenInRank) and, with
+// ranks on other hosts, the hosts among them; its row among the tokens sent to each rank and to each other host's
+// relay (a block-wide scan over those columns), the tokens per rank and per expert (the by-rank form takes the
+// latter from numTokensPerExpert); then the barrier, each rank's counts into every peer's Ctrl, and, once all ranks'
+// counts are here, the matrix and the received counts per local expert.
 __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, PrepareArgs a) {
   const uint64_t e = t.state->seq + 1;
   const int R = t.numRanks, me = t.rank, K = a.numTopk, epr = a.numExperts / R;
@@ -57,25 +58,38 @@ __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, Prepare
   __shared__ int32_t perExpert[kMaxExperts];
   __shared__ int32_t perCol[2 * kMaxRanks];
   __shared__ int32_t warpBase[32][2 * kMaxRanks];
-  __shared__ int bad;
+  __shared__ uint32_t bad;  // the ErrorKind of this rank's bad input (kNone: fine), exchanged with the counts
   __shared__ long long badValue;
   for (int i = threadIdx.x; i < a.numExperts; i += blockDim.x) perExpert[i] = 0;
   if (threadIdx.x < 2 * kMaxRanks) perCol[threadIdx.x] = 0;
-  if (threadIdx.x == 0) bad = 0;
+  if (threadIdx.x == 0) bad = kNone;
   __syncthreads();
+  const bool byRank = a.numTokensPerExpert != nullptr;
+  if (byRank) {  // the caller's per-expert counts, for the counted ones (read by other threads after openOp's sync)
+    for (int i = threadIdx.x; i < a.numExperts; i += blockDim.x) {
+      const int32_t n = a.numTokensPerExpert[i];
+      perExpert[i] = n;
+      if (n < 0 && atomicExch(&bad, uint32_t(kBadExpertCount)) == kNone) badValue = packBadCount(i, n);
+    }
+  }
 
   for (int base = 0; base < a.numTokens; base += blockDim.x) {  // uniform trip count: the ballots need every lane
     const int tok = base + threadIdx.x;
     unsigned cols = 0;
     if (tok < a.numTokens) {
-      for (int k = 0; k < K; ++k) {
-        const int64_t v = a.topkIdx[int64_t(tok) * K + k];
-        if (v < -1 || v >= a.numExperts) {
-          if (atomicExch(&bad, 1) == 0) badValue = v;
-        } else if (v >= 0) {
-          atomicAdd(&perExpert[v], 1);
-          cols |= 1u << (v / epr);
+      if (!byRank) {
+        for (int k = 0; k < K; ++k) {
+          const int64_t v = a.topkIdx[int64_t(tok) * K + k];
+          if (v < -1 || v >= a.numExperts) {
+            if (atomicExch(&bad, uint32_t(kBadExpert)) == kNone) badValue = v;
+          } else if (v >= 0) {
+            atomicAdd(&perExpert[v], 1);
+            cols |= 1u << (v / epr);
+          }
         }
+      } else {
+        const uint8_t* in = a.isTokenInRank + int64_t(tok) * R;
+        for (int d = 0; d < R; ++d) cols |= unsigned(in[d] != 0) << d;
       }
       for (int d = 0; d < R && t.relayMask; ++d)  // a token for a rank on another host goes to that host's relay
         if ((cols >> d) & 1u && isRemote(t, d)) cols |= 1u << (R + t.hostOf[d]);
@@ -112,8 +126,8 @@ __global__ void __launch_bounds__(kPrepareThreads) prepareKernel(Team t, Prepare
       ctrlFor(t, i / epr)->expertCounts[me][i % epr] = perExpert[(i / epr) * epr + i % epr];
     if (threadIdx.x < R) {
       Ctrl* c = ctrlFor(t, threadIdx.x);
-      c->status[me] = bad ? kBadExpert : kNone;
-      c->statusValue[me] = bad ? badValue : 0;
+      c->status[me] = bad;
+      c->statusValue[me] = bad != kNone ? badValue : 0;
       c->tokens[me][0] = a.numTokens;
       c->tokens[me][1] = a.relayCap;
     }

@@ -82,6 +82,8 @@ struct LowLatencyBuffer::Impl {
   LlTeam team{};
   uint64_t calls = 0;     // sends launched
   uint64_t received = 0;  // receive halves launched (hooks run in call order)
+  // [r]: `calls` when updateMask masked rank r (it may come back only before the next call), -1: not masked by it.
+  int64_t userMaskedAt[kMaxRanks];
 
   ~Impl() {
     window = Window();
@@ -180,6 +182,11 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   GDX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, context.gpu().device));
   lt.programmaticLaunch = c.programmaticLaunch && major >= 9 && llKernelsWaitForPrevious();
   lt.threads = c.numThreads;
+  // A launch of both phases: every block must be running at once (a block's receive waits for other blocks' sends).
+  const int resident = llMaxResidentBlocks(c.numThreads);
+  if (resident < 1) invalid(rank_, "no block of " + std::to_string(c.numThreads) + " threads fits on this GPU");
+  lt.bothBlocks = std::min(c.numSms, resident);
+  std::fill(std::begin(m.userMaskedAt), std::end(m.userMaskedAt), int64_t(-1));
   if (slots > 0) {
     if (context.numSignals() < kBufferSignals + kLlSignals + 1)
       invalid(rank_, "ranks on other hosts need signal ids below the top " + std::to_string(kBufferSignals) +
@@ -228,11 +235,66 @@ LowLatencyHandle LowLatencyBuffer::newHandle() const {
   return h;
 }
 
+void* LowLatencyBuffer::localMemory() const {
+  return impl_->memory;
+}
+size_t LowLatencyBuffer::localBytes() const {
+  return impl_->team.lay.gpuBytes;
+}
+
 std::vector<int> LowLatencyBuffer::maskedRanks() const {
   std::vector<int> v;
   for (int r = 0; r < numRanks_; ++r)
     if (atomicLoad(&impl_->maskHost[r], kAcquire) != 0) v.push_back(r);
   return v;
+}
+
+void LowLatencyBuffer::updateMask(int rank, bool masked, cudaStream_t stream) {
+  requireContext("updateMask");
+  if (rank < 0 || rank >= numRanks_)
+    invalid(rank_, "updateMask: rank " + std::to_string(rank) + " outside [0, " + std::to_string(numRanks_) + ")");
+  if (rank == rank_) invalid(rank_, "updateMask: a rank cannot mask itself");
+  Impl& m = *impl_;
+  if (masked) {
+    GDX_CUDA_CHECK(launchLlSetMask(m.team, 1u << rank, 0, stream));
+    if (m.userMaskedAt[rank] < 0) m.userMaskedAt[rank] = int64_t(m.calls);
+    return;
+  }
+  requireUnmaskable(rank, "updateMask");
+  GDX_CUDA_CHECK(launchLlSetMask(m.team, 0, 1u << rank, stream));
+  m.userMaskedAt[rank] = -1;
+}
+
+void LowLatencyBuffer::queryMask(int32_t* out, cudaStream_t stream) const {
+  requireContext("queryMask");
+  if (!out) invalid(rank_, "queryMask: no output (int32 [numRanks] in device memory)");
+  GDX_CUDA_CHECK(launchLlQueryMask(impl_->team, out, stream));
+}
+
+void LowLatencyBuffer::cleanMask(cudaStream_t stream) {
+  requireContext("cleanMask");
+  uint32_t all = 0;
+  for (int r = 0; r < numRanks_; ++r) {
+    if (r == rank_) continue;
+    requireUnmaskable(r, "cleanMask");
+    all |= 1u << r;
+  }
+  GDX_CUDA_CHECK(launchLlSetMask(impl_->team, 0, all, stream));
+  std::fill(std::begin(impl_->userMaskedAt), std::end(impl_->userMaskedAt), int64_t(-1));
+}
+
+// A rank may come back only while it and this rank are at the same call (low_latency.hpp, updateMask).
+void LowLatencyBuffer::requireUnmaskable(int r, const char* op) const {
+  const Impl& m = *impl_;
+  const std::string who = std::string(op) + ": rank " + std::to_string(r);
+  if (atomicLoad(&m.maskHost[r], kAcquire) == kMaskedByKernel)
+    invalid(rank_, who + " was masked by a call (dead, timed out or unreachable): it missed that call and cannot " +
+                       "come back (its epochs are not this rank's); make a new buffer on every rank");
+  if (m.userMaskedAt[r] >= 0 && uint64_t(m.userMaskedAt[r]) != m.calls)
+    invalid(rank_, who + " was masked by updateMask before call " + std::to_string(m.userMaskedAt[r]) + " and " +
+                       std::to_string(m.calls - uint64_t(m.userMaskedAt[r])) +
+                       " call(s) were made since without it: it cannot come back (its epochs are not this rank's); " +
+                       "make a new buffer on every rank");
 }
 
 void LowLatencyBuffer::checkErrors() const {
@@ -256,6 +318,11 @@ void LowLatencyBuffer::checkErrors() const {
       break;
     case kRecvCapacity:
       what = "internal error: row " + v + " for one expert from token " + token + ", past maxTokensPerRank " + v2;
+      break;
+    case kUnmaskRefused:
+      what = "unmask refused: rank " + std::to_string(r.peer) + " stays masked (ranks bitmask " + v +
+             "): a call's wait masked it before the unmask ran, so it missed " +
+             "a call and its epochs are not this rank's";
       break;
     default: what = "error " + std::to_string(kind);
   }
@@ -307,7 +374,9 @@ void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, co
     invalid(rank_, o + "x (16-byte aligned BF16) and topkIdx are needed");
   if (!out.recvX || reinterpret_cast<uintptr_t>(out.recvX) % 16 != 0 || !out.recvCount)
     invalid(rank_, o + "recvX (16-byte aligned) and recvCount are needed");
-  if (in.useFp8 && !out.recvXScales) invalid(rank_, o + "FP8 needs recvXScales [L, T * R, hidden / 128]");
+  if (in.useFp8 && !out.recvXScales) invalid(rank_, o + "FP8 needs recvXScales (LowLatencyDispatchOutputs)");
+  if (in.useUe8m0 && (!in.useFp8 || !in.roundScale))
+    invalid(rank_, o + "use_ue8m0 needs FP8 with round_scale (the scales must be powers of two)");
   const bool earlier = beginCall(hook, "low_latency_dispatch");
   LlDispatchArgs a{};
   a.x = static_cast<const char*>(in.x);
@@ -323,23 +392,19 @@ void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, co
   a.layoutRange = handle.layoutRange_;
   a.refused = handle.refused_;
   a.msgs = LlMessages{handle.msgFirst_, handle.msgToken_, handle.msgRows_};
-  GDX_CUDA_CHECK(launchLlDispatchSend(impl_->team, a, stream));
+  a.ue8m0 = in.useUe8m0;
+  // Without a hook, one launch of both phases; with one, the send phase now and the receive phase from the hook.
+  GDX_CUDA_CHECK(launchLlDispatch(impl_->team, a, hook ? kLlSend : kLlBoth, stream));
   ++impl_->calls;
   handle.numTokens_ = in.numTokens;
   handle.numTopk_ = in.numTopk;
-  *handle.received_ = false;
-  auto args = std::make_shared<HookArgs>(HookArgs{true, a, {}, handle.memory_, handle.received_});
+  *handle.received_ = !hook;
   if (hook) {
     hook->owner_ = this;
     hook->call_ = impl_->calls - 1;
-    hook->args_ = args;
+    hook->args_ = std::make_shared<HookArgs>(HookArgs{true, a, {}, handle.memory_, handle.received_});
   } else {
-    args->d.besideSend = true;  // its receive follows it at once on this stream
-    LowLatencyHook now;
-    now.owner_ = this;
-    now.call_ = impl_->calls - 1;
-    now.args_ = args;
-    runHook(now, stream);
+    ++impl_->received;
   }
   raiseAfterLaunch(earlier, stream);
 }
@@ -364,20 +429,15 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
   a.numTopk = handle.numTopk_;
   a.refused = handle.refused_;
   a.msgs = LlMessages{handle.msgFirst_, handle.msgToken_, handle.msgRows_};
-  GDX_CUDA_CHECK(launchLlCombineSend(impl_->team, a, stream));
+  a.waitCost = in.waitRecvCostStats;
+  GDX_CUDA_CHECK(launchLlCombine(impl_->team, a, hook ? kLlSend : kLlBoth, stream));
   ++impl_->calls;
-  auto args = std::make_shared<HookArgs>(HookArgs{false, {}, a, nullptr, nullptr});
-  LowLatencyHook now;
-  LowLatencyHook& h = hook ? *hook : now;
-  h.owner_ = this;
-  h.call_ = impl_->calls - 1;
-  h.args_ = args;
-  if (!hook) {
-    // Its receive follows it at once on this stream. Not beside it when some ranks are on another host: the receive
-    // then waits for their signal first, and would only hold the SMs meanwhile (ranks sharing a GPU lose time slices
-    // to it: 128 tokens on 2 x 2 emulated hosts took twice as long).
-    args->c.besideSend = !impl_->team.t.remoteMask;
-    runHook(now, stream);
+  if (hook) {
+    hook->owner_ = this;
+    hook->call_ = impl_->calls - 1;
+    hook->args_ = std::make_shared<HookArgs>(HookArgs{false, {}, a, nullptr, nullptr});
+  } else {
+    ++impl_->received;
   }
   raiseAfterLaunch(earlier, stream);
 }
@@ -396,10 +456,10 @@ void LowLatencyBuffer::runHook(LowLatencyHook& hook, cudaStream_t stream) {
                        std::to_string(m.received) + ": hooks run in the order of their calls");
   const HookArgs& h = *static_cast<const HookArgs*>(hook.args_.get());
   if (h.dispatch) {
-    GDX_CUDA_CHECK(launchLlDispatchRecv(m.team, h.d, stream));
+    GDX_CUDA_CHECK(launchLlDispatch(m.team, h.d, kLlRecv, stream));
     *h.received = true;
   } else {
-    GDX_CUDA_CHECK(launchLlCombineRecv(m.team, h.c, stream));
+    GDX_CUDA_CHECK(launchLlCombine(m.team, h.c, kLlRecv, stream));
   }
   ++m.received;
   hook.owner_ = nullptr;

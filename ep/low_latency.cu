@@ -1,9 +1,11 @@
-// The low-latency kernels: dispatch send / receive, combine send / receive (protocol: ep/low_latency_protocol.hpp).
-// A block owns a token in dispatch send; warps own received messages or pieces of them (dispatch receive, combine send)
-// or pieces of a token's sum (combine receive). One put, or one set of direct stores, per (token, rank) both ways.
+// The low-latency kernels: gdx::ep::ll::dispatch and gdx::ep::ll::combine, each a send phase and a receive phase
+// (protocol: ep/low_latency_protocol.hpp), and the small kernels of the masks. A block owns a token in dispatch send;
+// warps own received messages or pieces of them (dispatch receive, combine send) or pieces of a token's sum (combine
+// receive). One put, or one set of direct stores, per (token, rank) both ways.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <climits>
 #include <cub/warp/warp_scan.cuh>
 
@@ -20,21 +22,12 @@ __device__ inline LlCtrl* llCtrl(const char* base) {
 /// The first thing every kernel here does: wait until the kernel before it in the stream has ended and its writes are
 /// visible (at once without programmatic launch), then let the next kernel be launched. Each kernel reads state the
 /// previous one wrote (the epochs, the caller's inputs), so nothing may come before the wait; the next kernel, launched
-/// early, makes the same wait, so no kernel here ever starts reading before the one it follows has ended. `wait` false:
-/// a dispatch receive launched right after its own send (LlDispatchArgs::besideSend), which reads nothing of that
-/// kernel's but stamped messages and tagged counts; it waits at its end instead (endAfterPreviousKernel).
-__device__ inline void followPreviousKernel(bool wait = true) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (wait) cudaGridDependencySynchronize();
-  cudaTriggerProgrammaticLaunchCompletion();
-#endif
-}
-
-/// A kernel that did not wait at its start (followPreviousKernel(false)) waits here, in one block, before it ends: its
-/// end then still means that the kernel before it has ended, which the next kernel's wait relies on.
-__device__ inline void endAfterPreviousKernel() {
+/// early, makes the same wait, so no kernel here ever starts reading before the one it follows has ended. The trigger
+/// comes after every block started: the next kernel's blocks, which only wait, never keep one of these from running.
+__device__ inline void followPreviousKernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
 #endif
 }
 
@@ -42,10 +35,12 @@ __device__ inline bool isMasked(const LlTeam& lt, int r) {
   return (atomicLoad(&lt.ll->mask, kRelaxed) >> r) & 1u;
 }
 
-/// Masks rank r: later waits on it end at once, nothing more is sent to it, maskedRanks() names it.
+/// Masks rank r for good (a wait on it failed or timed out, or a put to it was refused): later waits on it end at once,
+/// nothing more is sent to it, maskedRanks() names it, and no unmask brings it back (it missed this call).
 __device__ inline void maskRank(const LlTeam& lt, int r) {
+  atomicOr(&lt.ll->failedMask, 1u << r);
   atomicOr(&lt.ll->mask, 1u << r);
-  lt.maskHost[r] = 1;  // host-mapped, read by the host without synchronisation
+  lt.maskHost[r] = kMaskedByKernel;  // host-mapped, read by the host without synchronisation
 }
 
 /// A tagged word (dispatch counts, combine weights) is (epochTag(e) << 32) | a 32-bit value, written by the call of
@@ -137,16 +132,20 @@ __device__ inline bool agreedArrival(const LlTeam& lt, int s, bool here, uint64_
 /// masked them): what the block then goes by, with no load of LlState::mask after the waits (one memory latency more
 /// on the path of a decode-size call). No barrier comes before the waits, so loads the other warps issued before the
 /// call overlap them. `agree`: the receive kernels' waits for epoch `want`, whose outcome per rank is the grid's
-/// (agreedArrival), not the block's.
+/// (agreedArrival), not the block's. `waitCost` (null: none): lane r adds the clock64() cycles of its wait for a rank
+/// not masked when it started (LowLatencyDispatchOutputs::waitRecvCostStats).
 template <typename WordOf>
 __device__ inline uint32_t lastWarpWaits(const LlTeam& lt, WordOf wordOf, uint64_t want, bool agree = false,
-                                         uint32_t tagged = 0) {
+                                         uint32_t tagged = 0, int64_t* waitCost = nullptr) {
   static_assert(kMaxRanks <= 32, "one warp waits for every rank");
   __shared__ uint32_t masked;
   if (threadIdx.x >= blockDim.x - 32) {
     const int r = int(threadIdx.x & 31);
     const uint64_t* word = r < lt.t.numRanks ? wordOf(r) : nullptr;  // null: nothing to wait for
+    const bool timed = waitCost && word && !isMasked(lt, r);
+    const long long start = timed ? clock64() : 0;
     bool ok = !word || reachedOrWait(lt, r, word, want, (tagged >> r) & 1u ? WordKind::kTagged : WordKind::kEpoch);
+    if (timed) atomicAdd(reinterpret_cast<unsigned long long*>(waitCost + r), (unsigned long long)(clock64() - start));
     if (agree && r < lt.t.numRanks) ok = agreedArrival(lt, r, ok, want);
     const uint32_t off = __ballot_sync(0xffffffffu, !ok);
     if (r == 0) masked = off;
@@ -317,7 +316,10 @@ __device__ inline void packPiece(const LlDispatchArgs& a, const TokenPieces& tp,
   }
   for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // within the half
   float scale = fmaxf(amax, 1e-4f) / 448.f;
-  if (a.roundScale) scale = exp2f(ceilf(log2f(scale)));
+  if (a.roundScale) {  // up to a power of two from the bits, exactly (a UE8M0 scale is then the f32's exponent byte)
+    const uint32_t bits = __float_as_uint(scale);
+    scale = __uint_as_float(((bits >> 23) + ((bits & 0x7fffffu) != 0)) << 23);
+  }
   const float inv = 1.f / scale;
   uint2 packed;
   uint32_t* w = &packed.x;
@@ -449,8 +451,8 @@ __device__ inline SlotReservation reserveSlots(const LlTeam& lt, int b, int64_t 
   return r;
 }
 
-__global__ void __launch_bounds__(1024) llDispatchSend(LlTeam lt, LlDispatchArgs a) {
-  followPreviousKernel();
+/// The send phase of a dispatch (every block; a `return` ends the phase, not the block's kernel).
+__device__ __forceinline__ void dispatchSend(const LlTeam& lt, const LlDispatchArgs& a) {
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->sendSeq + 1;
@@ -610,13 +612,29 @@ __device__ inline bool messageArrived(const LlTeam& lt, int src, const char* m, 
   return ok;
 }
 
+/// Where the scales of received row `row` (j * rows + i: row i of local expert j, rows = T * R) start in the layout of
+/// LowLatencyDispatchOutputs::recvXScales: f32 element j * nScales * rows + i, UE8M0 byte (j * G * rows + i) * 4
+/// (G = ceil(nScales / 4)); storeScale puts scale c from there.
+__device__ inline int64_t scaleBase(bool ue8m0, int rows, int nScales, int64_t row) {
+  const int j = int(row) / rows, i = int(row) - j * rows;
+  return ue8m0 ? (int64_t(j) * ((nScales + 3) / 4) * rows + i) * 4 : int64_t(j) * nScales * rows + i;
+}
+/// Scale c (f: a power of two with UE8M0, whose exponent byte is stored) of the row whose scales start at `base`.
+__device__ inline void storeScale(const LlDispatchArgs& a, int64_t base, int rows, int c, float f) {
+  if (a.ue8m0)
+    static_cast<uint8_t*>(a.out.recvXScales)[base + int64_t(c / 4) * rows * 4 + (c & 3)] =
+        uint8_t(__float_as_uint(f) >> 23);
+  else
+    static_cast<float*>(a.out.recvXScales)[base + int64_t(c) * rows] = f;
+}
+
 /// Rank src's counts arrived but one of its messages never did (src failed mid-call): one warp of the grid (the first
 /// to get here in receive epoch e) zeroes every row the counts gave src, and their source token (-1), so that none
 /// holds what an earlier call left there; rows of src that other warps copied may be zeroed too. src is masked.
 __device__ inline void zeroRowsOf(const LlTeam& lt, const LlDispatchArgs& a, int src, const int* first, uint64_t e,
                                   int lane) {
   const LlLayout& y = lt.lay;
-  const int R = lt.t.numRanks, nScales = y.H / kFp8ScaleBlock;
+  const int R = lt.t.numRanks, nScales = y.H / kFp8ScaleBlock, rowsPerExpert = y.T * R;
   const uint32_t xOut = a.fp8 ? y.H : y.H * 2;
   unsigned long long was = 0;
   if (lane == 0) was = atomicMax(reinterpret_cast<unsigned long long*>(&lt.ll->recvZeroed[src]), e);
@@ -627,15 +645,17 @@ __device__ inline void zeroRowsOf(const LlTeam& lt, const LlDispatchArgs& a, int
     for (int64_t r = begin; r < begin + (first[q + 1] - first[q]); ++r) {
       int4* row = reinterpret_cast<int4*>(static_cast<char*>(a.out.recvX) + r * xOut);
       for (uint32_t c = lane; c < xOut / 16; c += 32) row[c] = make_int4(0, 0, 0, 0);
-      if (a.fp8)
-        for (int c = lane; c < nScales; c += 32) a.out.recvXScales[r * nScales + c] = 0.f;
+      if (a.fp8) {
+        const int64_t base = scaleBase(a.ue8m0, rowsPerExpert, nScales, r);
+        for (int c = lane; c < nScales; c += 32) storeScale(a, base, rowsPerExpert, c, 0.f);
+      }
       if (lane == 0) a.srcInfo[r] = -1;
     }
   }
 }
 
-__global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs a) {
-  followPreviousKernel(!a.besideSend);
+/// The receive phase of a dispatch (every block, after its send phase when the launch has both).
+__device__ __forceinline__ void dispatchRecv(const LlTeam& lt, const LlDispatchArgs& a) {
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->recvSeq + 1;
@@ -658,7 +678,7 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   const auto sentOf = [&](int s) -> const uint64_t* {
     return isRemote(t, s) ? &t.netSignals[lt.sentSignal + s] : countWord(s, y.L);
   };
-  const uint32_t absent = lastWarpWaits(lt, sentOf, e, true, ~t.remoteMask);
+  const uint32_t absent = lastWarpWaits(lt, sentOf, e, true, ~t.remoteMask, a.out.waitRecvCostStats);
   const auto countOf = [&](int s, int j) {  // entry j of source s's counts (j == L: its messages), 0 when absent
     if ((absent >> s) & 1u) return 0;
     // Each word is taken once its tag reads e: a source of this host stores them without a release, in any order.
@@ -673,6 +693,8 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
       const int j = q / R, s = q % R, begin = first[q] - first[j * R];
       a.layoutRange[q] = int64_t(begin) << 32 | (first[q + 1] - first[q]);
       if (s == 0) a.out.recvCount[j] = first[(j + 1) * R] - first[j * R];
+      if (s == 0 && a.out.cumulativeRecvStats)
+        atomicAdd(a.out.cumulativeRecvStats + j, first[(j + 1) * R] - first[j * R]);
     }
     if (threadIdx.x <= R) a.msgs.first[threadIdx.x] = firstMessage[threadIdx.x];
   }
@@ -716,12 +738,13 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
     }
     if (a.fp8 && part == parts - 1) {  // the scales, likewise loaded once
       const float* scales = reinterpret_cast<const float*>(m + a.msg.scaleOffset);
+      const int64_t base = mine ? scaleBase(a.ue8m0, int(rowsPerExpert), nScales, row) : 0;
       for (int c0 = 0; c0 < nScales; c0 += 32) {
         const int c = c0 + lane;
         const float f = c < nScales ? scales[c] : 0.f;
         for (unsigned h = hits; h; h &= h - 1) {
-          const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(h) - 1);
-          if (c < nScales) a.out.recvXScales[r * nScales + c] = f;
+          const int64_t at = __shfl_sync(0xffffffffu, base, __ffs(h) - 1);
+          if (c < nScales) storeScale(a, at, int(rowsPerExpert), c, f);
         }
       }
     }
@@ -738,7 +761,6 @@ __global__ void __launch_bounds__(1024) llDispatchRecv(LlTeam lt, LlDispatchArgs
   releaseBuffer(lt, e);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->recvSeq = e;
-  if (a.besideSend) endAfterPreviousKernel();
 }
 
 // ---- combine --------------------------------------------------------------------------------------------------
@@ -839,8 +861,8 @@ __device__ inline bool taggedWeight(const LlTeam& lt, int b, int s, int tok, int
   return true;
 }
 
-__global__ void __launch_bounds__(1024) llCombineSend(LlTeam lt, LlCombineArgs a) {
-  followPreviousKernel();
+/// The send phase of a combine (every block; a `return` ends the phase, not the block's kernel).
+__device__ __forceinline__ void combineSend(const LlTeam& lt, const LlCombineArgs& a) {
   const Team& t = lt.t;
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->sendSeq + 1;
@@ -940,14 +962,20 @@ __device__ inline bool combineRowArrived(const LlTeam& lt, int b, uint64_t e, in
 /// The warp sums chunks [c0, c1) of token tok's combined row: one row per rank the token went to (laneExpert: lane k's
 /// top-k expert), in the combine row of its first slot naming that rank (weighted there), each read once it arrived
 /// (combineRowArrived; a rank of another host: `masked` excludes it unless its block saw its signal). A rank that is
-/// masked, or is masked while the warp waits, adds nothing (see llCombineRecv).
+/// masked, or is masked while the warp waits, adds nothing (see combineRecv). `cycles` (shared [kMaxRanks], null:
+/// none): each wait's clock64() cycles are added to its rank's.
 __device__ inline void sumCombinedChunks(const LlTeam& lt, const LlCombineArgs& a, int b, uint64_t e, int tok,
-                                         int64_t laneExpert, bool refused, uint32_t masked, int c0, int c1, int lane) {
+                                         int64_t laneExpert, bool refused, uint32_t masked, int c0, int c1, int lane,
+                                         unsigned long long* cycles) {
   const LlLayout& y = lt.lay;
   const int rank = !refused && laneExpert >= 0 && laneExpert < y.E ? int(laneExpert / y.L) : -1;
   const unsigned sameRank = __match_any_sync(0xffffffffu, rank);
   bool first = rank >= 0 && lane == __ffs(sameRank) - 1 && !((masked >> rank) & 1u);
-  if (first && !isRemote(lt.t, rank)) first = combineRowArrived(lt, b, e, tok, lane, rank, c0, c1);
+  if (first && !isRemote(lt.t, rank)) {
+    const long long start = cycles ? clock64() : 0;
+    first = combineRowArrived(lt, b, e, tok, lane, rank, c0, c1);
+    if (cycles) atomicAdd(cycles + rank, (unsigned long long)(clock64() - start));
+  }
   const unsigned rows = __ballot_sync(0xffffffffu, first);
   __syncwarp();  // each row's lane acquired its stamps before any lane reads the row
   const char* src[kMaxTopk];
@@ -964,8 +992,8 @@ __device__ inline void sumCombinedChunks(const LlTeam& lt, const LlCombineArgs& 
                                      c0 * kChunkVecs, min(vecs, c1 * kChunkVecs), lane);
 }
 
-__global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a) {
-  followPreviousKernel(!a.besideSend);
+/// The receive phase of a combine (every block, after its send phase when the launch has both).
+__device__ __forceinline__ void combineRecv(const LlTeam& lt, const LlCombineArgs& a) {
   const LlLayout& y = lt.lay;
   const uint64_t e = lt.ll->recvSeq + 1;
   const int b = int(e & 1), K = a.numTopk, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -987,18 +1015,25 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
   const auto remoteSentOf = [&](int s) -> const uint64_t* {
     return isRemote(lt.t, s) ? &lt.t.netSignals[lt.sentSignal + s] : nullptr;
   };
-  const uint32_t masked =
-      atomicLoad(&lt.ll->mask, kRelaxed) | (lt.t.remoteMask ? lastWarpWaits(lt, remoteSentOf, e) : 0u);
+  // The waits' cycles per rank (LowLatencyCombineInputs::waitRecvCostStats), added up in the block first.
+  __shared__ unsigned long long waitCycles[kMaxRanks];
+  if (a.waitCost && threadIdx.x < kMaxRanks) waitCycles[threadIdx.x] = 0;  // lastWarpWaits' barrier orders it
+  const uint32_t masked = atomicLoad(&lt.ll->mask, kRelaxed) |
+                          (lt.t.remoteMask ? lastWarpWaits(lt, remoteSentOf, e, false, 0, a.waitCost) : 0u);
+  if (a.waitCost && !lt.t.remoteMask) __syncthreads();  // waitCycles zeroed
   for (int unit = gw; unit < a.numTokens * pieces; unit += W) {
     const int tok = unit / pieces, c0 = (unit % pieces) * perPiece;
     loadTopk(tok);
-    sumCombinedChunks(lt, a, b, e, tok, laneExpert, refused, masked, c0, min(chunks, c0 + perPiece), lane);
+    sumCombinedChunks(lt, a, b, e, tok, laneExpert, refused, masked, c0, min(chunks, c0 + perPiece), lane,
+                      a.waitCost ? waitCycles : nullptr);
   }
   // Every sum must go by the same ranks. Each block notes the ranks it started without masked; if one of them is
   // masked by the end (a wait here timed out, or a put of the send failed), some sums may hold its rows and others
   // not, and the last block sums every token again without the ranks masked then, until no more are masked.
   __syncthreads();
   if (threadIdx.x == 0) atomicOr(&lt.ll->combUnmaskedAtStart, ~masked);
+  if (a.waitCost && threadIdx.x < lt.t.numRanks && waitCycles[threadIdx.x])
+    atomicAdd(reinterpret_cast<unsigned long long*>(a.waitCost) + threadIdx.x, waitCycles[threadIdx.x]);
   if (!lastBlock<cuda::thread_scope_device>(&lt.ll->recvBlocks)) return;
   __shared__ uint32_t now, seen;
   if (threadIdx.x == 0) {
@@ -1011,7 +1046,7 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
     before = now;
     for (int tok = warp; tok < a.numTokens; tok += blockDim.x >> 5) {
       loadTopk(tok);
-      sumCombinedChunks(lt, a, b, e, tok, laneExpert, refused, before, 0, chunks, lane);
+      sumCombinedChunks(lt, a, b, e, tok, laneExpert, refused, before, 0, chunks, lane, nullptr);
     }
     __syncthreads();
     if (threadIdx.x == 0) now = atomicLoad(&lt.ll->mask, kRelaxed);
@@ -1020,43 +1055,102 @@ __global__ void __launch_bounds__(1024) llCombineRecv(LlTeam lt, LlCombineArgs a
   releaseBuffer(lt, e);
   __syncthreads();
   if (threadIdx.x == 0) lt.ll->recvSeq = e;
-  if (a.besideSend) endAfterPreviousKernel();
 }
 
-/// Launches kernel k with the team's shape, programmatically serialized after the stream's previous kernel when the
-/// team asks for it (followPreviousKernel is the kernel's side of that).
-template <typename Args>
-cudaError_t launch(void (*k)(LlTeam, Args), const LlTeam& team, const Args& a, cudaStream_t stream) {
+/// Masks (kMaskedByUser) the ranks of `mask`, unmasks those of `unmask` unless a kernel masked them (failedMask: they
+/// stay masked, reported as kUnmaskRefused). One thread: the masks are small.
+__global__ void llSetMask(LlTeam lt, uint32_t mask, uint32_t unmask) {
+  followPreviousKernel();
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  const uint32_t failed = atomicLoad(&lt.ll->failedMask, kRelaxed), refused = unmask & failed;
+  unmask &= ~failed;
+  atomicOr(&lt.ll->mask, mask);
+  atomicAnd(&lt.ll->mask, ~unmask);
+  for (int r = 0; r < lt.t.numRanks; ++r) {
+    if ((mask >> r) & 1u && !((failed >> r) & 1u)) lt.maskHost[r] = kMaskedByUser;
+    if ((unmask >> r) & 1u) lt.maskHost[r] = 0;
+  }
+  if (refused) report(lt.t, kUnmaskRefused, 0, __ffs(refused) - 1, refused, 0, lt.ll->sendSeq);
+}
+
+__global__ void llQueryMask(LlTeam lt, int32_t* out) {
+  followPreviousKernel();
+  const uint32_t mask = atomicLoad(&lt.ll->mask, kRelaxed);
+  for (int r = threadIdx.x; r < lt.t.numRanks; r += blockDim.x) out[r] = int32_t((mask >> r) & 1u);
+}
+
+/// Launches kernel k with `blocks` blocks of the team's threads, programmatically serialized after the stream's
+/// previous kernel when the team asks for it (followPreviousKernel is the kernel's side of that).
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*k)(Params...), const LlTeam& team, int blocks, int threads, cudaStream_t stream,
+                   const Args&... args) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(team.blocks);
-  config.blockDim = dim3(team.threads);
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
   config.stream = stream;
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = team.programmaticLaunch ? 1 : 0;
-  return cudaLaunchKernelEx(&config, k, team, a);
+  return cudaLaunchKernelEx(&config, k, args...);
 }
 
 }  // namespace
+}  // namespace gdx::ep::detail
+
+// The two kernels of the low-latency mode, named as DeepEP's (a profiler's line "...::dispatch(...)" and one
+// "...::combine(...)"; no other kernel a call launches has either word in its name): `phases` (LlPhase) says whether
+// the launch sends, receives, or both, each block doing its sends first. The dispatch's parameters are grid constants:
+// its phases take them by reference, and ptxas then spills less (64 registers: 196 bytes of spill stores where the
+// plain parameters had 324; the combine's spill more so: 324, plain 296).
+namespace gdx::ep::ll {
+
+__global__ void __launch_bounds__(1024)
+    dispatch(const __grid_constant__ detail::LlTeam lt, const __grid_constant__ detail::LlDispatchArgs a, int phases) {
+  detail::followPreviousKernel();
+  if (phases & detail::kLlSend) detail::dispatchSend(lt, a);
+  if (phases & detail::kLlRecv) detail::dispatchRecv(lt, a);
+}
+
+__global__ void __launch_bounds__(1024) combine(detail::LlTeam lt, detail::LlCombineArgs a, int phases) {
+  detail::followPreviousKernel();
+  if (phases & detail::kLlSend) detail::combineSend(lt, a);
+  if (phases & detail::kLlRecv) detail::combineRecv(lt, a);
+}
+
+}  // namespace gdx::ep::ll
+
+namespace gdx::ep::detail {
 
 bool llKernelsWaitForPrevious() {
   cudaFuncAttributes f{};
-  return cudaFuncGetAttributes(&f, llDispatchSend) == cudaSuccess && f.ptxVersion >= 90;
+  return cudaFuncGetAttributes(&f, ll::dispatch) == cudaSuccess && f.ptxVersion >= 90;
 }
 
-cudaError_t launchLlDispatchSend(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream) {
-  return launch(llDispatchSend, team, a, stream);
+int llMaxResidentBlocks(int threads) {
+  int device = 0, sms = 0, dispatchPerSm = 0, combinePerSm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&dispatchPerSm, ll::dispatch, threads, 0) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&combinePerSm, ll::combine, threads, 0) != cudaSuccess)
+    return 0;
+  return sms * std::min(dispatchPerSm, combinePerSm);
 }
-cudaError_t launchLlDispatchRecv(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream) {
-  return launch(llDispatchRecv, team, a, stream);
+
+cudaError_t launchLlDispatch(const LlTeam& team, const LlDispatchArgs& a, int phases, cudaStream_t stream) {
+  const int blocks = phases == kLlBoth ? team.bothBlocks : team.blocks;
+  return launch(ll::dispatch, team, blocks, team.threads, stream, team, a, phases);
 }
-cudaError_t launchLlCombineSend(const LlTeam& team, const LlCombineArgs& a, cudaStream_t stream) {
-  return launch(llCombineSend, team, a, stream);
+cudaError_t launchLlCombine(const LlTeam& team, const LlCombineArgs& a, int phases, cudaStream_t stream) {
+  const int blocks = phases == kLlBoth ? team.bothBlocks : team.blocks;
+  return launch(ll::combine, team, blocks, team.threads, stream, team, a, phases);
 }
-cudaError_t launchLlCombineRecv(const LlTeam& team, const LlCombineArgs& a, cudaStream_t stream) {
-  return launch(llCombineRecv, team, a, stream);
+cudaError_t launchLlSetMask(const LlTeam& team, uint32_t mask, uint32_t unmask, cudaStream_t stream) {
+  return launch(llSetMask, team, 1, 32, stream, team, mask, unmask);
+}
+cudaError_t launchLlQueryMask(const LlTeam& team, int32_t* out, cudaStream_t stream) {
+  return launch(llQueryMask, team, 1, 32, stream, team, out);
 }
 
 }  // namespace gdx::ep::detail

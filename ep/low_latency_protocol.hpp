@@ -12,22 +12,25 @@
 // (S: most ranks on other hosts any rank has; a remote source has a compact slot among them). Call n (dispatches
 // and combines counted together, from 1: its epoch, below) uses buffer n % 2 of every area.
 //
-// Synchronisation. A call's send kernel has epoch e = sendSeq + 1, its receive kernel e = recvSeq + 1 (device
-// counters: a replayed CUDA graph advances them). A dispatch's counts are dispCount words ((tag of e << 32) | n, the
-// tag never 0 and never wrapping onto a recent epoch) per (source, local expert: its rows; and entry L: its messages).
-// They follow from the top-k alone, so one block of the send kernel (the last) counts them and publishes them to every
-// rank of this host at its start, before it waits for the buffer (the counts have four slots, LlCtrl), each word tagged
-// with e and taken once its tag reads e; each message there then carries its own stamp (e, released after the message's
-// bytes, LlLayout::stampOffset), and the receiver copies a message as soon as its stamp reads e, while the send kernel
-// is still running. To a rank of another host the counts go after the messages: one put of the L + 1 words with the
-// signal sent[sender] = e on the ring of the data puts, once every block's puts are out. A combine stamps each chunk of
-// each row it sends a rank of this host (LlLayout::gpuCombStamp: e, released after the chunk's bytes), so that the
-// receiver sums a chunk as soon as it lands, beside the send kernel; to a rank of another host it sends the signal
-// sent[sender] = e after all its rows' puts. First, from its start, it sends its top-k weights: to a rank of this host
-// as words (tag of e << 32) | weight, each taken once its tag reads e; to a rank of another host with the signal
-// weights[sender] after them. When a receive kernel is done with buffer b it tells every source freed[receiver] = e (a
-// store, or the signal freed[receiver]); a send kernel of epoch e first waits for freed >= e - 2 from every rank, so
-// nobody overwrites a buffer its receiver still reads. Waits that time out mask the rank (see low_latency.hpp).
+// Synchronisation. A call's send phase has epoch e = sendSeq + 1, its receive phase e = recvSeq + 1 (device counters,
+// each advanced by the last block of its phase: a replayed CUDA graph advances them). Both phases are one kernel per
+// operation (gdx::ep::ll::dispatch / combine, a phase argument): a launch of both phases (no hook) has each block do
+// its sends, then its share of the receive, and is as large as fits on the GPU at once (LlTeam::bothBlocks), since a
+// block's receive waits for data that other blocks of the same launch send. A dispatch's counts are dispCount words
+// ((tag of e << 32) | n, the tag never 0 and never wrapping onto a recent epoch) per (source, local expert: its rows;
+// and entry L: its messages). They follow from the top-k alone, so one block of the send phase (the last) counts them
+// and publishes them to every rank of this host at its start, before it waits for the buffer (the counts have four
+// slots, LlCtrl), each word tagged with e and taken once its tag reads e; each message there then carries its own stamp
+// (e, released after the message's bytes, LlLayout::stampOffset), and the receiver copies a message as soon as its
+// stamp reads e, while other blocks may still be sending. To a rank of another host the counts go after the messages:
+// one put of the L + 1 words with the signal sent[sender] = e on the ring of the data puts, once every block's puts are
+// out. A combine stamps each chunk of each row it sends a rank of this host (LlLayout::gpuCombStamp: e, released after
+// the chunk's bytes), so that the receiver sums a chunk as soon as it lands; to a rank of another host it sends the
+// signal sent[sender] = e after all its rows' puts. First, from its start, it sends its top-k weights: to a rank of
+// this host as words (tag of e << 32) | weight, each taken once its tag reads e; to a rank of another host with the
+// signal weights[sender] after them. When a receive phase is done with buffer b it tells every source freed[receiver]
+// = e (a store, or the signal freed[receiver]); a send phase of epoch e first waits for freed >= e - 2 from every rank,
+// so nobody overwrites a buffer its receiver still reads. Waits that time out mask the rank (see low_latency.hpp).
 //
 // Messages. A token goes to each rank that one of its top-k experts lives on once, whatever the number of those
 // experts there: one message (the token, FP8 with scales or BF16) in that rank's area of the source, at a position
@@ -72,8 +75,9 @@ struct LlState {
   uint64_t recvSeq;
   uint32_t sendBlocks;
   uint32_t recvBlocks;
-  uint32_t mask;                      // bit r: rank r is masked
-  uint64_t recvVerdict[kMaxRanks];    // [source]: (receive epoch << 1) | whether it counts in that receive kernel
+  uint32_t mask;                      // bit r: rank r is masked (what the kernels go by)
+  uint32_t failedMask;                // bit r: a kernel masked rank r (a wait, a refused put): it can never be unmasked
+  uint64_t recvVerdict[kMaxRanks];    // [source]: (receive epoch << 1) | whether it counts in that receive
   uint64_t recvZeroed[kMaxRanks];     // [source]: the last receive epoch that zeroed its rows (a message never came)
   uint32_t combUnmaskedAtStart;       // the running combine receive: ranks some block started without masked
   int32_t sendCount[2][kMaxExperts];  // [b][expert]: rows reserved in this call
@@ -165,7 +169,7 @@ LlLayout llLayout(const LowLatencyConfig& c, int numRanks, int remoteSlots);
 struct LlTeam {
   Team t;              // t.state points at ll->common; t.mirror: the host window's device address
   LlState* ll;         // device
-  uint32_t* maskHost;  // host-mapped [kMaxRanks]: 1 once the rank is masked (what maskedRanks() reads)
+  uint32_t* maskHost;  // host-mapped [kMaxRanks]: kMaskedByKernel / kMaskedByUser once masked (maskedRanks())
   /// Each peer's failure word (host-mapped, the Context's: set once its connection broke or it died; null for this
   /// rank): a wait on a dead peer of this host ends as soon as the Context knows, not after GDX_TIMEOUT_MS.
   const uint32_t* peerFailure[kMaxRanks];
@@ -176,6 +180,7 @@ struct LlTeam {
   uint32_t freedSignal;
   uint32_t weightsSignal;
   int blocks, threads;      // of every kernel (LowLatencyConfig)
+  int bothBlocks;           // of a launch doing both phases: blocks, or fewer, so that all of them fit on the GPU
   bool programmaticLaunch;  // LowLatencyConfig::programmaticLaunch
 };
 
@@ -198,11 +203,9 @@ struct LlDispatchArgs {
   int32_t* srcInfo;
   int32_t* srcSlot;
   int64_t* layoutRange;
-  int32_t* refused;  // the handle's: set by the send kernel, 1 when it refused the top-k
-  LlMessages msgs;   // the handle's: written by the receive kernel
-  /// The receive kernel is launched right after its own send kernel on the same stream (no hook): it then runs beside
-  /// that kernel, taking each message of this host as its stamp lands, instead of waiting for the send kernel's end.
-  bool besideSend;
+  int32_t* refused;  // the handle's: set by the send phase, 1 when it refused the top-k
+  LlMessages msgs;   // the handle's: written by the receive phase
+  bool ue8m0;        // LowLatencyDispatchInputs::useUe8m0 (the scales' layout: LowLatencyDispatchOutputs)
 };
 
 struct LlCombineArgs {
@@ -213,16 +216,31 @@ struct LlCombineArgs {
   int numTokens, numTopk;
   const int32_t* refused;  // the dispatch refused this rank's top-k: nothing came back, every sum is zero
   LlMessages msgs;         // what its dispatch received
-  bool besideSend;         // as LlDispatchArgs::besideSend: the receive sums each chunk of a row as its stamp lands
+  int64_t* waitCost;       // LowLatencyCombineInputs::waitRecvCostStats (null: none)
 };
 
 /// Whether the kernels were compiled for sm_90 or later, and so wait for the kernel before them (a build for an older
 /// architecture run on sm_90 through its PTX has no wait): programmatic launch is used only then.
 bool llKernelsWaitForPrevious();
 
-cudaError_t launchLlDispatchSend(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream);
-cudaError_t launchLlDispatchRecv(const LlTeam& team, const LlDispatchArgs& a, cudaStream_t stream);
-cudaError_t launchLlCombineSend(const LlTeam& team, const LlCombineArgs& a, cudaStream_t stream);
-cudaError_t launchLlCombineRecv(const LlTeam& team, const LlCombineArgs& a, cudaStream_t stream);
+/// LlTeam::maskHost values.
+constexpr uint32_t kMaskedByKernel = 1;  // a wait timed out, the peer failed, or a put to it was refused
+constexpr uint32_t kMaskedByUser = 2;    // LowLatencyBuffer::updateMask
+
+/// The phases of a launch of gdx::ep::ll::dispatch / combine (a bit each): a call without a hook does both in one
+/// launch, a call with one launches kLlSend and its hook kLlRecv.
+enum LlPhase : int { kLlSend = 1, kLlRecv = 2, kLlBoth = 3 };
+
+/// The most blocks of `threads` threads of the dispatch and of the combine kernel that are resident on the current
+/// device at once (a launch of both phases must not have a block wait for one that is not running yet).
+int llMaxResidentBlocks(int threads);
+
+cudaError_t launchLlDispatch(const LlTeam& team, const LlDispatchArgs& a, int phases, cudaStream_t stream);
+cudaError_t launchLlCombine(const LlTeam& team, const LlCombineArgs& a, int phases, cudaStream_t stream);
+/// Masks the ranks of `mask` (kMaskedByUser) and unmasks those of `unmask` that no kernel masked (the others stay
+/// masked and are reported as kUnmaskRefused).
+cudaError_t launchLlSetMask(const LlTeam& team, uint32_t mask, uint32_t unmask, cudaStream_t stream);
+/// out[r] = 1 when rank r is masked, else 0 (r < numRanks).
+cudaError_t launchLlQueryMask(const LlTeam& team, int32_t* out, cudaStream_t stream);
 
 }  // namespace gdx::ep::detail

@@ -71,7 +71,13 @@ enum ErrorKind : uint32_t {
   kBadHandle = 6,      // the handle's routing is not valid (its prepare failed)
   kRelayCapacity = 7,  // peer: the relay, value: the source's tokens, value2: the relay rows its handle holds
   kExpertRows = 8,  // low-latency: value: the expert, value2: the top-k entries naming it; token: one naming it twice
+  kBadExpertCount = 9,  // by-rank dispatch: value: packBadCount(expert, its negative count in numTokensPerExpert)
+  kUnmaskRefused = 10,  // low-latency: peer: the rank an unmask left masked (a wait had masked it: it missed a call)
 };
+/// A negative count of numTokensPerExpert and its expert in one int64 (what a rank's status value carries).
+GDX_HOST_DEVICE_INLINE int64_t packBadCount(int expert, int32_t count) {
+  return int64_t(uint64_t(uint32_t(expert)) << 32 | uint32_t(count));
+}
 
 /// Which wait timed out (Report::where). kWaitRow: Report::token is the received row; kWaitReturnedRow (a combine's
 /// row sent back to this rank): it is the token.
@@ -226,6 +232,9 @@ GDX_HOST_DEVICE_INLINE uint32_t combineRowBytes(int hidden, int numTopk) {
 
 struct PrepareArgs {
   const int64_t* topkIdx;
+  // The by-rank form (buffer.hpp, DispatchInputs) when numTokensPerExpert is not null; both null in the top-k form.
+  const uint8_t* isTokenInRank;       // [numTokens, numRanks] bool (a nonzero byte: true)
+  const int32_t* numTokensPerExpert;  // [numExperts]
   int numTokens, numTopk, numExperts, alignment;
   int relayCap;  // relay rows this rank's handle holds per source; INT32_MAX: the host grows it after the prepare
   HandleView handle;

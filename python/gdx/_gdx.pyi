@@ -78,7 +78,8 @@ class ep:
         def __init__(self) -> None: ...
         @overload
         def __init__(self, x: int, x_scales: int, num_tokens: int, hidden: int, dtype: "ep.DType", topk_idx: int = ...,
-                     topk_weights: int = ..., num_topk: int = ..., num_experts: int = ...) -> None: ...
+                     topk_weights: int = ..., num_topk: int = ..., num_experts: int = ...,
+                     is_token_in_rank: int = ..., num_tokens_per_expert: int = ...) -> None: ...
         num_tokens: int
         hidden: int
         num_topk: int
@@ -88,6 +89,8 @@ class ep:
         x_scales: int
         topk_idx: int
         topk_weights: int
+        is_token_in_rank: int
+        num_tokens_per_expert: int
 
     class DispatchOutputs:
         @overload
@@ -121,6 +124,7 @@ class ep:
         hidden: int
         num_topk: int
         num_recv_tokens: int
+        address: int
 
     class Buffer:
         rank: int
@@ -147,6 +151,8 @@ class ep:
                          combined_x: int, combined_topk_weights: int, stream: int) -> None: ...
         def counts_matrix(self, handle: "ep.DispatchHandle") -> int: ...
         def check_errors(self) -> None: ...
+        def local_buffer(self) -> Tuple[int, int]: ...
+        address: int
 
     # The low-latency mode (python/src/ep_low_latency_api.cpp).
     class LowLatencyConfig:
@@ -167,31 +173,36 @@ class ep:
         def __init__(self) -> None: ...
         @overload
         def __init__(self, x: int, topk_idx: int, num_tokens: int, num_topk: int, use_fp8: bool,
-                     round_scale: bool) -> None: ...
+                     round_scale: bool, use_ue8m0: bool = ...) -> None: ...
         x: int
         topk_idx: int
         num_tokens: int
         num_topk: int
         use_fp8: bool
         round_scale: bool
+        use_ue8m0: bool
 
     class LowLatencyDispatchOutputs:
         @overload
         def __init__(self) -> None: ...
         @overload
-        def __init__(self, recv_x: int, recv_x_scales: int, recv_count: int) -> None: ...
+        def __init__(self, recv_x: int, recv_x_scales: int, recv_count: int,
+                     cumulative_local_expert_recv_stats: int = ..., wait_recv_cost_stats: int = ...) -> None: ...
         recv_x: int
         recv_x_scales: int
         recv_count: int
+        cumulative_local_expert_recv_stats: int
+        wait_recv_cost_stats: int
 
     class LowLatencyCombineInputs:
         @overload
         def __init__(self) -> None: ...
         @overload
-        def __init__(self, x: int, topk_idx: int, topk_weights: int) -> None: ...
+        def __init__(self, x: int, topk_idx: int, topk_weights: int, wait_recv_cost_stats: int = ...) -> None: ...
         x: int
         topk_idx: int
         topk_weights: int
+        wait_recv_cost_stats: int
 
     class LowLatencyHandle:
         src_info: int
@@ -199,9 +210,11 @@ class ep:
         layout_range: int
         num_tokens: int
         num_topk: int
+        address: int
 
     class LowLatencyHook:
         pending: bool
+        address: int
         def run(self, stream: int) -> None: ...
 
     class LowLatencyBuffer:
@@ -215,7 +228,19 @@ class ep:
                      handle: "ep.LowLatencyHandle", stream: int, hook: Optional["ep.LowLatencyHook"] = ...) -> None: ...
         def combine(self, inputs: "ep.LowLatencyCombineInputs", handle: "ep.LowLatencyHandle", combined: int,
                     stream: int, hook: Optional["ep.LowLatencyHook"] = ...) -> None: ...
+        # Both calls in one crossing each, every field an argument (the pointer path of gdx/ep/low_latency.py).
+        def dispatch_flat(self, x: int, topk_idx: int, num_tokens: int, num_topk: int, use_fp8: bool,
+                          round_scale: bool, use_ue8m0: bool, recv_x: int, recv_x_scales: int, recv_count: int,
+                          cumulative_stats: int, wait_stats: int, handle: "ep.LowLatencyHandle", stream: int,
+                          hook: Optional["ep.LowLatencyHook"]) -> None: ...
+        def combine_flat(self, x: int, topk_idx: int, topk_weights: int, combined: int, wait_stats: int,
+                         handle: "ep.LowLatencyHandle", stream: int, hook: Optional["ep.LowLatencyHook"]) -> None: ...
         def masked_ranks(self) -> List[int]: ...
+        def update_mask(self, rank: int, masked: bool, stream: int) -> None: ...
+        def query_mask(self, out: int, stream: int) -> None: ...
+        def clean_mask(self, stream: int) -> None: ...
+        def local_buffer(self) -> Tuple[int, int]: ...
+        address: int
         def check_errors(self) -> None: ...
 
 # The P2P layer (python/src/p2p_api.cpp); gdx.p2p wraps it with the seed's names.

@@ -152,6 +152,24 @@ def _group_tag(group: Any) -> str:
     return "ranks-" + "-".join(str(r) for r in sorted(ranks)) if ranks else "world"
 
 
+class _CommStore:
+    """from_store's store over an mpi4py communicator: rank 0's set() is a broadcast that every other rank's get()
+    of the same key receives (from_store sets and gets the same keys in the same order on every rank)."""
+
+    def __init__(self, comm: Any):
+        self._comm = comm
+
+    def set(self, key: str, value: str) -> None:
+        self._comm.bcast((key, value), root=0)
+
+    def get(self, key: str) -> str:
+        got, value = self._comm.bcast(None, root=0)
+        if got != key:
+            raise InvalidArgumentError(f"gdx.Context.from_mpi: rank 0 broadcast {got!r} where {key!r} was expected "
+                                       "(every rank must make the same Contexts in the same order)")
+        return value
+
+
 def _master_address(explicit: Optional[str]) -> str:
     if explicit:
         return explicit
@@ -188,6 +206,13 @@ class Context:
         import torch.distributed as dist
         return cls.from_store(_store_of(group), dist.get_rank(group), dist.get_world_size(group),
                               master_addr=master_addr, timeout=timeout, prefix=f"gdx/{_group_tag(group)}", key=group)
+
+    @classmethod
+    def from_mpi(cls, comm: Any, *, master_addr: Optional[str] = None, timeout: Optional[float] = None) -> "Context":
+        """A Context of the ranks of an mpi4py communicator (``MPI.COMM_WORLD`` or a split of it), ranked as in it.
+        Collective over `comm`: its broadcasts carry the rendezvous address and the job secret from its rank 0."""
+        return cls.from_store(_CommStore(comm), comm.Get_rank(), comm.Get_size(), master_addr=master_addr,
+                              timeout=timeout, prefix="gdx/mpi", key=comm)
 
     @classmethod
     def from_store(cls, store: Any, rank: int, world_size: int, *, master_addr: Optional[str] = None,

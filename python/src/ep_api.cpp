@@ -21,7 +21,7 @@ namespace {
 // The dispatch structs from every field (pointers as ints; 0: null), for their constructors and dispatch_flat.
 ep::DispatchInputs dispatchInputsOf(uintptr_t x, uintptr_t xScales, int numTokens, int hidden, ep::DType dtype,
                                     uintptr_t topkIdx = 0, uintptr_t topkWeights = 0, int numTopk = 0,
-                                    int numExperts = 0) {
+                                    int numExperts = 0, uintptr_t isTokenInRank = 0, uintptr_t numTokensPerExpert = 0) {
   ep::DispatchInputs i;
   i.x = typedPointer<const void>(x);
   i.xScales = typedPointer<const float>(xScales);
@@ -32,6 +32,8 @@ ep::DispatchInputs dispatchInputsOf(uintptr_t x, uintptr_t xScales, int numToken
   i.numTopk = numTopk;
   i.numExperts = numExperts;
   i.dtype = dtype;
+  i.isTokenInRank = typedPointer<const bool>(isTokenInRank);
+  i.numTokensPerExpert = typedPointer<const int32_t>(numTokensPerExpert);
   return i;
 }
 ep::DispatchOutputs dispatchOutputsOf(int capacity, uintptr_t recvX, uintptr_t recvXScales = 0,
@@ -73,7 +75,7 @@ void bindEp(py::module_& m) {
   py::class_<ep::DispatchInputs> in(ep, "DispatchInputs");
   in.def(py::init(&dispatchInputsOf), py::arg("x"), py::arg("x_scales"), py::arg("num_tokens"), py::arg("hidden"),
          py::arg("dtype"), py::arg("topk_idx") = 0, py::arg("topk_weights") = 0, py::arg("num_topk") = 0,
-         py::arg("num_experts") = 0)
+         py::arg("num_experts") = 0, py::arg("is_token_in_rank") = 0, py::arg("num_tokens_per_expert") = 0)
       .def(py::init<>())
       .def_readwrite("num_tokens", &ep::DispatchInputs::numTokens)
       .def_readwrite("hidden", &ep::DispatchInputs::hidden)
@@ -84,6 +86,8 @@ void bindEp(py::module_& m) {
   pointerField(in, "x_scales", &ep::DispatchInputs::xScales);
   pointerField(in, "topk_idx", &ep::DispatchInputs::topkIdx);
   pointerField(in, "topk_weights", &ep::DispatchInputs::topkWeights);
+  pointerField(in, "is_token_in_rank", &ep::DispatchInputs::isTokenInRank);
+  pointerField(in, "num_tokens_per_expert", &ep::DispatchInputs::numTokensPerExpert);
 
   py::class_<ep::DispatchOutputs> out(ep, "DispatchOutputs");
   out.def(py::init(&dispatchOutputsOf), py::arg("capacity"), py::arg("recv_x"), py::arg("recv_x_scales") = 0,
@@ -116,7 +120,8 @@ void bindEp(py::module_& m) {
       .def_property_readonly("num_tokens", &ep::DispatchHandle::numTokens)
       .def_property_readonly("hidden", &ep::DispatchHandle::hidden)
       .def_property_readonly("num_topk", &ep::DispatchHandle::numTopk)
-      .def_property_readonly("num_recv_tokens", &ep::DispatchHandle::numRecvTokens);
+      .def_property_readonly("num_recv_tokens", &ep::DispatchHandle::numRecvTokens)
+      .def_property_readonly("address", [](const ep::DispatchHandle& h) { return addressOf(&h); });
 
   // The Buffer keeps the _Context it was made from alive (keep_alive), since it holds a reference to it.
   py::class_<ep::Buffer>(ep, "Buffer")
@@ -182,7 +187,11 @@ void bindEp(py::module_& m) {
           py::arg("combined_x"), py::arg("combined_topk_weights"), py::arg("stream"))
       .def("counts_matrix",
            [](const ep::Buffer& b, const ep::DispatchHandle& h) { return addressOf(b.countsMatrix(h)); })
-      .def("check_errors", &ep::Buffer::checkErrors);
+      .def("check_errors", &ep::Buffer::checkErrors)
+      .def("local_buffer",
+           [](const ep::Buffer& b) { return std::make_pair(addressOf(b.localMemory()), b.localBytes()); })
+      // The C++ object, for gdx._gdx_torch (a module of its own pybind11, which cannot take this class).
+      .def_property_readonly("address", [](const ep::Buffer& b) { return addressOf(&b); });
   bindEpLowLatency(ep);
 }
 

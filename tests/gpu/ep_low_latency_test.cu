@@ -5,12 +5,15 @@
 // one expert in several slots included), the hook form with two calls in flight and the error of a third, a top-k
 // refused before anything is sent, 100 replays of a CUDA graph, and a rank killed mid-job. The test re-executes itself
 // once per rank.
+#include <cxxabi.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,6 +31,9 @@ namespace {
 
 using namespace test::ep;
 
+// A CUDA call checked where a fatal assertion cannot return (a constructor, a function returning a value).
+#define EXPECT_CUDA_OK(call) EXPECT_EQ((call), cudaSuccess) << #call
+
 // Token t of rank s: column 0 holds s, column 1 holds t (exact in BF16 below 256), the rest values in [-4, 4).
 float tokenValue(const Case& c, int s, int t, int i) {
   if (i == 0) return float(s);
@@ -39,6 +45,18 @@ float tokenValue(const Case& c, int s, int t, int i) {
 // place of another slot (two slots naming one expert carry the same token) shows in the combined values.
 float slotFactor(int k) {
   return k < 0 ? 0.f : 0.5f + 0.25f * float(k);
+}
+
+// The scale of a 128-element block as the kernel computes it, bit for bit: amax / 448 in f32, with roundScale rounded
+// up to a power of two from its bits.
+float refScale(float amax, bool round) {
+  float s = std::max(amax, 1e-4f) / 448.f;
+  if (!round) return s;
+  uint32_t u;
+  std::memcpy(&u, &s, 4);
+  u = ((u >> 23) + ((u & 0x7fffffu) != 0)) << 23;
+  std::memcpy(&s, &u, 4);
+  return s;
 }
 
 float fp8e4m3ToFloat(uint8_t v) {
@@ -62,6 +80,7 @@ struct LlCase {
   int maxTopk = 8;       // of the buffer
   int numThreads = 512;  // per block of every kernel
   int numSms = 128;      // blocks of every kernel (few: each block sends several tokens)
+  bool ue8m0 = false;    // with roundScale: the scales as UE8M0 bytes
 };
 
 struct Inputs {
@@ -88,17 +107,25 @@ Inputs makeInputs(const Job& j, const Case& c) {
   return in;
 }
 
+// The outputs of a dispatch (poisoned with 0xEE by Dev: bytes no row owns must stay so), and its statistics (zeroed).
 struct Outputs {
-  std::unique_ptr<Dev> x, scales, count;
+  std::unique_ptr<Dev> x, scales, count, recvStats, waitCost;
   ep::LowLatencyDispatchOutputs out;
   Outputs(const Job& j, const Case& c, bool fp8) {
     const size_t rows = size_t(j.L) * j.buf.config().maxTokensPerRank * j.R;  // [L, T * R]
     x = std::make_unique<Dev>(rows * c.hidden * (fp8 ? 1 : 2));
-    scales = std::make_unique<Dev>(rows * (c.hidden / 128) * 4);
+    scales = std::make_unique<Dev>(rows * (c.hidden / 128) * 4);  // f32 [L, H / 128, T * R], or UE8M0 (a quarter)
     count = std::make_unique<Dev>(size_t(j.L) * 4);
+    recvStats = std::make_unique<Dev>(size_t(j.L) * 4);
+    waitCost = std::make_unique<Dev>(size_t(j.R) * 8);
+    EXPECT_CUDA_OK(cudaMemset(recvStats->p, 0, recvStats->bytes));
+    EXPECT_CUDA_OK(cudaMemset(waitCost->p, 0, waitCost->bytes));
+    EXPECT_CUDA_OK(cudaDeviceSynchronize());
     out.recvX = x->p;
-    out.recvXScales = fp8 ? scales->as<float>() : nullptr;
+    out.recvXScales = fp8 ? scales->p : nullptr;
     out.recvCount = count->as<int32_t>();
+    out.cumulativeRecvStats = recvStats->as<int32_t>();
+    out.waitRecvCostStats = waitCost->as<int64_t>();
   }
 };
 
@@ -122,7 +149,20 @@ std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Output
   auto src = Dev::getFrom<int32_t>(h.srcInfo(), size_t(j.L) * rowsPerExpert);
   auto slot = Dev::getFrom<int32_t>(h.srcSlot(), size_t(j.L) * rowsPerExpert);
   auto x = o.x->get<uint8_t>(size_t(j.L) * rowsPerExpert * xb);
-  auto sc = o.scales->get<float>(lc.fp8 ? size_t(j.L) * rowsPerExpert * ns : 0);
+  // The scales in DeepEP's layouts (LowLatencyDispatchOutputs::recvXScales): f32 [L, ns, rows], UE8M0 [L, G, rows, 4].
+  const int G = (ns + 3) / 4;
+  const size_t scaleBytes = lc.fp8 ? size_t(j.L) * rowsPerExpert * (lc.ue8m0 ? G * 4 : ns * 4) : 0;
+  auto sc = o.scales->get<uint8_t>(scaleBytes);
+  const auto scaleAt = [&](int e, size_t i, int blk) -> size_t {  // byte offset of scale blk of row i of expert e
+    return lc.ue8m0 ? ((size_t(e) * G + blk / 4) * rowsPerExpert + i) * 4 + blk % 4
+                    : ((size_t(e) * ns + blk) * rowsPerExpert + i) * 4;
+  };
+  const auto scaleOf = [&](int e, size_t i, int blk) {
+    if (lc.ue8m0) return std::ldexp(1.0f, int(sc[scaleAt(e, i, blk)]) - 127);
+    float f;
+    std::memcpy(&f, &sc[scaleAt(e, i, blk)], 4);
+    return f;
+  };
   std::vector<uint16_t> y(size_t(j.L) * rowsPerExpert * H, 0);
   int bad = 0;
   for (int e = 0; e < j.L && bad < 5; ++e) {
@@ -146,7 +186,7 @@ std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Output
           const float v = tokenValue(c, s, t, col);
           float g;
           if (lc.fp8) {
-            const float scale = sc[row * ns + col / 128];
+            const float scale = scaleOf(e, size_t(i), col / 128);
             g = fp8e4m3ToFloat(x[row * xb + col]) * scale;
             if (std::fabs(g - v) > std::fabs(v) / 16 + scale / 512 + 1e-6f) {
               ADD_FAILURE() << form << ": expert " << e << " row " << i << " (rank " << s << " token " << t
@@ -172,7 +212,10 @@ std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Output
     }
     EXPECT_EQ(counts[e], run) << form << ": count of expert " << e;
   }
-  if (lc.fp8) {  // the scales: amax / 448 of each 128 elements (a power of two at least that with roundScale)
+  if (lc.fp8) {
+    // Every byte of the scales against the host's image: each received row's scales (amax / 448 of each 128 elements,
+    // bit for bit, rounded up to a power of two with roundScale, its exponent byte with UE8M0), and 0xEE elsewhere.
+    std::vector<uint8_t> want(scaleBytes, 0xEE);
     for (int e = 0; e < j.L; ++e)
       for (int i = 0; i < std::min<int>(counts[e], int(rowsPerExpert)); ++i) {
         const size_t row = size_t(e) * rowsPerExpert + i;
@@ -182,10 +225,21 @@ std::vector<uint16_t> checkDispatch(const Job& j, const LlCase& lc, const Output
           float amax = 0;
           for (int col = blk * 128; col < blk * 128 + 128; ++col)
             amax = std::max(amax, std::fabs(tokenValue(c, s, src[row], col)));
-          float want = std::max(amax, 1e-4f) / 448.f;
-          if (lc.roundScale) want = std::exp2(std::ceil(std::log2(want)));
-          EXPECT_NEAR(sc[row * ns + blk], want, want * 1e-6) << form << ": scale " << blk << " of expert " << e;
+          const float f = refScale(amax, lc.roundScale);
+          uint32_t bits;
+          std::memcpy(&bits, &f, 4);
+          if (lc.ue8m0)
+            want[scaleAt(e, size_t(i), blk)] = uint8_t(bits >> 23);
+          else
+            std::memcpy(&want[scaleAt(e, size_t(i), blk)], &bits, 4);
         }
+      }
+    int wrong = 0;
+    for (size_t b = 0; b < scaleBytes && wrong < 5; ++b)
+      if (sc[b] != want[b]) {
+        ADD_FAILURE() << form << ": scale byte " << b << " is " << int(sc[b]) << ", want " << int(want[b])
+                      << (lc.ue8m0 ? " (UE8M0)" : " (f32)");
+        ++wrong;
       }
   }
   return y;
@@ -199,9 +253,11 @@ void checkCombine(const Job& j, const LlCase& lc, const Inputs& in, const ep::Lo
                   const std::vector<std::string>* earlierError = nullptr) {
   const Case& c = lc.c;
   const int me = j.ctx.rank(), H = c.hidden, K = c.topk;
-  Dev dy(y.size() * 2), out(size_t(in.n) * H * 2);
+  Dev dy(y.size() * 2), out(size_t(in.n) * H * 2), cost(size_t(j.R) * 8);
   dy.put(y.data(), y.size() * 2);
-  ep::LowLatencyCombineInputs ci{dy.p, in.idx->as<int64_t>(), in.w->as<float>()};
+  GDX_TEST_CUDA(cudaMemset(cost.p, 0, cost.bytes));
+  GDX_TEST_CUDA(cudaDeviceSynchronize());
+  ep::LowLatencyCombineInputs ci{dy.p, in.idx->as<int64_t>(), in.w->as<float>(), cost.as<int64_t>()};
   try {
     j.buf.lowLatencyCombine(ci, h, out.p, j.stream, hook);
     if (earlierError) ADD_FAILURE() << form << ": the earlier call's error was not thrown";
@@ -227,6 +283,34 @@ void checkCombine(const Job& j, const LlCase& lc, const Inputs& in, const ep::Lo
     for (int i = 0; i < H; ++i) g[size_t(t) * H + i] = floatOfBf16(got[size_t(t) * H + i]);
   }
   EXPECT_LT(calcDiff(ref, g), lc.fp8 ? 9e-4 : 1e-5) << form << ": combine calc_diff";
+  // The wait statistics: cycles for each rank a token of this rank went to (not masked), none for a rank of this host
+  // no token went to (a rank of another host is waited for, by its signal, either way).
+  const auto cycles = cost.get<int64_t>(j.R);
+  std::vector<bool> sentTo(j.R, false);
+  for (int64_t e : in.hidx)
+    if (e >= 0) sentTo[e / j.L] = true;
+  for (int r = 0; r < j.R; ++r) {
+    if (masked[r]) continue;
+    if (sentTo[r])
+      EXPECT_GT(cycles[r], 0) << form << ": combine wait cycles for rank " << r;
+    else if (r == me || j.ctx.isDirect(r))
+      EXPECT_EQ(cycles[r], 0) << form << ": combine wait cycles for rank " << r << ", which no token went to";
+    EXPECT_LT(cycles[r], int64_t(1) << 50) << form << ": combine wait cycles for rank " << r;
+  }
+}
+
+// A dispatch's statistics after `calls` dispatches into the same outputs: cumulative_local_expert_recv_stats is the sum
+// of the counts, exactly; every rank not masked was waited for (its counts), none past all plausibility.
+void checkDispatchStats(const Job& j, const Outputs& o, int calls, const std::string& form) {
+  const auto counts = o.count->get<int32_t>(j.L), stats = o.recvStats->get<int32_t>(j.L);
+  for (int e = 0; e < j.L; ++e)
+    EXPECT_EQ(stats[e], calls * counts[e]) << form << ": received-rows stats of expert " << e;
+  const auto cycles = o.waitCost->get<int64_t>(j.R);
+  const std::vector<bool> masked = maskOf(j);
+  for (int r = 0; r < j.R; ++r) {
+    if (!masked[r]) EXPECT_GT(cycles[r], 0) << form << ": dispatch wait cycles for rank " << r;
+    EXPECT_LT(cycles[r], int64_t(1) << 50) << form << ": dispatch wait cycles for rank " << r;
+  }
 }
 
 void runCase(const Job& j, const LlCase& lc, bool withHook) {
@@ -237,7 +321,7 @@ void runCase(const Job& j, const LlCase& lc, bool withHook) {
   Outputs o(j, c, lc.fp8);
   ep::LowLatencyHandle h = j.buf.newHandle();
   ep::LowLatencyHook hook;
-  ep::LowLatencyDispatchInputs di{in.x->p, in.idx->as<int64_t>(), in.n, c.topk, lc.fp8, lc.roundScale};
+  ep::LowLatencyDispatchInputs di{in.x->p, in.idx->as<int64_t>(), in.n, c.topk, lc.fp8, lc.roundScale, lc.ue8m0};
   j.buf.lowLatencyDispatch(di, o.out, h, j.stream, withHook ? &hook : nullptr);
   if (withHook) {
     EXPECT_TRUE(hook.pending());
@@ -246,18 +330,26 @@ void runCase(const Job& j, const LlCase& lc, bool withHook) {
   GDX_TEST_CUDA(cudaStreamSynchronize(j.stream));
   j.buf.checkErrors();
   const auto y = checkDispatch(j, lc, o, h, allIdx, "dispatch");
+  checkDispatchStats(j, o, 1, "dispatch");
   checkCombine(j, lc, in, h, y, "combine", withHook ? &hook : nullptr);
   j.ctx.barrier();
 }
 
 std::vector<LlCase> cases(int T) {
   std::vector<LlCase> v;
-  auto add = [&](Case c, bool fp8, bool round = false) { v.push_back({c, fp8, round}); };
+  auto add = [&](Case c, bool fp8, bool round = false, bool ue8m0 = false) {
+    v.push_back({c, fp8, round, 8, 512, 128, ue8m0});
+  };
   add({"bf16 H2048 K4 E16", T - 24, 2048, 4, 16, false}, false);
   add({"bf16 holes H2048 K8 E32", T - 24, 2048, 8, 32, false, Values::kRandom, Routing::kWithHoles, -1, 1, 3}, false);
   add({"fp8 H7168 K8 E288", T - 24, 7168, 8, 288, true, Values::kRandom, Routing::kRandom, -1, 1, 5}, true);
   add({"fp8 ue8m0 holes H4096 K6 E64", T - 24, 4096, 6, 64, true, Values::kRandom, Routing::kWithHoles, -1, 1, 7}, true,
+      true, true);
+  add({"fp8 round scales H2048 K8 E32", T - 24, 2048, 8, 32, true, Values::kRandom, Routing::kRandom, -1, 1, 8}, true,
       true);
+  // UE8M0 where the last group of four scales is partial (nine blocks: two groups and one byte).
+  add({"fp8 ue8m0 odd blocks H1152 K8 E16", T - 24, 1152, 8, 16, true, Values::kRandom, Routing::kRandom, -1, 1, 10},
+      true, true, true);
   add({"bf16 rank 1 sends nothing H2048 K8 E16", T - 24, 2048, 8, 16, false, Values::kRandom, Routing::kRandom, 1, 1,
        9},
       false);
@@ -417,6 +509,7 @@ void graphReplays(Context& ctx, cudaStream_t stream, int T, uint64_t firstEpoch 
     GDX_TEST_CUDA(cudaStreamSynchronize(stream));
     buf.checkErrors();
     checkDispatch(j, lc, o, h, allIdx, "graph replay " + std::to_string(i));
+    checkDispatchStats(j, o, i + 2, "graph replay " + std::to_string(i));  // the warm-up's dispatch and i + 1 replays
     // Every expert returns ones: each token's sum is the sum of its weights.
     auto got = out.get<uint16_t>(size_t(in.n) * 2048);
     for (int t = 0; t < in.n; ++t) {
@@ -433,6 +526,223 @@ void graphReplays(Context& ctx, cudaStream_t stream, int T, uint64_t firstEpoch 
 
 constexpr int kT = 64;
 
+// A plain dispatch of `in` (top-k `topk`) into `o`, waited for: the seconds it took.
+double timedDispatch(const Job& j, const Inputs& in, int topk, bool fp8, const Outputs& o, ep::LowLatencyHandle& h) {
+  const auto t0 = std::chrono::steady_clock::now();
+  j.buf.lowLatencyDispatch({in.x->p, in.idx->as<int64_t>(), in.n, topk, fp8}, o.out, h, j.stream);
+  EXPECT_CUDA_OK(cudaStreamSynchronize(j.stream));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The kernels of a stream's capture: (demangled name, function) per kernel node, in no particular order.
+std::vector<std::pair<std::string, const void*>> capturedKernels(cudaStream_t stream,
+                                                                 const std::function<void()>& calls) {
+  cudaGraph_t graph;
+  EXPECT_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  calls();
+  EXPECT_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  size_t n = 0;
+  EXPECT_CUDA_OK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  EXPECT_CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  std::vector<std::pair<std::string, const void*>> kernels;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    EXPECT_CUDA_OK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    cudaKernelNodeParams p{};
+    EXPECT_CUDA_OK(cudaGraphKernelNodeGetParams(node, &p));
+    const char* name = nullptr;
+    EXPECT_CUDA_OK(cudaFuncGetName(&name, p.func));
+    int status = 0;
+    char* demangled = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+    kernels.push_back({status == 0 && demangled ? std::string(demangled) : std::string(name), p.func});
+    std::free(demangled);
+  }
+  // Run it once (every rank captured the same calls; the buffer's epochs advance on every rank alike).
+  cudaGraphExec_t exec;
+  EXPECT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  EXPECT_CUDA_OK(cudaGraphLaunch(exec, stream));
+  EXPECT_CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return kernels;
+}
+
+int namesContaining(const std::vector<std::pair<std::string, const void*>>& kernels, const std::string& word) {
+  int n = 0;
+  for (const auto& k : kernels) n += k.first.find(word) != std::string::npos;
+  return n;
+}
+
+// What a profiler shows (DeepEP's tests/utils.py bench_kineto): a call without a hook is one kernel, named
+// "...::dispatch(...)" or "...::combine(...)"; with a hook, the send and the hook's receive are two launches of that
+// same kernel. No other kernel of a call (nor the mask accessors') has "dispatch" or "combine" in its name.
+void oneKernelPerCall(Context& ctx, cudaStream_t stream, int T) {
+  LlCase lc{{"kernels fp8 H2048 K8 E16", T - 24, 2048, 8, 16, true}, true};
+  ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 8});
+  Job j{ctx, buf, stream, ctx.worldSize(), 16 / ctx.worldSize()};
+  Inputs in = makeInputs(j, lc.c);
+  Outputs o(j, lc.c, true);
+  ep::LowLatencyHandle h = buf.newHandle();
+  Dev out(size_t(in.n) * 2048 * 2), y(size_t(j.L) * T * j.R * 2048 * 2), mask(size_t(j.R) * 4);
+  ep::LowLatencyDispatchInputs di{in.x->p, in.idx->as<int64_t>(), in.n, 8, true};
+  ep::LowLatencyCombineInputs ci{y.p, in.idx->as<int64_t>(), in.w->as<float>()};
+  buf.lowLatencyDispatch(di, o.out, h, stream);  // the combine's checks need a received dispatch
+  GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+  const auto plain = capturedKernels(stream, [&] {
+    buf.lowLatencyDispatch(di, o.out, h, stream);
+    buf.lowLatencyCombine(ci, h, out.p, stream);
+  });
+  ASSERT_EQ(plain.size(), 2u) << "a dispatch and a combine without hooks are one kernel each";
+  EXPECT_EQ(namesContaining(plain, "::dispatch("), 1) << plain[0].first << " / " << plain[1].first;
+  EXPECT_EQ(namesContaining(plain, "::combine("), 1) << plain[0].first << " / " << plain[1].first;
+  EXPECT_EQ(namesContaining(plain, "dispatch"), 1) << plain[0].first << " / " << plain[1].first;
+  EXPECT_EQ(namesContaining(plain, "combine"), 1) << plain[0].first << " / " << plain[1].first;
+  ep::LowLatencyHook hook;
+  const auto hooked = capturedKernels(stream, [&] {
+    buf.lowLatencyDispatch(di, o.out, h, stream, &hook);
+    hook.run(stream);
+    buf.lowLatencyCombine(ci, h, out.p, stream, &hook);
+    hook.run(stream);
+  });
+  ASSERT_EQ(hooked.size(), 4u) << "send and hook: two launches per call";
+  EXPECT_EQ(namesContaining(hooked, "dispatch"), 2);
+  EXPECT_EQ(namesContaining(hooked, "combine"), 2);
+  std::vector<const void*> funcs;
+  for (const auto& k : hooked) funcs.push_back(k.second);
+  std::sort(funcs.begin(), funcs.end());
+  EXPECT_EQ(std::unique(funcs.begin(), funcs.end()) - funcs.begin(), 2) << "send and receive are one kernel each";
+  const auto accessors = capturedKernels(stream, [&] {
+    buf.queryMask(mask.as<int32_t>(), stream);
+    buf.updateMask((ctx.rank() + 1) % j.R, true, stream);
+    buf.updateMask((ctx.rank() + 1) % j.R, false, stream);
+    buf.cleanMask(stream);
+  });
+  EXPECT_EQ(accessors.size(), 4u);
+  EXPECT_EQ(namesContaining(accessors, "dispatch") + namesContaining(accessors, "combine"), 0);
+  ctx.barrier();
+}
+
+// The mask accessors (DeepEP's shrink mode): every rank but the last masks the last, which then makes no call; their
+// calls skip it (no wait, no timeout) and its tokens count as not sent; a rank masked before a call cannot come back
+// after it; masked and unmasked before any call, a rank is back.
+void maskAccessors(Context& ctx, cudaStream_t stream, int T) {
+  const int R = ctx.worldSize(), me = ctx.rank(), last = R - 1;
+  LlCase lc{{"masks bf16 H2048 K4 E16", T - 24, 2048, 4, 16, false, Values::kRandom, Routing::kRandom, -1, 1, 51}};
+  ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 4});
+  Job j{ctx, buf, stream, R, 16 / R};
+  Dev mask(size_t(R) * 4);
+  const auto query = [&]() -> std::vector<int32_t> {
+    buf.queryMask(mask.as<int32_t>(), stream);
+    EXPECT_CUDA_OK(cudaStreamSynchronize(stream));
+    return mask.get<int32_t>(R);
+  };
+  EXPECT_EQ(query(), std::vector<int32_t>(R, 0));
+  expectThrowContaining([&] { buf.updateMask(me, true, stream); }, "cannot mask itself", "masking itself");
+  expectThrowContaining([&] { buf.updateMask(R, true, stream); }, "outside", "masking a rank out of range");
+  // Masked and unmasked before any call: back at once (updateMask, then cleanMask).
+  const int other = (me + 1) % R;
+  buf.updateMask(other, true, stream);
+  std::vector<int32_t> want(R, 0);
+  want[other] = 1;
+  EXPECT_EQ(query(), want);
+  EXPECT_EQ(buf.maskedRanks(), std::vector<int>{other});
+  buf.updateMask(other, false, stream);
+  EXPECT_EQ(query(), std::vector<int32_t>(R, 0));
+  buf.updateMask(other, true, stream);
+  buf.cleanMask(stream);
+  EXPECT_EQ(query(), std::vector<int32_t>(R, 0));
+  EXPECT_TRUE(buf.maskedRanks().empty());
+  ctx.barrier();
+  Inputs in = makeInputs(j, lc.c);
+  const auto allIdx = allGather(ctx, in.hidx);
+  if (me != last) {
+    buf.updateMask(last, true, stream);
+    want.assign(R, 0);
+    want[last] = 1;
+    for (int round = 0; round < 2; ++round) {
+      Outputs o(j, lc.c, false);
+      ep::LowLatencyHandle h = buf.newHandle();
+      EXPECT_LT(timedDispatch(j, in, 4, false, o, h), 1.0) << "a masked rank is not waited for";
+      EXPECT_EQ(query(), want);
+      const auto y = checkDispatch(j, lc, o, h, allIdx, "dispatch with a rank masked by updateMask");
+      checkDispatchStats(j, o, 1, "dispatch with a rank masked by updateMask");
+      checkCombine(j, lc, in, h, y, "combine with a rank masked by updateMask");
+    }
+    expectThrowContaining([&] { buf.updateMask(last, false, stream); }, "cannot come back", "unmask after calls");
+    expectThrowContaining([&] { buf.cleanMask(stream); }, "cannot come back", "clean after calls");
+    EXPECT_EQ(query(), want);
+  }
+  ctx.barrier();
+}
+
+// DeepEP's --shrink-test: a rank stops calling (alive, it only skips its calls). The last rank skips the dispatch of
+// the second round and everything after; with four ranks or more, rank 1 makes that dispatch and skips the combine
+// after it. The others mask each within about GDX_TIMEOUT_MS, complete their calls without its tokens, and the next
+// round skips both at once.
+void rankSkipsMain() {
+  Context ctx;
+  const int R = ctx.worldSize(), me = ctx.rank(), skipsDispatch = R - 1, skipsCombine = R >= 4 ? 1 : -1;
+  cudaStream_t stream;
+  GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LlCase lc{{"rank skips fp8 H2048 K8 E32", kT - 24, 2048, 8, 32, true, Values::kRandom, Routing::kRandom, -1, 1, 61},
+            true};
+  {
+    ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{kT, 2048, 32, 8});
+    Job j{ctx, buf, stream, R, 32 / R};
+    Inputs in = makeInputs(j, lc.c);
+    const auto allIdx = allGather(ctx, in.hidx);
+    Dev mask(size_t(R) * 4);
+    for (int round = 0; round < 3; ++round) {
+      if (round >= 1 && me == skipsDispatch) break;
+      Outputs o(j, lc.c, true);
+      ep::LowLatencyHandle h = buf.newHandle();
+      const double sec = timedDispatch(j, in, 8, true, o, h);
+      EXPECT_LT(sec, round == 1 ? 30.0 : 1.0) << "round " << round << ": the dispatch took " << sec << " s";
+      buf.queryMask(mask.as<int32_t>(), stream);
+      GDX_TEST_CUDA(cudaStreamSynchronize(stream));
+      const auto m = mask.get<int32_t>(R);
+      for (int r = 0; r < R; ++r)
+        EXPECT_EQ(m[r], (round >= 1 && r == skipsDispatch) || (round >= 2 && r == skipsCombine) ? 1 : 0)
+            << "round " << round << ": mask of rank " << r << " after the dispatch";
+      const auto y = checkDispatch(j, lc, o, h, allIdx, "dispatch, round " + std::to_string(round));
+      if (round >= 1 && me == skipsCombine) break;
+      checkCombine(j, lc, in, h, y, "combine, round " + std::to_string(round));
+      if (round >= 1 && skipsCombine >= 0) EXPECT_TRUE(maskOf(j)[skipsCombine]) << "round " << round;
+    }
+    ctx.barrier();  // the ranks that skipped wait here (GDX_BOOTSTRAP_TIMEOUT_MS is long in this test)
+  }
+  cudaStreamDestroy(stream);
+}
+
+// DeepEP's default shape: 288 experts on two ranks (144 local experts), hidden 7168, 128 tokens a rank, top-8: FP8
+// with UE8M0 scales and plain FP8, each plain and through a hook, checked row by row and byte by byte.
+void deepSeekShapeMain() {
+  Context ctx;
+  cudaStream_t stream;
+  GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int T = 128;
+  const int R = ctx.worldSize();
+  {
+    ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 7168, 288, 8});
+    Job j{ctx, buf, stream, R, 288 / R};
+    for (bool ue8m0 : {true, false}) {
+      LlCase lc{{ue8m0 ? "deepseek fp8 ue8m0 H7168 K8 E288 T128" : "deepseek fp8 H7168 K8 E288 T128", T - 7 * (R - 1),
+                 7168, 8, 288, true, Values::kRandom, Routing::kRandom, -1, 1, 71},
+                true,
+                ue8m0,
+                8,
+                512,
+                128,
+                ue8m0};
+      runCase(j, lc, false);
+      runCase(j, lc, true);
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
 void childMain() {
   Context ctx;
   cudaStream_t stream;
@@ -441,6 +751,8 @@ void childMain() {
   doubleBuffering(ctx, stream, kT);
   refusedTopk(ctx, stream, kT);
   graphReplays(ctx, stream, kT);
+  oneKernelPerCall(ctx, stream, kT);
+  maskAccessors(ctx, stream, kT);
   cudaStreamDestroy(stream);
 }
 
@@ -471,10 +783,7 @@ void rankDiesMain() {
   for (int round = 0; round < 2; ++round) {
     Outputs o(j, lc.c, false);
     ep::LowLatencyHandle h = buf.newHandle();
-    const auto t0 = std::chrono::steady_clock::now();
-    buf.lowLatencyDispatch({in.x->p, in.idx->as<int64_t>(), in.n, 4, false}, o.out, h, stream);
-    GDX_TEST_CUDA(cudaStreamSynchronize(stream));
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = timedDispatch(j, in, 4, false, o, h);
     EXPECT_LT(s, round == 0 ? 20.0 : 1.0) << "round " << round << ": the dispatch took " << s << " s";
     const std::vector<bool> masked = maskOf(j);
     EXPECT_TRUE(masked[dead]) << "the dead rank is not masked";
@@ -490,19 +799,25 @@ TEST(EpLowLatencyChild, Run) {
   if (!child) GTEST_SKIP() << "runs only as a child of EpLowLatency.* (GDX_EP_LL_CHILD)";
   if (std::string(child) == "rank-dies")
     rankDiesMain();
+  else if (std::string(child) == "rank-skips")
+    rankSkipsMain();
+  else if (std::string(child) == "deepseek")
+    deepSeekShapeMain();
   else if (std::string(child) == "epochs")
     epochsPast32BitsMain();
   else
     childMain();
 }
 
-void runRanks(const std::string& mode, const std::string& timeoutMs, int ranks, int hosts = 0) {
+void runRanks(const std::string& mode, const std::string& timeoutMs, int ranks, int hosts = 0,
+              const std::string& bootstrapTimeoutMs = "") {
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) gpus = 1;
   test::spawnRanks(ranks, "EpLowLatencyChild.Run", "ep-ll-test", [&](int r) {
     std::vector<std::string> env{"GDX_CUDA_DEVICE=" + std::to_string(r % gpus), "GDX_EP_LL_CHILD=" + mode,
                                  "GDX_TIMEOUT_MS=" + timeoutMs, "GDX_LOG_LEVEL=WARN"};
     if (hosts) env.push_back("GDX_HOSTS=" + std::to_string(hosts));
+    if (!bootstrapTimeoutMs.empty()) env.push_back("GDX_BOOTSTRAP_TIMEOUT_MS=" + bootstrapTimeoutMs);
     return env;
   });
 }
@@ -526,6 +841,28 @@ TEST(EpLowLatency, TwoEmulatedHostsMatchTheReference) {
 TEST(EpLowLatency, CallsPast32BitEpochsMatchTheReference) {
   GDX_SKIP_WITHOUT_GPU();
   runRanks("epochs", "10000", 2);
+}
+
+// DeepEP's default shape (test_low_latency.py): 288 experts on two ranks, hidden 7168, 128 tokens, top-8.
+TEST(EpLowLatency, DeepSeekShapeOnTwoRanksMatchesTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("deepseek", "60000", 2);
+}
+
+// A rank that stops calling but stays alive (DeepEP's --shrink-test) is masked by the others within GDX_TIMEOUT_MS.
+TEST(EpLowLatency, RankThatStopsCallingIsMaskedOnTwoRanks) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("rank-skips", "3000", 2, 0, "120000");
+}
+
+TEST(EpLowLatency, RankThatStopsCallingIsMaskedOnFourRanksOfOneHost) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("rank-skips", "3000", 4, 0, "120000");
+}
+
+TEST(EpLowLatency, RankThatStopsCallingIsMaskedOnTwoEmulatedHosts) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("rank-skips", "3000", 4, 2, "120000");
 }
 
 TEST(EpLowLatency, DeadRankIsMaskedOnTwoRanks) {

@@ -38,6 +38,9 @@ def _from_process_group(rank, world, store_port):
             with gdx.Context.from_process_group(sub) as ctx:
                 assert (ctx.rank, ctx.world_size) == (rank - 1, 2)
                 ctx.barrier()
+        # Rank 0 hosts the TCPStore that carries the subgroup's rendezvous: it must not tear the group down (newer
+        # torch closes the store's server at once) before the subgroup's ranks have met.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

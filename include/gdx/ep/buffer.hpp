@@ -26,20 +26,25 @@
 // or, without any host synchronisation (CUDA-graph capturable), `dispatchWorst(in, h, out, numWorstTokens, ...)`
 // with outputs of numWorstTokens rows; the received count is then only on the device (out.numRecvTokens).
 //
+// Without top-k, as DeepEP's dispatch without topk_idx: DispatchInputs::isTokenInRank (which ranks each token goes
+// to) and numTokensPerExpert (the counts each expert's rank reports; both from getDispatchLayout) replace topkIdx,
+// with numTopk 0; rows, order, counts matrix, cached form and combine are those of the top-k form with that routing.
+//
 // A token whose top-k names one expert in several slots is still sent once to that expert's rank: recvTopkIdx and
 // recvTopkWeights list the expert in each such slot with that slot's weight, and the per-expert counts count each
 // slot (as DeepEP's num_tokens_per_expert); combine adds the one row that rank returns for the token (weighting the
 // slots' outputs into it is the caller's, before combine).
 //
 // Errors, never hangs: arguments the host can check (expert count not a multiple of the ranks, hidden size, dtype,
-// top-k, more tokens than the buffer holds) throw gdx::Error(kInvalidArgument) before anything is launched. An
-// expert id >= E or < -1 in a dispatch's top-k is exchanged among the ranks before any token is sent, so every rank
-// skips the data phase alike and dispatchPrepare throws it on every rank. What a kernel finds on one rank alone
-// (getDispatchLayout's bad ids, more received rows than a worst-form dispatch's outputs hold) is kept in host-mapped
-// memory and thrown by checkErrors() or by the next call once that call was launched, so that this rank still makes
-// the collective calls the others make and wait for. Every wait inside
-// the kernels is bounded by GDX_TIMEOUT_MS and ends on a peer's failure; the error names the rank, the peer, the
-// wait and the values seen. After a timeout the Buffer is unusable (every later call throws).
+// top-k or its absence, more tokens than the buffer holds) throw gdx::Error(kInvalidArgument) before anything is
+// launched. An expert id >= E or < -1 in a dispatch's top-k, or a negative count in a by-rank dispatch's
+// numTokensPerExpert, is exchanged among the ranks before any token is sent, so every rank skips the data phase alike
+// and dispatchPrepare throws it on every rank. What a kernel finds on one rank alone (getDispatchLayout's bad ids,
+// more received rows than a worst-form dispatch's outputs hold) is kept in host-mapped memory and thrown by
+// checkErrors() or by the next call once that call was launched, so that this rank still makes the collective calls
+// the others make and wait for. Every wait inside the kernels is bounded by GDX_TIMEOUT_MS and ends on a peer's
+// failure; the error names the rank, the peer, the wait and the values seen. After a timeout the Buffer is unusable
+// (every later call throws).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -72,8 +77,19 @@ struct Config {
 };
 
 /// What dispatch sends. x: [numTokens, hidden] BF16, or FP8 e4m3 bytes with xScales f32 [numTokens, hidden / 128].
-/// topkIdx int64 [numTokens, numTopk] (-1: no expert), topkWeights f32 [numTokens, numTopk]. The cached form may
-/// leave topkIdx / topkWeights null (then the received top-k outputs are not written).
+///
+/// The routing comes in one of two forms (every rank of a call uses the same one):
+/// - top-k: topkIdx int64 [numTokens, numTopk] (-1: no expert), topkWeights f32 [numTokens, numTopk] (optional);
+///   numTopk in [1, kMaxTopk]. The tokens go to the ranks of their experts, the per-expert counts are counted from
+///   topkIdx; isTokenInRank and numTokensPerExpert are ignored. A rank with no tokens may leave topkIdx null.
+/// - by rank (DeepEP's dispatch without top-k): topkIdx and topkWeights null, numTopk 0; isTokenInRank bool
+///   [numTokens, numRanks] says which ranks each token goes to (may be null only with no tokens) and
+///   numTokensPerExpert int32 [numExperts] (required; get_dispatch_layout's) is what this rank reports to each
+///   expert's rank, which sums them over the sources into its numRecvTokensPerExpert. Nothing else differs: the same
+///   rows in the same order, counts matrix, cached form and combine (no top-k outputs are written). A negative count
+///   is bad input, refused on every rank alike as a bad expert id is.
+/// The cached form takes its routing from the handle: it may leave all four null (then the received top-k outputs
+/// are not written).
 struct DispatchInputs {
   const void* x = nullptr;
   const float* xScales = nullptr;
@@ -84,6 +100,8 @@ struct DispatchInputs {
   int numTopk = 0;
   int numExperts = 0;
   DType dtype = DType::kBFloat16;
+  const bool* isTokenInRank = nullptr;          ///< [numTokens, numRanks]: the by-rank form's routing
+  const int32_t* numTokensPerExpert = nullptr;  ///< [numExperts]: the by-rank form's per-expert counts
 };
 
 /// Where dispatch writes; rows in source-rank order, each source's rows in its token order (as DeepEP). Pointers
@@ -179,8 +197,9 @@ class Buffer {
   /// `stream`. An expert id out of range is recorded (thrown by checkErrors() or, once launched, by the next call).
   void getDispatchLayout(const int64_t* topkIdx, int numTokens, int numTopk, int numExperts, int32_t* numTokensPerRank,
                          int32_t* numTokensPerExpert, bool* isTokenInRank, cudaStream_t stream);
-  /// Computes the routing of `in` into `handle` and exchanges the counts; waits for them on the host and returns
-  /// them. Throws for bad input on any rank (naming the rank and the value), before any token is sent.
+  /// Computes the routing of `in` (from its top-k, or by rank from isTokenInRank: DispatchInputs) into `handle` and
+  /// exchanges the counts; waits for them on the host and returns them. Throws for bad input on any rank (naming the
+  /// rank and the value), before any token is sent.
   DispatchCounts dispatchPrepare(const DispatchInputs& in, DispatchHandle& handle, int expertAlignment,
                                  cudaStream_t stream, int32_t* numRecvTokensPerExpert = nullptr);
   /// Sends the tokens along `handle`'s routing (of a dispatchPrepare on the same token count, or any earlier
@@ -204,6 +223,11 @@ class Buffer {
 
   /// Throws the first error a kernel of this Buffer recorded (gdx::Error naming rank, peer, value); no sync.
   void checkErrors() const;
+
+  /// This rank's NVLink buffer (the nvlBytes its peers store into; DeepEP's get_local_buffer_tensor): device memory
+  /// whose bytes the kernels own between calls.
+  void* localMemory() const;
+  size_t localBytes() const { return nvlBytes_; }
 
  private:
   struct Impl;

@@ -27,10 +27,15 @@
 //   ... experts run on out.recvX[j][0 .. recvCount[j]) ...
 //   buf.lowLatencyCombine(cin, h, combined, stream);           // weighted sum back into [N, H]
 //
-// Send/receive split: pass a LowLatencyHook*; the call then launches only the sends and the hook (hook.run(stream))
-// launches the receive half later, so no SM waits while the data is in flight. Two calls may be in flight (double
-// buffering: consecutive calls use the two buffers in turn); a third before the oldest hook ran throws
-// kInvalidArgument, and hooks run in the order of their calls. Ranks make the same calls in the same order.
+// Kernels: one per operation, gdx::ep::ll::dispatch and gdx::ep::ll::combine, with a phase argument (send, receive
+// or both), so that a profiler shows one line for each (as DeepEP's). A call without a hook is one launch: each block
+// does its share of the sends and then its share of the receive, which waits for the data by stamps and counts (the
+// launch takes at most as many blocks as fit on the GPU at once, so that no block waits for one not yet running).
+// Send/receive split: pass a LowLatencyHook*; the call then launches only the send phase and the hook
+// (hook.run(stream)) launches the same kernel's receive phase later, so no SM waits while the data is in flight. Two
+// calls may be in flight (double buffering: consecutive calls use the two buffers in turn); a third before the oldest
+// hook ran throws kInvalidArgument, and hooks run in the order of their calls. Ranks make the same calls in the same
+// order.
 //
 // Dead peers: every wait is bounded by GDX_TIMEOUT_MS. A rank whose data does not arrive in time, that the Context
 // knows failed (its connection broke: at once, without waiting out the timeout) or that cannot be reached (its put is
@@ -96,15 +101,30 @@ struct LowLatencyDispatchInputs {
   int numTokens = 0;
   int numTopk = 0;
   bool useFp8 = true;       ///< FP8 e4m3 with an f32 scale per 128 elements; false: BF16 as given
-  bool roundScale = false;  ///< FP8: scales rounded up to powers of two (UE8M0)
+  bool roundScale = false;  ///< FP8: scales rounded up to powers of two
+  /// FP8 with roundScale: the scales are written as UE8M0 (each power-of-two scale's 8-bit exponent, the f32's bits 23
+  /// to 30), four to an int32 (LowLatencyDispatchOutputs::recvXScales). DeepEP's use_ue8m0.
+  bool useUe8m0 = false;
 };
 
 /// Where lowLatencyDispatch writes. Rows of local expert j: [0, recvCount[j]), grouped by source rank in rank order
 /// (handle.layoutRange says where each source's rows are); rows past the count are not written.
 struct LowLatencyDispatchOutputs {
-  void* recvX = nullptr;         ///< [L, T * R, H]: FP8 e4m3 bytes or BF16
-  float* recvXScales = nullptr;  ///< [L, T * R, H / 128] (FP8)
+  void* recvX = nullptr;  ///< [L, T * R, H]: FP8 e4m3 bytes or BF16
+  /// FP8 scales, column-major per local expert as DeepEP's packed_recv_x_scales (rows = T * R, row r of expert e):
+  ///  * f32 (useUe8m0 false): memory [L, H / 128, rows]; the scale of block k at ((e * (H / 128) + k) * rows + r) * 4;
+  ///  * UE8M0: memory [L, G, rows] int32, G = ceil(H / 512); block 4g + j's exponent byte at byte
+  ///    ((e * G + g) * rows + r) * 4 + j (the bytes of a last partial group are not written).
+  /// DeepEP hands either out as the transposed view [L, rows, H / 128] (resp. [L, rows, G]).
+  void* recvXScales = nullptr;
   int32_t* recvCount = nullptr;  ///< [L]
+  /// Optional int32 [L]: each dispatch adds the rows local expert j received (DeepEP's
+  /// cumulative_local_expert_recv_stats); the rows of masked ranks are not counted.
+  int32_t* cumulativeRecvStats = nullptr;
+  /// Optional int64 [R]: each dispatch adds, per source rank, the clock64() cycles its receive spent waiting for that
+  /// rank's counts, summed over the grid's blocks (every block waits for every source's counts; DeepEP sums over the
+  /// local experts' waiters). Diagnostic: a rank that arrives late shows up large. Nothing is added for a masked rank.
+  int64_t* waitRecvCostStats = nullptr;
 };
 
 /// Combine: x BF16 [L, T * R, H], the experts' outputs in the rows dispatch wrote; topkIdx / topkWeights of the
@@ -113,6 +133,10 @@ struct LowLatencyCombineInputs {
   const void* x = nullptr;
   const int64_t* topkIdx = nullptr;
   const float* topkWeights = nullptr;
+  /// Optional int64 [R]: each combine adds, per rank, the clock64() cycles its receive spent waiting for the rows that
+  /// rank sends back (summed over the warps that waited, and for a rank on another host over the blocks waiting for
+  /// its signal; DeepEP's combine_wait_recv_cost_stats). Nothing is added for a masked rank or one no token went to.
+  int64_t* waitRecvCostStats = nullptr;
 };
 
 class LowLatencyBuffer;
@@ -195,11 +219,36 @@ class LowLatencyBuffer {
   void lowLatencyCombine(const LowLatencyCombineInputs& in, const LowLatencyHandle& handle, void* combined,
                          cudaStream_t stream, LowLatencyHook* hook = nullptr);
 
-  /// Ranks masked so far (dead or unreachable), read from host-mapped memory: no synchronisation.
+  /// Ranks masked so far (dead, unreachable, or by updateMask), read from host-mapped memory: no synchronisation.
   std::vector<int> maskedRanks() const;
+
+  /// Shrink mode (DeepEP's low_latency_update_mask_buffer / _query_mask_buffer / _clean_mask_buffer): each is a small
+  /// kernel ordered on `stream` with the calls, and can be captured in a CUDA graph. What a rank's mask means is this
+  /// rank's view only; every rank masks on its own (as in DeepEP), by updateMask or by a wait that timed out.
+  ///
+  /// updateMask(r, true): the calls that follow treat rank r as dead: nothing is sent to it or waited for, its tokens
+  /// count as not sent (received counts exclude them, its combine contributions are zero), maskedRanks() names it. r
+  /// must not be this rank.
+  /// updateMask(r, false), and cleanMask() for every masked rank: unmasks, which is safe only while rank r and this
+  /// rank are still at the same call: every call carries its epoch (the count of calls the buffer made), and a rank
+  /// that missed a call (it was masked meanwhile) would take another call's messages, stamps and "freed" words for its
+  /// own. So a rank comes back only if it was masked by updateMask and this buffer launched no call since; a rank
+  /// masked by a wait (dead, timed out, unreachable) or by updateMask before a call never comes back (make a new
+  /// buffer on every rank instead). These throw kInvalidArgument on the host, before anything is launched, when the
+  /// host already knows; a rank that a call still in flight masks by a timeout before the unmask kernel runs stays
+  /// masked, and checkErrors() or the next call throws (kUnmaskRefused). Unmasking a rank that is not masked does
+  /// nothing.
+  void updateMask(int rank, bool masked, cudaStream_t stream);
+  /// Writes int32 [numRanks] to device memory `out` (1: masked, 0: not), ordered on `stream` after the calls before.
+  void queryMask(int32_t* out, cudaStream_t stream) const;
+  void cleanMask(cudaStream_t stream);
   /// Throws the first error a kernel recorded (an expert id out of range, a refused top-k), naming rank and values;
   /// no sync.
   void checkErrors() const;
+  /// This rank's GPU window (DeepEP's RDMA buffer, get_local_buffer_tensor): device memory the kernels own between
+  /// calls.
+  void* localMemory() const;
+  size_t localBytes() const;
 
  private:
   friend class LowLatencyHook;
@@ -209,6 +258,7 @@ class LowLatencyBuffer {
   bool beginCall(LowLatencyHook* hook, const char* op);
   void raiseAfterLaunch(bool earlier, cudaStream_t stream) const;
   void requireContext(const char* op) const;
+  void requireUnmaskable(int rank, const char* op) const;
   void runHook(LowLatencyHook& hook, cudaStream_t stream);
 
   // The Context's link, not a reference: a call after the Context is gone throws kShutdown instead of launching

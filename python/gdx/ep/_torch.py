@@ -36,3 +36,18 @@ def current_stream_handle() -> int:
     if _read_stream is None:
         _read_stream = _stream_reader()
     return _read_stream()
+
+
+def check(t, dtype, ndim: int, what: str):
+    """`t` as a contiguous CUDA tensor of `dtype` and `ndim` dimensions (a contiguous copy if it is not), or
+    gdx.InvalidArgumentError naming `what`."""
+    if t.dtype != dtype or t.dim() != ndim:
+        raise _invalid(f"{what}: expected a {ndim}-d {dtype} tensor, got {t.dim()}-d {t.dtype}")
+    if not t.is_cuda:
+        raise _invalid(f"{what}: expected a CUDA tensor, got one on {t.device}")
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _invalid(message: str):
+    from ..errors import InvalidArgumentError
+    return InvalidArgumentError(message)

@@ -1,127 +1,35 @@
-"""gdx.ep.Buffer: DeepEP's Buffer names, argument order and return tuples over gdx::ep::Buffer (include/gdx/ep/).
-
-What differs from DeepEP, each on purpose:
-- The routing is computed by gdx from ``topk_idx`` inside dispatch: ``num_tokens_per_rank``, ``is_token_in_rank``
-  and ``num_tokens_per_expert`` (from get_dispatch_layout) are accepted and not needed.
-- Kernels run on the current stream (``torch.cuda.current_stream()``); ``previous_event`` is waited for first,
-  ``async_finish`` returns an event recorded after them; ``allocate_on_comm_stream`` is accepted and has no effect.
-- The kernel shape is the Buffer's (``Buffer.set_num_sms`` before constructing, or ``config=`` of the
-  constructor); a per-call ``config`` is accepted for compatibility and not applied.
-- The handle is a :class:`DispatchHandle` object; indexed like DeepEP's tuple it gives ``handle[0]``
+"""gdx.ep.Buffer: DeepEP V1's Buffer (names, arguments, return tuples, semantics) over gdx::ep::Buffer (normal mode)
+and gdx::ep::LowLatencyBuffer (low-latency mode, gdx/ep/low_latency.py), so that switching from DeepEP is an import
+change. Differences, each on purpose (README, "Migrating from DeepEP"):
+- Kernels run on the current stream (``torch.cuda.current_stream()``): ``previous_event`` is waited for first,
+  ``async_finish`` returns an event recorded after them, ``allocate_on_comm_stream`` has nothing to move, and
+  ``get_comm_stream()`` is a stream no gdx kernel uses (waiting for it is a no-op).
+- The kernel shape is the Buffer's (``Buffer.set_num_sms`` before constructing, or ``config=`` of the constructor);
+  a per-call ``config`` is accepted and not applied (gdx's kernels size their chunks from the buffer).
+- The dispatch handle is a :class:`DispatchHandle`; indexed like DeepEP's tuple it gives ``handle[0]``
   (rank_prefix_matrix), ``handle[3]`` (recv_src_idx) and ``handle[4]`` (is_token_in_rank, when given).
-- dispatch routes by expert, so it needs ``topk_idx`` (or a handle): DeepEP's form that routes by
-  ``is_token_in_rank`` alone raises gdx.InvalidArgumentError.
+- Arguments that select hardware gdx does not use here (``use_fabric``, ``allow_mnnvl``, ``num_qps_per_rank``,
+  ``allow_nvlink_for_low_latency_mode``) are accepted and kept as attributes: ranks of one host always meet over
+  NVLink through CUDA IPC, ranks of other hosts through gdx's proxy.
 """
 
 import weakref
 from typing import Any, List, Optional, Tuple, Union
 
-from .. import _gdx
 from .._arrays import DeviceArray
 from ..context import Context
 from ..errors import InvalidArgumentError
+from ._native import address as _address
+from ._native import fp8_dtype as _fp8_dtype
+from ._native import native_dtype as _native_dtype
+from ._native import native_ep as _native_ep
+from ._native import torch_extension
+from ._torch import check as _check_tensor
 from ._torch import current_stream_handle
 from ._torch import torch as _torch
-from .low_latency import LowLatencyHandle, LowLatencyState
-
-_ep_module = None  # _gdx.ep once a call found it available: looked up once, not on every dispatch
-
-
-def _native_ep():
-    global _ep_module
-    if _ep_module is None:
-        if not _gdx.ep_available():
-            raise NotImplementedError("gdx.ep needs a build of gdx with CUDA (nvcc was not found when it was built)")
-        _ep_module = _gdx.ep
-    return _ep_module
-
-
-_DTYPES = None  # (bfloat16, float8_e4m3) of _gdx.ep.DType, looked up once
-_FP8: Any = False  # torch.float8_e4m3fn (None where this torch has none); False until looked up
-
-
-def _native_dtype(fp8: bool):
-    """The native DType of a dispatch's x: float8_e4m3 with scales, else bfloat16."""
-    global _DTYPES
-    if _DTYPES is None:
-        ep = _native_ep()
-        _DTYPES = (ep.DType.bfloat16, ep.DType.float8_e4m3)
-    return _DTYPES[fp8]
-
-
-def _fp8_dtype():
-    """torch.float8_e4m3fn, or None where this torch has no FP8 dtype."""
-    global _FP8
-    if _FP8 is False:
-        _FP8 = getattr(_torch(), "float8_e4m3fn", None)
-    return _FP8
-
-
-def _address(t) -> int:
-    """The device address of an optional tensor, 0 for None (the native structs' null)."""
-    return t.data_ptr() if t is not None else 0
-
-
-_NOT_OFFERED = "gdx.ep: {what} is not offered by gdx's low-latency mode ({why})"
-
-
-class Config:
-    """DeepEP's Config(num_sms, nvl send/recv chunks, rdma send/recv chunks). gdx uses ``num_sms`` (blocks of the
-    dispatch and combine kernels) and ``num_threads`` (threads per block, a multiple of 32); the chunk sizes are
-    kept for compatibility and not used (gdx's kernels size their chunks from the buffer)."""
-
-    def __init__(self, num_sms: int = 24, num_max_nvl_chunked_send_tokens: int = 6,
-                 num_max_nvl_chunked_recv_tokens: int = 256, num_max_rdma_chunked_send_tokens: int = 6,
-                 num_max_rdma_chunked_recv_tokens: int = 256, *, num_threads: Optional[int] = None):
-        self.num_sms = num_sms
-        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
-        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
-        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
-        self.num_max_rdma_chunked_recv_tokens = num_max_rdma_chunked_recv_tokens
-        self.num_threads = num_threads
-
-    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        """NVLink buffer bytes for up to 4096 tokens per rank of `hidden_bytes` each (top-k up to 16, FP8 scales
-        included), every rank able to send all of them to one rank."""
-        row = hidden_bytes + hidden_bytes // 64 + 16 * 12 + 64
-        return ((row * 4096 * num_ranks + (1 << 20)) + 127) // 128 * 128
-
-    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        """0: gdx's normal mode does not use an RDMA buffer within one host."""
-        return 0
-
-    def _native(self, num_ranks: int):
-        c = _native_ep().Config.for_ranks(num_ranks)
-        c.num_sms = self.num_sms
-        if self.num_threads is not None:
-            c.num_threads = self.num_threads
-        return c
-
-    def __repr__(self) -> str:
-        return f"gdx.ep.Config(num_sms={self.num_sms}, num_threads={self.num_threads})"
-
-
-class EventOverlap:
-    """DeepEP's EventOverlap: a CUDA event (None unless the call had async_finish) and the tensors to keep alive
-    until it completed. ``current_stream_wait()`` makes the current stream wait for it; as a context manager
-    (``with event:``) it does so on exit."""
-
-    def __init__(self, event: Any = None, extra_tensors: Optional[Tuple] = None):
-        self.event = event
-        self.extra_tensors = extra_tensors
-
-    def current_stream_wait(self) -> None:
-        if self.event is None:
-            raise InvalidArgumentError("EventOverlap.current_stream_wait: no event (the call had async_finish=False)")
-        _torch().cuda.current_stream().wait_event(self.event)
-
-    def __enter__(self) -> "EventOverlap":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.event is not None:
-            self.current_stream_wait()
-
+from .config import Config
+from .events import EventOverlap, capture, end_event
+from .low_latency import LowLatencyHandle, LowLatencyMode
 
 _DEEPEP_HANDLE = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
                   "is_token_in_rank (not given to this dispatch)", "send_head")
@@ -182,12 +90,15 @@ class DispatchHandle:
 
 
 class Buffer:
-    """MoE dispatch/combine buffers over the ranks of `group` (a torch.distributed group, or a gdx.Context): ranks
-    of one host over NVLink (at most 8 per host), others through the proxy (num_rdma_bytes). Collective.
+    """MoE dispatch/combine buffers over the ranks of `group` (a torch.distributed group, or a gdx.Context; or, with
+    group None, an mpi4py communicator `comm`): ranks of one host over NVLink (at most 8 per host), others through
+    the proxy (num_rdma_bytes). Collective.
 
     num_nvl_bytes: GPU memory each rank lends its peers (Config.get_nvl_buffer_size_hint); num_rdma_bytes: the
     window space staging rows for ranks on other hosts (gdx::ep::Buffer's rdmaBytes; 0 when every rank is on this
-    host).
+    host), and with low_latency_mode the low-latency mode's bound (get_low_latency_rdma_size_hint).
+    enable_shrink: DeepEP's masking of failed ranks; gdx's low-latency mode always masks a rank that stopped
+    answering (its tokens count as not sent) and offers the mask calls either way.
     Call ``torch.cuda.set_device(local_rank)`` before making it: its GPU is the current one.
     """
 
@@ -195,28 +106,50 @@ class Buffer:
 
     def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
-                 allow_mnnvl: bool = False, explicitly_destroy: bool = False, *, config: Optional[Config] = None):
+                 allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
+                 enable_shrink: bool = False, comm: Any = None, *, config: Optional[Config] = None):
         native_ep = _native_ep()
-        self._owns_context = not isinstance(group, Context)  # made from a torch group: closed by destroy()
-        self._context = group if isinstance(group, Context) else Context.from_process_group(group)
-        self.group = group
+        if group is None and comm is None:
+            raise InvalidArgumentError("gdx.ep.Buffer: either group or comm must be given")
+        if isinstance(group, Context):
+            self._context, self._owns_context = group, False
+        elif group is not None:
+            self._context, self._owns_context = Context.from_process_group(group), True
+        else:
+            self._context, self._owns_context = Context.from_mpi(comm), True
+        self.group = group if group is not None else comm
         self.rank = self._context.rank
         self.group_size = self._context.world_size
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = enable_shrink
+        # Accepted for DeepEP's signature; gdx picks its paths itself (module docstring).
+        self.num_qps_per_rank = num_qps_per_rank
+        self.allow_nvlink_for_low_latency_mode = allow_nvlink_for_low_latency_mode
+        self.allow_mnnvl = allow_mnnvl
+        self.use_fabric = use_fabric
         # The normal mode's buffer, unless the Buffer is for the low-latency mode only (DeepEP's num_nvl_bytes 0).
         self.runtime = None
         if not low_latency_mode or num_nvl_bytes > 0:
             cfg = (config or Config(Buffer.num_sms))._native(self.group_size)
             self.runtime = native_ep.Buffer(self._context._native, num_nvl_bytes,
                                             0 if low_latency_mode else num_rdma_bytes, cfg)
+        self._ext = torch_extension()  # the per-call fast path, where it was built (gdx/ep/_native.py)
+        self._address = self.runtime.address if self.runtime is not None else 0
         self._handles: dict = {}  # free native handles by capacity, reused in stream order
-        self._low_latency = LowLatencyState(self._context, num_rdma_bytes) if low_latency_mode else None
+        self._low_latency = LowLatencyMode(self._context, num_rdma_bytes) if low_latency_mode else None
+        self._comm_stream = None
         self._destroyed = False
 
     # ---- DeepEP's static helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        """Whether gdx's kernels were built for SM90 (Hopper), which FP8 needs: every build with CUDA is."""
+        from .. import _gdx
+        return bool(_gdx.ep_available())
+
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
         """Blocks of the dispatch and combine kernels of Buffers made afterwards."""
@@ -235,20 +168,47 @@ class Buffer:
     @staticmethod
     def capture() -> EventOverlap:
         """An event recorded on the current stream."""
-        torch = _torch()
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream())
-        return EventOverlap(event)
+        return capture()
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
                                        num_experts: int) -> int:
         """Bytes (GPU window plus pinned host memory) the low-latency mode takes for these shapes at most: every
         other rank on another host, top-k up to gdx.ep's MAX_TOPK. Pass it as num_rdma_bytes."""
-        cfg = LowLatencyState.native_config(num_max_dispatch_tokens_per_rank, hidden, num_experts,
-                                            _native_ep().MAX_TOPK)
-        gpu, host = _native_ep().low_latency_bytes_hint(cfg, num_ranks, num_ranks - 1)
-        return gpu + host
+        return LowLatencyMode.bytes_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    def get_comm_stream(self):
+        """DeepEP's communication stream. gdx's kernels run on the current stream, so no gdx work is ever queued on
+        this one: making a stream wait for it is a no-op, as it should be (the calls were stream-ordered)."""
+        if self._comm_stream is None:
+            self._comm_stream = _torch().cuda.Stream()
+        return self._comm_stream
+
+    def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
+        """This rank's buffer memory as a 1-d tensor of `dtype` from element `offset` (viewed as `size` when given),
+        as DeepEP: the normal mode's NVLink buffer, or with use_rdma_buffer the low-latency mode's GPU window (of the
+        shapes of its first call). The kernels own what they store there between calls."""
+        torch = _torch()
+        if use_rdma_buffer:
+            ptr, nbytes = self._ll_state("get_local_buffer_tensor").local_buffer()
+        else:
+            self._begin(None)
+            ptr, nbytes = self.runtime.local_buffer()
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = nbytes // itemsize - offset
+        if offset < 0 or count <= 0:
+            raise InvalidArgumentError(f"get_local_buffer_tensor: offset {offset} outside the buffer's "
+                                       f"{nbytes // itemsize} elements of {dtype}")
+        raw = torch.as_tensor(DeviceArray(ptr + offset * itemsize, (count * itemsize,), "|u1", self),
+                              device=f"cuda:{torch.cuda.current_device()}")
+        tensor = raw.view(dtype)
+        if size is None:
+            return tensor
+        size = torch.Size(size)
+        if size.numel() > tensor.numel():
+            raise InvalidArgumentError(f"get_local_buffer_tensor: size {tuple(size)} is more than the "
+                                       f"{tensor.numel()} elements from offset {offset}")
+        return tensor[:size.numel()].view(size)
 
     def destroy(self) -> None:
         """Frees the buffer now (DeepEP's explicitly_destroy), and the gdx.Context it made from the group (one it
@@ -268,14 +228,14 @@ class Buffer:
         is_token_in_rank [N, R] bool, event), as DeepEP."""
         torch = _torch()
         stream = self._begin(previous_event)
-        topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
+        topk_idx = _check_tensor(topk_idx, torch.int64, 2, "topk_idx")
         n, k = topk_idx.shape
         per_rank = topk_idx.new_empty(self.group_size, dtype=torch.int32)
         per_expert = topk_idx.new_empty(num_experts, dtype=torch.int32)
         in_rank = topk_idx.new_empty((n, self.group_size), dtype=torch.bool)
         self.runtime.get_dispatch_layout(topk_idx.data_ptr(), n, k, num_experts, per_rank.data_ptr(),
                                          per_expert.data_ptr(), in_rank.data_ptr(), stream)
-        return per_rank, None, per_expert, in_rank, self._end(async_finish, (topk_idx,))
+        return per_rank, None, per_expert, in_rank, end_event(async_finish, (topk_idx,))
 
     # ---- dispatch ----------------------------------------------------------------------------------------------
     def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[DispatchHandle] = None,
@@ -284,12 +244,13 @@ class Buffer:
                  num_worst_tokens: int = 0, config: Optional[Config] = None,
                  previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                  allocate_on_comm_stream: bool = False):
-        """Sends each token to the ranks of its top-k experts. `x`: [N, hidden] bfloat16, or (float8_e4m3fn
-        [N, hidden], float32 scales [N, hidden / 128]). Returns (recv_x (a tuple for FP8), recv_topk_idx,
-        recv_topk_weights, num_recv_tokens_per_expert_list, handle, event), as DeepEP; the cached form (`handle`
-        given, no topk) returns (recv_x, None, None, None, None, event). recv_topk_idx holds local expert ids, -1
-        where the expert is on another rank. num_worst_tokens > 0: no host synchronisation, outputs of that many
-        rows, the list is empty."""
+        """Sends each token to the ranks of its top-k experts (`topk_idx`), or, without top-k, to the ranks
+        `is_token_in_rank` names (then each local expert's count is the sum of the sources' `num_tokens_per_expert`
+        and no top-k is received), as DeepEP. `x`: [N, hidden] bfloat16, or (float8_e4m3fn [N, hidden], float32
+        scales [N, hidden / 128]). Returns (recv_x (a tuple for FP8), recv_topk_idx, recv_topk_weights,
+        num_recv_tokens_per_expert_list, handle, event); the cached form (`handle` given, no topk) returns (recv_x,
+        None, None, None, None, event). recv_topk_idx holds local expert ids, -1 where the expert is on another
+        rank. num_worst_tokens > 0: no host synchronisation, outputs of that many rows, the list is empty."""
         stream = self._begin(previous_event)
         x, x_scales, n, hidden = self._check_x(*(x if isinstance(x, tuple) else (x, None)))
         if handle is not None:
@@ -299,15 +260,31 @@ class Buffer:
 
         torch = _torch()
         ep = _native_ep()
-        if topk_idx is None:
-            raise InvalidArgumentError("dispatch: topk_idx is required unless a handle is given")
-        topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
-        k = topk_idx.shape[1]
-        if topk_weights is not None:
-            topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
         num_experts = self._num_experts(num_tokens_per_expert)
+        if topk_idx is not None:
+            topk_idx = _check_tensor(topk_idx, torch.int64, 2, "topk_idx")
+            k = topk_idx.shape[1]
+            if topk_weights is not None:
+                topk_weights = _check_tensor(topk_weights, torch.float32, 2, "topk_weights")
+            by_rank = (0, 0)
+        else:
+            # DeepEP's dispatch without top-k: routed by is_token_in_rank, each local expert's count the sum of the
+            # sources' num_tokens_per_expert; no top-k is received.
+            if topk_weights is not None:
+                raise InvalidArgumentError("dispatch: topk_weights without topk_idx")
+            if is_token_in_rank is None:
+                raise InvalidArgumentError("dispatch: topk_idx or is_token_in_rank (from get_dispatch_layout) is "
+                                           "needed unless a handle is given")
+            is_token_in_rank = _check_tensor(is_token_in_rank, torch.bool, 2, "is_token_in_rank")
+            if tuple(is_token_in_rank.shape) != (n, self.group_size):
+                raise InvalidArgumentError(f"dispatch: is_token_in_rank is {tuple(is_token_in_rank.shape)}, not "
+                                           f"[{n}, {self.group_size}] (tokens, ranks)")
+            num_tokens_per_expert = _check_tensor(num_tokens_per_expert, torch.int32, 1, "num_tokens_per_expert")
+            k = 0
+            by_rank = (is_token_in_rank.data_ptr(), num_tokens_per_expert.data_ptr())
         inputs = ep.DispatchInputs(x.data_ptr(), _address(x_scales), n, hidden, _native_dtype(x_scales is not None),
-                                   topk_idx.data_ptr(), _address(topk_weights), k, num_experts)
+                                   _address(topk_idx), _address(topk_weights), k, num_experts,
+                                   is_token_in_rank=by_rank[0], num_tokens_per_expert=by_rank[1])
         native_handle = self._take_handle(n)
         if num_worst_tokens > 0:
             rows, counts = num_worst_tokens, []
@@ -315,13 +292,15 @@ class Buffer:
             rows, counts = self.runtime.dispatch_prepare(inputs, native_handle, expert_alignment, stream)
         recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
         # Rows past the received count (num_worst_tokens) select no expert, as DeepEP's do.
-        recv_topk_idx = (x.new_full((rows, k), -1, dtype=torch.int64) if num_worst_tokens > 0 else
-                         x.new_empty((rows, k), dtype=torch.int64))
+        recv_topk_idx = None
+        if topk_idx is not None:
+            recv_topk_idx = (x.new_full((rows, k), -1, dtype=torch.int64) if num_worst_tokens > 0 else
+                             x.new_empty((rows, k), dtype=torch.int64))
         recv_topk_weights = x.new_empty((rows, k), dtype=torch.float32) if topk_weights is not None else None
         recv_src_idx = x.new_empty(rows, dtype=torch.int32)
         # The per-expert and received counts stay on the device after a num_worst_tokens dispatch and are returned
         # by neither form (DeepEP's list is empty then): their outputs are left null.
-        out = ep.DispatchOutputs(rows, recv_x.data_ptr(), _address(recv_scales), recv_topk_idx.data_ptr(),
+        out = ep.DispatchOutputs(rows, recv_x.data_ptr(), _address(recv_scales), _address(recv_topk_idx),
                                  _address(recv_topk_weights), recv_src_idx.data_ptr())
         if num_worst_tokens > 0:
             self.runtime.dispatch_worst(inputs, native_handle, out, num_worst_tokens, expert_alignment, stream)
@@ -330,7 +309,7 @@ class Buffer:
         handle = DispatchHandle(self, native_handle, n, hidden, None if num_worst_tokens else rows, recv_src_idx,
                                 num_worst_tokens, is_token_in_rank)
         self._recycle_later(handle)
-        event = self._end(async_finish, (x, x_scales, topk_idx, topk_weights, recv_x, recv_scales))
+        event = end_event(async_finish, (x, x_scales, topk_idx, topk_weights, recv_x, recv_scales))
         return ((recv_x, recv_scales) if x_scales is not None else recv_x, recv_topk_idx, recv_topk_weights,
                 list(counts), handle, event)
 
@@ -339,11 +318,16 @@ class Buffer:
         """The cached form: `handle`'s routing again, no top-k. Nothing waits on the host, so at small token counts
         this call's host time is what the GPU waits for: one native call, with every field as an argument."""
         rows = handle.rows
+        if self._ext is not None:
+            recv_x, recv_scales = self._ext.cached_dispatch(self._address, handle._native.address, x, x_scales, rows,
+                                                            stream)
+            event = end_event(async_finish, (x, x_scales, recv_x, recv_scales))
+            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
         recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
         self.runtime.dispatch_flat(handle._native, x.data_ptr(), _address(x_scales), n, hidden,
                                    _native_dtype(x_scales is not None), rows, recv_x.data_ptr(), _address(recv_scales),
                                    stream)
-        event = self._end(async_finish, (x, x_scales, recv_x, recv_scales))
+        event = end_event(async_finish, (x, x_scales, recv_x, recv_scales))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
 
     # ---- combine -----------------------------------------------------------------------------------------------
@@ -357,162 +341,79 @@ class Buffer:
         if not isinstance(handle, DispatchHandle):
             raise InvalidArgumentError("combine: handle must be the DispatchHandle a dispatch returned")
         stream = self._begin(previous_event)
-        x = self._check(x, torch.bfloat16, 2, "x")
+        x = _check_tensor(x, torch.bfloat16, 2, "x")
         if x.shape[0] < (handle.rows or 0) or x.shape[1] != handle.hidden:
             raise InvalidArgumentError(f"combine: x is {tuple(x.shape)}, the dispatch received "
                                        f"[{handle.rows}, {handle.hidden}]")
+        if topk_weights is not None:
+            topk_weights = _check_tensor(topk_weights, torch.float32, 2, "topk_weights")
+        bias0, bias1 = self._check_biases(bias) if bias is not None else (None, None)
+        if self._ext is not None:
+            combined_x, combined_w = self._ext.combine(self._address, handle._native.address, x, topk_weights, bias0,
+                                                       bias1, handle.num_tokens, stream)
+            return combined_x, combined_w, end_event(async_finish, (x, topk_weights, bias0, bias1, combined_x))
         combined_w = None
         if topk_weights is not None:
-            topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
             combined_w = x.new_empty((handle.num_tokens, topk_weights.shape[1]), dtype=torch.float32)
-        bias0, bias1 = self._check_biases(bias) if bias is not None else (None, None)
         combined_x = x.new_empty((handle.num_tokens, handle.hidden))
         self.runtime.combine_flat(handle._native, x.data_ptr(), _address(topk_weights), _address(bias0),
                                   _address(bias1), combined_x.data_ptr(), _address(combined_w), stream)
-        return combined_x, combined_w, self._end(async_finish, (x, topk_weights, bias0, bias1, combined_x))
+        return combined_x, combined_w, end_event(async_finish, (x, topk_weights, bias0, bias1, combined_x))
 
-    # ---- low-latency mode --------------------------------------------------------------------------------------
-    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int = 0, hidden: int = 0,
-                                 num_experts: int = 0) -> None:
-        """Nothing to do: gdx's low-latency calls are sequence-numbered, so no buffer needs zeroing between them."""
-        self._ll_state("clean_low_latency_buffer")
-
+    # ---- low-latency mode (gdx/ep/low_latency.py) -------------------------------------------------------------
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
                              cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
                              use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
                              async_finish: bool = False, return_recv_hook: bool = False):
-        """Sends each (token, expert) pair of `topk_idx` ([N, K] int64, -1: none) to the expert's rank: the kernel
-        sends a token once to each rank its experts live on, which fills a row per pair. `x`: [N, hidden] bfloat16,
-        N <= num_max_dispatch_tokens_per_rank (T). Returns, as
-        DeepEP, (recv_x, recv_count, handle, event, hook): recv_x [L, T * R, hidden] (float8_e4m3fn with float32
-        scales [L, T * R, hidden / 128] as a tuple when use_fp8, else bfloat16), the rows of local expert j being
-        [0, recv_count[j]) grouped by source rank (handle[1]); hook is None, or with return_recv_hook a callable
-        that launches the receive half on the then-current stream (until then recv_x and recv_count are not
-        written). No host synchronisation."""
-        torch = _torch()
-        ep = _native_ep()
-        state = self._ll_state("low_latency_dispatch")
-        if use_ue8m0:
-            raise NotImplementedError(_NOT_OFFERED.format(
-                what="use_ue8m0", why="scales are float32; round_scale=True rounds them up to powers of two"))
-        if dispatch_wait_recv_cost_stats is not None:
-            raise NotImplementedError(_NOT_OFFERED.format(what="dispatch_wait_recv_cost_stats",
-                                                          why="the kernels keep no per-rank wait times"))
-        if async_finish and return_recv_hook:
-            raise InvalidArgumentError("low_latency_dispatch: async_finish and return_recv_hook exclude each other "
-                                       "(the hook's receive half is what would be waited for), as in DeepEP")
-        stream = current_stream_handle()
-        x = self._check(x, torch.bfloat16, 2, "x")
-        topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
-        n, hidden = x.shape
-        if topk_idx.shape[0] != n:
-            raise InvalidArgumentError(f"low_latency_dispatch: topk_idx has {topk_idx.shape[0]} rows, x {n}")
-        if num_experts % self.group_size:
-            raise InvalidArgumentError(f"low_latency_dispatch: {num_experts} experts over {self.group_size} ranks")
-        tokens_per_rank, k = num_max_dispatch_tokens_per_rank, topk_idx.shape[1]
-        key, native = state.buffer(tokens_per_rank, hidden, num_experts, k)
-        local, rows = num_experts // self.group_size, tokens_per_rank * self.group_size
-        stats = cumulative_local_expert_recv_stats
-        if stats is not None and (stats.dtype != torch.int32 or tuple(stats.shape) != (local,) or not stats.is_cuda):
-            raise InvalidArgumentError(f"low_latency_dispatch: cumulative_local_expert_recv_stats must be a CUDA "
-                                       f"int32 tensor of [{local}] (local experts), got {stats.dtype} "
-                                       f"{tuple(stats.shape)} on {stats.device}")
-        if use_fp8:
-            recv_x = x.new_empty((local, rows, hidden), dtype=torch.float8_e4m3fn)
-            recv_scales = x.new_empty((local, rows, hidden // 128), dtype=torch.float32)
-        else:
-            recv_x = x.new_empty((local, rows, hidden))
-            recv_scales = None
-        recv_count = x.new_empty(local, dtype=torch.int32)
-        ins = ep.LowLatencyDispatchInputs(x.data_ptr(), topk_idx.data_ptr(), n, k, bool(use_fp8), bool(round_scale))
-        outs = ep.LowLatencyDispatchOutputs(recv_x.data_ptr(), _address(recv_scales), recv_count.data_ptr())
-        pooled = state.take_handle(key)
-        native_hook = ep.LowLatencyHook() if return_recv_hook else None
-        native.dispatch(ins, outs, pooled.native, stream, native_hook)
-        handle = LowLatencyHandle(pooled, key, x.device, self.group_size, n)
-
-        def received():
-            if cumulative_local_expert_recv_stats is not None:
-                cumulative_local_expert_recv_stats.add_(recv_count)
-
-        hook = None
-        if native_hook is None:
-            received()
-        else:
-            hook = self._ll_hook(native_hook, (pooled, recv_x, recv_scales, recv_count), received)
-        event = self._end(async_finish, (x, topk_idx, recv_x, recv_scales, recv_count))
-        return (recv_x, recv_scales) if use_fp8 else recv_x, recv_count, handle, event, hook
+        """DeepEP's low_latency_dispatch: LowLatencyMode.dispatch says what it returns."""
+        return self._ll_state("low_latency_dispatch").dispatch(
+            x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, cumulative_local_expert_recv_stats,
+            dispatch_wait_recv_cost_stats, use_fp8, round_scale, use_ue8m0, async_finish, return_recv_hook)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: LowLatencyHandle, use_logfmt: bool = False,
                             zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
                             out=None, combine_wait_recv_cost_stats=None):
-        """Returns the rows of `handle`'s dispatch to their source tokens, summed weighted by `topk_weights`
-        ([N, K] float32; `topk_idx` the dispatch's): each rank sums a token's rows of its experts with the source's
-        weights and sends one row back, which the source adds up. `x`: [L, T * R, hidden] bfloat16 (the experts'
-        outputs in the rows the dispatch wrote). Returns (combined_x [N, hidden] bfloat16 (`out` when given),
-        event, hook), as DeepEP; with return_recv_hook the last sum is done by hook()."""
-        torch = _torch()
-        ep = _native_ep()
-        state = self._ll_state("low_latency_combine")
-        if async_finish and return_recv_hook:
-            raise InvalidArgumentError("low_latency_combine: async_finish and return_recv_hook exclude each other")
-        for name, used in (("use_logfmt", use_logfmt), ("zero_copy", zero_copy),
-                           ("combine_wait_recv_cost_stats", combine_wait_recv_cost_stats is not None)):
-            if used:
-                raise NotImplementedError(_NOT_OFFERED.format(what=name, why="BF16 rows are sent as given"))
-        if not isinstance(handle, LowLatencyHandle):
-            raise InvalidArgumentError("low_latency_combine: handle must be the one low_latency_dispatch returned")
-        stream = current_stream_handle()
-        x = self._check(x, torch.bfloat16, 3, "x")
-        topk_idx = self._check(topk_idx, torch.int64, 2, "topk_idx")
-        topk_weights = self._check(topk_weights, torch.float32, 2, "topk_weights")
-        tokens_per_rank, hidden = handle.tokens_per_rank, handle.hidden
-        want = (handle.num_experts // self.group_size, tokens_per_rank * self.group_size, hidden)
-        if tuple(x.shape) != want:
-            raise InvalidArgumentError(f"low_latency_combine: x is {tuple(x.shape)}, the dispatch received {want}")
-        if tuple(topk_idx.shape) != (handle.num_tokens, handle.num_topk) or topk_weights.shape != topk_idx.shape:
-            raise InvalidArgumentError(
-                f"low_latency_combine: topk_idx {tuple(topk_idx.shape)} and topk_weights "
-                f"{tuple(topk_weights.shape)} must both be the dispatch's [{handle.num_tokens}, {handle.num_topk}]")
-        if out is None:
-            out = x.new_empty((handle.num_tokens, hidden))
-        else:
-            if not out.is_contiguous():  # a contiguous copy would be filled instead of the caller's tensor
-                raise InvalidArgumentError("low_latency_combine: out must be contiguous (it is written in place)")
-            out = self._check(out, torch.bfloat16, 2, "out")
-            if tuple(out.shape) != (handle.num_tokens, hidden):
-                raise InvalidArgumentError(f"low_latency_combine: out is {tuple(out.shape)}, not "
-                                           f"[{handle.num_tokens}, {hidden}]")
-        cin = ep.LowLatencyCombineInputs(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr())
-        native_hook = ep.LowLatencyHook() if return_recv_hook else None
-        state.native(handle._key).combine(cin, handle.native, out.data_ptr(), stream, native_hook)
-        hook = None
-        if native_hook is not None:
-            hook = self._ll_hook(native_hook, (handle, x, topk_idx, topk_weights, out), lambda: None)
-        return out, self._end(async_finish, (x, topk_idx, topk_weights, out)), hook
+        """DeepEP's low_latency_combine: LowLatencyMode.combine says what it returns."""
+        return self._ll_state("low_latency_combine").combine(x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
+                                                            async_finish, return_recv_hook, out,
+                                                            combine_wait_recv_cost_stats)
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int = 0, hidden: int = 0,
+                                 num_experts: int = 0) -> None:
+        """Nothing to zero: gdx's low-latency calls are sequence-numbered (DeepEP must clean its buffer after normal
+        mode used it; gdx's two modes have buffers of their own)."""
+        self._ll_state("clean_low_latency_buffer")
+
+    def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle):
+        """The [L, T * R, hidden] bfloat16 tensor a ``low_latency_combine(..., zero_copy=True)`` of this handle's shapes
+        reads its rows from (fill it with the experts' outputs instead of passing them as x)."""
+        return self._ll_state("get_next_low_latency_combine_buffer").zero_copy_buffer(handle)
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Masks (mask=True) or unmasks `rank_to_mask` for the low-latency calls: a masked rank's tokens count as not
+        sent and nothing is sent to it. Stream-ordered on the current stream."""
+        self._ll_state("low_latency_update_mask_buffer").update_mask(rank_to_mask, mask)
+
+    def low_latency_query_mask_buffer(self, mask_status) -> None:
+        """Writes each rank's mask into `mask_status` ([num_ranks] int32 CUDA tensor, 1: masked), on the current
+        stream; ranks gdx masked because they stopped answering are included."""
+        self._ll_state("low_latency_query_mask_buffer").query_mask(mask_status)
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        """Unmasks every rank (on the current stream)."""
+        self._ll_state("low_latency_clean_mask_buffer").clean_mask()
 
     def low_latency_masked_ranks(self) -> List[int]:
-        """Ranks the low-latency calls masked so far (dead or unreachable: their tokens count as not sent)."""
-        state = self._ll_state("low_latency_masked_ranks")
-        return sorted({r for key in state._buffers for r in state.native(key).masked_ranks()})
+        """Ranks the low-latency calls masked so far (dead or unreachable: their tokens count as not sent); reads
+        host memory, no synchronisation."""
+        return self._ll_state("low_latency_masked_ranks").masked_ranks()
 
-    def _ll_state(self, what: str) -> LowLatencyState:
+    def _ll_state(self, what: str) -> LowLatencyMode:
         if self._destroyed:
             raise InvalidArgumentError(f"gdx.ep.Buffer.{what}: used after destroy()")
         if self._low_latency is None:
             raise InvalidArgumentError(f"gdx.ep.Buffer.{what}: the Buffer was made without low_latency_mode=True")
         return self._low_latency
-
-    def _ll_hook(self, native_hook, keep: Tuple, after):
-        """The callable DeepEP returns as its recv hook: runs the receive half on the current stream, once."""
-
-        def hook():
-            self._ll_state("recv hook")  # not after destroy(): the native buffer it would launch on is gone
-            native_hook.run(current_stream_handle())
-            after()
-
-        hook.keep = keep  # the handle and tensors the receive half writes or reads stay alive until it ran
-        return hook
 
     # ---- helpers -----------------------------------------------------------------------------------------------
     def _begin(self, previous_event: Optional[EventOverlap]) -> int:
@@ -527,35 +428,19 @@ class Buffer:
             previous_event.current_stream_wait()
         return current_stream_handle()
 
-    @staticmethod
-    def _end(async_finish: bool, tensors: Tuple) -> EventOverlap:
-        if not async_finish:
-            return EventOverlap()
-        event = _torch().cuda.Event()
-        event.record()  # on the current stream: the one the call's kernels went to
-        return EventOverlap(event, tuple(t for t in tensors if t is not None))
-
-    @staticmethod
-    def _check(t, dtype, ndim: int, what: str):
-        if t.dtype != dtype or t.dim() != ndim:
-            raise InvalidArgumentError(f"{what}: expected a {ndim}-d {dtype} tensor, got {t.dim()}-d {t.dtype}")
-        if not t.is_cuda:
-            raise InvalidArgumentError(f"{what}: expected a CUDA tensor, got one on {t.device}")
-        return t if t.is_contiguous() else t.contiguous()
-
     def _check_x(self, x, x_scales):
         """dispatch's `x`: [N, hidden] bfloat16, or float8_e4m3fn with float32 scales [N, hidden / 128]. Returns
         (x, x_scales, N, hidden), each shape read once: at small token counts the host time is the call's."""
         torch = _torch()
         if x_scales is None:
-            x = self._check(x, torch.bfloat16, 2, "x")
+            x = _check_tensor(x, torch.bfloat16, 2, "x")
             n, hidden = x.shape
             return x, None, n, hidden
         fp8 = _fp8_dtype()
         if fp8 is None or x.dtype != fp8:
             raise InvalidArgumentError(f"x: an FP8 dispatch takes (float8_e4m3fn, float32 scales), got {x.dtype}")
-        x = self._check(x, fp8, 2, "x")
-        x_scales = self._check(x_scales, torch.float32, 2, "x_scales")
+        x = _check_tensor(x, fp8, 2, "x")
+        x_scales = _check_tensor(x_scales, torch.float32, 2, "x_scales")
         n, hidden = x.shape
         scale_rows, scale_cols = x_scales.shape
         if scale_rows != n or scale_cols != hidden // 128:  # the kernels read and write that many
@@ -571,7 +456,7 @@ class Buffer:
         biases = bias if isinstance(bias, tuple) else (bias, None)
         if len(biases) != 2:
             raise InvalidArgumentError(f"combine: bias is a tensor or a pair of tensors, got a tuple of {len(biases)}")
-        return tuple(self._check(b, torch.bfloat16, 2, "bias") if b is not None else None for b in biases)
+        return tuple(_check_tensor(b, torch.bfloat16, 2, "bias") if b is not None else None for b in biases)
 
     def _num_experts(self, num_tokens_per_expert) -> int:
         if num_tokens_per_expert is None:

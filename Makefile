@@ -6,11 +6,15 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CMAKE_FLAGS ?=
-# The interpreter the Python package (python/) is built for, installed into and tested with: the first of Debian's
-# /usr/bin/python3 and the python3 on PATH (a pyenv one, say) whose headers (Python.h) exist. Override with
-# `make PYTHON=/path/to/python3`; on a machine without python3-dev / pybind11-dev, pass carried headers with
-# CMAKE_FLAGS='-DPython3_INCLUDE_DIR=... -DGDX_PYBIND11_INCLUDE=...' (else the extension is skipped, with a message).
-PYTHON ?= $(shell for p in /usr/bin/python3 $$(command -v python3); do \
+# The interpreter the Python package (python/) is built for, installed into and tested with: the first of an active
+# virtualenv's or conda environment's python3 (where a PyTorch user runs `make`, the package is built for that
+# environment: its pybind11 and torch are used; not conda's base, which is often active by default), Debian's
+# /usr/bin/python3, and the python3 on PATH (a pyenv one, say) whose headers (Python.h) exist. Override with `make PYTHON=/path/to/python3`; on a machine without python3-dev /
+# pybind11, pass carried headers with CMAKE_FLAGS='-DPython3_INCLUDE_DIR=... -DGDX_PYBIND11_INCLUDE=...' (else the
+# extension is skipped, with a message). `pip install .` (setup.py) builds the same package for pip's interpreter.
+PYTHON ?= $(shell for p in $${VIRTUAL_ENV:+$$VIRTUAL_ENV/bin/python3} \
+  $$([ -n "$$CONDA_PREFIX" ] && [ "$${CONDA_DEFAULT_ENV:-base}" != base ] && echo $$CONDA_PREFIX/bin/python3) \
+  /usr/bin/python3 $$(command -v python3); do \
   $$p -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
   2>/dev/null && { echo $$p; break; }; done)
 FUZZ_SECONDS ?= 600
@@ -85,4 +89,4 @@ format:
 	clang-format -i $$(git ls-files '*.hpp' '*.cpp' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) python/gdx.egg-info python/gdx/*.so*  # the last two: pip install (-e) .

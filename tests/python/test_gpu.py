@@ -330,8 +330,8 @@ def _ll_deepep_extras(torch, buf, rank, world, x, topk_idx, weights, all_idx, re
     local = LL_EXPERTS // world
     (qx, fscales), count, handle, _, _ = buf.low_latency_dispatch(x, topk_idx, LL_TOKENS, LL_EXPERTS, use_fp8=True,
                                                                    round_scale=True)
-    (ux, uscales), ucount, _, _, _ = buf.low_latency_dispatch(x, topk_idx, LL_TOKENS, LL_EXPERTS, use_fp8=True,
-                                                               round_scale=True, use_ue8m0=True)
+    (ux, uscales), ucount, uhandle, _, _ = buf.low_latency_dispatch(x, topk_idx, LL_TOKENS, LL_EXPERTS,
+                                                                     use_fp8=True, round_scale=True, use_ue8m0=True)
     rows = LL_TOKENS * world
     # DeepEP's layout: [L, rows, groups] viewed over memory [L, groups, rows] (column-major in the last two).
     assert fscales.shape == (local, rows, LL_HIDDEN // 128) and fscales.stride() == (rows * LL_HIDDEN // 128, 1, rows)
@@ -339,10 +339,12 @@ def _ll_deepep_extras(torch, buf, rank, world, x, topk_idx, weights, all_idx, re
     assert uscales.dtype == torch.int32 and torch.equal(ucount.cpu(), count.cpu())
     for j in range(local):
         n = int(count[j])
-        assert torch.equal(ux[j, :n].view(torch.uint8).cpu(), qx[j, :n].view(torch.uint8).cpu()), f"expert {j}: fp8"
+        # The rows of one expert arrive in no fixed order: both calls' rows are put in (source, token, slot) order.
+        q, u = _ll_row_order(handle, j, n, world), _ll_row_order(uhandle, j, n, world)
+        assert torch.equal(ux[j, u].view(torch.uint8).cpu(), qx[j, q].view(torch.uint8).cpu()), f"expert {j}: fp8"
         # Each int32 holds four exponents: byte b of group g is block 4g + b; 2^(e - 127) is the float scale.
-        exps = uscales[j, :n].contiguous().view(torch.uint8).long().cpu()
-        assert torch.equal((exps << 23).int().view(torch.float32), fscales[j, :n].cpu()), f"expert {j}: ue8m0"
+        exps = uscales[j, u].contiguous().view(torch.uint8).long().cpu()
+        assert torch.equal((exps << 23).int().view(torch.float32), fscales[j, q].cpu()), f"expert {j}: ue8m0"
         assert bool((torch.log2(fscales[j, :n].cpu()).frac() == 0).all()), f"expert {j}: round_scale"
     with pytest.raises(gdx.InvalidArgumentError, match="round_scale"):
         buf.low_latency_dispatch(x, topk_idx, LL_TOKENS, LL_EXPERTS, use_fp8=True, use_ue8m0=True)
@@ -389,6 +391,18 @@ def _ll_deepep_extras(torch, buf, rank, world, x, topk_idx, weights, all_idx, re
     import torch.distributed as dist
     dist.barrier()
     _ll_profiler_names(torch, buf, x, topk_idx, weights, torch.zeros_like(recv))
+
+
+def _ll_row_order(handle, j, n, world):
+    """The rows [0, n) of local expert j sorted by (source rank, source token, top-k slot)."""
+    import torch
+    layout, tokens, slots = handle.layout_range[j].cpu(), handle.src_info[j, :n].cpu(), handle.src_slot[j, :n].cpu()
+    source = torch.empty(n, dtype=torch.int64)
+    for s in range(world):
+        begin, rows = int(layout[s]) >> 32, int(layout[s]) & 0xFFFFFFFF
+        source[begin:begin + rows] = s
+    key = (source * LL_TOKENS + tokens.long()) * LL_TOPK + slots.long()
+    return torch.argsort(key).cuda()
 
 
 def _ll_profiler_names(torch, buf, x, topk_idx, weights, expert_out):

@@ -3,7 +3,10 @@
 // of what torch's Python allocation costs) and the kernels launched on the stream given. It drives the native objects
 // gdx._gdx made (passed by address: the two modules are built against different pybind11s, so they share no types),
 // which the Python layer keeps alive for the call. Without it, gdx.ep takes the pointer path through gdx._gdx alone.
+// The low-latency calls check their tensors here and launch on torch's current stream: no tensor is touched from
+// Python on their way (each access there costs microseconds under a torch function mode such as set_default_device).
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
@@ -38,18 +41,78 @@ at::Tensor scalesLike(const at::Tensor& x, int64_t local, int64_t groups, int64_
   return at::empty({local, groups, rows}, x.options().dtype(type)).transpose(1, 2);
 }
 
-// low_latency_dispatch: (recv_x, recv_x_scales or None, recv_count). The Python layer checked the tensors.
-py::tuple llDispatch(uintptr_t buffer, uintptr_t handle, const at::Tensor& x, const at::Tensor& topkIdx,
-                     const c10::optional<at::Tensor>& cumulativeStats, const c10::optional<at::Tensor>& waitStats,
-                     bool useFp8, bool roundScale, bool useUe8m0, uintptr_t stream, uintptr_t hook) {
+[[noreturn]] void invalid(const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "gdx.ep: " + what);
+}
+
+// torch's Python name of a dtype, as the pointer path's messages say it.
+std::string dtypeName(at::ScalarType type) {
+  switch (type) {
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kFloat: return "torch.float32";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kBool: return "torch.bool";
+    case at::ScalarType::Float8_e4m3fn: return "torch.float8_e4m3fn";
+    default: return std::string("torch.") + c10::toString(type);
+  }
+}
+
+std::string shapeOf(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "] " + dtypeName(t.scalar_type()) + (t.is_cuda() ? " on CUDA" : " on the CPU");
+}
+
+// `t` as a contiguous CUDA tensor of `type` with `dims` dimensions (a contiguous copy if it is not), or
+// kInvalidArgument naming `what`. The checks are made here, not in Python: under a torch function mode (DeepEP's
+// tests set torch.set_default_device) every tensor access from Python costs microseconds.
+at::Tensor checked(const at::Tensor& t, at::ScalarType type, int64_t dims, const char* what) {
+  if (t.scalar_type() != type || t.dim() != dims || !t.is_cuda())
+    invalid(std::string(what) + ": expected a " + std::to_string(dims) + "-d CUDA " + dtypeName(type) +
+            " tensor, got " + shapeOf(t));
+  return t.contiguous();
+}
+
+template <typename T>
+T* statsPointer(const c10::optional<at::Tensor>& t, at::ScalarType type, int64_t length, const char* what) {
+  if (!t.has_value()) return nullptr;
+  if (t->scalar_type() != type || t->dim() != 1 || t->size(0) != length || !t->is_cuda() || !t->is_contiguous())
+    invalid(std::string(what) + " must be a contiguous CUDA " + dtypeName(type) + " tensor of [" +
+            std::to_string(length) + "], got " + shapeOf(*t));
+  return static_cast<T*>(t->data_ptr());
+}
+
+cudaStream_t currentStream(const at::Tensor& on) {
+  return c10::cuda::getCurrentCUDAStream(on.device().index()).stream();
+}
+
+// low_latency_dispatch on the current stream: (recv_x, recv_x_scales or None, recv_count), or None when x's hidden
+// size, top-k or the call's T / experts are not this buffer's (the Python layer then finds or makes that buffer).
+py::object llDispatch(uintptr_t buffer, uintptr_t handle, const at::Tensor& xIn, const at::Tensor& topkIn,
+                      int64_t maxTokens, int64_t numExperts, const c10::optional<at::Tensor>& cumulativeStats,
+                      const c10::optional<at::Tensor>& waitStats, bool useFp8, bool roundScale, bool useUe8m0,
+                      uintptr_t hook) {
   ep::LowLatencyBuffer& b = *objectAt<ep::LowLatencyBuffer>(buffer);
   const ep::LowLatencyConfig& c = b.config();
+  if (xIn.dim() != 2 || topkIn.dim() != 2 || xIn.size(1) != c.hidden || topkIn.size(1) != c.maxTopk ||
+      maxTokens != c.maxTokensPerRank || numExperts != c.numExperts)
+    return py::none();
+  const at::Tensor x = checked(xIn, at::kBFloat16, 2, "x");
+  const at::Tensor topkIdx = checked(topkIn, at::kLong, 2, "topk_idx");
+  if (topkIdx.size(0) != x.size(0))
+    invalid("low_latency_dispatch: topk_idx has " + std::to_string(topkIdx.size(0)) + " rows, x " +
+            std::to_string(x.size(0)));
   const int64_t local = b.numLocalExperts(), rows = int64_t(c.maxTokensPerRank) * b.numRanks(), hidden = c.hidden;
+  ep::LowLatencyDispatchOutputs out;
+  out.cumulativeRecvStats =
+      statsPointer<int32_t>(cumulativeStats, at::kInt, local, "cumulative_local_expert_recv_stats");
+  out.waitRecvCostStats = statsPointer<int64_t>(waitStats, at::kLong, b.numRanks(), "dispatch_wait_recv_cost_stats");
   at::Tensor recvX =
       at::empty({local, rows, hidden}, x.options().dtype(useFp8 ? at::ScalarType::Float8_e4m3fn : at::kBFloat16));
   c10::optional<at::Tensor> recvScales;
   if (useFp8)
-    recvScales = useUe8m0 ? scalesLike(x, local, hidden / 512, rows, at::kInt)
+    recvScales = useUe8m0 ? scalesLike(x, local, (hidden + 511) / 512, rows, at::kInt)
                           : scalesLike(x, local, hidden / ep::kFp8ScaleBlock, rows, at::kFloat);
   at::Tensor recvCount = at::empty({local}, x.options().dtype(at::kInt));
   ep::LowLatencyDispatchInputs in;
@@ -60,31 +123,52 @@ py::tuple llDispatch(uintptr_t buffer, uintptr_t handle, const at::Tensor& x, co
   in.useFp8 = useFp8;
   in.roundScale = roundScale;
   in.useUe8m0 = useUe8m0;
-  ep::LowLatencyDispatchOutputs out;
   out.recvX = recvX.data_ptr();
   out.recvXScales = recvScales.has_value() ? recvScales->data_ptr() : nullptr;
   out.recvCount = recvCount.data_ptr<int32_t>();
-  out.cumulativeRecvStats = pointerOf<int32_t>(cumulativeStats);
-  out.waitRecvCostStats = pointerOf<int64_t>(waitStats);
-  b.lowLatencyDispatch(in, out, *objectAt<ep::LowLatencyHandle>(handle), streamAt(stream),
+  b.lowLatencyDispatch(in, out, *objectAt<ep::LowLatencyHandle>(handle), currentStream(x),
                        objectAt<ep::LowLatencyHook>(hook));
-  return py::make_tuple(recvX, recvScales.has_value() ? py::cast(*recvScales) : py::none(), recvCount);
+  // x and topk_idx come back too: they may be contiguous copies, which must live until the kernels read them.
+  return py::make_tuple(recvX, recvScales.has_value() ? py::cast(*recvScales) : py::none(), recvCount, x, topkIdx);
 }
 
-// low_latency_combine: the combined tensor (`out` when given).
-at::Tensor llCombine(uintptr_t buffer, uintptr_t handle, const at::Tensor& x, const at::Tensor& topkIdx,
-                     const at::Tensor& topkWeights, const c10::optional<at::Tensor>& out,
-                     const c10::optional<at::Tensor>& waitStats, uintptr_t stream, uintptr_t hook) {
+// low_latency_combine on the current stream: (the combined tensor (`out` when given), x, topk_idx, topk_weights as
+// launched).
+py::tuple llCombine(uintptr_t buffer, uintptr_t handle, const at::Tensor& xIn, const at::Tensor& topkIn,
+                    const at::Tensor& weightsIn, const c10::optional<at::Tensor>& out,
+                    const c10::optional<at::Tensor>& waitStats, uintptr_t hook) {
   ep::LowLatencyBuffer& b = *objectAt<ep::LowLatencyBuffer>(buffer);
   const ep::LowLatencyHandle& h = *objectAt<ep::LowLatencyHandle>(handle);
-  at::Tensor combined = out.has_value() ? *out : at::empty({topkIdx.size(0), int64_t(b.config().hidden)}, x.options());
+  const ep::LowLatencyConfig& c = b.config();
+  const at::Tensor x = checked(xIn, at::kBFloat16, 3, "x");
+  const at::Tensor topkIdx = checked(topkIn, at::kLong, 2, "topk_idx");
+  const at::Tensor weights = checked(weightsIn, at::kFloat, 2, "topk_weights");
+  const int64_t rows = int64_t(c.maxTokensPerRank) * b.numRanks();
+  if (x.size(0) != b.numLocalExperts() || x.size(1) != rows || x.size(2) != c.hidden)
+    invalid("low_latency_combine: x is " + shapeOf(x) + ", the dispatch received [" +
+            std::to_string(b.numLocalExperts()) + ", " + std::to_string(rows) + ", " + std::to_string(c.hidden) + "]");
+  if (topkIdx.size(0) != h.numTokens() || topkIdx.size(1) != h.numTopk() || !weights.sizes().equals(topkIdx.sizes()))
+    invalid("low_latency_combine: topk_idx " + shapeOf(topkIdx) + " and topk_weights " + shapeOf(weights) +
+            " must both be the dispatch's [" + std::to_string(h.numTokens()) + ", " + std::to_string(h.numTopk()) +
+            "]");
+  at::Tensor combined;
+  if (out.has_value()) {
+    if (out->scalar_type() != at::kBFloat16 || out->dim() != 2 || out->size(0) != h.numTokens() ||
+        out->size(1) != c.hidden || !out->is_cuda() || !out->is_contiguous())  // written in place: no copy
+      invalid("low_latency_combine: out must be a contiguous CUDA bfloat16 tensor of [" +
+              std::to_string(h.numTokens()) + ", " + std::to_string(c.hidden) + "], got " + shapeOf(*out) +
+              (out->is_contiguous() ? "" : " (not contiguous)"));
+    combined = *out;
+  } else {
+    combined = at::empty({int64_t(h.numTokens()), int64_t(c.hidden)}, x.options());
+  }
   ep::LowLatencyCombineInputs in;
   in.x = x.data_ptr();
   in.topkIdx = topkIdx.data_ptr<int64_t>();
-  in.topkWeights = topkWeights.data_ptr<float>();
-  in.waitRecvCostStats = pointerOf<int64_t>(waitStats);
-  b.lowLatencyCombine(in, h, combined.data_ptr(), streamAt(stream), objectAt<ep::LowLatencyHook>(hook));
-  return combined;
+  in.topkWeights = weights.data_ptr<float>();
+  in.waitRecvCostStats = statsPointer<int64_t>(waitStats, at::kLong, b.numRanks(), "combine_wait_recv_cost_stats");
+  b.lowLatencyCombine(in, h, combined.data_ptr(), currentStream(x), objectAt<ep::LowLatencyHook>(hook));
+  return py::make_tuple(combined, x, topkIdx, weights);
 }
 
 // The normal mode's cached dispatch: (recv_x, recv_x_scales or None) of `rows` rows.

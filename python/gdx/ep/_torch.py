@@ -51,3 +51,16 @@ def check(t, dtype, ndim: int, what: str):
 def _invalid(message: str):
     from ..errors import InvalidArgumentError
     return InvalidArgumentError(message)
+
+
+_capturing: Optional[Callable[[], bool]] = None
+
+
+def is_capturing() -> bool:
+    """torch.cuda.is_current_stream_capturing(), through torch._C's raw call where this torch has it (no Python
+    wrapper on the way: a call's host time matters)."""
+    global _capturing
+    if _capturing is None:
+        c = torch()._C
+        _capturing = getattr(c, "_cuda_isCurrentStreamCapturing", None) or torch().cuda.is_current_stream_capturing
+    return bool(_capturing())

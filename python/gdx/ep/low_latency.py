@@ -25,7 +25,7 @@ from ._native import address as _address
 from ._native import native_ep as _native_ep
 from ._native import torch_extension
 from ._torch import check as _check
-from ._torch import current_stream_handle
+from ._torch import current_stream_handle, is_capturing
 from ._torch import torch as _torch
 from .events import end_event
 
@@ -54,16 +54,20 @@ class LowLatencyHandle:
     num_max_dispatch_tokens_per_rank, hidden, num_experts). ``src_slot`` says which top-k slot of its token each row
     fills (a token naming one expert in two slots arrives as two rows)."""
 
-    __slots__ = ("_pooled", "_key", "_device", "_ranks", "num_tokens", "tokens_per_rank", "hidden", "num_experts",
-                 "num_topk", "__weakref__")
+    __slots__ = ("_pooled", "_key", "_device", "_ranks", "tokens_per_rank", "hidden", "num_experts", "num_topk",
+                 "__weakref__")
 
-    def __init__(self, pooled: _Pooled, key: Tuple, device: Any, ranks: int, num_tokens: int):
+    def __init__(self, pooled: _Pooled, key: Tuple, device: Any, ranks: int):
         self._pooled = pooled
         self._key = key  # the native buffer's: (tokens per rank, hidden, experts, top-k)
         self._device = device
         self._ranks = ranks
-        self.num_tokens = num_tokens
         self.tokens_per_rank, self.hidden, self.num_experts, self.num_topk = key
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the dispatch that filled this handle."""
+        return self._pooled.native.num_tokens
 
     # The tensors are made on first use, not in the dispatch: a dispatch inside a CUDA graph capture then makes no
     # call but its kernel launches.
@@ -129,6 +133,8 @@ class LowLatencyMode:
         self._ranks = context.world_size
         self._num_rdma_bytes = num_rdma_bytes
         self._shapes: Dict[Tuple, _Shape] = {}
+        self._recent: Dict[Tuple, _Shape] = {}  # (T, experts) -> the shape of the last dispatch with them
+        self._device = _torch().device("cuda", _torch().cuda.current_device())
         self._captured: List[Any] = []  # handles a CUDA graph captured
         self._closed = False
         self._ext = torch_extension()
@@ -169,7 +175,7 @@ class LowLatencyMode:
 
     def _take_handle(self, shape: _Shape) -> _Pooled:
         pool = shape.pool
-        if _torch().cuda.is_current_stream_capturing():
+        if is_capturing():
             if not pool:  # making one allocates and synchronises, which a capture does not allow
                 raise InvalidArgumentError(
                     "low_latency_dispatch in a CUDA graph capture: no free handle (each capture keeps the ones it "
@@ -200,19 +206,30 @@ class LowLatencyMode:
         not written). cumulative_local_expert_recv_stats ([L] int32) gets each local expert's received rows added,
         dispatch_wait_recv_cost_stats ([R] int64) the GPU cycles the receive waited for each source rank. No host
         synchronisation."""
-        torch = _torch()
         if async_finish and return_recv_hook:
             raise InvalidArgumentError("low_latency_dispatch: async_finish and return_recv_hook exclude each other "
                                        "(the hook's receive half is what would be waited for), as in DeepEP")
         if use_ue8m0 and not (use_fp8 and round_scale):
             raise InvalidArgumentError("low_latency_dispatch: use_ue8m0 needs use_fp8 and round_scale (UE8M0 holds "
                                        "powers of two only), as in DeepEP")
+        args = (num_max_dispatch_tokens_per_rank, num_experts, cumulative_local_expert_recv_stats,
+                dispatch_wait_recv_cost_stats, use_fp8, round_scale, use_ue8m0, async_finish, return_recv_hook)
+        if self._ext is not None:  # the fast path: the tensors go to C++ unexamined (it checks them)
+            shape = self._recent.get((num_max_dispatch_tokens_per_rank, num_experts))
+            if shape is not None:
+                done = self._dispatch_in_extension(shape, x, topk_idx, *args)
+                if done is not None:
+                    return done
+        torch = _torch()
         x = _check(x, torch.bfloat16, 2, "x")
         topk_idx = _check(topk_idx, torch.int64, 2, "topk_idx")
         n, hidden = x.shape
         if topk_idx.shape[0] != n:
             raise InvalidArgumentError(f"low_latency_dispatch: topk_idx has {topk_idx.shape[0]} rows, x {n}")
         shape = self._shape(num_max_dispatch_tokens_per_rank, hidden, num_experts, topk_idx.shape[1])
+        self._recent[(num_max_dispatch_tokens_per_rank, num_experts)] = shape
+        if self._ext is not None:
+            return self._dispatch_in_extension(shape, x, topk_idx, *args)
         stats = self._stats(cumulative_local_expert_recv_stats, torch.int32, shape.local,
                             "cumulative_local_expert_recv_stats")
         wait_stats = self._stats(dispatch_wait_recv_cost_stats, torch.int64, self._ranks,
@@ -220,15 +237,31 @@ class LowLatencyMode:
         stream = current_stream_handle()
         pooled = self._take_handle(shape)
         native_hook = _native_ep().LowLatencyHook() if return_recv_hook else None
-        if self._ext is not None:
-            recv_x, recv_scales, recv_count = self._ext.ll_dispatch(
-                shape.address, pooled.native.address, x, topk_idx, stats, wait_stats, use_fp8, round_scale,
-                use_ue8m0, stream, native_hook.address if native_hook is not None else 0)
-        else:
-            recv_x, recv_scales, recv_count = self._dispatch_by_pointers(shape, pooled, x, topk_idx, stats,
-                                                                          wait_stats, use_fp8, round_scale, use_ue8m0,
-                                                                          stream, native_hook)
-        handle = LowLatencyHandle(pooled, shape.key, x.device, self._ranks, n)
+        recv_x, recv_scales, recv_count = self._dispatch_by_pointers(shape, pooled, x, topk_idx, stats, wait_stats,
+                                                                      use_fp8, round_scale, use_ue8m0, stream,
+                                                                      native_hook)
+        return self._dispatched(shape, pooled, native_hook, x, topk_idx, recv_x, recv_scales, recv_count, stats,
+                                wait_stats, use_fp8, async_finish)
+
+    def _dispatch_in_extension(self, shape: _Shape, x, topk_idx, tokens_per_rank: int, num_experts: int, stats,
+                               wait_stats, use_fp8: bool, round_scale: bool, use_ue8m0: bool, async_finish: bool,
+                               return_recv_hook: bool):
+        """The call through gdx._gdx_torch, or None when x / topk_idx are not `shape`'s (another buffer's shapes)."""
+        pooled = self._take_handle(shape)
+        native_hook = _native_ep().LowLatencyHook() if return_recv_hook else None
+        got = self._ext.ll_dispatch(shape.address, pooled.native.address, x, topk_idx, tokens_per_rank, num_experts,
+                                    stats, wait_stats, use_fp8, round_scale, use_ue8m0,
+                                    native_hook.address if native_hook is not None else 0)
+        if got is None:
+            return None
+        recv_x, recv_scales, recv_count, x, topk_idx = got
+        return self._dispatched(shape, pooled, native_hook, x, topk_idx, recv_x, recv_scales, recv_count, stats,
+                                wait_stats, use_fp8, async_finish)
+
+    def _dispatched(self, shape: _Shape, pooled: _Pooled, native_hook, x, topk_idx, recv_x, recv_scales, recv_count,
+                    stats, wait_stats, use_fp8: bool, async_finish: bool):
+        """DeepEP's return tuple of a dispatch that was launched."""
+        handle = LowLatencyHandle(pooled, shape.key, self._device, self._ranks)
         hook = None
         if native_hook is not None:
             hook = self._hook(native_hook, (pooled, recv_x, recv_scales, recv_count, stats, wait_stats))
@@ -270,10 +303,9 @@ class LowLatencyMode:
         get_next_low_latency_combine_buffer's tensor instead). Returns (combined_x [N, hidden] bfloat16 (`out`
         when given), event, hook), as DeepEP; with return_recv_hook the last sum is done by hook().
         combine_wait_recv_cost_stats ([R] int64) gets the GPU cycles the receive waited for each rank."""
-        torch = _torch()
         if async_finish and return_recv_hook:
             raise InvalidArgumentError("low_latency_combine: async_finish and return_recv_hook exclude each other")
-        if not isinstance(handle, LowLatencyHandle):
+        if type(handle) is not LowLatencyHandle:
             raise InvalidArgumentError("low_latency_combine: handle must be the one low_latency_dispatch returned")
         shape = self._shapes.get(handle._key)
         if shape is None:
@@ -283,39 +315,46 @@ class LowLatencyMode:
                 raise InvalidArgumentError("low_latency_combine: zero_copy without get_next_low_latency_combine_buffer "
                                            "(fill that tensor with the rows first)")
             x = shape.zero_copy
+        native_hook = _native_ep().LowLatencyHook() if return_recv_hook else None
+        if self._ext is not None:  # the tensors go to C++ unexamined (it checks them)
+            out, x, topk_idx, topk_weights = self._ext.ll_combine(
+                shape.address, handle.native.address, x, topk_idx, topk_weights, out, combine_wait_recv_cost_stats,
+                native_hook.address if native_hook is not None else 0)
+        else:
+            out, x, topk_idx, topk_weights = self._combine_by_pointers(shape, handle, x, topk_idx, topk_weights, out,
+                                                                       combine_wait_recv_cost_stats, native_hook)
+        hook = None
+        if native_hook is not None:
+            hook = self._hook(native_hook, (handle, x, topk_idx, topk_weights, out, combine_wait_recv_cost_stats))
+        return out, end_event(async_finish, (x, topk_idx, topk_weights, out, combine_wait_recv_cost_stats)), hook
+
+    def _combine_by_pointers(self, shape: _Shape, handle: LowLatencyHandle, x, topk_idx, topk_weights, out,
+                             wait_stats, native_hook):
+        torch = _torch()
         x = _check(x, torch.bfloat16, 3, "x")
         topk_idx = _check(topk_idx, torch.int64, 2, "topk_idx")
         topk_weights = _check(topk_weights, torch.float32, 2, "topk_weights")
         want = (shape.local, shape.rows, handle.hidden)
         if tuple(x.shape) != want:
             raise InvalidArgumentError(f"low_latency_combine: x is {tuple(x.shape)}, the dispatch received {want}")
-        if tuple(topk_idx.shape) != (handle.num_tokens, handle.num_topk) or topk_weights.shape != topk_idx.shape:
+        num_tokens = handle.num_tokens
+        if tuple(topk_idx.shape) != (num_tokens, handle.num_topk) or topk_weights.shape != topk_idx.shape:
             raise InvalidArgumentError(
                 f"low_latency_combine: topk_idx {tuple(topk_idx.shape)} and topk_weights "
-                f"{tuple(topk_weights.shape)} must both be the dispatch's [{handle.num_tokens}, {handle.num_topk}]")
+                f"{tuple(topk_weights.shape)} must both be the dispatch's [{num_tokens}, {handle.num_topk}]")
         if out is not None:
             if not out.is_contiguous():  # a contiguous copy would be filled instead of the caller's tensor
                 raise InvalidArgumentError("low_latency_combine: out must be contiguous (it is written in place)")
             out = _check(out, torch.bfloat16, 2, "out")
-            if tuple(out.shape) != (handle.num_tokens, handle.hidden):
+            if tuple(out.shape) != (num_tokens, handle.hidden):
                 raise InvalidArgumentError(f"low_latency_combine: out is {tuple(out.shape)}, not "
-                                           f"[{handle.num_tokens}, {handle.hidden}]")
-        wait_stats = self._stats(combine_wait_recv_cost_stats, torch.int64, self._ranks,
-                                 "combine_wait_recv_cost_stats")
-        stream = current_stream_handle()
-        native_hook = _native_ep().LowLatencyHook() if return_recv_hook else None
-        if self._ext is not None:
-            out = self._ext.ll_combine(shape.address, handle.native.address, x, topk_idx, topk_weights, out,
-                                       wait_stats, stream, native_hook.address if native_hook is not None else 0)
+                                           f"[{num_tokens}, {handle.hidden}]")
         else:
-            if out is None:
-                out = x.new_empty((handle.num_tokens, handle.hidden))
-            shape.native.combine_flat(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), out.data_ptr(),
-                                      _address(wait_stats), handle.native, stream, native_hook)
-        hook = None
-        if native_hook is not None:
-            hook = self._hook(native_hook, (handle, x, topk_idx, topk_weights, out, wait_stats))
-        return out, end_event(async_finish, (x, topk_idx, topk_weights, out, wait_stats)), hook
+            out = x.new_empty((num_tokens, handle.hidden))
+        wait_stats = self._stats(wait_stats, torch.int64, self._ranks, "combine_wait_recv_cost_stats")
+        shape.native.combine_flat(x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), out.data_ptr(),
+                                  _address(wait_stats), handle.native, current_stream_handle(), native_hook)
+        return out, x, topk_idx, topk_weights
 
     def zero_copy_buffer(self, handle: LowLatencyHandle):
         shape = self._shapes.get(handle._key) if isinstance(handle, LowLatencyHandle) else None

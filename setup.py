@@ -86,9 +86,9 @@ class CMakeBuild(build_ext):
         stage = Path(self.build_temp).resolve() / "cmake-install"
         shutil.rmtree(stage, ignore_errors=True)
         run([cmake(), "--install", build_dir, "--component", "python", "--prefix", stage])
-        exts = list(stage.rglob("gdx/_gdx*.so"))
+        exts = list(stage.rglob("gdx/_gdx.*.so"))  # gdx._gdx (its torch extension, gdx/_gdx_torch*.so, may be beside)
         if len(exts) != 1:
-            raise RuntimeError(f"setup.py: the build staged {len(exts)} extensions gdx/_gdx*.so under {stage}; "
+            raise RuntimeError(f"setup.py: the build staged {len(exts)} extensions gdx/_gdx.*.so under {stage}; "
                                "was the Python extension skipped (see the configure output)?")
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         if not exts[0].name.endswith(suffix):

@@ -434,6 +434,8 @@ class LowLatencyMode:
         return hook
 
     def close(self) -> None:
+        """Drops every native buffer (each meets the other ranks as it goes), before the Buffer closes its Context."""
         self._closed = True
+        self._recent.clear()
         self._shapes.clear()
         self._captured.clear()

@@ -260,7 +260,7 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
     track(t);
     t->setWaiting("the peer's matching send");
     for (const Piece& p : pieces) {
-      const uint64_t seq = nextRecvSeq_++;
+      const uint64_t seq = takeRecvSeq();
       const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
       const ErrorCode failed = t->failureCode();
       if (failed != ErrorCode::kOk) {  // an earlier buffer of it failed: this one takes nothing either
@@ -321,6 +321,7 @@ void Connection::refuseSend(const PendingRecv& r, uint64_t sendBytes) {
                                              std::to_string(sendBytes) + " bytes, this receive expects " +
                                              std::to_string(r.bytes) +
                                              "; sizes must match exactly (nothing was written)");
+  noteReceiveFailedTold(r.seq);
   ControlMsg no;
   no.type = MsgType::kReceiveRefused;
   no.id = r.seq;
@@ -345,6 +346,7 @@ void Connection::abandonRecv(uint64_t seq, ErrorCode code) {
 }
 
 void Connection::tellReceiveFailed(uint64_t seq, ErrorCode code) {
+  noteReceiveFailedTold(seq);
   ControlMsg no;
   no.type = MsgType::kReceiveFailed;
   no.id = seq;
@@ -696,8 +698,9 @@ void Connection::trySends() {
     auto it = cts_.find(s.seq);
     const bool eager = s.piece.size <= kEagerBytes;
     if (it == cts_.end() && !eager) return;  // waits for its receive's clear-to-send
-    if (s.t->finished()) {
+    if (s.t->finished()) {  // failed on this side (another buffer of its vector): no receive may take it
       if (it != cts_.end()) cts_.erase(it);
+      withdrawSend(s.seq, s.t->failureCode());
       sends_.pop_front();
       continue;
     }
@@ -746,6 +749,7 @@ void Connection::trySends() {
       lane_->post(op);
     } catch (const Error& e) {
       send.t->fail(e.code(), e.what());
+      withdrawSend(send.seq, e.code());
     }
   }
 }
@@ -789,6 +793,7 @@ bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, con
   } catch (const Error& e) {
     creditsFreed_ += credits;  // not sent: still owed
     t->fail(e.code(), e.what());
+    withdrawSend(seq, e.code());
   }
   return true;
 }
@@ -942,6 +947,8 @@ void Connection::handleMessage(const ControlMsg& m) {
                          " bytes; sizes must match exactly");
       return;
     case MsgType::kReceiveFailed: return onReceiveFailed(m);
+    case MsgType::kSendWithdrawn: return onSendWithdrawn(m);
+    case MsgType::kWithdrawTooLate: return onWithdrawTooLate(m);
     case MsgType::kSendRefused: {
       auto it = recvs_.find(static_cast<uint32_t>(m.id) & kSeqMask);
       if (it == recvs_.end()) return;
@@ -1055,7 +1062,10 @@ void Connection::sweep(uint64_t now) {
                                return true;
                              }),
               live_.end());
-  if (timedOut) abandonFailedRecvs();  // receives among them take nothing that still comes
+  if (timedOut) {
+    abandonFailedRecvs();   // receives among them take nothing that still comes
+    withdrawFailedSends();  // and no receive of the peer takes the sends among them
+  }
   // A peer that closed its end said goodbye (TCP), which the transport does not report as a failure (the Context's
   // ranks all say it at teardown): without this, what still waits for that peer would wait out its timeout. Over
   // verbs a clean close says nothing; it is seen when an operation to the peer fails.

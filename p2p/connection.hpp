@@ -19,6 +19,10 @@
 // before it posted the write: one already on its way still lands in the receive's buffer (the sender fails by name
 // too, unless its write completed before the notice came), unless the region was deregistered first, in which case
 // the transport refuses it and the connection fails.
+// A send that failed on this side (its deadline passed, its memory was deregistered, another buffer of its vector
+// failed) is withdrawn (send_withdrawal.cpp): no receive takes it, a receive posted for it fails by name, and the
+// receives posted after it pair with the sends posted after it. If a receive took its data before the withdrawal
+// arrived, the connection fails on both sides, saying so: a failed send is never delivered unnoticed.
 // One-sided: advertise() registers exactly the advertised range as a window of its own, so the peer's transport
 // refuses anything outside it; a writer learns the window's key on first use (kKeyRequest) and completes a write
 // once a fence posted after it is acknowledged, i.e. once its data is in place at the peer. A read asks the owner
@@ -287,6 +291,17 @@ class Connection {
   /// Fails send `seq` with `code` and "send #seq of N bytes" + `why` if it left eagerly or still waits in sends_;
   /// false if it is neither.
   bool failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why);
+  // Withdrawn sends (send_withdrawal.cpp).
+  /// Tells the peer about every send that failed on this side and is still queued, in flight or unconfirmed
+  /// (kSendWithdrawn), and forgets it.
+  void withdrawFailedSends();
+  void withdrawSend(uint64_t seq, ErrorCode code);
+  /// The sender was told that receive `seq` failed (a withdrawal of its send crossing the notice is no news).
+  void noteReceiveFailedTold(uint64_t seq);
+  /// The number of the next receive buffer posted, past those of sends the peer withdrew.
+  uint64_t takeRecvSeq();
+  void onSendWithdrawn(const ControlMsg& m);
+  void onWithdrawTooLate(const ControlMsg& m);
   void handle(const Event& e);
   void handleMessage(const ControlMsg& m);
   void onKeyPart(const ControlMsg& m);
@@ -374,6 +389,9 @@ class Connection {
   std::unordered_map<uint32_t, uint64_t> failedRecvs_;
   /// Sender side: sends not yet posted whose receive the peer said failed (kReceiveFailed), by number.
   std::map<uint64_t, ErrorCode> failedAhead_;
+  /// Receiver side: numbers of withdrawn sends that no receive was posted for yet (the next receives skip them), and
+  /// of receives the sender was told failed (the last few thousand).
+  std::set<uint64_t> voided_, toldFailed_;
 };
 
 }  // namespace gdx::p2p

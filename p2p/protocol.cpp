@@ -48,6 +48,8 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kReceiveRefused: return "receive refused";
     case MsgType::kRequestToSend: return "request to send";
     case MsgType::kReceiveFailed: return "receive failed";
+    case MsgType::kSendWithdrawn: return "send withdrawn";
+    case MsgType::kWithdrawTooLate: return "withdrawal too late";
   }
   return "unknown";
 }
@@ -73,7 +75,9 @@ MessageOp encode(const ControlMsg& m, int peer) {
       w.put(m.id).put(m.window).put(m.offset).put(m.bytes).put(m.dstWindow).put(m.dstOffset);
       break;
     case MsgType::kReadDone: w.put(m.id).put<uint8_t>(static_cast<uint8_t>(m.status)); break;
-    case MsgType::kReceiveFailed: w.put(m.id).put<uint8_t>(static_cast<uint8_t>(m.code)); break;
+    case MsgType::kReceiveFailed:
+    case MsgType::kSendWithdrawn:
+    case MsgType::kWithdrawTooLate: w.put(m.id).put<uint8_t>(static_cast<uint8_t>(m.code)); break;
   }
   MessageOp op;
   op.peer = peer;
@@ -123,11 +127,13 @@ std::string decode(const RemoteMessage& msg, ControlMsg* out) {
       m.status = static_cast<ReadStatus>(s);
       break;
     }
-    case MsgType::kReceiveFailed: {
+    case MsgType::kReceiveFailed:
+    case MsgType::kSendWithdrawn:
+    case MsgType::kWithdrawTooLate: {
       uint8_t code = 0;
       r.get(&m.id) && r.get(&code);
       if (r.ok() && (code == 0 || code > static_cast<uint8_t>(ErrorCode::kShutdown)))  // kOk, or past the last
-        return "a receive failure with error code " + std::to_string(code);
+        return std::string("a ") + msgTypeName(m.type) + " message with error code " + std::to_string(code);
       m.code = static_cast<ErrorCode>(code);
       break;
     }

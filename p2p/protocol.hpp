@@ -46,6 +46,8 @@ enum class MsgType : uint8_t {
   kReceiveRefused = 11,
   kRequestToSend = 12,
   kReceiveFailed = 13,
+  kSendWithdrawn = 14,    ///< a send failed on the sender's side (timeout, ...): no receive may take it
+  kWithdrawTooLate = 15,  ///< the receive for a withdrawn send had taken its data: the connection fails on both sides
 };
 
 /// Why a read was refused (kReadDone's status).
@@ -64,7 +66,7 @@ struct ControlMsg {
   uint16_t keyTotal = 0;            ///< kKeyPart: length of the whole key
   uint16_t keyAt = 0;               ///< kKeyPart: where this piece goes
   uint32_t credits = 0;             ///< kClearToSend, kCredit: eager slots the receiver freed since its last report
-  ErrorCode code = ErrorCode::kOk;  ///< kReceiveFailed: how the receive failed (never kOk)
+  ErrorCode code = ErrorCode::kOk;  ///< kReceiveFailed, kSendWithdrawn, kWithdrawTooLate: how it failed (never kOk)
   std::string keyPiece;             ///< kKeyPart
 };
 

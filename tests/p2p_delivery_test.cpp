@@ -1,0 +1,159 @@
+// What gdx::p2p::Endpoint delivers when something fails, between real processes on loopback TCP: a send that failed
+// (its timeout) is never taken by a receive posted later, and the sends after it pair with the receives after it;
+// dereg() returns only once no transfer reads the region any more; close(connId) releases a connection (its sockets
+// and threads) and fails what still waits on it by name, and connections whose peer left are released too. Random
+// bytes, guard bytes around the buffers, every byte compared.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gdx/detail/clock.hpp"
+#include "gdx/error.hpp"
+#include "gdx/p2p/endpoint.hpp"
+#include "p2p/protocol.hpp"
+#include "support/p2p_helpers.hpp"
+#include "support/test_support.hpp"
+
+namespace gdx::test {
+namespace {
+
+using p2p::Endpoint;
+
+constexpr size_t kGuard = 64;
+constexpr unsigned char kGuardByte = 0x5A;
+
+void expectAllZero(const std::vector<int>& codes) {
+  for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "process " << i << " (0: the server)";
+}
+
+/// The error of `f`, or "" when it did not throw.
+template <typename F>
+std::string errorOf(F f, ErrorCode* code) {
+  try {
+    f();
+  } catch (const Error& e) {
+    *code = e.code();
+    return e.what();
+  }
+  return "";
+}
+
+/// A buffer of `n` bytes poisoned with 0xA5 between two guards of kGuardByte.
+struct Guarded {
+  explicit Guarded(size_t n) : bytes(n + 2 * kGuard, kGuardByte) {
+    std::fill(bytes.begin() + kGuard, bytes.end() - kGuard, 0xA5);
+  }
+  unsigned char* data() { return bytes.data() + kGuard; }
+  size_t size() const { return bytes.size() - 2 * kGuard; }
+  bool guardsIntact() const {
+    for (size_t i = 0; i < kGuard; ++i)
+      if (bytes[i] != kGuardByte || bytes[bytes.size() - 1 - i] != kGuardByte) return false;
+    return true;
+  }
+  std::vector<unsigned char> bytes;
+};
+
+/// Compares `got` with the random bytes of `seed`; prints what differs.
+bool holds(Guarded& got, uint64_t seed, const char* what) {
+  std::vector<unsigned char> want(got.size());
+  fillRandom(want.data(), want.size(), seed);
+  const long long at = firstMismatch(got.data(), want.data(), want.size());
+  if (at != -1) {
+    std::vector<unsigned char> other(got.size());
+    int from = -1;
+    for (uint64_t s : {seed - 1, seed + 1}) {  // the message before or after it?
+      fillRandom(other.data(), other.size(), s);
+      if (firstMismatch(got.data(), other.data(), other.size()) == -1) from = static_cast<int>(s % 10);
+    }
+    std::fprintf(stderr, "%s (%zu bytes): byte %lld differs from message %d's; it holds %s\n", what, got.size(), at,
+                 static_cast<int>(seed % 10),
+                 from == 0   ? "the send that failed"
+                 : from >= 0 ? "another message"
+                             : "no message sent");
+  }
+  if (!got.guardsIntact()) std::fprintf(stderr, "%s: a guard byte around the buffer was overwritten\n", what);
+  return at == -1 && got.guardsIntact();
+}
+
+/// A send of `n` bytes times out (nobody receives); then the receiver posts two receives and the sender sends its
+/// retry and a next message: they must get the retry and the next message. Message seeds: 10 * i + 0 the send that
+/// times out, + 1 its retry, + 2 the next message.
+void timedOutSendThenRetry(const std::vector<size_t>& sizes) {
+  const std::vector<size_t> kSizes = sizes;
+  expectAllZero(runServerClients(
+      1,
+      [&](int port) {
+        p2p::EndpointOptions o = loopbackEndpoint(port);
+        o.timeoutNs = 3000ull * 1000 * 1000;
+        Endpoint ep(o);
+        const uint64_t data = ep.accept().connId;  // the client's endpoint with a 1 s timeout
+        const uint64_t ctl = ep.accept().connId;   // its other endpoint, for the test's own messages
+        for (size_t i = 0; i < kSizes.size(); ++i) {
+          CHILD_CHECK(recvBlob(ep, ctl) == "timed out");
+          usleep(100 * 1000);  // whatever the client's endpoint said about the failed send has arrived
+          Guarded first(kSizes[i]), second(kSizes[i]);
+          const uint64_t mr1 = ep.reg(first.bytes.data(), first.bytes.size());
+          const uint64_t mr2 = ep.reg(second.bytes.data(), second.bytes.size());
+          ErrorCode code = ErrorCode::kOk;
+          std::string why = errorOf([&] { ep.recv(data, mr1, first.data(), first.size()); }, &code);
+          if (!why.empty()) std::fprintf(stderr, "first receive of %zu bytes: %s\n", kSizes[i], why.c_str());
+          CHILD_CHECK(why.empty());
+          why = errorOf([&] { ep.recv(data, mr2, second.data(), second.size()); }, &code);
+          if (!why.empty()) std::fprintf(stderr, "second receive of %zu bytes: %s\n", kSizes[i], why.c_str());
+          CHILD_CHECK(why.empty());
+          CHILD_CHECK(holds(first, 10 * i + 1, "the first receive after the timeout (wants the retry)"));
+          CHILD_CHECK(holds(second, 10 * i + 2, "the second receive (wants the next message)"));
+          ep.dereg(mr1);
+          ep.dereg(mr2);
+          sendBlob(ep, ctl, "checked");
+        }
+        return 0;
+      },
+      [&](int, int port) {
+        p2p::EndpointOptions o = loopbackEndpoint(0);
+        o.timeoutNs = 1000ull * 1000 * 1000;
+        Endpoint ep(o);
+        Endpoint side(loopbackEndpoint(0));
+        const uint64_t data = ep.connect("127.0.0.1", -1, port);
+        const uint64_t ctl = side.connect("127.0.0.1", -1, port);
+        for (size_t i = 0; i < kSizes.size(); ++i) {
+          std::vector<std::vector<unsigned char>> msg(3, std::vector<unsigned char>(kSizes[i]));
+          std::vector<uint64_t> mr;
+          for (int k = 0; k < 3; ++k) {
+            fillRandom(msg[k].data(), msg[k].size(), 10 * i + k);
+            mr.push_back(ep.reg(msg[k].data(), msg[k].size()));
+          }
+          ErrorCode code = ErrorCode::kOk;
+          const std::string why = errorOf([&] { ep.send(data, mr[0], msg[0].data(), msg[0].size()); }, &code);
+          std::fprintf(stderr, "send of %zu bytes, nobody receiving: %s\n", kSizes[i], why.c_str());
+          CHILD_CHECK(code == ErrorCode::kTimeout);
+          sendBlob(side, ctl, "timed out");
+          const uint64_t t0 = nowNs();
+          for (int k = 1; k < 3; ++k) {
+            std::string again = errorOf([&] { ep.send(data, mr[k], msg[k].data(), msg[k].size()); }, &code);
+            if (!again.empty()) std::fprintf(stderr, "send %d of %zu bytes: %s\n", k, kSizes[i], again.c_str());
+            CHILD_CHECK(again.empty());
+          }
+          const double ms = (nowNs() - t0) / 1e6;
+          std::fprintf(stderr, "%zu bytes: the retry and the next message took %.1f ms\n", kSizes[i], ms);
+          CHILD_CHECK(ms < 800);  // the receives were posted 100 ms after the timeout
+          CHILD_CHECK(recvBlob(side, ctl) == "checked");
+        }
+        return 0;
+      }));
+}
+
+TEST(P2pDelivery, AnEagerSendThatTimedOutIsNeverTakenByALaterReceiveAndLaterMessagesPairUp) {
+  timedOutSendThenRetry({256, p2p::kEagerBytes});
+}
+
+TEST(P2pDelivery, ALargeSendThatTimedOutLeavesTheNextReceiveToItsRetry) {
+  timedOutSendThenRetry({p2p::kEagerBytes + 1, 1 << 20});
+}
+
+}  // namespace
+}  // namespace gdx::test

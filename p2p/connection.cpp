@@ -76,6 +76,28 @@ Connection::~Connection() {
   }
 }
 
+void Connection::close(ErrorCode code, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(progressMutex_);  // after whoever runs it now
+    if (lane_) {
+      if (!failed_.load()) {
+        try {  // sends this side took are confirmed before the goodbye: their senders wait for it
+          if (creditsFreed_ > 0) flushCredits();
+        } catch (const Error& e) {
+          GDX_WARN(name_ << ": confirming what arrived before closing: " << e.what());
+        }
+        failAll(code, why);
+      }
+      round();  // operations queued meanwhile fail by name too
+    }
+  }
+  try {
+    link_.transport->shutdown();
+  } catch (const std::exception& e) {
+    GDX_ERROR(name_ << ": closing: " << e.what());
+  }
+}
+
 void Connection::start() {
   link_.transport->setImmHandler([this](const RemoteWrite& w) {
     Event e;

@@ -176,6 +176,9 @@ class Connection {
     Connection& c_;
     const Here outer_;  ///< what the thread drove before this one; restored when this ends
   };
+  /// Fails everything on the connection with `code` and `why` (it fails for good), then shuts its transport down
+  /// (the peer sees it closed). The caller took it away from the progress threads first. Idempotent.
+  void close(ErrorCode code, const std::string& why);
   /// "" while healthy, else why the connection failed.
   std::string failure() const;
 

@@ -16,6 +16,10 @@
 namespace gdx::p2p {
 namespace {
 
+/// How many released connections an endpoint remembers the cause of (a server that accepts clients forever keeps
+/// this much, not one entry per client).
+constexpr size_t kReleasedKept = 1024;
+
 /// The address peers should dial: the bind address when it names one, else GDX_TCP_BIND_ADDR, else the interface
 /// of the default route, else loopback.
 std::string advertisedIp(const std::string& bind) {
@@ -103,6 +107,7 @@ uint64_t Endpoint::Impl::deadlineNs() const {
 }
 
 uint64_t Endpoint::Impl::adopt(PairLink link) {
+  reap();  // a server that accepts clients forever holds the live ones, not every one that ever came
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -118,6 +123,34 @@ uint64_t Endpoint::Impl::adopt(PairLink link) {
   }
   pool->add(thread, c);
   return id;
+}
+
+bool Endpoint::Impl::release(uint64_t connId, ErrorCode code, const std::string& why) {
+  std::shared_ptr<Connection> c;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = conns.find(connId);
+    if (it == conns.end()) return connId > 0 && connId < nextConn;  // released already
+    c = std::move(it->second);
+    conns.erase(it);
+    for (auto a = byAddress.begin(); a != byAddress.end();) a = a->second == connId ? byAddress.erase(a) : std::next(a);
+    released[connId] = c->failure().empty() ? why : c->failure();
+    while (released.size() > kReleasedKept) released.erase(released.begin());
+  }
+  pool->remove(c.get());  // no progress thread runs it any more; a caller still driving it holds its own reference
+  c->close(code, why);    // fails what waits on it, stops its transport's threads and says goodbye to the peer
+  GDX_INFO(who() << ": " << c->name() << " released: " << c->failure());
+  return true;
+}
+
+void Endpoint::Impl::reap() {
+  std::vector<uint64_t> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& c : conns)
+      if (!c.second->failure().empty()) failed.push_back(c.first);
+  }
+  for (uint64_t id : failed) release(id, ErrorCode::kPeerFailed, "failed");
 }
 
 bool Endpoint::Impl::acceptOne(net::Deadline waitUntil, Accepted* out) {
@@ -149,6 +182,7 @@ bool Endpoint::Impl::acceptOne(net::Deadline waitUntil, Accepted* out) {
 
 void Endpoint::Impl::passiveLoop() {
   while (!stopping) {
+    reap();  // also while no client comes: the connections of those that left go within a slice
     Accepted a;
     try {
       if (!acceptOne(net::deadlineIn(200 * 1000 * 1000), &a)) continue;
@@ -167,6 +201,10 @@ void Endpoint::Impl::passiveLoop() {
 std::shared_ptr<Connection> Endpoint::Impl::connection(uint64_t connId, const char* op) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = conns.find(connId);
+  auto gone = released.find(connId);
+  if (it == conns.end() && gone != released.end())
+    throw Error(ErrorCode::kPeerFailed,
+                who() + ": " + op + ": connection " + std::to_string(connId) + " was released: " + gone->second);
   if (it == conns.end())
     throw Error(ErrorCode::kInvalidArgument, who() + ": " + op + ": connection " + std::to_string(connId) +
                                                  " does not exist on this endpoint (" + std::to_string(conns.size()) +
@@ -212,6 +250,13 @@ uint64_t Endpoint::connect(const std::string& ip, int remoteGpu, int port) {
                            deadline, who);
   if (remoteGpu >= 0 && link.peerGpu != remoteGpu) GDX_WARN(who << ": the endpoint there serves GPU " << link.peerGpu);
   return impl_->adopt(std::move(link));
+}
+
+void Endpoint::close(uint64_t connId) {
+  const std::string why = "closed by close(" + std::to_string(connId) + ") on this side";
+  if (!impl_->release(connId, ErrorCode::kShutdown, why))
+    throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": close: connection " + std::to_string(connId) +
+                                                 " does not exist on this endpoint (ids from connect/accept)");
 }
 
 Accepted Endpoint::accept() {

@@ -34,6 +34,11 @@ struct Endpoint::Impl {
   /// GDX_TIMEOUT_MS of its own.
   bool acceptOne(net::Deadline waitUntil, Accepted* out);
   uint64_t adopt(PairLink link);
+  /// Releases connection `connId` (Endpoint::close, or reap()), failing what still waits on it with `why`.
+  /// Idempotent; false when `connId` is no connection this endpoint ever made.
+  bool release(uint64_t connId, ErrorCode code, const std::string& why);
+  /// Releases every connection that failed (its peer left, died, or broke the protocol), keeping why.
+  void reap();
   uint64_t remember(std::shared_ptr<Transfer> t);
   /// The transfer `id` names (the caller holds `mutex`); throws kInvalidArgument for an id it does not know.
   std::map<uint64_t, std::shared_ptr<Transfer>>::iterator transferOf(uint64_t id);
@@ -59,6 +64,8 @@ struct Endpoint::Impl {
   std::map<std::string, uint64_t> byAddress;  ///< addRemoteEndpoint's cache: "ip:port:gpu" -> connId
   std::map<uint64_t, MemoryRegion> regions;
   std::map<uint64_t, std::shared_ptr<Transfer>> transfers;
+  /// Why the last released connections went (the oldest forgotten past kReleasedKept): their ids fail with it.
+  std::map<uint64_t, std::string> released;
   uint64_t nextConn = 1, nextMr = 1, nextTransfer = 1;
 
   std::mutex acceptMutex;  ///< one accept at a time

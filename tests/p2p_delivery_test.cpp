@@ -57,6 +57,12 @@ struct Guarded {
   std::vector<unsigned char> bytes;
 };
 
+bool allAre(const std::vector<unsigned char>& b, unsigned char v) {
+  for (unsigned char x : b)
+    if (x != v) return false;
+  return true;
+}
+
 /// Compares `got` with the random bytes of `seed`; prints what differs.
 bool holds(Guarded& got, uint64_t seed, const char* what) {
   std::vector<unsigned char> want(got.size());
@@ -153,6 +159,103 @@ TEST(P2pDelivery, AnEagerSendThatTimedOutIsNeverTakenByALaterReceiveAndLaterMess
 
 TEST(P2pDelivery, ALargeSendThatTimedOutLeavesTheNextReceiveToItsRetry) {
   timedOutSendThenRetry({p2p::kEagerBytes + 1, 1 << 20});
+}
+
+/// Entries of a /proc/self folder (fd: open files; task: threads).
+int countIn(const char* dir) {
+  int n = 0;
+  DIR* d = opendir(dir);
+  if (!d) return -1;
+  while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+TEST(P2pDelivery, CloseFailsWhatWaitsOnBothSidesByNameAndIsIdempotent) {
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        const uint64_t conn = ep.accept().connId;
+        CHILD_CHECK(recvBlob(ep, conn) == "posted");
+        std::vector<unsigned char> buf(100, 0xA5);
+        const uint64_t mr = ep.reg(buf.data(), buf.size());
+        const uint64_t pending = ep.recvAsync(conn, mr, buf.data(), buf.size());
+        const int fds = countIn("/proc/self/fd"), threads = countIn("/proc/self/task");
+        ep.close(conn);
+        ErrorCode code = ErrorCode::kOk;
+        std::string why = errorOf([&] { ep.wait(pending); }, &code);
+        std::fprintf(stderr, "pending receive: %s\n", why.c_str());
+        CHILD_CHECK(code == ErrorCode::kShutdown);
+        CHILD_CHECK(why.find("closed by close(1) on this side") != std::string::npos);
+        ep.close(conn);  // again: nothing happens
+        why = errorOf([&] { ep.send(conn, mr, buf.data(), buf.size()); }, &code);
+        std::fprintf(stderr, "send after close: %s\n", why.c_str());
+        CHILD_CHECK(why.find("connection 1 was released: closed by close(1) on this side") != std::string::npos);
+        why = errorOf([&] { ep.close(77); }, &code);
+        CHILD_CHECK(code == ErrorCode::kInvalidArgument);
+        const int fdsAfter = countIn("/proc/self/fd"), threadsAfter = countIn("/proc/self/task");
+        std::fprintf(stderr, "open files %d -> %d, threads %d -> %d\n", fds, fdsAfter, threads, threadsAfter);
+        CHILD_CHECK(fdsAfter < fds && threadsAfter < threads);
+        CHILD_CHECK(allAre(buf, 0xA5));
+        return 0;
+      },
+      [](int, int port) {
+        p2p::EndpointOptions o = loopbackEndpoint(0);
+        o.timeoutNs = 10ull * 1000 * 1000 * 1000;
+        Endpoint ep(o);
+        const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::vector<unsigned char> buf(100, 0xA5);
+        const uint64_t pending = ep.recvAsync(conn, ep.reg(buf.data(), buf.size()), buf.data(), buf.size());
+        sendBlob(ep, conn, "posted");
+        const uint64_t t0 = nowNs();
+        ErrorCode code = ErrorCode::kOk;
+        const std::string why = errorOf([&] { ep.wait(pending); }, &code);
+        const double ms = (nowNs() - t0) / 1e6;
+        std::fprintf(stderr, "the peer's pending receive after %.1f ms: %s\n", ms, why.c_str());
+        CHILD_CHECK(code == ErrorCode::kPeerFailed);
+        CHILD_CHECK(why.find("the peer closed the connection") != std::string::npos);
+        CHILD_CHECK(ms < 3000);  // not the 10 s timeout
+        return 0;
+      }));
+}
+
+TEST(P2pDelivery, AServerWhoseClientsComeAndGoKeepsItsFilesAndThreadsBounded) {
+  constexpr int kClients = 40;
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        std::vector<unsigned char> got(256);
+        const uint64_t mr = ep.reg(got.data(), got.size());
+        int fds = 0, threads = 0;
+        for (int i = 0; i < kClients; ++i) {
+          const uint64_t conn = ep.accept().connId;
+          std::fill(got.begin(), got.end(), 0xA5);
+          ep.recv(conn, mr, got.data(), got.size());
+          std::vector<unsigned char> want(got.size());
+          fillRandom(want.data(), want.size(), 500 + i);
+          CHILD_CHECK(firstMismatch(got.data(), want.data(), want.size()) == -1);
+          if (i % 2 == 0) ep.close(conn);  // the others are released once their client left
+          if (i == 4) fds = countIn("/proc/self/fd"), threads = countIn("/proc/self/task");
+        }
+        const int fdsAfter = countIn("/proc/self/fd"), threadsAfter = countIn("/proc/self/task");
+        std::fprintf(stderr, "after client 5 of %d: %d open files, %d threads; after the last: %d, %d\n", kClients, fds,
+                     threads, fdsAfter, threadsAfter);
+        CHILD_CHECK(fdsAfter - fds < 60);  // a connection holds about 19 files and 13 threads here
+        CHILD_CHECK(threadsAfter - threads < 40);
+        return 0;
+      },
+      [](int, int port) {
+        for (int i = 0; i < kClients; ++i) {
+          Endpoint ep(loopbackEndpoint(0));
+          const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+          std::vector<unsigned char> data(256);
+          fillRandom(data.data(), data.size(), 500 + i);
+          ep.send(conn, ep.reg(data.data(), data.size()), data.data(), data.size());
+        }  // each client leaves
+        return 0;
+      }));
 }
 
 }  // namespace

@@ -187,6 +187,9 @@ void bindEndpoint(py::module_& m) {
       .def_property_readonly("ip", [](const PyEndpoint& e) { return live(e).ip(); })
       .def_property_readonly("local_gpu", [](const PyEndpoint& e) { return live(e).localGpu(); })
       .def_property_readonly("transport", [](const PyEndpoint& e) { return live(e).transport(); })
+      .def(
+          "close_connection", [](PyEndpoint& e, uint64_t c) { live(e).close(c); },
+          py::call_guard<py::gil_scoped_release>())
       .def("connection_transport", [](PyEndpoint& e, uint64_t c) { return live(e).connectionTransport(c); })
       .def(
           "connect",

@@ -380,3 +380,35 @@ def _gpu_pair(rank, world, to_client, to_server):
 def test_cuda_tensors_send_recv_and_ipc():
     _cuda_or_skip()
     run_ranks(2, _gpu_pair, *_queues(), env=ENV)
+
+
+# ---- close(conn_id) --------------------------------------------------------------------------------------------
+
+def _close_server(ep, conn, send, recv):
+    assert recv() == "posted"
+    buf = np.full(100, POISON, dtype=np.uint8)
+    _, mr = ep.reg(buf)
+    ok, t = ep.recv_async(conn, mr, buf)
+    assert ep.close(conn)
+    with pytest.raises(gdx.ShutdownError, match=f"closed by close\\({conn}\\) on this side"):
+        ep.wait(t)
+    assert ep.close(conn)  # again: nothing happens
+    with pytest.raises(gdx.PeerFailedError, match=f"connection {conn} was released"):
+        ep.send(conn, mr, buf)
+    assert (buf == POISON).all()
+
+
+def _close_client(ep, conn, send, recv):
+    buf = np.full(100, POISON, dtype=np.uint8)
+    _, mr = ep.reg(buf)
+    ok, t = ep.recv_async(conn, mr, buf)
+    send("posted")
+    start = time.monotonic()
+    with pytest.raises(gdx.PeerFailedError, match="the peer closed the connection"):
+        ep.wait(t)
+    assert time.monotonic() - start < 3, "the close was seen only after the timeout"
+    assert (buf == POISON).all()
+
+
+def test_close_a_connection_fails_what_waits_on_both_sides():
+    _run_pair(_close_server, _close_client)

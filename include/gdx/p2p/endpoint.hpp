@@ -62,6 +62,11 @@ class Endpoint {
   /// Connects to the endpoint of `remoteGpu` at `ip` (port: -1 = GDX_P2P_PORT + remoteGpu). Throws gdx::Error
   /// naming the address when nobody answers within GDX_TIMEOUT_MS, or the peer refuses.
   uint64_t connect(const std::string& ip, int remoteGpu, int port = -1);
+  /// Closes connection `connId`: what still waits on it fails (kShutdown, "closed by close(...) on this side"), its
+  /// sockets and threads are released, and the peer's transfers on it fail ("the peer closed the connection").
+  /// Idempotent: closing it again does nothing. Connections whose peer left (or that failed otherwise) are released
+  /// by the endpoint itself, at the next connect/accept; their ids then fail by name with the cause.
+  void close(uint64_t connId);
   /// Waits (bounded) for the next connecting client: GDX_TIMEOUT_MS for one to connect, and as long again for its
   /// handshake.
   Accepted accept();

@@ -309,11 +309,20 @@ class Endpoint:
         return True
 
     # ---- lifetime ----------------------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Closes every connection and stops the progress threads; later calls raise gdx.ShutdownError."""
+    def close(self, conn_id: Optional[int] = None) -> bool:
+        """close(conn_id): closes that connection. What still waits on it fails (gdx.ShutdownError naming the close),
+        its sockets and threads are released, and the peer's transfers on it fail ("the peer closed the connection").
+        Closing it again does nothing. Connections whose peer left are released by the endpoint itself (at the next
+        connect/accept); using their ids then raises gdx.PeerFailedError with the cause.
+
+        close(): closes every connection and stops the progress threads; later calls raise gdx.ShutdownError."""
+        if conn_id is not None:
+            self._native.close_connection(int(conn_id))
+            return True
         self._native.close()
         self._in_flight.clear()
         self._interrupted.clear()
+        return True
 
     def __enter__(self) -> "Endpoint":
         return self

@@ -558,7 +558,7 @@ void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
                                                      std::to_string(dst.offset) + " does not fit the peer's window " +
                                                      std::to_string(dst.window) + " of " + std::to_string(have) +
                                                      " bytes");
-      registerLocal(src.region);
+      registerLocal(src.region, nullptr, true);
       WriteOp op;
       op.peer = link_.peer();
       op.localWindow = src.region.window;
@@ -570,7 +570,7 @@ void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
       op.imm = kNotifyImm;
       op.cookie = nextId_++;
       cookies_[op.cookie] = PostedWrite{t};
-      lane_->post(op);
+      postReading(op);
     }
     ControlMsg fence;
     fence.type = MsgType::kFence;
@@ -631,8 +631,14 @@ uint32_t Connection::advertise(const MemoryRegion& region, uint64_t offset, uint
 }
 
 void Connection::forget(uint32_t window) {
-  std::lock_guard<std::mutex> lock(winMutex_);
   std::vector<uint32_t> gone{window};
+  forgetWindows(gone);
+  waitForReaders(gone);
+}
+
+void Connection::forgetWindows(std::vector<uint32_t>& gone) {
+  const uint32_t window = gone.front();
+  std::lock_guard<std::mutex> lock(winMutex_);
   for (auto it = advertised_.begin(); it != advertised_.end();) {
     if (it->second.parent == window) {
       gone.push_back(it->first);
@@ -661,7 +667,7 @@ std::string Connection::ensureLocal(const MemoryRegion& r) {
   return key;
 }
 
-void Connection::registerLocal(const MemoryRegion& r, std::string* key) {
+void Connection::registerLocal(const MemoryRegion& r, std::string* key, bool reading) {
   std::lock_guard<std::mutex> lock(winMutex_);
   if (forgotten_.count(r.window))
     throw Error(ErrorCode::kInvalidArgument, name_ + ": memory region " + std::to_string(r.window) +
@@ -670,6 +676,7 @@ void Connection::registerLocal(const MemoryRegion& r, std::string* key) {
   if (it == localKeys_.end())
     it = localKeys_.emplace(r.window, link_.transport->registerWindow(r.window, r.base, r.bytes, r.kind)).first;
   if (key) *key = it->second;
+  if (reading) ++readers_[r.window];  // under the lock that forget() marks it forgotten with: it waits for this one
 }
 
 bool Connection::regionForgotten(uint32_t window) const {
@@ -755,7 +762,7 @@ void Connection::trySends() {
       if (!remoteKnown_.count(cts.window))
         throw Error(ErrorCode::kProtocol, what + ": the peer's clear-to-send names window " +
                                               std::to_string(cts.window) + ", whose key never arrived");
-      registerLocal(send.piece.region);
+      registerLocal(send.piece.region, nullptr, true);
       WriteOp op;
       op.peer = link_.peer();
       op.localWindow = send.piece.region.window;
@@ -768,7 +775,7 @@ void Connection::trySends() {
       op.cookie = nextId_++;
       cookies_[op.cookie] = PostedWrite{send.t, send.seq};
       send.t->setWaiting("the transport's completion of " + what);
-      lane_->post(op);
+      postReading(op);
     } catch (const Error& e) {
       send.t->fail(e.code(), e.what());
       withdrawSend(send.seq, e.code());
@@ -793,7 +800,7 @@ bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, con
   }
   const uint32_t credits = takeCredits();  // ride along: the peer's sends this side took since the last report
   try {
-    registerLocal(piece.region);
+    registerLocal(piece.region, nullptr, true);
     WriteOp op;
     op.peer = link_.peer();
     op.localWindow = piece.region.window;
@@ -804,7 +811,7 @@ bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, con
     op.withImm = true;
     op.imm = kEagerImm | (credits << kEagerCreditShift) | (static_cast<uint32_t>(seq) & kEagerSeqBits);
     op.cookie = nextId_++;
-    lane_->post(op);
+    postReading(op);
     --eagerCredits_;
     ++eagerSent_;
     // Done once the write completed and the peer's receive took it (its credit came back).
@@ -866,7 +873,7 @@ void Connection::onReadRequest(const ControlMsg& m) {
     done.status = ReadStatus::kOutOfRange;
   } else {
     try {
-      registerLocal(src);
+      registerLocal(src, nullptr, true);
       WriteOp op;
       op.peer = link_.peer();
       op.localWindow = src.window;
@@ -874,8 +881,8 @@ void Connection::onReadRequest(const ControlMsg& m) {
       op.remoteWindow = m.dstWindow;
       op.remoteOffset = m.dstOffset;
       op.bytes = m.bytes;
-      op.cookie = 0;
-      lane_->post(op);  // the kReadDone below is delivered only after this data is in place
+      op.cookie = nextId_++;
+      postReading(op);  // the kReadDone below is delivered only after this data is in place
     } catch (const Error& e) {
       GDX_WARN(name_ << ": read request " << m.id << " of window " << m.window << ": " << e.what());
       done.status = ReadStatus::kFailed;
@@ -1188,6 +1195,7 @@ bool Connection::round() {
 
 void Connection::handleCompletion(const Completion& c) {
   if (c.cookie == 0) return;
+  if (!readingCookies_.empty()) doneReading(c.cookie);
   auto eager = eagerCookies_.find(c.cookie);
   if (eager != eagerCookies_.end()) {
     auto it = eagerSends_.find(eager->second);

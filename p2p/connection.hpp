@@ -130,9 +130,14 @@ class Connection {
   /// Advertising the same range again returns the same window.
   uint32_t advertise(const MemoryRegion& region, uint64_t offset, uint64_t size);
   /// The region is going away: deregisters it (and the windows advertised in it) from the transport; later use of
-  /// it on this connection fails by name. Waits for nothing: the caller makes sure no transfer still uses it.
+  /// it on this connection fails by name. Returns once the transport reads none of it any more (the writes it posted
+  /// from it completed; past the timeout the connection is closed, its transport stopped).
+  /// Transfers that would still read it fail by name when they come to it.
   void forget(uint32_t window);
   void setResolver(WindowResolver r);
+  /// forget()'s first half: marks `gone` (one window; the windows advertised in it are added) forgotten and
+  /// deregisters them from the transport.
+  void forgetWindows(std::vector<uint32_t>& gone);
   /// Called from whichever thread runs the connection, for every notified write that arrived.
   void setNotifyHandler(std::function<void()> h);
 
@@ -294,6 +299,14 @@ class Connection {
   /// Fails send `seq` with `code` and "send #seq of N bytes" + `why` if it left eagerly or still waits in sends_;
   /// false if it is neither.
   bool failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why);
+  // Memory the transport reads for posted writes (region_readers.cpp).
+  /// Posts `op`, whose local window registerLocal(..., true) counted: the transport reads it until the write
+  /// completes (doneReading), or not at all if the post throws.
+  void postReading(const WriteOp& op);
+  void doneReading(uint64_t cookie);
+  int readersOf(const std::vector<uint32_t>& windows) const;
+  /// Waits until the transport reads none of `windows`: bounded by the timeout, past which the connection closes.
+  void waitForReaders(const std::vector<uint32_t>& windows);
   // Withdrawn sends (send_withdrawal.cpp).
   /// Tells the peer about every send that failed on this side and is still queued, in flight or unconfirmed
   /// (kSendWithdrawn), and forgets it.
@@ -315,7 +328,8 @@ class Connection {
   /// Registers `r` with the transport once; returns its key. Throws for a forgotten region.
   std::string ensureLocal(const MemoryRegion& r);
   /// The same, for callers that need no key (no copy of it on a small send's path); with `key`, it goes there.
-  void registerLocal(const MemoryRegion& r, std::string* key = nullptr);
+  /// `reading`: a write from it is about to be posted (postReading()), which forget() waits for.
+  void registerLocal(const MemoryRegion& r, std::string* key = nullptr, bool reading = false);
   bool resolveLocal(uint32_t window, MemoryRegion* out);
   /// true once forget(window) was called.
   bool regionForgotten(uint32_t window) const;
@@ -356,15 +370,17 @@ class Connection {
   WindowResolver resolver_;
   std::string failure_;
   std::atomic<bool> failed_{false};  ///< failure_ is set: failure() reads this, not the text, while all is well
-  std::vector<char> eagerBuffer_;    ///< this side's eager buffer (kEagerSlots x kEagerBytes), made on first use
+  std::unordered_map<uint32_t, int> readers_;  ///< local windows the transport reads for posted writes, and how many
+  std::vector<char> eagerBuffer_;  ///< this side's eager buffer (kEagerSlots x kEagerBytes), made on first use
 
   // Progress thread only.
   std::function<void()> notify_;
   uint64_t nextSendSeq_ = 0, nextRecvSeq_ = 0, nextId_ = 1;
   std::deque<PendingSend> sends_;
-  std::map<uint64_t, ControlMsg> cts_;                 ///< clear-to-send by send number
-  std::unordered_map<uint32_t, PendingRecv> recvs_;    ///< by the low 31 bits of the receive's number
-  std::unordered_map<uint64_t, PostedWrite> cookies_;  ///< posted writes by cookie
+  std::map<uint64_t, ControlMsg> cts_;                     ///< clear-to-send by send number
+  std::unordered_map<uint32_t, PendingRecv> recvs_;        ///< by the low 31 bits of the receive's number
+  std::unordered_map<uint64_t, PostedWrite> cookies_;      ///< posted writes by cookie
+  std::unordered_map<uint64_t, uint32_t> readingCookies_;  ///< posted writes by cookie -> the local window they read
   std::unordered_map<uint64_t, std::shared_ptr<Transfer>> fences_, reads_;
   std::unordered_map<uint32_t, uint64_t> remoteKnown_;  ///< peer windows added to the transport, with their size
   std::set<uint32_t> keysSent_;

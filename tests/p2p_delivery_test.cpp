@@ -161,6 +161,45 @@ TEST(P2pDelivery, ALargeSendThatTimedOutLeavesTheNextReceiveToItsRetry) {
   timedOutSendThenRetry({p2p::kEagerBytes + 1, 1 << 20});
 }
 
+TEST(P2pDelivery, DeregReturnsOnlyOnceNoSendReadsTheRegionAnyMore) {
+  constexpr size_t kBytes = 32u << 20;
+  expectAllZero(runServerClients(
+      1,
+      [](int port) {
+        Endpoint ep(loopbackEndpoint(port));
+        const uint64_t conn = ep.accept().connId;
+        Guarded got(kBytes);
+        const uint64_t id = ep.recvAsync(conn, ep.reg(got.bytes.data(), got.bytes.size()), got.data(), kBytes);
+        sendBlob(ep, conn, "posted");  // after the receive's clear-to-send: the send is written at once
+        ErrorCode code = ErrorCode::kOk;
+        const std::string why = errorOf([&] { ep.wait(id); }, &code);
+        if (!why.empty()) {  // a receive may fail, by name, but take nothing from memory that was reused
+          std::fprintf(stderr, "receive: %s\n", why.c_str());
+          return 0;
+        }
+        CHILD_CHECK(holds(got, 3, "the receive of a send whose region was deregistered while it was written"));
+        return 0;
+      },
+      [](int, int port) {
+        Endpoint ep(loopbackEndpoint(0));
+        const uint64_t conn = ep.connect("127.0.0.1", -1, port);
+        std::vector<unsigned char> data(kBytes);
+        fillRandom(data.data(), data.size(), 3);
+        const uint64_t mr = ep.reg(data.data(), data.size());
+        CHILD_CHECK(recvBlob(ep, conn) == "posted");
+        const uint64_t id = ep.sendAsync(conn, mr, data.data(), data.size());
+        usleep(2000);  // the write is on its way
+        const uint64_t t0 = nowNs();
+        ep.dereg(mr);
+        const double ms = (nowNs() - t0) / 1e6;
+        std::fill(data.begin(), data.end(), 0xEE);  // the memory is the application's again: it reuses it
+        ErrorCode code = ErrorCode::kOk;
+        const std::string why = errorOf([&] { ep.wait(id); }, &code);
+        std::fprintf(stderr, "dereg took %.1f ms; the send: %s\n", ms, why.empty() ? "done" : why.c_str());
+        return 0;
+      }));
+}
+
 /// Entries of a /proc/self folder (fd: open files; task: threads).
 int countIn(const char* dir) {
   int n = 0;

@@ -88,7 +88,9 @@ class Endpoint {
   // ---- memory ----
   /// Registers [ptr, ptr + bytes) (host memory, or cudaMalloc memory in a CUDA build); returns its id.
   uint64_t reg(const void* ptr, size_t bytes);
-  /// Forgets a region; later transfers naming it fail with kInvalidArgument. No transfer may still use it.
+  /// Forgets a region; later transfers naming it fail with kInvalidArgument, and so do queued ones when they come to
+  /// it. Returns once no connection's transport reads it any more: writes already posted from it (a send's, a
+  /// one-sided write's) are waited for, bounded by GDX_TIMEOUT_MS, past which their connection is closed.
   void dereg(uint64_t mrId);
 
   // ---- two-sided: each send matches the peer's receive of the same position, of exactly the same size ----

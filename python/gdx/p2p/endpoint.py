@@ -120,7 +120,8 @@ class Endpoint:
         return True, self._native.reg(p, n)
 
     def dereg(self, mr_id: int) -> bool:
-        """Forgets a region; no transfer may still use it."""
+        """Forgets a region. Returns once no transfer reads it any more (writes already on their way from it are waited
+        for, bounded by GDX_TIMEOUT_MS); transfers that would still use it fail by name."""
         self._native.dereg(mr_id)
         return True
 

@@ -1,0 +1,65 @@
+// Which local windows the transport still reads for writes this connection posted (a large send's, an eager send's,
+// a one-sided write's, the answer to a peer's read), so that forget() -- the endpoint's dereg() -- returns only once
+// nothing reads the memory any more: the transport reads the source of a posted write until its completion.
+#include <chrono>
+#include <thread>
+
+#include "gdx/detail/clock.hpp"
+#include "gdx/detail/log.hpp"
+#include "p2p/connection.hpp"
+
+namespace gdx::p2p {
+
+void Connection::postReading(const WriteOp& op) {
+  try {
+    lane_->post(op);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(winMutex_);
+    auto r = readers_.find(op.localWindow);
+    if (r != readers_.end() && --r->second <= 0) readers_.erase(r);
+    throw;
+  }
+  readingCookies_[op.cookie] = op.localWindow;
+}
+
+void Connection::doneReading(uint64_t cookie) {
+  auto it = readingCookies_.find(cookie);
+  if (it == readingCookies_.end()) return;
+  const uint32_t window = it->second;
+  readingCookies_.erase(it);
+  std::lock_guard<std::mutex> lock(winMutex_);
+  auto r = readers_.find(window);
+  if (r != readers_.end() && --r->second <= 0) readers_.erase(r);
+}
+
+int Connection::readersOf(const std::vector<uint32_t>& windows) const {
+  std::lock_guard<std::mutex> lock(winMutex_);
+  int n = 0;
+  for (uint32_t w : windows) {
+    auto r = readers_.find(w);
+    if (r != readers_.end()) n += r->second;
+  }
+  return n;
+}
+
+void Connection::waitForReaders(const std::vector<uint32_t>& windows) {
+  if (windows.empty() || readersOf(windows) == 0) return;
+  const uint64_t deadline = nowNs() + timeoutNs_;
+  for (;;) {
+    const int n = readersOf(windows);
+    if (n == 0) return;
+    if (nowNs() >= deadline) {
+      // The transport still holds pointers into the memory: only stopping it (its threads are joined) ends that.
+      close(ErrorCode::kTimeout, "memory region " + std::to_string(windows.front()) +
+                                     " was deregistered while the transport still read it for " + std::to_string(n) +
+                                     " write(s) that did not complete within GDX_TIMEOUT_MS (" +
+                                     std::to_string(timeoutNs_ / 1000000) +
+                                     " ms); the connection is closed so that nothing reads it after dereg returns");
+      return;
+    }
+    progress();  // takes the completions where no other thread runs the connection now
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace gdx::p2p

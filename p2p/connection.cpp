@@ -965,8 +965,8 @@ void Connection::handleMessage(const ControlMsg& m) {
       if (m.type == MsgType::kClearToSend) {
         if (eagerSends_.count(m.id))
           matchEager(m);
-        else
-          cts_[m.id] = m;
+        else if (m.id >= nextSendSeq_ || (!sends_.empty() && m.id >= sends_.front().seq))
+          cts_[m.id] = m;  // else its send is gone (withdrawn, or failed by the peer's notice): nothing waits for it
       }
       return trySends();
     case MsgType::kRequestToSend: return onRequestToSend(m);

@@ -140,3 +140,14 @@ def _read_only_window_and_negative_wait(rank, world):
 
 def test_context_refuses_read_only_windows_and_negative_timeouts():
     run_ranks(1, _read_only_window_and_negative_wait)
+
+
+def _trace_to_a_missing_folder(rank, world, path):
+    with pytest.raises(gdx.InvalidArgumentError, match=f"GDX_TRACE: cannot write {path}.*No such file or directory"):
+        gdx.Context()
+
+
+def test_an_unwritable_gdx_trace_is_refused_when_the_context_starts(tmp_path):
+    path = str(tmp_path / "no-such-folder" / "trace.rank0.json")
+    run_ranks(1, _trace_to_a_missing_folder, path, env={"GDX_TRACE": str(tmp_path / "no-such-folder" / "trace.json")})
+

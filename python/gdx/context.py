@@ -248,13 +248,15 @@ class Context:
     closed = property(lambda self: self._native.closed)
 
     # ---- windows and channels ----------------------------------------------------------------------------------
-    def register_window(self, array: Any, name: Optional[str] = None) -> Window:
+    def register_window(self, array: Any, name: Optional[str] = None, *, sizes_may_differ: bool = False) -> Window:
         """Registers the memory of `array` (a torch tensor, numpy array, anything with __cuda_array_interface__,
         __array_interface__ or __dlpack__, or a writable buffer; contiguous, not empty). Collective: every rank
-        registers its windows in the same order (sizes may differ); named windows are checked by name too."""
+        registers its windows in the same order; named windows are checked by name too. A window without a name must
+        have the same size on every rank (else gdx.InvalidArgumentError on every rank, naming both sizes) unless
+        `sizes_may_differ`; named windows may differ."""
         view = raw_view(array, "register_window")
-        w = Window(self._native.register_window(view.ptr, view.nbytes, view.kind, name or ""), array, view,
-                   self._windows)
+        w = Window(self._native.register_window(view.ptr, view.nbytes, view.kind, name or "", bool(sizes_may_differ)),
+                   array, view, self._windows)
         self._windows[id(w)] = w
         return w
 

@@ -151,3 +151,18 @@ def test_an_unwritable_gdx_trace_is_refused_when_the_context_starts(tmp_path):
     path = str(tmp_path / "no-such-folder" / "trace.rank0.json")
     run_ranks(1, _trace_to_a_missing_folder, path, env={"GDX_TRACE": str(tmp_path / "no-such-folder" / "trace.json")})
 
+
+def _unnamed_windows_in_opposite_order(rank, world):
+    big, small = np.zeros(256 << 10, np.uint8), np.zeros(4 << 10, np.uint8)
+    with gdx.Context() as ctx:
+        first = big if rank == 0 else small
+        with pytest.raises(gdx.InvalidArgumentError, match="different sizes where they must be equal.*rank 0 called "
+                           "registerWindow of 262144 bytes but rank 1 called registerWindow of 4096 bytes"):
+            ctx.register_window(first)
+        w = ctx.register_window(first, sizes_may_differ=True)  # said so: allowed
+        assert w.remote_size(1 - rank) == (4 << 10 if rank == 0 else 256 << 10)
+        ctx.barrier()
+
+
+def test_unnamed_windows_must_agree_in_size_unless_the_call_allows_it():
+    run_ranks(2, _unnamed_windows_in_opposite_order)

@@ -1,9 +1,13 @@
 """Bad input to the Python API ends in a clear exception, never in a crash or a silent default: read-only memory as a
 receive's destination (a numpy array over a PROT_READ mapping, over bytes) or as a window, a bool or negative
-pointer, a port out of range, negative or NaN timeouts, a RemoteBuffer that is None."""
+pointer, a port out of range, negative or NaN timeouts, a RemoteBuffer that is None; and accept(), which waits without
+a bound until Ctrl-C or close() ends it."""
 
 import mmap
 import os
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -166,3 +170,44 @@ def _unnamed_windows_in_opposite_order(rank, world):
 
 def test_unnamed_windows_must_agree_in_size_unless_the_call_allows_it():
     run_ranks(2, _unnamed_windows_in_opposite_order)
+
+
+# ---- accept() waits without a bound; Ctrl-C and close() end it --------------------------------------------------
+
+def test_accept_outlasts_the_timeout_and_takes_a_late_client():
+    with p2p.Endpoint(-1, 1, port=0, timeout=0.3) as server, p2p.Endpoint(-1, 1, port=0) as client:
+        got = []
+        late = threading.Timer(1.0, lambda: got.append(client.connect("127.0.0.1", -1, server.port)))
+        late.start()
+        start = time.monotonic()
+        ok, ip, gpu, conn = server.accept()  # 0.3 s is the endpoint's timeout: accept() waits past it
+        late.join()
+        assert ok and gpu == -1 and time.monotonic() - start >= 0.9
+        assert got and got[0][0]
+
+
+def test_close_from_another_thread_ends_accept():
+    server = p2p.Endpoint(-1, 1, port=0, timeout=0.3)
+    closer = threading.Timer(0.8, server.close)
+    start = time.monotonic()
+    closer.start()
+    with pytest.raises(gdx.ShutdownError, match="accept: this gdx.p2p.Endpoint was closed"):
+        server.accept()
+    elapsed = time.monotonic() - start
+    closer.join()
+    assert 0.8 <= elapsed < 0.8 + 0.5, f"accept ended after {elapsed:.3f} s"
+
+
+@pytest.mark.parametrize("passive", [False, True])
+def test_ctrl_c_ends_accept(passive):
+    with p2p.Endpoint(-1, 1, port=0, timeout=10) as server:
+        if passive:
+            server.start_passive_accept()
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            server.accept()
+        elapsed = time.monotonic() - start
+        timer.join()
+        assert elapsed < 0.3 + 0.2, f"Ctrl-C took {elapsed - 0.3:.3f} s to end accept()"

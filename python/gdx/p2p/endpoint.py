@@ -106,7 +106,9 @@ class Endpoint:
                                           -1 if remote_port is None else _args.port(remote_port, "remote_port"))
 
     def accept(self) -> Tuple[bool, str, int, int]:
-        """Waits (bounded by GDX_TIMEOUT_MS) for the next client: (True, its ip, its GPU, conn_id)."""
+        """Waits for the next client, without a bound: (True, its ip, its GPU, conn_id). Ctrl-C ends the wait
+        (KeyboardInterrupt), and so does close() from another thread (gdx.ShutdownError). A client's handshake, once
+        it connected, is bounded by GDX_TIMEOUT_MS."""
         ip, gpu, conn_id = self._native.accept()
         return True, ip, gpu, conn_id
 

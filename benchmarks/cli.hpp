@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "examples/size_arg.hpp"
+
 namespace gdx::bench {
 
 struct Flag {
@@ -22,16 +24,10 @@ struct Flag {
   std::function<void(const std::string&)> set;  ///< throws std::exception when the value does not parse
 };
 
-/// A non-negative integer with an optional K/M/G (or KiB/MiB/GiB) suffix, powers of 1024.
+/// A non-negative integer with an optional K/M/G (or KiB/MiB/GiB) suffix, powers of 1024: the parser every
+/// program shares (examples/size_arg.hpp); throws std::invalid_argument naming the text.
 inline uint64_t parseCount(const std::string& v) {
-  size_t used = 0;
-  const unsigned long long n = std::stoull(v, &used, 0);
-  const std::string suffix = v.substr(used);
-  if (suffix.empty()) return n;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") return n << 10;
-  if (suffix == "M" || suffix == "m" || suffix == "MiB") return n << 20;
-  if (suffix == "G" || suffix == "g" || suffix == "GiB") return n << 30;
-  throw std::invalid_argument("not a count (digits, then K, M or G)");
+  return example::parseSize(v);
 }
 
 inline void printUsage(std::FILE* to, const char* program, const std::string& about, const std::vector<Flag>& flags) {

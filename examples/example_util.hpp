@@ -8,7 +8,10 @@
 #include <cstdlib>
 #include <gdx/device.hpp>  // GDX_HOST_DEVICE_INLINE: kernels compute the same bytes as the host
 #include <gdx/error.hpp>
+#include <stdexcept>
 #include <string>
+
+#include "size_arg.hpp"
 
 namespace example {
 
@@ -41,18 +44,36 @@ inline int checkAndReport(const char* what, int rank, int from, const unsigned c
   return bad == 0 ? 0 : 1;
 }
 
-/// "4096", "64K", "4M", "1G" (powers of 1024); `fallback` when absent. Exits with 2 on anything else.
-inline size_t parseBytes(const char* text, size_t fallback) {
-  if (!text) return fallback;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(text, &end, 10);
-  const std::string unit = end;
-  const int shift = unit.empty() ? 0 : unit == "K" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : -1;
-  if (end == text || n == 0 || shift < 0) {
-    std::fprintf(stderr, "'%s' is not a size (e.g. 4096, 64K, 4M, 1G)\n", text);
+/// `text` as a count ("4096", "64K", "4M", "1G": powers of 1024, size_arg.hpp); exits with 2, saying why, on
+/// anything else and, with `atLeastOne`, on 0.
+inline uint64_t parseCountOrExit(const char* text, bool atLeastOne) {
+  try {
+    const uint64_t n = parseSize(text);
+    if (atLeastOne && n == 0) throw std::invalid_argument(std::string("'") + text + "' must be at least 1");
+    return n;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
     std::exit(2);
   }
-  return static_cast<size_t>(n) << shift;
+}
+
+/// A size in bytes on the command line (at least 1); `fallback` when absent.
+inline size_t parseBytes(const char* text, size_t fallback) {
+  return text ? static_cast<size_t>(parseCountOrExit(text, true)) : fallback;
+}
+
+/// --help (or -h) prints `about` and the usage and exits 0; a flag the example does not know or more than
+/// `maxArgs` arguments exit 2, before anything runs.
+inline void handleHelp(int argc, char** argv, const char* about, const char* usage, int maxArgs) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool help = a == "-h" || a == "--help";
+    if (help || a.rfind("-", 0) == 0 || i > maxArgs) {
+      std::fprintf(help ? stdout : stderr, "%s%s\nusage: %s %s\n",
+                   help ? "" : ("unknown argument '" + a + "'\n").c_str(), about, argv[0], usage);
+      std::exit(help ? 0 : 2);
+    }
+  }
 }
 
 /// Throws gdx::Error(kInvalidArgument) unless the job has the ranks the example was written for.
@@ -69,17 +90,8 @@ struct Args {
 };
 /// Reads [BYTES] [SEED]; --help prints `about` and the usage and exits 0, a flag it does not know exits 2.
 inline Args parseArgs(int argc, char** argv, const char* about) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool help = a == "-h" || a == "--help";
-    if (help || a.rfind("--", 0) == 0 || i > 2) {
-      std::fprintf(help ? stdout : stderr, "%s%s\nusage: %s [BYTES (default 4M; 64K, 1G, ...)] [SEED (default 1)]\n",
-                   help ? "" : ("unknown argument '" + a + "'\n").c_str(), about, argv[0]);
-      std::exit(help ? 0 : 2);
-    }
-  }
-  return {parseBytes(argc > 1 ? argv[1] : nullptr, size_t{4} << 20),
-          argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1};
+  handleHelp(argc, argv, about, "[BYTES (default 4M; 64K, 1G, ...)] [SEED (default 1)]", 2);
+  return {parseBytes(argc > 1 ? argv[1] : nullptr, size_t{4} << 20), argc > 2 ? parseCountOrExit(argv[2], false) : 1};
 }
 
 /// Runs an example's body: a gdx::Error (a timeout, a failed peer, a bad argument; its message names the rank and

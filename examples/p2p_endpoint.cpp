@@ -9,11 +9,16 @@
 #include <thread>
 #include <vector>
 
+#include "example_util.hpp"
 #include "gdx/p2p/endpoint.hpp"
 #include "gdx/p2p/url_transport.hpp"
 
 int main(int argc, char** argv) {
-  const size_t bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 0) : (1 << 20);
+  example::handleHelp(argc, argv,
+                      "gdx::p2p::Endpoint and UrlTransport over loopback in one process: send/recv, a one-sided "
+                      "write, a notified URL write; every byte checked.",
+                      "[BYTES (default 1M; 64K, 1G, ...)]", 1);
+  const size_t bytes = example::parseBytes(argc > 1 ? argv[1] : nullptr, size_t{1} << 20);
   std::vector<unsigned char> sendBuf(bytes), recvBuf(bytes, 0);
   for (size_t i = 0; i < bytes; ++i) sendBuf[i] = static_cast<unsigned char>(i * 131 + 7);
   gdx::p2p::EndpointOptions options = gdx::p2p::EndpointOptions::fromEnv(/*localGpu=*/-1, /*numCpus=*/1);

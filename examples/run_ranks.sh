@@ -45,14 +45,15 @@ EOF
     echo $! >"$dir/pid.$r"
     wait $!
     code=$?
-    echo "$code" >"$dir/rc.$r.tmp" && mv "$dir/rc.$r.tmp" "$dir/rc.$r"
+    # Written aside and renamed: rc.R appears complete, and the monitor's rc.* never matches the partial file.
+    echo "$code" >"$dir/partial.$r" && mv "$dir/partial.$r" "$dir/rc.$r"
   ) &
   r=$((r + 1))
 done
 
 finished() {  # number of ranks that exited
   c=0
-  for f in "$dir"/rc.*; do [ -f "$f" ] && case $f in *.tmp) ;; *) c=$((c + 1)) ;; esac; done
+  for f in "$dir"/rc.*; do [ -f "$f" ] && c=$((c + 1)); done
   echo $c
 }
 signal_all() {

@@ -259,25 +259,27 @@ void Endpoint::close(uint64_t connId) {
                                                  " does not exist on this endpoint (ids from connect/accept)");
 }
 
+bool Endpoint::Impl::acceptUntil(uint64_t deadline, Accepted* out) {
+  std::unique_lock<std::mutex> lock(acceptMutex);
+  if (!passive.joinable()) return acceptOne(deadline, out);
+  while (accepted.empty()) {
+    uint64_t now = nowNs();
+    if (now >= deadline) return false;
+    acceptedCv.wait_for(lock, std::chrono::nanoseconds(deadline - now));
+  }
+  *out = accepted.front();
+  accepted.pop_front();
+  return true;
+}
+
+bool Endpoint::tryAccept(uint64_t waitMs, Accepted* out) {
+  return impl_->acceptUntil(nowNs() + waitMs * 1000000, out);
+}
+
 Accepted Endpoint::accept() {
   Impl& d = *impl_;
-  const uint64_t deadline = d.deadlineNs();
-  std::unique_lock<std::mutex> lock(d.acceptMutex);
-  if (d.passive.joinable()) {
-    while (d.accepted.empty()) {
-      uint64_t now = nowNs();
-      if (now >= deadline) break;
-      d.acceptedCv.wait_for(lock, std::chrono::nanoseconds(deadline - now));
-    }
-    if (!d.accepted.empty()) {
-      Accepted a = d.accepted.front();
-      d.accepted.pop_front();
-      return a;
-    }
-  } else {
-    Accepted a;
-    if (d.acceptOne(deadline, &a)) return a;
-  }
+  Accepted a;
+  if (d.acceptUntil(d.deadlineNs(), &a)) return a;
   throw Error(ErrorCode::kTimeout, d.who() + ": accept: no client connected within GDX_TIMEOUT_MS (" +
                                        std::to_string(d.options.timeoutNs / 1000000) + " ms)");
 }

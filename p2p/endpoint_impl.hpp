@@ -33,6 +33,8 @@ struct Endpoint::Impl {
   /// Accepts one client: waits for it until `waitUntil` (false when none came by then), then gives its handshake
   /// GDX_TIMEOUT_MS of its own.
   bool acceptOne(net::Deadline waitUntil, Accepted* out);
+  /// The next client by `deadline` (nowNs() clock): from the passive thread's queue when it runs, else accepted here.
+  bool acceptUntil(uint64_t deadline, Accepted* out);
   uint64_t adopt(PairLink link);
   /// Releases connection `connId` (Endpoint::close, or reap()), failing what still waits on it with `why`.
   /// Idempotent; false when `connId` is no connection this endpoint ever made.

@@ -193,6 +193,7 @@ Proxy::Proxy(const Options& options, Transport* transport, const WindowRegistry&
       relay_(relay),
       tracePath_(gdx::tracePath(options.trace, registry.rank())),
       peerErrors_(static_cast<size_t>(registry.worldSize())) {
+  checkTraceWritable(tracePath_);
   if (transport_ && transport_->numLanes() < options_.threads)
     throw Error(ErrorCode::kInvalidArgument, "the transport has " + std::to_string(transport_->numLanes()) +
                                                  " lanes for " + std::to_string(options_.threads) + " proxy threads");

@@ -1,8 +1,10 @@
 #include "proxy/trace.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <sstream>
 
@@ -58,6 +60,17 @@ std::string tracePath(const std::string& pattern, int rank) {
   const size_t dot = path.find_last_of('.');
   if (dot != std::string::npos && (slash == std::string::npos || dot > slash)) return path.insert(dot, ".rank" + r);
   return path + ".rank" + r;
+}
+
+void checkTraceWritable(const std::string& path) {
+  if (path.empty()) return;
+  std::FILE* f = std::fopen(path.c_str(), "a");  // creates it, keeps what is there until the trace replaces it
+  if (!f) {
+    const int err = errno;
+    throw Error(ErrorCode::kInvalidArgument,
+                "GDX_TRACE: cannot write " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  std::fclose(f);
 }
 
 void writeChromeTrace(const std::string& path, int rank, const std::vector<const TraceBuffer*>& threads) {

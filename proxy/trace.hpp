@@ -51,6 +51,10 @@ class TraceBuffer {
 /// the extension so that ranks sharing a file system do not overwrite each other's trace). Empty when not tracing.
 std::string tracePath(const std::string& pattern, int rank);
 
+/// Throws gdx::Error(kInvalidArgument) naming GDX_TRACE, `path` and errno when the file cannot be created or written
+/// (checked when the proxy starts, not first found when it stops). An empty path is not tracing: no check.
+void checkTraceWritable(const std::string& path);
+
 /// Writes the threads' events as Chrome trace JSON (one process per rank, one track per proxy thread).
 void writeChromeTrace(const std::string& path, int rank, const std::vector<const TraceBuffer*>& threads);
 

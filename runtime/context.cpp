@@ -231,7 +231,7 @@ Context::~Context() {
   shutdownThreads();
 }
 
-Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const std::string& name) {
+Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const std::string& name, WindowSizes sizes) {
   if (!base || bytes == 0)
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": cannot register an empty window");
   uint32_t id = kMaxUserWindows;
@@ -273,6 +273,7 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
   CollectiveTag tag = tagged("registerWindow");
   tag.size = bytes;
   tag.name = name;
+  tag.sameSize = name.empty() && sizes == WindowSizes::kEqual;  // unnamed windows pair by order alone
   const std::string call = "registerWindow of " + std::to_string(bytes) + " bytes" +
                            (name.empty() ? std::string() : " named '" + name + "'");
   if (failureCode != ErrorCode::kOk) {

@@ -85,17 +85,40 @@ TEST(Collective, WindowsRegisteredInAnotherOrderAreRefusedByTheirNames) {
     Context ctx;
     // Rank 0 gives no names; ranks 1 and 2 name their windows in opposite orders.
     const std::string first = rank == 0 ? "" : rank == 1 ? "a" : "b";
-    CHILD_CHECK(
-        refusedNaming([&] { ctx.registerWindow(a.data(), rank == 2 ? b.size() : a.size(), MemoryKind::kHost, first); },
-                      {"different names", "rank 1 called registerWindow of 1024 bytes named 'a'",
-                       "rank 2 called registerWindow of 2048 bytes named 'b'"}));
-    // Unnamed windows of different sizes in the same order are fine (sizes may differ between ranks).
-    Window w = ctx.registerWindow(rank == 1 ? b.data() : a.data(), rank == 1 ? b.size() : a.size());
+    CHILD_CHECK(refusedNaming(
+        [&] {
+          ctx.registerWindow(a.data(), rank == 2 ? b.size() : a.size(), MemoryKind::kHost, first,
+                             WindowSizes::kMayDiffer);
+        },
+        {"different names", "rank 1 called registerWindow of 1024 bytes named 'a'",
+         "rank 2 called registerWindow of 2048 bytes named 'b'"}));
+    // Unnamed windows of different sizes are fine where the call says so.
+    Window w = ctx.registerWindow(rank == 1 ? b.data() : a.data(), rank == 1 ? b.size() : a.size(), MemoryKind::kHost,
+                                  {}, WindowSizes::kMayDiffer);
     CHILD_CHECK(w.remoteSize(1) == b.size() && w.remoteSize(0) == a.size());
     ctx.barrier();
     return 0;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+// Two ranks registering unnamed windows of different sizes in opposite order: without a check, rank 0's put into its
+// 256 KiB window would land in rank 1's 4 KiB one. Both ranks refuse the first call, naming both sizes.
+TEST(Collective, UnnamedWindowsOfDifferentSizesAreRefusedUnlessTheCallAllowsIt) {
+  auto codes = runRanks(2, [](int rank) {
+    std::vector<unsigned char> big(256 << 10), small(4 << 10);
+    Context ctx;
+    std::vector<unsigned char>& first = rank == 0 ? big : small;
+    CHILD_CHECK(
+        refusedNaming([&] { ctx.registerWindow(first.data(), first.size()); },
+                      {"different sizes where they must be equal", "rank 0 called registerWindow of 262144 bytes",
+                       "rank 1 called registerWindow of 4096 bytes"}));
+    Window same = ctx.registerWindow(small.data(), small.size());  // equal sizes: fine
+    CHILD_CHECK(same.remoteSize(1 - rank) == small.size());
+    ctx.barrier();
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
 TEST(Collective, SizesThatMustMatchAndDoNotAreNamedWithTheSequenceNumber) {

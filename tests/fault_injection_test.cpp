@@ -27,6 +27,36 @@ TEST(FaultInjection, ADelayedOperationArrivesLateAndIntact) {
             (std::vector<int>{0, 0}));
 }
 
+// A delay far past the timeout: closing the Context gives up on the delayed operation at the drain deadline (the
+// timeout) instead of sleeping the whole delay in the sender thread it joins.
+TEST(FaultInjection, ADelayLongerThanTheTimeoutDoesNotHoldTheClose) {
+  const std::vector<int> codes = test::runRanks(
+      2,
+      [](int rank) {
+        setenv("GDX_TIMEOUT_MS", "1000", 1);
+        setenv("GDX_TRANSPORT", "tcp", 1);
+        if (rank == 0) setenv("GDX_FAULT", "delay:1:3:120000", 1);
+        std::vector<unsigned char> buf(4096, 1);
+        std::chrono::steady_clock::time_point closing;
+        {
+          Context ctx;
+          Window w = ctx.registerWindow(buf.data(), buf.size());
+          ctx.barrier();
+          if (rank == 0) {
+            Channel ch = ctx.channel(1);
+            for (int i = 0; i < 5; ++i) ch.putWithSignal(w, 0, w, 0, 64, 0, 1);  // the third sleeps in the sender
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          closing = std::chrono::steady_clock::now();
+        }  // ~Context
+        const auto s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - closing);
+        std::fprintf(stderr, "rank %d: ~Context took %lld s\n", rank, static_cast<long long>(s.count()));
+        return s.count() < 20 ? 0 : 1;
+      },
+      90);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
 TEST(FaultInjection, ADroppedOperationEndsTheWaitWithATimeoutNamingTheSignal) {
   EXPECT_EQ(test::runFaultJob("tcp", "drop:1:3", test::FaultExpect::kTimeout), (std::vector<int>{0, 0}));
 }

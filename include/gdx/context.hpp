@@ -56,6 +56,9 @@ struct ContextOptions {
   static ContextOptions fromEnv();
 };
 
+/// Whether a window registered without a name may have another size on other ranks (Context::registerWindow).
+enum class WindowSizes : uint8_t { kEqual, kMayDiffer };
+
 class Context {
  public:
   /// Joins the job described by the environment (BootstrapConfig::fromEnv()).
@@ -75,14 +78,17 @@ class Context {
   /// through it a later use finds the Context gone and throws kShutdown instead of touching freed memory.
   const std::shared_ptr<detail::ContextLink>& link() const { return link_; }
 
-  /// Collective: every rank registers its windows in the same order (sizes may differ). The ranks check the call
-  /// against each other (bootstrap.hpp's CollectiveTag): a rank in another collective (a barrier), at another window
-  /// id, or with another non-empty `name` makes the call throw kInvalidArgument on every rank, naming both sides.
+  /// Collective: every rank registers its windows in the same order. The ranks check the call against each other
+  /// (bootstrap.hpp's CollectiveTag): a rank in another collective (a barrier), at another window id, or with another
+  /// non-empty `name` makes the call throw kInvalidArgument on every rank, naming both sides. A window without a
+  /// name must have the same size on every rank (two ranks registering unnamed windows in opposite order would pair
+  /// them silently), unless `sizes` is WindowSizes::kMayDiffer; named windows are paired by name and may differ.
   /// Throws too when the memory range is empty or when all window ids are in use.
   /// Destroying a GPU window of a job with GPUs is collective too (same order on every rank; kernels that use it
   /// finished on every rank): same-host peers map its memory for their kernels' direct stores, and each unmaps it
   /// before any rank's Window destructor returns, so that the memory may then be freed (window.hpp).
-  Window registerWindow(void* base, size_t bytes, MemoryKind kind = MemoryKind::kHost, const std::string& name = {});
+  Window registerWindow(void* base, size_t bytes, MemoryKind kind = MemoryKind::kHost, const std::string& name = {},
+                        WindowSizes sizes = WindowSizes::kEqual);
   /// A channel to `peer` on ring `ringIndex` (-1: spread channels over the rings by peer).
   Channel channel(int peer, int ringIndex = -1);
   /// The device handle of a channel to `peer` on device ring `ringIndex` (-1: by peer), for kernels. Needs a GPU.

@@ -15,6 +15,7 @@ class RawView:
     nbytes: int
     kind: str  # "host" or "cuda"
     device: int = -1  # the CUDA device of "cuda" memory, -1 when unknown or host
+    readonly: bool = False  # the object says its memory must not be written (numpy's writeable flag, bytes, ...)
 
 
 def _is_torch_tensor(obj: Any) -> bool:
@@ -47,12 +48,14 @@ def _from_torch(t) -> RawView:
 
 
 def _from_interface(iface: dict, kind: str, what: str) -> RawView:
-    ptr = int(iface["data"][0]) if iface.get("data") is not None else 0
+    data = iface.get("data")
+    ptr = int(data[0]) if data is not None else 0
+    readonly = bool(data[1]) if data is not None else False  # (address, read-only flag) in both interfaces
     if iface.get("mask") is not None:
         raise InvalidArgumentError(f"{what}: masked arrays are not supported")
     strides = iface.get("strides")
     itemsize = _itemsize_of(iface["typestr"])
-    return RawView(ptr, _contiguous_bytes(iface["shape"], strides, itemsize, what), kind)
+    return RawView(ptr, _contiguous_bytes(iface["shape"], strides, itemsize, what), kind, readonly=readonly)
 
 
 class _DLDevice(ctypes.Structure):
@@ -92,8 +95,27 @@ def _from_dlpack(obj, what: str) -> RawView:
     return RawView((t.data or 0) + t.byte_offset, nbytes, kind, device)
 
 
-def raw_view(obj: Any, what: str = "array") -> RawView:
-    """The memory of `obj` (contiguous only): address, bytes, "host" or "cuda"."""
+class _PyBuffer(ctypes.Structure):  # CPython's Py_buffer (Include/pybuffer.h), stable since 3.3
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+def _buffer_address(obj: Any) -> int:
+    """Address of a (possibly read-only) buffer; ctypes' from_buffer takes writable ones only."""
+    view = _PyBuffer()
+    get, release = ctypes.pythonapi.PyObject_GetBuffer, ctypes.pythonapi.PyBuffer_Release
+    get.restype, get.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+    release.restype, release.argtypes = None, [ctypes.POINTER(_PyBuffer)]
+    get(obj, ctypes.byref(view), 0)  # PyBUF_SIMPLE: read access to contiguous bytes; raises when refused
+    try:
+        return int(view.buf or 0)
+    finally:
+        release(ctypes.byref(view))
+
+
+def _view_of(obj: Any, what: str) -> RawView:
     if _is_torch_tensor(obj):
         return _from_torch(obj)
     if hasattr(obj, "__cuda_array_interface__"):
@@ -105,16 +127,27 @@ def raw_view(obj: Any, what: str = "array") -> RawView:
     try:
         mv = memoryview(obj)
     except TypeError:
-        raise InvalidArgumentError(
+        raise TypeError(
             f"{what}: a {type(obj).__name__} is not memory gdx can use (a torch tensor, a numpy array, or an object "
             "with __cuda_array_interface__, __array_interface__, __dlpack__ or the buffer protocol)") from None
     if not mv.contiguous:
         raise InvalidArgumentError(f"{what}: the buffer is not contiguous")
-    if mv.readonly:
-        raise InvalidArgumentError(f"{what}: the buffer is read-only; a window must be writable")
     if mv.nbytes == 0:
-        return RawView(0, 0, "host")
+        return RawView(0, 0, "host", readonly=mv.readonly)
+    if mv.readonly:
+        return RawView(_buffer_address(mv), mv.nbytes, "host", readonly=True)
     return RawView(ctypes.addressof(ctypes.c_char.from_buffer(mv)), mv.nbytes, "host")
+
+
+def raw_view(obj: Any, what: str = "array", writable: bool = True) -> RawView:
+    """The memory of `obj` (contiguous only): address, bytes, "host" or "cuda". With `writable` (memory gdx or a
+    peer writes into: a window, a receive's or read's destination), read-only memory (a numpy array whose
+    writeable flag is off, such as one over bytes or a read-only mmap; bytes themselves) is refused."""
+    view = _view_of(obj, what)
+    if writable and view.readonly:
+        raise InvalidArgumentError(f"{what}: the {type(obj).__name__} is read-only, and gdx (or a peer) would write "
+                                   "into it; pass writable memory")
+    return view
 
 
 class DeviceArray:

@@ -13,7 +13,7 @@ import secrets
 import weakref
 from typing import Any, Optional, Union
 
-from . import _gdx
+from . import _args, _gdx
 from ._arrays import RawView, raw_view
 from .errors import InvalidArgumentError
 
@@ -221,7 +221,7 @@ class Context:
         (torch.distributed.TCPStore, FileStore, ...). Every rank calls it with the same store and prefix."""
         seq = _next_sequence(key if key is not None else store)
         base = f"{prefix}/context{seq}"
-        timeout_ms = int(timeout * 1000) if timeout is not None else _bootstrap_timeout_ms()
+        timeout_ms = _args.timeout_ms(timeout) if timeout is not None else _bootstrap_timeout_ms()
         local_rank = int(os.environ.get("GDX_LOCAL_RANK", os.environ.get("LOCAL_RANK", "-1")))
         if rank == 0:
             host = _master_address(master_addr)
@@ -248,13 +248,15 @@ class Context:
     closed = property(lambda self: self._native.closed)
 
     # ---- windows and channels ----------------------------------------------------------------------------------
-    def register_window(self, array: Any, name: Optional[str] = None) -> Window:
+    def register_window(self, array: Any, name: Optional[str] = None, *, sizes_may_differ: bool = False) -> Window:
         """Registers the memory of `array` (a torch tensor, numpy array, anything with __cuda_array_interface__,
         __array_interface__ or __dlpack__, or a writable buffer; contiguous, not empty). Collective: every rank
-        registers its windows in the same order (sizes may differ); named windows are checked by name too."""
+        registers its windows in the same order; named windows are checked by name too. A window without a name must
+        have the same size on every rank (else gdx.InvalidArgumentError on every rank, naming both sizes) unless
+        `sizes_may_differ`; named windows may differ."""
         view = raw_view(array, "register_window")
-        w = Window(self._native.register_window(view.ptr, view.nbytes, view.kind, name or ""), array, view,
-                   self._windows)
+        w = Window(self._native.register_window(view.ptr, view.nbytes, view.kind, name or "", bool(sizes_may_differ)),
+                   array, view, self._windows)
         self._windows[id(w)] = w
         return w
 
@@ -274,8 +276,7 @@ class Context:
         """Waits until local signal `signal` >= `value`: at most `timeout` seconds (None: GDX_TIMEOUT_MS), then
         raises gdx.TimeoutError naming the rank, signal and last value seen; gdx.PeerFailedError as soon as a peer
         failed. Releases the GIL; Ctrl-C interrupts it (KeyboardInterrupt) within 100 ms."""
-        timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-        self._native.wait(signal, value, timeout_ms)
+        self._native.wait(signal, value, _args.timeout_ms(timeout))
 
     def signal_value(self, signal: int) -> int:
         """Current value of local signal `signal`."""
@@ -318,7 +319,7 @@ class Context:
     def _resolve(self, obj: WindowLike, offset: int, what: str):
         if isinstance(obj, Window):
             return obj._native, offset
-        view = raw_view(obj, what)
+        view = raw_view(obj, what, writable=what == "dst")
         for w in list(self._windows.values()):
             if w.valid and w.ptr <= view.ptr and view.ptr + view.nbytes <= w.ptr + w.nbytes:
                 return w._native, offset + (view.ptr - w.ptr)
@@ -330,7 +331,7 @@ class Context:
         d, doff = self._resolve(dst, dst_offset, "dst")
         s, soff = self._resolve(src, src_offset, "src")
         if nbytes is None:
-            src_size = src.nbytes if isinstance(src, Window) else raw_view(src, "src").nbytes
+            src_size = src.nbytes if isinstance(src, Window) else raw_view(src, "src", writable=False).nbytes
             if src_offset > src_size:
                 raise InvalidArgumentError(f"src_offset {src_offset} is past the end of src ({src_size} bytes)")
             nbytes = src_size - src_offset

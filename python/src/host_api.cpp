@@ -170,12 +170,14 @@ void bindHostApi(py::module_& m) {
       .def_property_readonly("has_gpu", [](const PyContext& c) { return c.get().gpu().present(); })
       .def_property_readonly("closed", [](const PyContext& c) { return !c.context; })
       .def("register_window",
-           [](PyContext& c, uintptr_t ptr, size_t bytes, const std::string& kind, const std::string& name) {
+           [](PyContext& c, uintptr_t ptr, size_t bytes, const std::string& kind, const std::string& name,
+              bool sizesMayDiffer) {
              const MemoryKind k = kindFrom(kind);
              Context& ctx = c.get();
              auto w = std::make_unique<PyWindow>();
              py::gil_scoped_release release;
-             w->window = ctx.registerWindow(pointerFrom(ptr), bytes, k, name);
+             w->window = ctx.registerWindow(pointerFrom(ptr), bytes, k, name,
+                                            sizesMayDiffer ? WindowSizes::kMayDiffer : WindowSizes::kEqual);
              return w;
            })
       .def(

@@ -54,7 +54,7 @@ std::vector<Iov> iovsFrom(const std::vector<uint64_t>& mrIds, const std::vector<
 
 // An Endpoint and the bound of its waits (EndpointOptions::timeoutNs), which the sliced wait needs.
 struct PyEndpoint {
-  std::unique_ptr<Endpoint> ep;
+  std::shared_ptr<Endpoint> ep;  // shared: an accept() between its slices keeps it alive past a close()
   uint64_t timeoutNs = 0;
   ~PyEndpoint() {
     if (!ep) return;
@@ -195,12 +195,21 @@ void bindEndpoint(py::module_& m) {
           "connect",
           [](PyEndpoint& e, const std::string& ip, int gpu, int port) { return live(e).connect(ip, gpu, port); },
           py::call_guard<py::gil_scoped_release>())
+      // Without a bound: slices of tryAccept, between which Ctrl-C and a close() from another thread end it.
       .def("accept",
            [](PyEndpoint& e) {
              p2p::Accepted a;
-             {
-               py::gil_scoped_release release;
-               a = live(e).accept();
+             for (;;) {
+               std::shared_ptr<Endpoint> ep = e.ep;  // read under the GIL, as close() writes it
+               if (!ep) throw Error(ErrorCode::kShutdown, "accept: this gdx.p2p.Endpoint was closed");
+               bool got = false;
+               {
+                 py::gil_scoped_release release;
+                 got = ep->tryAccept(kSliceNs / kMsNs, &a);
+                 ep.reset();  // the last owner after a close(): the endpoint goes here, without the GIL
+               }
+               if (got) break;
+               if (PyErr_CheckSignals() != 0) throw py::error_already_set();
              }
              return py::make_tuple(a.ip, a.remoteGpu, a.connId);
            })
@@ -314,9 +323,9 @@ void bindEndpoint(py::module_& m) {
           },
           py::call_guard<py::gil_scoped_release>())
       .def("close", [](PyEndpoint& e) {
-        std::unique_ptr<Endpoint> ep = std::move(e.ep);
+        std::shared_ptr<Endpoint> ep = std::move(e.ep);
         py::gil_scoped_release release;
-        ep.reset();  // stops the progress threads and closes the connections
+        ep.reset();  // stops the progress threads and closes the connections (or the accept() holding it will)
       });
 }
 

@@ -1,8 +1,11 @@
 #include "rdma/common/fault.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "gdx/error.hpp"
@@ -72,6 +75,16 @@ std::string FaultPlan::describe() const {
       std::string(faultName(action)) + " operation " + std::to_string(atOperation) + " to peer " + std::to_string(peer);
   if (action == FaultAction::kDelay) s += " by " + std::to_string(delayMs) + " ms";
   return s + " (GDX_FAULT)";
+}
+
+bool FaultInjector::sleepDelay(const std::function<bool()>& stop) const {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point until = Clock::now() + std::chrono::milliseconds(plan_.delayMs);
+  for (Clock::time_point now = Clock::now(); now < until; now = Clock::now()) {
+    if (stop()) return false;
+    std::this_thread::sleep_for(std::min<Clock::duration>(until - now, std::chrono::milliseconds(10)));
+  }
+  return true;
 }
 
 }  // namespace gdx::common

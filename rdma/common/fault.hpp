@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace gdx::common {
@@ -37,6 +38,10 @@ class FaultInjector {
     return count_.fetch_add(1, std::memory_order_relaxed) + 1 == plan_.atOperation ? plan_.action : FaultAction::kNone;
   }
   const FaultPlan& plan() const { return plan_; }
+  /// A delay's sleep (plan().delayMs), in slices of at most 10 ms so that `stop` (the transport shutting down, the
+  /// peer failed) ends it: a delay longer than the timeout must not hold the transport's shutdown. Returns true when
+  /// the whole delay passed, false when `stop` ended it.
+  bool sleepDelay(const std::function<bool()>& stop) const;
 
  private:
   FaultPlan plan_;

@@ -321,7 +321,10 @@ Status TcpTransport::sendFaulty(TxSocket& s, TxItem item, common::CudaStaging* s
     case common::FaultAction::kDrop: GDX_WARN("TCP transport rank " << rank_ << ": " << what); return Status::kOk;
     case common::FaultAction::kDelay:
       GDX_WARN("TCP transport rank " << rank_ << ": " << what);
-      std::this_thread::sleep_for(std::chrono::milliseconds(fault_.plan().delayMs));
+      // Ended early by the shutdown's drain deadline or a failed peer; the chunk is then not sent, as any other
+      // chunk still queued at that point.
+      if (!fault_.sleepDelay([&] { return txAborted() || peerState_[s.peer].load() == kPeerFailed; }))
+        return txAborted() ? Status::kShutdown : failedStatus(s.peer);
       return sendChunk(s, item, staging);
     case common::FaultAction::kCorrupt:
       GDX_WARN("TCP transport rank " << rank_ << ": " << what);

@@ -60,7 +60,7 @@ bool VerbsLane::injectFault(int peer, uint64_t cookie, common::FaultAction* acti
       done_.push_back(Completion{cookie, Status::kOk, peer});
       return true;
     case common::FaultAction::kDelay:
-      std::this_thread::sleep_for(std::chrono::milliseconds(t_.fault_.plan().delayMs));
+      t_.fault_.sleepDelay([&] { return t_.stopping_.load(); });  // a shutdown ends the delay; the post goes on
       return false;
     case common::FaultAction::kClose: {
       ibv_qp_attr attr{};

@@ -70,6 +70,10 @@ class Endpoint {
   /// Waits (bounded) for the next connecting client: GDX_TIMEOUT_MS for one to connect, and as long again for its
   /// handshake.
   Accepted accept();
+  /// Waits at most `waitMs` for the next client (as accept() does, its handshake then has GDX_TIMEOUT_MS of its own):
+  /// true with it in `*out`, false when none came in time. A caller that waits without a bound (Python's accept(),
+  /// which Ctrl-C and close() end) calls it in a loop and checks between the calls whether to stop.
+  bool tryAccept(uint64_t waitMs, Accepted* out);
   /// Accepts every client in a background thread from now on; accept() then hands them out in arrival order.
   void startPassiveAccept();
   /// This endpoint's address (ip, port, GPU) as bytes for addRemoteEndpoint().

@@ -13,7 +13,7 @@ interrupted that way goes on in the background, and the endpoint keeps its memor
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from .. import _gdx
+from .. import _args, _gdx
 from .._arrays import raw_view
 from ..errors import InvalidArgumentError
 from ..errors import TimeoutError as GdxTimeoutError
@@ -22,18 +22,26 @@ from ..errors import TimeoutError as GdxTimeoutError
 DESCRIPTOR_BYTES = _gdx.P2P_DESCRIPTOR_BYTES
 
 
-def _memory(obj: Any, size: Optional[int], what: str) -> Tuple[int, int]:
-    """(address, bytes) of a pointer + size, or of an array (size: at most its bytes; None: all of them)."""
-    if isinstance(obj, int):
+def _memory(obj: Any, size: Optional[int], what: str, writable: bool = False) -> Tuple[int, int]:
+    """(address, bytes) of a pointer + size, or of an array (size: at most its bytes; None: all of them).
+    `writable`: the call writes into the memory (a receive, a read, a range a peer may write), so a read-only array
+    is refused."""
+    if isinstance(obj, int) and not isinstance(obj, bool):
         if size is None:
             raise InvalidArgumentError(f"{what}: a pointer needs a size")
-        return obj, int(size)
-    view = raw_view(obj, what)
+        ptr = _args.non_negative(obj, f"{what}: the pointer")
+        if ptr == 0:
+            raise InvalidArgumentError(f"{what}: the pointer is 0 (null)")
+        return ptr, _args.non_negative(size, f"{what}: size")
+    if obj is None or isinstance(obj, (bool, float, str)):
+        raise TypeError(f"{what}: expected a pointer (int) or an array, got {type(obj).__name__} ({obj!r})")
+    view = raw_view(obj, what, writable=writable)
     if size is None:
         return view.ptr, view.nbytes
-    if size < 0 or size > view.nbytes:
-        raise InvalidArgumentError(f"{what}: size {size} does not fit the {view.nbytes}-byte array")
-    return view.ptr, int(size)
+    n = _args.non_negative(size, f"{what}: size")
+    if n > view.nbytes:
+        raise InvalidArgumentError(f"{what}: size {n} does not fit the {view.nbytes}-byte array")
+    return view.ptr, n
 
 
 def _descriptor(item: Any, what: str) -> bytes:
@@ -51,7 +59,7 @@ def _fill(out_buf: Any, descriptor: bytes, what: str) -> None:
 
 
 def _iov_lists(mr_ids: Sequence[int], ptrs: Sequence[Any], sizes: Optional[Sequence[int]],
-               num_iovs: Optional[int], what: str) -> Tuple[List[int], List[int], List[int]]:
+               num_iovs: Optional[int], what: str, writable: bool = False) -> Tuple[List[int], List[int], List[int]]:
     n = len(mr_ids)
     if num_iovs is not None and num_iovs != n:
         raise InvalidArgumentError(f"{what}: num_iovs is {num_iovs} but {n} mr ids were given")
@@ -60,7 +68,7 @@ def _iov_lists(mr_ids: Sequence[int], ptrs: Sequence[Any], sizes: Optional[Seque
     if len(ptrs) != n or len(sizes) != n:
         raise InvalidArgumentError(f"{what}: {n} mr ids, {len(ptrs)} buffers and {len(sizes)} sizes; the lists "
                                    "must be equally long")
-    mem = [_memory(p, s, f"{what}[{i}]") for i, (p, s) in enumerate(zip(ptrs, sizes))]
+    mem = [_memory(p, s, f"{what}[{i}]", writable) for i, (p, s) in enumerate(zip(ptrs, sizes))]
     return [int(m) for m in mr_ids], [p for p, _ in mem], [s for _, s in mem]
 
 
@@ -71,9 +79,11 @@ class Endpoint:
 
     def __init__(self, local_gpu_idx: int = -1, num_cpus: int = 1, *, port: Optional[int] = None,
                  bind_address: str = "", transport: str = "", timeout: Optional[float] = None):
-        timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-        self._native = _gdx._Endpoint(int(local_gpu_idx), int(num_cpus), -1 if port is None else int(port),
-                                      bind_address, transport, timeout_ms)
+        gpu = _args.integer(local_gpu_idx, "local_gpu_idx")
+        if gpu < -1:
+            raise InvalidArgumentError(f"local_gpu_idx must be a GPU index or -1 (host memory only), got {gpu}")
+        self._native = _gdx._Endpoint(gpu, _args.integer(num_cpus, "num_cpus"), -1 if port is None else _args.port(port), bind_address, transport,
+                                      _args.timeout_ms(timeout))
         self._in_flight: dict = {}  # transfer id -> the arrays it uses, held until it is reported done
         self._interrupted: list = []  # arrays of blocking transfers ended by Ctrl-C, which go on in the background
 
@@ -92,11 +102,13 @@ class Endpoint:
                 ) -> Tuple[bool, int]:
         """Connects to the endpoint of GPU `remote_gpu_idx` at `remote_ip_addr` (port: None = GDX_P2P_PORT + that
         GPU). Returns (True, conn_id); gdx.TimeoutError when nobody accepts within GDX_TIMEOUT_MS."""
-        return True, self._native.connect(remote_ip_addr, int(remote_gpu_idx),
-                                          -1 if remote_port is None else int(remote_port))
+        return True, self._native.connect(remote_ip_addr, _args.integer(remote_gpu_idx, "remote_gpu_idx"),
+                                          -1 if remote_port is None else _args.port(remote_port, "remote_port"))
 
     def accept(self) -> Tuple[bool, str, int, int]:
-        """Waits (bounded by GDX_TIMEOUT_MS) for the next client: (True, its ip, its GPU, conn_id)."""
+        """Waits for the next client, without a bound: (True, its ip, its GPU, conn_id). Ctrl-C ends the wait
+        (KeyboardInterrupt), and so does close() from another thread (gdx.ShutdownError). A client's handshake, once
+        it connected, is bounded by GDX_TIMEOUT_MS."""
         ip, gpu, conn_id = self._native.accept()
         return True, ip, gpu, conn_id
 
@@ -142,7 +154,7 @@ class Endpoint:
 
     def recv(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> bool:
         """Receives exactly `size` bytes into [ptr, ...) of region `mr_id`."""
-        p, n = _memory(ptr, size, "recv")
+        p, n = _memory(ptr, size, "recv", writable=True)
         return self._blocking(self._native.recv, ptr, conn_id, mr_id, p, n)
 
     def sendv(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
@@ -153,7 +165,7 @@ class Endpoint:
 
     def recvv(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
               size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> bool:
-        mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "recvv")
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "recvv", writable=True)
         return self._blocking(self._native.recvv, list(ptr_list), conn_id, mrs, ptrs, sizes)
 
     def _started(self, transfer_id: int, keep: Any) -> Tuple[bool, int]:
@@ -166,7 +178,7 @@ class Endpoint:
         return self._started(self._native.send_async(conn_id, mr_id, p, n), ptr)
 
     def recv_async(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> Tuple[bool, int]:
-        p, n = _memory(ptr, size, "recv_async")
+        p, n = _memory(ptr, size, "recv_async", writable=True)
         return self._started(self._native.recv_async(conn_id, mr_id, p, n), ptr)
 
     def sendv_async(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
@@ -176,7 +188,7 @@ class Endpoint:
 
     def recvv_async(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
                     size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> Tuple[bool, int]:
-        mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "recvv_async")
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "recvv_async", writable=True)
         return self._started(self._native.recvv_async(conn_id, mrs, ptrs, sizes), list(ptr_list))
 
     def poll_async(self, transfer_id: int) -> Tuple[bool, bool]:
@@ -193,7 +205,7 @@ class Endpoint:
     def wait(self, transfer_id: int, timeout: Optional[float] = None) -> bool:
         """Waits until the transfer is done: at most `timeout` seconds (None: GDX_TIMEOUT_MS from its start), then
         gdx.TimeoutError. Releases the GIL; Ctrl-C interrupts it."""
-        timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        timeout_ms = _args.timeout_ms(timeout)
         try:
             self._native.wait(transfer_id, timeout_ms)
         except KeyboardInterrupt:
@@ -214,7 +226,7 @@ class Endpoint:
         """Lets the peer of `conn_id` read and write [addr, addr + len) of region `mr_id`. With `out_buf` (a
         writable buffer of at least DESCRIPTOR_BYTES, the seed's form) the descriptor is written into it and True
         returned; without, the descriptor is returned (bytes). Hand it to the peer out of band."""
-        p, n = _memory(addr, len, "advertise")
+        p, n = _memory(addr, len, "advertise", writable=True)
         descriptor = self._native.advertise(conn_id, mr_id, p, n)
         if out_buf is None:
             return descriptor
@@ -223,7 +235,7 @@ class Endpoint:
 
     def advertisev(self, conn_id: int, mr_id_list: Sequence[int], addr_list: Sequence[Any],
                    len_list: Optional[Sequence[int]], out_buf_list: List[Any], num_iovs: Optional[int] = None) -> bool:
-        mrs, ptrs, sizes = _iov_lists(mr_id_list, addr_list, len_list, num_iovs, "advertisev")
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, addr_list, len_list, num_iovs, "advertisev", writable=True)
         for i, (mr, p, n) in enumerate(zip(mrs, ptrs, sizes)):
             _fill(out_buf_list[i], self._native.advertise(conn_id, mr, p, n), f"advertisev[{i}]")
         return True
@@ -239,7 +251,7 @@ class Endpoint:
     def read(self, conn_id: int, mr_id: int, dst: Any, size: Optional[int], slot_item: Any,
              remote_offset: int = 0) -> bool:
         """Reads `size` bytes at `remote_offset` of the peer's advertised range into local [dst, ...)."""
-        p, n = _memory(dst, size, "read")
+        p, n = _memory(dst, size, "read", writable=True)
         return self._blocking(self._native.read, dst, conn_id, mr_id, p, n, _descriptor(slot_item, "read"),
                               remote_offset)
 
@@ -251,7 +263,7 @@ class Endpoint:
 
     def read_async(self, conn_id: int, mr_id: int, dst: Any, size: Optional[int], slot_item: Any,
                    remote_offset: int = 0) -> Tuple[bool, int]:
-        p, n = _memory(dst, size, "read_async")
+        p, n = _memory(dst, size, "read_async", writable=True)
         return self._started(self._native.read_async(conn_id, mr_id, p, n, _descriptor(slot_item, "read_async"),
                                                      remote_offset), dst)
 
@@ -265,7 +277,7 @@ class Endpoint:
     def readv(self, conn_id: int, mr_id_list: Sequence[int], dst_list: Sequence[Any],
               size_list: Optional[Sequence[int]], slot_item_list: Sequence[Any], num_iovs: Optional[int] = None
               ) -> bool:
-        mrs, ptrs, sizes = _iov_lists(mr_id_list, dst_list, size_list, num_iovs, "readv")
+        mrs, ptrs, sizes = _iov_lists(mr_id_list, dst_list, size_list, num_iovs, "readv", writable=True)
         self._native.readv(conn_id, mrs, ptrs, sizes, [_descriptor(d, "readv") for d in slot_item_list])
         return True
 
@@ -274,7 +286,7 @@ class Endpoint:
                       out_buf: Any = None):
         """A descriptor of GPU region `mr_id`'s [addr, addr + len) that a process on this host opens with CUDA
         IPC (returned, or written into `out_buf` as advertise() does)."""
-        p, n = _memory(addr, len, "advertise_ipc")
+        p, n = _memory(addr, len, "advertise_ipc", writable=True)
         descriptor = self._native.advertise_ipc(mr_id, p, n)
         if out_buf is None:
             return descriptor
@@ -291,7 +303,7 @@ class Endpoint:
 
     def read_ipc(self, dst: Any, size: Optional[int], slot_item: Any, remote_offset: int = 0) -> bool:
         """Copies the IPC-advertised range into local GPU (or pinned host) memory; ordering as write_ipc."""
-        p, n = _memory(dst, size, "read_ipc")
+        p, n = _memory(dst, size, "read_ipc", writable=True)
         self._native.read_ipc(p, n, bytes(slot_item), remote_offset)
         return True
 

@@ -7,7 +7,7 @@ peer's next notified write arrived. Every future resolves within GDX_TIMEOUT_MS.
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
-from .. import _gdx
+from .. import _args, _gdx
 from .._arrays import raw_view
 from ..errors import _BY_CODE, Error, InvalidArgumentError
 from ..errors import TimeoutError as GdxTimeoutError
@@ -18,13 +18,18 @@ class RegisteredMemory:
     or a pointer and a size. ``cuda_dev``: the GPU of CUDA memory (None: taken from the array, else host)."""
 
     def __init__(self, array: Any, nbytes: Optional[int] = None, cuda_dev: Optional[int] = None):
-        if isinstance(array, int):
+        if isinstance(array, int) and not isinstance(array, bool):
             if nbytes is None:
                 raise InvalidArgumentError("RegisteredMemory: a pointer needs nbytes")
-            ptr, n, device = array, int(nbytes), -1
+            ptr, n, device = _args.non_negative(array, "RegisteredMemory: the pointer"), _args.non_negative(
+                nbytes, "RegisteredMemory: nbytes"), -1
         else:
-            view = raw_view(array, "RegisteredMemory")
-            ptr, n = view.ptr, view.nbytes if nbytes is None else int(nbytes)
+            if array is None or isinstance(array, (bool, float, str)):
+                raise TypeError(f"RegisteredMemory: expected an array or a pointer (int), got "
+                                f"{type(array).__name__} ({array!r})")
+            view = raw_view(array, "RegisteredMemory")  # the peer writes into it: writable memory only
+            ptr = view.ptr
+            n = view.nbytes if nbytes is None else _args.non_negative(nbytes, "RegisteredMemory: nbytes")
             if n > view.nbytes:
                 raise InvalidArgumentError(f"RegisteredMemory: nbytes {n} exceeds the array's {view.nbytes}")
             device = view.device if view.kind == "cuda" else -1
@@ -81,7 +86,8 @@ class WriteFuture:
     def wait(self, timeout: Optional[float] = None) -> str:
         """The status once resolved; gdx.TimeoutError when `timeout` seconds (None: unbounded here, the transport
         resolves it within GDX_TIMEOUT_MS) passed first."""
-        status = self._native.wait(0 if timeout is None else max(1, int(timeout * 1000)))
+        timeout_ms = _args.timeout_ms(timeout)
+        status = self._native.wait(timeout_ms)
         if status is None:
             raise GdxTimeoutError(f"{self._what}: not resolved within {timeout} s")
         return status
@@ -120,7 +126,16 @@ class RdmaTransport:
     def write(self, local: LocalPiece, remote: RemoteBuffer, notify: bool = False) -> WriteFuture:
         """Writes `local` (a RegisteredMemory, or one's view()) to `remote`; the future resolves once the data is
         in place at the peer. With `notify`, the peer's next wait_for_write() resolves when it arrived."""
-        mem, ptr, n = local.view() if isinstance(local, RegisteredMemory) else local
+        if isinstance(local, RegisteredMemory):
+            mem, ptr, n = local.view()
+        elif isinstance(local, tuple) and len(local) == 3 and isinstance(local[0], RegisteredMemory):
+            mem, ptr, n = local
+        else:
+            raise TypeError(f"write: local must be a RegisteredMemory or one's view(), not {type(local).__name__} "
+                            f"({local!r})")
+        if not isinstance(remote, RemoteBuffer):
+            raise TypeError(f"write: remote must be a RemoteBuffer (the peer's address and remote_key()), not "
+                            f"{type(remote).__name__} ({remote!r})")
         native = self._native.write(mem._native, ptr, n, int(remote.ptr), bytes(remote.access_key), bool(notify))
         return WriteFuture(native, f"write of {n} bytes to {remote.ptr:#x}", keep=(mem, self))
 

@@ -289,13 +289,11 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
           }
           continue;
         }
-        std::string windowKey = ensureLocal(p.region);
-        sendKey(p.region.window, windowKey, p.region.bytes);
         ControlMsg cts;
         cts.type = MsgType::kClearToSend;
         cts.id = seq;
-        cts.window = p.region.window;
-        cts.offset = p.offset;
+        cts.window = grant(p, Grant::kReceive, seq);  // exactly this receive's range, until its data arrived
+        cts.offset = 0;
         cts.bytes = p.size;
         if (early != early_.end()) {  // a small send's data is here for this large receive: both fail
           const EarlyData e = early->second;
@@ -478,6 +476,7 @@ void Connection::onEagerData(uint32_t imm, uint64_t bytes) {
   // successor with these low bits (sends refused before they left leave gaps, never 2^16 of them).
   const uint64_t seq = nextArrival_ + ((static_cast<uint64_t>(imm & kEagerSeqBits) - nextArrival_) & kEagerSeqBits);
   nextArrival_ = seq + 1;
+  revokeReceivesBefore(nextArrival_);
   const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
   const uint32_t slot = static_cast<uint32_t>(eagerArrived_++ % kEagerSlots);
   if (bytes == 0 || bytes > kEagerBytes || early_.size() >= kEagerSlots || eagerBuffer_.empty())
@@ -496,13 +495,15 @@ void Connection::onEagerData(uint32_t imm, uint64_t bytes) {
   takeEager(r, slot, bytes);
 }
 
-void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op) {
+void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op,
+                           uint64_t secret) {
   if (remoteKnown_.count(window)) return op();
   auto& waiters = keyWaiters_[window];
   if (waiters.empty()) {
     ControlMsg req;
     req.type = MsgType::kKeyRequest;
     req.window = window;
+    req.offset = secret;
     postControl(req);
   }
   t->setWaiting("the peer's key of window " + std::to_string(window));
@@ -521,7 +522,9 @@ void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
   // Posted once every destination window is known; until then the waiter for the first unknown key is all that
   // holds it, so that it is let go once posted or failed (a retry that held itself kept every write alive).
   for (const RemotePiece& d : w->dst)
-    if (!remoteKnown_.count(d.window)) return whenKnown(d.window, w->t, [this, w] { postWrite(w); });
+    if (!remoteKnown_.count(d.window))
+      return whenKnown(
+          d.window, w->t, [this, w] { postWrite(w); }, d.secret);
   const std::shared_ptr<Transfer>& t = w->t;
   if (t->finished()) return;
   try {
@@ -565,16 +568,14 @@ void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::
     t->setWaiting("the peer's answer to the read");
     try {
       for (size_t i = 0; i < dst.size(); ++i) {
-        std::string key = ensureLocal(dst[i].region);
-        sendKey(dst[i].region.window, key, dst[i].region.bytes);
         ControlMsg req;
         req.type = MsgType::kReadRequest;
         req.id = nextId_++;
         req.window = src[i].window;
         req.offset = src[i].offset;
         req.bytes = src[i].size;
-        req.dstWindow = dst[i].region.window;
-        req.dstOffset = dst[i].offset;
+        req.dstWindow = grant(dst[i], Grant::kRead, req.id);  // exactly the range read, until kReadDone
+        req.dstOffset = 0;
         reads_[req.id] = t;
         postControl(req);
       }
@@ -619,6 +620,12 @@ void Connection::forget(uint32_t window) {
   }
   for (auto it = advertisedRanges_.begin(); it != advertisedRanges_.end();)
     it = std::get<0>(it->first) == window ? advertisedRanges_.erase(it) : std::next(it);
+  for (auto it = grants_.begin(); it != grants_.end();) {
+    const uint32_t w = it->first;
+    const uint32_t parent = it->second.parent;
+    ++it;
+    if (parent == window) dropGrantLocked(w);
+  }
   for (uint32_t w : gone) {
     forgotten_.insert(w);
     if (localKeys_.erase(w)) {
@@ -653,7 +660,7 @@ bool Connection::regionForgotten(uint32_t window) const {
   return forgotten_.count(window) > 0;
 }
 
-bool Connection::resolveLocal(uint32_t window, MemoryRegion* out) {
+bool Connection::resolveLocal(uint32_t window, MemoryRegion* out, uint64_t secret) {
   WindowResolver resolver;
   {
     std::lock_guard<std::mutex> lock(winMutex_);
@@ -672,7 +679,7 @@ bool Connection::resolveLocal(uint32_t window, MemoryRegion* out) {
     }
     resolver = resolver_;
   }
-  return resolver && resolver(window, out);
+  return resolver && resolver(window, secret, out);
 }
 
 void Connection::sendKey(uint32_t window, const std::string& key, uint64_t bytes) {
@@ -833,7 +840,8 @@ void Connection::onReadRequest(const ControlMsg& m) {
   done.type = MsgType::kReadDone;
   done.id = m.id;
   MemoryRegion src;
-  if (!resolveLocal(m.window, &src)) {
+  // The eager buffer is written by the peer's small sends, never read: only advertised (or resolved) windows are.
+  if (m.window == kEagerWindow || !resolveLocal(m.window, &src)) {
     done.status = ReadStatus::kUnknownWindow;
   } else if (m.offset > src.bytes || m.bytes > src.bytes - m.offset || m.bytes == 0) {
     done.status = ReadStatus::kOutOfRange;
@@ -898,7 +906,7 @@ void Connection::handleMessage(const ControlMsg& m) {
   switch (m.type) {
     case MsgType::kKeyRequest: {
       MemoryRegion r;
-      if (!resolveLocal(m.window, &r)) {
+      if (!resolveLocal(m.window, &r, m.offset)) {
         ControlMsg no;
         no.type = MsgType::kKeyRefused;
         no.window = m.window;
@@ -968,6 +976,7 @@ void Connection::handleMessage(const ControlMsg& m) {
     }
     case MsgType::kReadRequest: return onReadRequest(m);
     case MsgType::kReadDone: {
+      revokeRead(m.id);
       auto it = reads_.find(m.id);
       if (it == reads_.end()) return;
       if (m.status == ReadStatus::kOk)
@@ -1001,10 +1010,12 @@ void Connection::handle(const Event& e) {
       GDX_WARN(name_ << ": the data of send #" << seq << " arrived after its receive had failed");
       arrivedForFailedRecv(seq);
       nextArrival_ = seq + 1;
+      revokeReceivesBefore(nextArrival_);
       return;
     }
     arrivedForFailedRecv(it->second.seq);  // failed receives before it will see nothing more
     nextArrival_ = it->second.seq + 1;
+    revokeReceivesBefore(nextArrival_);  // the data is in place: the peer may write there no more
     it->second.t->finishPart();
     recvs_.erase(it);
     return;

@@ -13,6 +13,7 @@
 
 #include "gdx/p2p/endpoint.hpp"
 #include "p2p/connection.hpp"
+#include "p2p/handshakes.hpp"
 #include "p2p/ipc.hpp"
 #include "p2p/progress_pool.hpp"
 #include "rdma/socket.hpp"
@@ -30,9 +31,11 @@ struct Endpoint::Impl {
   /// The region `mrId` after checking that [ptr, ptr + size) lies in it; throws kInvalidArgument naming both.
   MemoryRegion region(uint64_t mrId, const void* ptr, size_t size, const char* op);
   Piece piece(uint64_t mrId, const void* ptr, size_t size, const char* op);
-  /// Accepts one client: waits for it until `waitUntil` (false when none came by then), then gives its handshake
-  /// GDX_TIMEOUT_MS of its own.
-  bool acceptOne(net::Deadline waitUntil, Accepted* out);
+  /// Waits for a client until `waitUntil` and starts its handshake (GDX_TIMEOUT_MS of its own) in a thread of its
+  /// own, which queues the outcome in `accepted`; false when none came by then.
+  bool acceptOne(net::Deadline waitUntil);
+  /// The handshake of one accepted socket (run by `handshakes`).
+  void answer(net::UniqueFd fd, const std::string& from);
   uint64_t adopt(PairLink link);
   uint64_t remember(std::shared_ptr<Transfer> t);
   /// The transfer `id` names (the caller holds `mutex`); throws kInvalidArgument for an id it does not know.
@@ -61,9 +64,16 @@ struct Endpoint::Impl {
   std::map<uint64_t, std::shared_ptr<Transfer>> transfers;
   uint64_t nextConn = 1, nextMr = 1, nextTransfer = 1;
 
-  std::mutex acceptMutex;  ///< one accept at a time
+  /// A finished handshake: the client, or why it was refused (`code` not kOk).
+  struct Arrival {
+    Accepted client;
+    ErrorCode code = ErrorCode::kOk;
+    std::string why;
+  };
+  std::mutex acceptMutex;  ///< guards `accepted`
   std::condition_variable acceptedCv;
-  std::deque<Accepted> accepted;  ///< filled by the passive thread
+  std::deque<Arrival> accepted;  ///< filled by the handshake threads, in the order they finish
+  Handshakes handshakes;
   std::thread passive;
   std::atomic<bool> stopping{false};
 };

@@ -33,6 +33,9 @@ struct EndpointOptions {
   std::string bindAddress;  ///< "" : every interface (advertised: GDX_TCP_BIND_ADDR, else the default route's)
   std::string transport;    ///< "" : GDX_TRANSPORT ("tcp" or "verbs")
   uint64_t timeoutNs = 0;   ///< 0: GDX_TIMEOUT_MS
+  /// A secret shared by the endpoints that may connect (as a job secret): a client must present it, and one that
+  /// does not is refused with the reason. "" (the default): any client that completes the handshake is accepted.
+  std::string secret;
   static EndpointOptions fromEnv(int localGpu = -1, int numCpus = 1);
 };
 
@@ -62,10 +65,12 @@ class Endpoint {
   /// Connects to the endpoint of `remoteGpu` at `ip` (port: -1 = GDX_P2P_PORT + remoteGpu). Throws gdx::Error
   /// naming the address when nobody answers within GDX_TIMEOUT_MS, or the peer refuses.
   uint64_t connect(const std::string& ip, int remoteGpu, int port = -1);
-  /// Waits (bounded) for the next connecting client: GDX_TIMEOUT_MS for one to connect, and as long again for its
-  /// handshake.
+  /// Waits (bounded by GDX_TIMEOUT_MS) for the next client whose handshake finished. Handshakes run at once, each in
+  /// a thread of its own with GDX_TIMEOUT_MS for it, so a client that says nothing delays no other; a handshake
+  /// refused (another transport, a missing or wrong secret) ends this call with kProtocol and the reason.
   Accepted accept();
-  /// Accepts every client in a background thread from now on; accept() then hands them out in arrival order.
+  /// Accepts every client in a background thread from now on; accept() then hands them out in arrival order (a
+  /// refused handshake is logged there instead).
   void startPassiveAccept();
   /// This endpoint's address (ip, port, GPU) as bytes for addRemoteEndpoint().
   std::string metadata() const;

@@ -67,13 +67,15 @@ def _iov_lists(mr_ids: Sequence[int], ptrs: Sequence[Any], sizes: Optional[Seque
 class Endpoint:
     """A point-to-point endpoint: connections to other endpoints, registered memory, two-sided and one-sided
     transfers. ``local_gpu_idx`` is the GPU it serves (-1: host memory only), ``num_cpus`` its progress threads.
-    It listens on ``port`` (None: GDX_P2P_PORT + the GPU index; 0: any free port, see :attr:`port`)."""
+    It listens on ``port`` (None: GDX_P2P_PORT + the GPU index; 0: any free port, see :attr:`port`). With a
+    ``secret`` (shared by the endpoints that may connect, as a job secret), a client that does not present it is
+    refused with the reason, on both sides."""
 
     def __init__(self, local_gpu_idx: int = -1, num_cpus: int = 1, *, port: Optional[int] = None,
-                 bind_address: str = "", transport: str = "", timeout: Optional[float] = None):
+                 bind_address: str = "", transport: str = "", timeout: Optional[float] = None, secret: str = ""):
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
         self._native = _gdx._Endpoint(int(local_gpu_idx), int(num_cpus), -1 if port is None else int(port),
-                                      bind_address, transport, timeout_ms)
+                                      bind_address, transport, timeout_ms, secret)
         self._in_flight: dict = {}  # transfer id -> the arrays it uses, held until it is reported done
         self._interrupted: list = []  # arrays of blocking transfers ended by Ctrl-C, which go on in the background
 

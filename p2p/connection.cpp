@@ -650,8 +650,15 @@ void Connection::registerLocal(const MemoryRegion& r, std::string* key) {
     throw Error(ErrorCode::kInvalidArgument, name_ + ": memory region " + std::to_string(r.window) +
                                                  " was deregistered while the transfer was queued");
   auto it = localKeys_.find(r.window);
-  if (it == localKeys_.end())
+  if (it == localKeys_.end()) {
     it = localKeys_.emplace(r.window, link_.transport->registerWindow(r.window, r.base, r.bytes, r.kind)).first;
+    // What the peer may do to it: write an advertised range, write the eager buffer only with its immediates, and
+    // nothing to a region registered as the source of this side's sends and writes (a receive's range is a grant).
+    const RemoteAccess access = r.window >= kAdvertisedWindowBase ? RemoteAccess::kWrite
+                                : r.window == kEagerWindow        ? RemoteAccess::kImmediateWrites
+                                                                  : RemoteAccess::kNone;
+    if (access != RemoteAccess::kWrite) link_.transport->setRemoteAccess(r.window, access);
+  }
   if (key) *key = it->second;
 }
 
@@ -914,7 +921,12 @@ void Connection::handleMessage(const ControlMsg& m) {
       }
       keysSent_.erase(m.window);  // the peer asks, so it does not have it
       try {
-        return sendKey(m.window, ensureLocal(r), r.bytes);
+        std::string key = ensureLocal(r);
+        // A window the resolver gave (the URL transport's memory, its key's secret presented) may be written, even
+        // if it was registered before as the source of this side's writes.
+        if (m.window < kAdvertisedWindowBase && m.window != kEagerWindow)
+          link_.transport->setRemoteAccess(m.window, RemoteAccess::kWrite);
+        return sendKey(m.window, key, r.bytes);
       } catch (const Error& e) {
         GDX_WARN(name_ << ": key of window " << m.window << ": " << e.what());
         ControlMsg no;

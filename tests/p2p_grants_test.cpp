@@ -4,6 +4,7 @@
 // with the reason, and changes no byte: the regions carry guard bytes that are compared whole afterwards. Two
 // connections of one process over loopback TCP (ConnectionPair), which can name any window as a forged peer would.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <memory>
@@ -135,6 +136,41 @@ TEST(P2pGrants, AReadsDestinationIsWritableOnlyForThatRangeAndTheEagerBufferIsNe
         std::fprintf(stderr, "write into the read destination's region: %s (%s)\n", errorCodeName(wrote), why.c_str());
         CHILD_CHECK(wrote != ErrorCode::kOk);
         CHILD_CHECK(firstMismatch(got.data(), expect.data(), kRegion) == -1);
+        return 0;
+      }),
+      0);
+}
+
+TEST(P2pGrants, AWriteIntoTheEagerBufferWithoutItsImmediateIsRefusedAndNoReceiveReturnsIt) {
+  EXPECT_EQ(
+      runSolo([] {
+        ConnectionPair pair;
+        constexpr size_t kBytes = 64;
+        std::vector<unsigned char> sent(kBytes), forged(kBytes), got(kBytes, kGuard);
+        fillRandom(sent.data(), kBytes, 505);
+        fillRandom(forged.data(), kBytes, 506);
+        const MemoryRegion sentRegion{1, reinterpret_cast<char*>(sent.data()), kBytes, MemoryKind::kHost};
+        const MemoryRegion forgedRegion{2, reinterpret_cast<char*>(forged.data()), kBytes, MemoryKind::kHost};
+        const MemoryRegion into{3, reinterpret_cast<char*>(got.data()), kBytes, MemoryKind::kHost};
+        // A small send lands in slot 0 of conn[1]'s eager buffer before its receive is posted ...
+        auto s = transfer("send", 1);
+        pair.conn[0]->send(s, {Piece{sentRegion, 0, kBytes}});
+        usleep(200 * 1000);
+        // ... and a plain write (no immediate) over that slot must not replace it.
+        auto w = transfer("forged write into the eager buffer", 2);
+        pair.conn[0]->write(w, {Piece{forgedRegion, 0, kBytes}}, {RemotePiece{p2p::kEagerWindow, 0, kBytes}}, false);
+        std::string why;
+        const ErrorCode wrote = outcome(w, &why);
+        std::fprintf(stderr, "write into the eager buffer: %s (%s)\n", errorCodeName(wrote), why.c_str());
+        CHILD_CHECK(wrote != ErrorCode::kOk);
+        auto r = transfer("receive", 1);
+        pair.conn[1]->recv(r, {Piece{into, 0, kBytes}});
+        const ErrorCode received = outcome(r, &why);
+        const bool forgedSeen = firstMismatch(got.data(), forged.data(), kBytes) == -1;
+        std::fprintf(stderr, "the receive after it: %s (%s), forged bytes returned: %d\n", errorCodeName(received),
+                     why.c_str(), forgedSeen);
+        CHILD_CHECK(!forgedSeen);
+        CHILD_CHECK(received != ErrorCode::kOk || firstMismatch(got.data(), sent.data(), kBytes) == -1);
         return 0;
       }),
       0);

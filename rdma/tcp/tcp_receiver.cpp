@@ -76,6 +76,11 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
     const common::LocalWindow* window = windows_.local(h.window);
     if (!window)
       return fail(describe(h) + " names window " + std::to_string(h.window) + ", which is not registered here");
+    if (window->access != RemoteAccess::kWrite &&
+        (window->access == RemoteAccess::kNone || atomic || (h.flags & kFlagImm) == 0))
+      return fail(describe(h) + " into window " + std::to_string(h.window) + ": peers may not write there" +
+                  (window->access == RemoteAccess::kNone ? "" : " except with an immediate") +
+                  " (nothing was written)");
     bad = common::checkRange(h.offset, h.bytes, window->bytes);
     if (!bad.empty()) return fail(describe(h) + " into window " + std::to_string(h.window) + ": " + bad);
     // checkHeader() put the chunk inside the message and checkRange() the message inside the window.

@@ -2,11 +2,13 @@
 // not write (kNone: memory registered only as the source of this side's writes) refuses every write, one that takes
 // only writes with an immediate (kImmediateWrites: the p2p eager buffer) refuses the others, and a refused write fails
 // the peer that sent it (named by the receiver) and changes no byte of the window (compared whole). Allowed writes
-// land as always, and kWrite makes a window writable again.
+// land as always, and kWrite makes a window writable again. The writer fails with the receiver's reason (a refusal
+// comes before the connections close), not with a closed connection.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,12 @@ bool writeLands(RemoteAccess access, bool withImm, size_t bytes = 4096, RemoteAc
   test::fillRandom(src.data(), kBytes, 31 + static_cast<int>(access) * 2 + withImm);
   std::atomic<int> announced{0};
   t[1]->setImmHandler([&](const RemoteWrite&) { announced++; });
+  std::mutex mutex;
+  std::string writerHeard;  // why rank 0 failed rank 1, if it did
+  t[0]->setPeerFailureHandler([&](int, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    writerHeard = why;
+  });
   t[0]->registerWindow(kSrcWindow, src.data(), kBytes, MemoryKind::kHost);
   t[0]->addRemoteWindow(1, kDstWindow, kBytes, t[1]->registerWindow(kDstWindow, dst.data(), kBytes, MemoryKind::kHost));
   t[1]->setRemoteAccess(kDstWindow, access);
@@ -58,6 +66,18 @@ bool writeLands(RemoteAccess access, bool withImm, size_t bytes = 4096, RemoteAc
                static_cast<int>(access), withImm, ended, statusName(peer), landed, changed);
   EXPECT_TRUE(ended);
   EXPECT_EQ(changed, -1);
+  if (!landed) {  // the writer is told why, not only that the connection closed
+    EXPECT_TRUE(waitFor(
+        [&] {
+          std::lock_guard<std::mutex> lock(mutex);
+          return !writerHeard.empty();
+        },
+        10000));
+    std::lock_guard<std::mutex> lock(mutex);
+    std::fprintf(stderr, "the writer heard: %s\n", writerHeard.c_str());
+    EXPECT_NE(writerHeard.find("refused what this side sent"), std::string::npos) << writerHeard;
+    EXPECT_NE(writerHeard.find("peers may not write there"), std::string::npos) << writerHeard;
+  }
   return landed;
 }
 

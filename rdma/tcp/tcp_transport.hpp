@@ -186,6 +186,13 @@ class TcpTransport : public common::TransportBase {
 
   // Failure handling.
   void failPeer(int peer, const std::string& why);
+  /// Fails `peer` for what it sent, after telling it why: a kRefusal on every socket to it (each taken from its
+  /// sender as an inline poster takes it, bounded), so that each of its receivers reads the reason before the end
+  /// of the connection (tcp_refusal.cpp).
+  void refusePeer(int peer, const std::string& why);
+  /// A receiver found its connection closed or broken: waits briefly for a refusal that another receiver of the peer
+  /// may be reading (the peer sends one on every socket before it closes), then fails the peer with `why`.
+  void failPeerAfterRefusalGrace(int peer, const std::string& why);
   Status failedStatus(int peer) const;
 
   const TcpTransportOptions options_;

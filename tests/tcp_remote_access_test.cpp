@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gdx/detail/transport.hpp"
@@ -94,6 +96,33 @@ TEST(TcpRemoteAccess, AWindowOfImmediateWritesRefusesTheOthers) {
 TEST(TcpRemoteAccess, WritableWindowsTakeEveryWriteAndAccessCanBeWidenedAgain) {
   EXPECT_TRUE(writeLands(RemoteAccess::kWrite, false, 40000));
   EXPECT_TRUE(writeLands(RemoteAccess::kNone, false, 4096, RemoteAccess::kWrite, true));
+}
+
+/// Ranks whose chunk sizes differ (GDX_TCP_CHUNK): both sides' connect() fail at once, each naming the mismatch and
+/// both settings, not the accepting side with a timeout.
+TEST(TcpRemoteAccess, RanksWithMismatchedSettingsBothFailWithTheReasonBeforeTheTimeout) {
+  std::vector<std::unique_ptr<Transport>> t;
+  t.push_back(makeTcpTransport(test::tcpOptions(0, 2, 2, 1 << 20, 10000)));
+  t.push_back(makeTcpTransport(test::tcpOptions(1, 2, 2, 4096, 10000)));
+  std::vector<std::string> addresses{t[0]->localAddress(), t[1]->localAddress()};
+  std::string why[2];
+  std::vector<std::thread> threads;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        t[r]->connect(addresses, 1);
+      } catch (const Error& e) {
+        why[r] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int r = 0; r < 2; ++r) std::fprintf(stderr, "rank %d: %s\n", r, why[r].c_str());
+  std::fprintf(stderr, "both ended within %.2f s\n", took);
+  EXPECT_LT(took, 5.0);
+  for (int r = 0; r < 2; ++r) EXPECT_NE(why[r].find("chunk size exceeds"), std::string::npos) << why[r];
+  EXPECT_NE(why[1].find("1048576-byte chunks"), std::string::npos) << why[1];
 }
 
 }  // namespace

@@ -218,6 +218,7 @@ class TcpTransport : public common::TransportBase {
   std::vector<std::unique_ptr<RxOrder>> rxOrder_;  ///< [lane][peer]
   std::mutex rxMutex_;                             ///< guards rx_ while the acceptor fills it
   std::condition_variable rxCv_;
+  std::string refusedRank_;  ///< why a hello of a rank of the job (it had the secret) was refused; under rxMutex_
   size_t rxFilled_ = 0;
 
   std::thread acceptor_;

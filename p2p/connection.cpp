@@ -311,13 +311,11 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
           }
           continue;
         }
-        std::string windowKey = ensureLocal(p.region);
-        sendKey(p.region.window, windowKey, p.region.bytes);
         ControlMsg cts;
         cts.type = MsgType::kClearToSend;
         cts.id = seq;
-        cts.window = p.region.window;
-        cts.offset = p.offset;
+        cts.window = grant(p, Grant::kReceive, seq);  // exactly this receive's range, until its data arrived
+        cts.offset = 0;
         cts.bytes = p.size;
         if (early != early_.end()) {  // a small send's data is here for this large receive: both fail
           const EarlyData e = early->second;
@@ -502,6 +500,7 @@ void Connection::onEagerData(uint32_t imm, uint64_t bytes) {
   // successor with these low bits (sends refused before they left leave gaps, never 2^16 of them).
   const uint64_t seq = nextArrival_ + ((static_cast<uint64_t>(imm & kEagerSeqBits) - nextArrival_) & kEagerSeqBits);
   nextArrival_ = seq + 1;
+  revokeReceivesBefore(nextArrival_);
   const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
   const uint32_t slot = static_cast<uint32_t>(eagerArrived_++ % kEagerSlots);
   if (bytes == 0 || bytes > kEagerBytes || early_.size() >= kEagerSlots || eagerBuffer_.empty())
@@ -520,13 +519,15 @@ void Connection::onEagerData(uint32_t imm, uint64_t bytes) {
   takeEager(r, slot, bytes);
 }
 
-void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op) {
+void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op,
+                           uint64_t secret) {
   if (remoteKnown_.count(window)) return op();
   auto& waiters = keyWaiters_[window];
   if (waiters.empty()) {
     ControlMsg req;
     req.type = MsgType::kKeyRequest;
     req.window = window;
+    req.offset = secret;
     postControl(req);
   }
   t->setWaiting("the peer's key of window " + std::to_string(window));
@@ -545,7 +546,9 @@ void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
   // Posted once every destination window is known; until then the waiter for the first unknown key is all that
   // holds it, so that it is let go once posted or failed (a retry that held itself kept every write alive).
   for (const RemotePiece& d : w->dst)
-    if (!remoteKnown_.count(d.window)) return whenKnown(d.window, w->t, [this, w] { postWrite(w); });
+    if (!remoteKnown_.count(d.window))
+      return whenKnown(
+          d.window, w->t, [this, w] { postWrite(w); }, d.secret);
   const std::shared_ptr<Transfer>& t = w->t;
   if (t->finished()) return;
   try {
@@ -589,16 +592,14 @@ void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::
     t->setWaiting("the peer's answer to the read");
     try {
       for (size_t i = 0; i < dst.size(); ++i) {
-        std::string key = ensureLocal(dst[i].region);
-        sendKey(dst[i].region.window, key, dst[i].region.bytes);
         ControlMsg req;
         req.type = MsgType::kReadRequest;
         req.id = nextId_++;
         req.window = src[i].window;
         req.offset = src[i].offset;
         req.bytes = src[i].size;
-        req.dstWindow = dst[i].region.window;
-        req.dstOffset = dst[i].offset;
+        req.dstWindow = grant(dst[i], Grant::kRead, req.id);  // exactly the range read, until kReadDone
+        req.dstOffset = 0;
         reads_[req.id] = t;
         postControl(req);
       }
@@ -649,6 +650,12 @@ void Connection::forgetWindows(std::vector<uint32_t>& gone) {
   }
   for (auto it = advertisedRanges_.begin(); it != advertisedRanges_.end();)
     it = std::get<0>(it->first) == window ? advertisedRanges_.erase(it) : std::next(it);
+  for (auto it = grants_.begin(); it != grants_.end();) {
+    const uint32_t w = it->first;
+    const uint32_t parent = it->second.parent;
+    ++it;
+    if (parent == window) dropGrantLocked(w);
+  }
   for (uint32_t w : gone) {
     forgotten_.insert(w);
     if (localKeys_.erase(w)) {
@@ -673,8 +680,15 @@ void Connection::registerLocal(const MemoryRegion& r, std::string* key, bool rea
     throw Error(ErrorCode::kInvalidArgument, name_ + ": memory region " + std::to_string(r.window) +
                                                  " was deregistered while the transfer was queued");
   auto it = localKeys_.find(r.window);
-  if (it == localKeys_.end())
+  if (it == localKeys_.end()) {
     it = localKeys_.emplace(r.window, link_.transport->registerWindow(r.window, r.base, r.bytes, r.kind)).first;
+    // What the peer may do to it: write an advertised range, write the eager buffer only with its immediates, and
+    // nothing to a region registered as the source of this side's sends and writes (a receive's range is a grant).
+    const RemoteAccess access = r.window >= kAdvertisedWindowBase ? RemoteAccess::kWrite
+                                : r.window == kEagerWindow        ? RemoteAccess::kImmediateWrites
+                                                                  : RemoteAccess::kNone;
+    if (access != RemoteAccess::kWrite) link_.transport->setRemoteAccess(r.window, access);
+  }
   if (key) *key = it->second;
   if (reading) ++readers_[r.window];  // under the lock that forget() marks it forgotten with: it waits for this one
 }
@@ -684,7 +698,7 @@ bool Connection::regionForgotten(uint32_t window) const {
   return forgotten_.count(window) > 0;
 }
 
-bool Connection::resolveLocal(uint32_t window, MemoryRegion* out) {
+bool Connection::resolveLocal(uint32_t window, MemoryRegion* out, uint64_t secret) {
   WindowResolver resolver;
   {
     std::lock_guard<std::mutex> lock(winMutex_);
@@ -703,7 +717,7 @@ bool Connection::resolveLocal(uint32_t window, MemoryRegion* out) {
     }
     resolver = resolver_;
   }
-  return resolver && resolver(window, out);
+  return resolver && resolver(window, secret, out);
 }
 
 void Connection::sendKey(uint32_t window, const std::string& key, uint64_t bytes) {
@@ -867,7 +881,8 @@ void Connection::onReadRequest(const ControlMsg& m) {
   done.type = MsgType::kReadDone;
   done.id = m.id;
   MemoryRegion src;
-  if (!resolveLocal(m.window, &src)) {
+  // The eager buffer is written by the peer's small sends, never read: only advertised (or resolved) windows are.
+  if (m.window == kEagerWindow || !resolveLocal(m.window, &src)) {
     done.status = ReadStatus::kUnknownWindow;
   } else if (m.offset > src.bytes || m.bytes > src.bytes - m.offset || m.bytes == 0) {
     done.status = ReadStatus::kOutOfRange;
@@ -932,7 +947,7 @@ void Connection::handleMessage(const ControlMsg& m) {
   switch (m.type) {
     case MsgType::kKeyRequest: {
       MemoryRegion r;
-      if (!resolveLocal(m.window, &r)) {
+      if (!resolveLocal(m.window, &r, m.offset)) {
         ControlMsg no;
         no.type = MsgType::kKeyRefused;
         no.window = m.window;
@@ -940,7 +955,12 @@ void Connection::handleMessage(const ControlMsg& m) {
       }
       keysSent_.erase(m.window);  // the peer asks, so it does not have it
       try {
-        return sendKey(m.window, ensureLocal(r), r.bytes);
+        std::string key = ensureLocal(r);
+        // A window the resolver gave (the URL transport's memory, its key's secret presented) may be written, even
+        // if it was registered before as the source of this side's writes.
+        if (m.window < kAdvertisedWindowBase && m.window != kEagerWindow)
+          link_.transport->setRemoteAccess(m.window, RemoteAccess::kWrite);
+        return sendKey(m.window, key, r.bytes);
       } catch (const Error& e) {
         GDX_WARN(name_ << ": key of window " << m.window << ": " << e.what());
         ControlMsg no;
@@ -1004,6 +1024,7 @@ void Connection::handleMessage(const ControlMsg& m) {
     }
     case MsgType::kReadRequest: return onReadRequest(m);
     case MsgType::kReadDone: {
+      revokeRead(m.id);
       auto it = reads_.find(m.id);
       if (it == reads_.end()) return;
       if (m.status == ReadStatus::kOk)
@@ -1037,10 +1058,12 @@ void Connection::handle(const Event& e) {
       GDX_WARN(name_ << ": the data of send #" << seq << " arrived after its receive had failed");
       arrivedForFailedRecv(seq);
       nextArrival_ = seq + 1;
+      revokeReceivesBefore(nextArrival_);
       return;
     }
     arrivedForFailedRecv(it->second.seq);  // failed receives before it will see nothing more
     nextArrival_ = it->second.seq + 1;
+    revokeReceivesBefore(nextArrival_);  // the data is in place: the peer may write there no more
     it->second.t->finishPart();
     recvs_.erase(it);
     return;

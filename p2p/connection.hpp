@@ -76,11 +76,12 @@ struct RemotePiece {
   uint32_t window = 0;
   uint64_t offset = 0;
   uint64_t size = 0;
+  uint64_t secret = 0;  ///< sent with the key request: the URL transport's key secret (0 for advertised windows)
 };
 
 /// Windows a peer may ask for besides the advertised ones (the URL transport's registered memory): true and *out
-/// when `window` is one.
-using WindowResolver = std::function<bool(uint32_t window, MemoryRegion* out)>;
+/// when `window` is one and `secret` is its key's.
+using WindowResolver = std::function<bool(uint32_t window, uint64_t secret, MemoryRegion* out)>;
 
 /// Immediates with this bit are notified writes (waitForWrite); the others carry a send's number.
 constexpr uint32_t kNotifyImm = 0x80000000u;
@@ -89,6 +90,10 @@ constexpr uint32_t kNotifyImm = 0x80000000u;
 constexpr uint32_t kEagerImm = 0x40000000u;
 /// Windows of advertised ranges; windows below are endpoint memory regions (window = mrId).
 constexpr uint32_t kAdvertisedWindowBase = 0x80000000u;
+/// Windows granted for one transfer (a receive's range, a read's destination): kGrantWindows ids from here, just
+/// below the eager window, reused once revoked. Memory region ids stay below them.
+constexpr uint32_t kGrantWindowBase = 0x7fff0000u;
+constexpr uint32_t kGrantWindows = 0xffffu;
 
 class Connection {
  public:
@@ -138,6 +143,8 @@ class Connection {
   /// forget()'s first half: marks `gone` (one window; the windows advertised in it are added) forgotten and
   /// deregisters them from the transport.
   void forgetWindows(std::vector<uint32_t>& gone);
+  /// How many windows are granted right now (a receive's range or a read's destination, each until it is done).
+  size_t grantsOpen() const;
   /// Called from whichever thread runs the connection, for every notified write that arrived.
   void setNotifyHandler(std::function<void()> h);
 
@@ -232,6 +239,13 @@ class Connection {
   };
   struct Advertised {
     MemoryRegion region;  ///< the advertised range, as a window of its own
+    uint32_t parent = 0;  ///< the endpoint region it lies in
+  };
+  /// A window that lets the peer write one transfer's range (connection_grants.cpp): a receive's, until the data of
+  /// its send (or of a later one) arrived; a read's destination, until its kReadDone.
+  struct Grant {
+    enum Kind { kReceive, kRead } kind = kReceive;
+    uint64_t id = 0;      ///< the receive's number or the read's id
     uint32_t parent = 0;  ///< the endpoint region it lies in
   };
 
@@ -330,7 +344,16 @@ class Connection {
   /// The same, for callers that need no key (no copy of it on a small send's path); with `key`, it goes there.
   /// `reading`: a write from it is about to be posted (postReading()), which forget() waits for.
   void registerLocal(const MemoryRegion& r, std::string* key = nullptr, bool reading = false);
-  bool resolveLocal(uint32_t window, MemoryRegion* out);
+  bool resolveLocal(uint32_t window, MemoryRegion* out, uint64_t secret = 0);
+  /// Registers exactly `p`'s range as a window of its own for transfer `id` of `kind`, sends the peer its key;
+  /// returns the window. Throws for a forgotten region, or when every grant window is in use.
+  uint32_t grant(const Piece& p, Grant::Kind kind, uint64_t id);
+  /// Revokes the grants of receives numbered below `seq` (their data arrived, or will never come).
+  void revokeReceivesBefore(uint64_t seq);
+  /// Revokes the grant of read `id`, if any.
+  void revokeRead(uint64_t id);
+  /// Deregisters grant window `w` from the transport (winMutex_ held).
+  void dropGrantLocked(uint32_t w);
   /// true once forget(window) was called.
   bool regionForgotten(uint32_t window) const;
   void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
@@ -339,7 +362,7 @@ class Connection {
   /// Posts write `w` once the keys of its destination windows are known (whenKnown), or fails its transfer.
   void postWrite(const std::shared_ptr<PendingWrite>& w);
   /// Runs `op` once the peer's key of `window` is known (asking for it once), or fails `t` if it is refused.
-  void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op);
+  void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op, uint64_t secret = 0);
 
   const uint64_t id_;
   PairLink link_;
@@ -365,6 +388,8 @@ class Connection {
   std::unordered_map<uint32_t, std::string> localKeys_;  ///< windows registered with the transport
   std::set<uint32_t> forgotten_;
   std::map<uint32_t, Advertised> advertised_;
+  std::map<uint32_t, Grant> grants_;
+  uint32_t nextGrant_ = 0;
   std::map<std::tuple<uint32_t, uint64_t, uint64_t>, uint32_t> advertisedRanges_;
   uint32_t nextAdvertised_ = kAdvertisedWindowBase;
   WindowResolver resolver_;

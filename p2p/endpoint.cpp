@@ -86,7 +86,8 @@ Endpoint::Impl::Impl(const EndpointOptions& o) : options(o) {
 Endpoint::Impl::~Impl() {
   stopping = true;
   if (passive.joinable()) passive.join();
-  pool->stop();  // no progress thread touches a connection after this
+  handshakes.stop();  // before the connections close: a handshake's thread may still adopt one
+  pool->stop();       // no progress thread touches a connection after this
   std::map<uint64_t, std::shared_ptr<Connection>> closing;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -153,7 +154,7 @@ void Endpoint::Impl::reap() {
   for (uint64_t id : failed) release(id, ErrorCode::kPeerFailed, "failed");
 }
 
-bool Endpoint::Impl::acceptOne(net::Deadline waitUntil, Accepted* out) {
+bool Endpoint::Impl::acceptOne(net::Deadline waitUntil) {
   for (;;) {
     pollfd p{listener.get(), POLLIN, 0};
     int ms = net::msUntil(waitUntil, 100);
@@ -168,33 +169,46 @@ bool Endpoint::Impl::acceptOne(net::Deadline waitUntil, Accepted* out) {
     }
     net::tuneSocket(fd.get());
     const std::string from = net::peerName(fd.get());
-    // The handshake has GDX_TIMEOUT_MS from here, whatever was left of the wait: a client the passive thread took at
-    // the end of one of its 200 ms slices would otherwise get only the rest of it for its Hello, and fail. (A client
-    // that never says Hello holds this thread that long, as it always held a blocking accept().)
-    PairLink link = answerLink(std::move(fd), options.localGpu, options.transport, options.timeoutNs,
-                               net::deadlineIn(options.timeoutNs), who() + ": accepting " + from);
-    out->ip = hostOf(link.peerIp);
-    out->remoteGpu = link.peerGpu;
-    out->connId = adopt(std::move(link));
+    // The handshake has GDX_TIMEOUT_MS from here, in a thread of its own: a client that never says Hello holds
+    // nobody but that thread (and one of Handshakes::kMaxRunning places).
+    if (!handshakes.start(std::move(fd), [this, from](net::UniqueFd own) { answer(std::move(own), from); }))
+      GDX_WARN(who() << ": refused " << from << ": " << Handshakes::kMaxRunning << " handshakes are running");
     return true;
   }
+}
+
+void Endpoint::Impl::answer(net::UniqueFd fd, const std::string& from) {
+  Arrival a;
+  try {
+    PairLink link = answerLink(std::move(fd), options.localGpu, options.transport, options.timeoutNs,
+                               net::deadlineIn(options.timeoutNs), who() + ": accepting " + from, options.secret);
+    a.client.ip = hostOf(link.peerIp);
+    a.client.remoteGpu = link.peerGpu;
+    a.client.connId = adopt(std::move(link));
+  } catch (const Error& e) {
+    a.code = e.code();
+    a.why = e.what();
+    GDX_WARN(e.what());
+  } catch (const std::exception& e) {
+    a.code = ErrorCode::kInternal;
+    a.why = who() + ": accepting " + from + ": " + e.what();
+    GDX_WARN(a.why);
+  }
+  {
+    std::lock_guard<std::mutex> lock(acceptMutex);
+    if (a.code == ErrorCode::kOk || !passive.joinable()) accepted.push_back(std::move(a));
+  }
+  acceptedCv.notify_all();
 }
 
 void Endpoint::Impl::passiveLoop() {
   while (!stopping) {
     reap();  // also while no client comes: the connections of those that left go within a slice
-    Accepted a;
     try {
-      if (!acceptOne(net::deadlineIn(200 * 1000 * 1000), &a)) continue;
+      acceptOne(net::deadlineIn(200 * 1000 * 1000));
     } catch (const Error& e) {
       GDX_WARN(who() << ": passive accept: " << e.what());
-      continue;
     }
-    {
-      std::lock_guard<std::mutex> lock(acceptMutex);
-      accepted.push_back(a);
-    }
-    acceptedCv.notify_all();
   }
 }
 
@@ -247,7 +261,7 @@ uint64_t Endpoint::connect(const std::string& ip, int remoteGpu, int port) {
                                          std::to_string(impl_->options.timeoutNs / 1000000) + " ms): " + why);
   net::tuneSocket(fd.get());
   PairLink link = dialLink(std::move(fd), impl_->options.localGpu, impl_->options.transport, impl_->options.timeoutNs,
-                           deadline, who);
+                           deadline, who, impl_->options.secret);
   if (remoteGpu >= 0 && link.peerGpu != remoteGpu) GDX_WARN(who << ": the endpoint there serves GPU " << link.peerGpu);
   return impl_->adopt(std::move(link));
 }
@@ -261,14 +275,20 @@ void Endpoint::close(uint64_t connId) {
 
 bool Endpoint::Impl::acceptUntil(uint64_t deadline, Accepted* out) {
   std::unique_lock<std::mutex> lock(acceptMutex);
-  if (!passive.joinable()) return acceptOne(deadline, out);
-  while (accepted.empty()) {
-    uint64_t now = nowNs();
-    if (now >= deadline) return false;
-    acceptedCv.wait_for(lock, std::chrono::nanoseconds(deadline - now));
+  for (uint64_t now = nowNs(); accepted.empty() && now < deadline; now = nowNs()) {
+    if (passive.joinable()) {
+      acceptedCv.wait_for(lock, std::chrono::nanoseconds(deadline - now));
+    } else {  // this thread takes the clients; their handshakes finish in threads of their own
+      lock.unlock();
+      acceptOne(std::min<uint64_t>(deadline, now + 5 * 1000 * 1000));
+      lock.lock();
+    }
   }
-  *out = accepted.front();
+  if (accepted.empty()) return false;
+  Arrival a = std::move(accepted.front());
   accepted.pop_front();
+  if (a.code != ErrorCode::kOk) throw Error(a.code, a.why);
+  *out = a.client;
   return true;
 }
 

@@ -13,6 +13,7 @@
 
 #include "gdx/p2p/endpoint.hpp"
 #include "p2p/connection.hpp"
+#include "p2p/handshakes.hpp"
 #include "p2p/ipc.hpp"
 #include "p2p/progress_pool.hpp"
 #include "rdma/socket.hpp"
@@ -30,10 +31,13 @@ struct Endpoint::Impl {
   /// The region `mrId` after checking that [ptr, ptr + size) lies in it; throws kInvalidArgument naming both.
   MemoryRegion region(uint64_t mrId, const void* ptr, size_t size, const char* op);
   Piece piece(uint64_t mrId, const void* ptr, size_t size, const char* op);
-  /// Accepts one client: waits for it until `waitUntil` (false when none came by then), then gives its handshake
-  /// GDX_TIMEOUT_MS of its own.
-  bool acceptOne(net::Deadline waitUntil, Accepted* out);
-  /// The next client by `deadline` (nowNs() clock): from the passive thread's queue when it runs, else accepted here.
+  /// Waits for a client until `waitUntil` and starts its handshake (GDX_TIMEOUT_MS of its own) in a thread of its
+  /// own, which queues the outcome in `accepted`; false when none came by then.
+  bool acceptOne(net::Deadline waitUntil);
+  /// The handshake of one accepted socket (run by `handshakes`).
+  void answer(net::UniqueFd fd, const std::string& from);
+  /// The next client whose handshake finished by `deadline` (nowNs() clock): false when none; throws a refused
+  /// handshake's error. Without the passive thread, this thread takes the clients meanwhile.
   bool acceptUntil(uint64_t deadline, Accepted* out);
   uint64_t adopt(PairLink link);
   /// Releases connection `connId` (Endpoint::close, or reap()), failing what still waits on it with `why`.
@@ -70,9 +74,16 @@ struct Endpoint::Impl {
   std::map<uint64_t, std::string> released;
   uint64_t nextConn = 1, nextMr = 1, nextTransfer = 1;
 
-  std::mutex acceptMutex;  ///< one accept at a time
+  /// A finished handshake: the client, or why it was refused (`code` not kOk).
+  struct Arrival {
+    Accepted client;
+    ErrorCode code = ErrorCode::kOk;
+    std::string why;
+  };
+  std::mutex acceptMutex;  ///< guards `accepted`
   std::condition_variable acceptedCv;
-  std::deque<Accepted> accepted;  ///< filled by the passive thread
+  std::deque<Arrival> accepted;  ///< filled by the handshake threads, in the order they finish
+  Handshakes handshakes;
   std::thread passive;
   std::atomic<bool> stopping{false};
 };

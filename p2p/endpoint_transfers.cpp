@@ -98,7 +98,7 @@ uint64_t Endpoint::reg(const void* ptr, size_t bytes) {
   r.bytes = bytes;
   r.kind = pointerKind(ptr);
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  if (impl_->nextMr >= kEagerWindow)
+  if (impl_->nextMr >= kGrantWindowBase)
     throw Error(ErrorCode::kInvalidArgument, impl_->who() + ": reg: out of memory region ids");
   uint64_t id = impl_->nextMr++;
   r.window = static_cast<uint32_t>(id);
@@ -266,6 +266,10 @@ RemotePiece remotePiece(const std::string& who, const Connection& c, const std::
   if (d.token != c.token())
     throw Error(ErrorCode::kInvalidArgument,
                 who + ": " + op + " on " + c.name() + ": the descriptor was advertised on another connection");
+  if (d.window < kAdvertisedWindowBase)
+    throw Error(ErrorCode::kInvalidArgument, who + ": " + op + " on " + c.name() + ": the descriptor names window " +
+                                                 std::to_string(d.window) +
+                                                 ", which advertise() never hands out (forged; nothing was sent)");
   if (offset > d.bytes || size > d.bytes - offset)
     throw Error(ErrorCode::kInvalidArgument, who + ": " + op + " of " + std::to_string(size) + " bytes at offset " +
                                                  std::to_string(offset) + " on " + c.name() +

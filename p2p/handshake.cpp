@@ -6,7 +6,7 @@ namespace gdx::p2p {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x50584447;  // "GDXP"
-constexpr uint16_t kHelloVersion = 2;         // 2: the dialler's TCP sockets and chunk size
+constexpr uint16_t kHelloVersion = 3;         // 2: the dialler's TCP sockets and chunk size; 3: the job secret
 
 /// "" when `r` starts with the magic and version, else why not.
 std::string checkPreamble(ByteReader& r) {
@@ -27,7 +27,7 @@ std::string overlong(const char* what, size_t extra) {
 std::string encodeHello(const Hello& h) {
   ByteWriter w;
   w.put(kHelloMagic).put(kHelloVersion).putString(h.transport).put<int32_t>(h.gpu).putString(h.secret);
-  w.putString(h.address).put(h.sockets).put(h.chunkBytes);
+  w.putString(h.address).put(h.sockets).put(h.chunkBytes).putString(h.jobSecret);
   return w.bytes();
 }
 
@@ -38,7 +38,8 @@ std::string decodeHello(const std::string& blob, Hello* out) {
   if (!why.empty()) return why;
   Hello h;
   if (!(r.getString(&h.transport, kMaxTransportNameBytes) && r.get(&h.gpu) && r.getString(&h.secret, kMaxSecretBytes) &&
-        r.getString(&h.address, kMaxHandshakeBytes) && r.get(&h.sockets) && r.get(&h.chunkBytes)))
+        r.getString(&h.address, kMaxHandshakeBytes) && r.get(&h.sockets) && r.get(&h.chunkBytes) &&
+        r.getString(&h.jobSecret, kMaxSecretBytes)))
     return "a truncated hello";
   if (r.left() != 0) return overlong("hello", r.left());
   if (h.gpu < -1) return "the peer names GPU " + std::to_string(h.gpu);

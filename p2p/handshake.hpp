@@ -28,6 +28,7 @@ struct Hello {
   std::string address;
   uint16_t sockets = 0;
   uint64_t chunkBytes = 0;
+  std::string jobSecret;  ///< the secret both endpoints were given (EndpointOptions::secret); "" for none
 };
 
 /// The acceptor's answer: a refusal with its reason, or its GPU, its transport address and the connection's token.

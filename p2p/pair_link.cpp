@@ -68,6 +68,13 @@ std::unique_ptr<Transport> makePairTransport(const std::string& kind, int rank, 
 
 }  // namespace
 
+bool sameSecret(const std::string& a, const std::string& b) {
+  // Every byte compared whatever the first difference, so that the time taken tells nothing about the secret.
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
 uint64_t randomU64() {
   static std::random_device rd;
   static std::mutex m;
@@ -109,7 +116,7 @@ std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::stri
 }
 
 PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
-                  net::Deadline deadline, const std::string& who) {
+                  net::Deadline deadline, const std::string& who, const std::string& jobSecret) {
   PairLink link;
   link.self = 0;
   link.peerIp = net::peerName(fd.get());
@@ -123,6 +130,7 @@ PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, 
   hello.address = link.transport->localAddress();
   hello.sockets = shape.sockets;
   hello.chunkBytes = shape.chunkBytes;
+  hello.jobSecret = jobSecret;
   sendBlob(fd.get(), encodeHello(hello), deadline, who);
 
   Answer answer;
@@ -136,12 +144,15 @@ PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, 
 }
 
 PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
-                    net::Deadline deadline, const std::string& who) {
+                    net::Deadline deadline, const std::string& who, const std::string& jobSecret) {
   Hello hello;
   std::string why = decodeHello(recvBlob(fd.get(), kMaxHandshakeBytes, deadline, who), &hello);
   if (why.empty() && hello.transport != transport)
     why = "the peer uses transport '" + hello.transport + "', this endpoint '" + transport +
           "' (set GDX_TRANSPORT alike on both sides)";
+  if (why.empty() && !sameSecret(hello.jobSecret, jobSecret))
+    why = hello.jobSecret.empty() ? "this endpoint requires a secret and the peer presented none"
+                                  : "the peer presented the wrong secret";
   Answer answer;
   if (!why.empty()) {
     answer.reason = why;

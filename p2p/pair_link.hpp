@@ -34,17 +34,21 @@ struct PairLink {
 
 /// Dials side of the handshake on a connected control socket. Throws gdx::Error naming `who` and the cause when
 /// the peer refuses, closes, answers garbage, or does not answer before `deadline`.
+/// `jobSecret`: the secret both sides were given ("" for none), presented in the Hello.
 PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
-                  net::Deadline deadline, const std::string& who);
-/// Accepting side of the handshake on a freshly accepted control socket.
+                  net::Deadline deadline, const std::string& who, const std::string& jobSecret = "");
+/// Accepting side of the handshake on a freshly accepted control socket; refuses (telling the dialler why) a Hello
+/// that does not present `jobSecret` when it is not "".
 PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
-                    net::Deadline deadline, const std::string& who);
+                    net::Deadline deadline, const std::string& who, const std::string& jobSecret = "");
 
 /// Sends one length-prefixed blob; throws gdx::Error(kPeerFailed / kTimeout) naming `who` when it cannot.
 void sendBlob(int fd, const std::string& blob, net::Deadline deadline, const std::string& who);
 /// Receives one length-prefixed blob of at most `max` bytes; throws as sendBlob() does, kProtocol when too long.
 std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::string& who);
 
+/// Whether two secrets are equal, compared in time that does not depend on where they differ.
+bool sameSecret(const std::string& a, const std::string& b);
 /// 64 random bits (std::random_device).
 uint64_t randomU64();
 

@@ -58,7 +58,7 @@ MessageOp encode(const ControlMsg& m, int peer) {
   ByteWriter w;
   w.put<uint8_t>(static_cast<uint8_t>(m.type));
   switch (m.type) {
-    case MsgType::kKeyRequest:
+    case MsgType::kKeyRequest: w.put(m.window).put(m.offset); break;
     case MsgType::kKeyRefused: w.put(m.window); break;
     case MsgType::kKeyPart:
       w.put(m.window).put(m.bytes).put(m.keyTotal).put(m.keyAt).put<uint8_t>(static_cast<uint8_t>(m.keyPiece.size()));
@@ -95,7 +95,7 @@ std::string decode(const RemoteMessage& msg, ControlMsg* out) {
   ControlMsg m;
   m.type = static_cast<MsgType>(type);
   switch (m.type) {
-    case MsgType::kKeyRequest:
+    case MsgType::kKeyRequest: r.get(&m.window) && r.get(&m.offset); break;
     case MsgType::kKeyRefused: r.get(&m.window); break;
     case MsgType::kKeyPart: {
       uint8_t len = 0;

@@ -4,7 +4,8 @@
 // a descriptor whose checksum does not match are refused with the reason, never acted on.
 //
 // Messages (first byte the type, then little-endian fields):
-//   kKeyRequest   window                      a writer asks for the transport key of an advertised window
+//   kKeyRequest   window secret               a writer asks for the transport key of an advertised window (`secret`,
+//                                             carried in `offset`: that of a URL transport key, else 0)
 //   kKeyPart      window bytes total at data   one piece of that key (keys are longer than one message)
 //   kKeyRefused   window                      the window was never advertised on this connection (or is gone)
 //   kClearToSend  seq window offset bytes credits   a receive of more than kEagerBytes is posted: the seq-th send

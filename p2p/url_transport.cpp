@@ -33,6 +33,7 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::map<uint32_t, MemoryRegion> regions;
+  std::map<uint32_t, uint64_t> secrets;  ///< each region's key secret (64 random bits), checked on a key request
   std::set<Connection*> conns;
   uint32_t next = 1;
   static Registry& get() {
@@ -72,15 +73,17 @@ RegisteredMemory::RegisteredMemory(const void* buf, size_t len, int cudaDev) : b
     GDX_INFO("RegisteredMemory: " << len << " bytes for GPU " << cudaDev << " are host memory; registered as such");
   Registry& g = Registry::get();
   std::lock_guard<std::mutex> lock(g.mutex);
-  if (g.next >= kEagerWindow) throw Error(ErrorCode::kInvalidArgument, "RegisteredMemory: out of ids");
+  if (g.next >= kGrantWindowBase) throw Error(ErrorCode::kInvalidArgument, "RegisteredMemory: out of ids");
   id_ = r.window = g.next++;
   g.regions[id_] = r;
+  g.secrets[id_] = randomU64();
 }
 
 RegisteredMemory::~RegisteredMemory() {
   Registry& g = Registry::get();
   std::lock_guard<std::mutex> lock(g.mutex);
   g.regions.erase(id_);
+  g.secrets.erase(id_);
   for (Connection* c : g.conns) c->forget(id_);
 }
 
@@ -107,9 +110,16 @@ RegisteredMemory::View RegisteredMemory::viewAt(const void* buf, size_t length) 
 }
 
 std::string RegisteredMemory::remoteKey() const {
-  char key[96];
-  std::snprintf(key, sizeof key, "gdxmem:%u:%llx:%zu", id_,
-                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(buf_)), len_);
+  uint64_t secret = 0;
+  {
+    Registry& g = Registry::get();
+    std::lock_guard<std::mutex> lock(g.mutex);
+    secret = g.secrets[id_];
+  }
+  char key[128];
+  std::snprintf(key, sizeof key, "gdxmem:%u:%llx:%zu:%016llx", id_,
+                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(buf_)), len_,
+                static_cast<unsigned long long>(secret));
   return key;
 }
 
@@ -220,11 +230,13 @@ void UrlTransport::connect(const std::string& peerUrl) {
   }
   d.pool = std::make_unique<ProgressPool>(1);
   auto c = std::make_shared<Connection>(1, std::move(link), d.timeoutNs, d.pool->waker(0));
-  c->setResolver([](uint32_t window, MemoryRegion* out) {
+  c->setResolver([](uint32_t window, uint64_t secret, MemoryRegion* out) {
     Registry& g = Registry::get();
     std::lock_guard<std::mutex> lock(g.mutex);
     auto it = g.regions.find(window);
-    if (it == g.regions.end()) return false;
+    auto known = g.secrets.find(window);
+    // Only the holder of the key (its 64-bit secret) may have the memory registered for it.
+    if (it == g.regions.end() || known == g.secrets.end() || known->second != secret) return false;
     *out = it->second;
     return true;
   });
@@ -257,9 +269,10 @@ std::future<Status> UrlTransport::write(RegisteredMemory::View local, const Remo
   unsigned id = 0;
   unsigned long long base = 0;
   size_t len = 0;
+  unsigned long long secret = 0;
   int used = 0;
-  if (std::sscanf(remote.accessKey.c_str(), "gdxmem:%u:%llx:%zu%n", &id, &base, &len, &used) != 3 ||
-      used != static_cast<int>(remote.accessKey.size()) || id == 0 || id >= kEagerWindow)
+  if (std::sscanf(remote.accessKey.c_str(), "gdxmem:%u:%llx:%zu:%llx%n", &id, &base, &len, &secret, &used) != 4 ||
+      used != static_cast<int>(remote.accessKey.size()) || id == 0 || id >= kGrantWindowBase)
     return refuse("the access key '" + remote.accessKey + "' is not a RegisteredMemory::remoteKey()");
   const uintptr_t p = reinterpret_cast<uintptr_t>(remote.ptr);
   if (p < base || p - base > len || local.size() > len - (p - base))
@@ -273,7 +286,7 @@ std::future<Status> UrlTransport::write(RegisteredMemory::View local, const Remo
     r = it->second;
   }
   Piece src{r, static_cast<uint64_t>(static_cast<const char*>(local.data()) - r.base), local.size()};
-  RemotePiece dst{id, p - base, local.size()};
+  RemotePiece dst{id, p - base, local.size(), secret};
   auto t = std::make_shared<Transfer>(who + " on " + d.conn->name(), 2, nowNs() + d.timeoutNs);
   d.conn->write(t, {src}, {dst}, notify);
   return std::async(std::launch::deferred, [t] {

@@ -157,6 +157,42 @@ TEST(P2pUrlTransport, TwoTransportsClosedAtTheSameMomentWithWritesInFlightManyTi
   EXPECT_EQ(runSolo([] { return closeTwoTransportsTogether(50); }, /*timeoutSec=*/120), 0);
 }
 
+/// A key made up from what a peer can learn or guess (the memory's id, address and size) writes nothing: neither in
+/// the old form without a secret nor with a wrong secret, into memory whose key was never handed out. The real key
+/// of the other memory still works. Guard bytes of both are compared whole.
+TEST(P2pUrlTransport, AGuessedKeyWritesNothing) {
+  EXPECT_EQ(
+      runSolo([] {
+        constexpr size_t kSide = 64 << 10;
+        std::vector<unsigned char> src(kSide), open(kSide, 0x5A), hidden(kSide, 0x5A), guard(kSide, 0x5A);
+        fillRandom(src.data(), src.size(), 601);
+        RegisteredMemory srcMem(src.data(), src.size()), openMem(open.data(), open.size()),
+            hiddenMem(hidden.data(), hidden.size());
+        UrlTransport t[2] = {UrlTransport(-1, "tcp"), UrlTransport(-1, "tcp")};
+        const std::string url[2] = {t[0].bind(), t[1].bind()};
+        std::thread other([&] { t[1].connect(url[0]); });
+        t[0].connect(url[1]);
+        other.join();
+        char prefix[96];
+        std::snprintf(prefix, sizeof prefix, "gdxmem:%u:%llx:%zu", hiddenMem.id(),
+                      static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(hidden.data())), kSide);
+        for (const std::string& guess :
+             {std::string(prefix), std::string(prefix) + ":0", std::string(prefix) + ":123456789abcdef0"}) {
+          const Status s = t[0].write(srcMem.view(0, 4096), RemoteBuffer{hidden.data() + 4096, guess}, true).get();
+          std::fprintf(stderr, "guessed key '%s': %s\n", guess.c_str(), statusName(s));
+          CHILD_CHECK(s == Status::kInvalidArgument);
+        }
+        CHILD_CHECK(firstMismatch(hidden.data(), guard.data(), kSide) == -1);
+        // The key handed out works, and only for its own memory.
+        CHILD_CHECK(t[0].write(srcMem.view(0, kSide), RemoteBuffer{open.data(), openMem.remoteKey()}, true).get() ==
+                    Status::kOk);
+        CHILD_CHECK(firstMismatch(open.data(), src.data(), kSide) == -1);
+        CHILD_CHECK(firstMismatch(hidden.data(), guard.data(), kSide) == -1);
+        return 0;
+      }),
+      0);
+}
+
 TEST(P2pUrlTransport, SupportedBadUrlsAndNobodyAreClearErrors) {
   EXPECT_TRUE(UrlTransport::supported("tcp"));
   EXPECT_FALSE(UrlTransport::supported("carrier-pigeon"));

@@ -169,12 +169,13 @@ class PyFuture {
 void bindEndpoint(py::module_& m) {
   py::class_<PyEndpoint>(m, "_Endpoint")
       .def(py::init([](int localGpu, int numCpus, int port, const std::string& bindAddress,
-                       const std::string& transport, uint64_t timeoutMs) {
+                       const std::string& transport, uint64_t timeoutMs, const std::string& secret) {
              p2p::EndpointOptions o = p2p::EndpointOptions::fromEnv(localGpu, numCpus);
              o.port = port;
              o.bindAddress = bindAddress;
              if (!transport.empty()) o.transport = transport;
              if (timeoutMs) o.timeoutNs = timeoutMs * kMsNs;
+             o.secret = secret;
              auto e = std::make_unique<PyEndpoint>();
              e->timeoutNs = o.timeoutNs ? o.timeoutNs : defaultTimeoutNs();
              py::gil_scoped_release release;
@@ -182,7 +183,7 @@ void bindEndpoint(py::module_& m) {
              return e;
            }),
            py::arg("local_gpu"), py::arg("num_cpus"), py::arg("port"), py::arg("bind_address"), py::arg("transport"),
-           py::arg("timeout_ms"))
+           py::arg("timeout_ms"), py::arg("secret") = "")
       .def_property_readonly("port", [](const PyEndpoint& e) { return live(e).port(); })
       .def_property_readonly("ip", [](const PyEndpoint& e) { return live(e).ip(); })
       .def_property_readonly("local_gpu", [](const PyEndpoint& e) { return live(e).localGpu(); })
@@ -318,9 +319,8 @@ void bindEndpoint(py::module_& m) {
           py::call_guard<py::gil_scoped_release>())
       .def(
           "read_ipc",
-          [](PyEndpoint& e, uintptr_t p, size_t n, const std::string& desc, uint64_t off) {
-            live(e).readIpc(pointerFrom(p), n, desc, off);
-          },
+          [](PyEndpoint& e, uintptr_t p, size_t n, const std::string& desc,
+             uint64_t off) { live(e).readIpc(pointerFrom(p), n, desc, off); },
           py::call_guard<py::gil_scoped_release>())
       .def("close", [](PyEndpoint& e) {
         std::shared_ptr<Endpoint> ep = std::move(e.ep);

@@ -27,7 +27,8 @@ struct LocalWindow {
   char* base = nullptr;
   uint64_t bytes = 0;
   MemoryKind kind = MemoryKind::kHost;
-  int device = -1;  ///< kCuda: the GPU it lies on (cudaPointerGetAttributes at registration)
+  int device = -1;                             ///< kCuda: the GPU it lies on (cudaPointerGetAttributes at registration)
+  RemoteAccess access = RemoteAccess::kWrite;  ///< what peers may do to it (Transport::setRemoteAccess())
 };
 
 /// What every backend keeps of a peer's window.
@@ -88,6 +89,11 @@ class WindowTable {
 
   /// Local window `id`, or null.
   const Local* local(uint32_t id) const {
+    auto it = local_.find(id);
+    return it == local_.end() ? nullptr : &it->second;
+  }
+  /// The same, to change (exclusive lock).
+  Local* mutableLocal(uint32_t id) {
     auto it = local_.find(id);
     return it == local_.end() ? nullptr : &it->second;
   }

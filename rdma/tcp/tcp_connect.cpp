@@ -154,6 +154,12 @@ void TcpTransport::awaitIncoming(uint64_t deadlineNs) {
   std::unique_lock<std::mutex> lock(rxMutex_);
   const size_t want = rx_.size();
   while (rxFilled_ < want) {
+    if (!refusedRank_.empty()) {
+      const std::string why = refusedRank_;
+      lock.unlock();
+      throw Error(ErrorCode::kProtocol, "TCP transport rank " + std::to_string(rank_) + ": " + why +
+                                            " (GDX_PROXY_THREADS, GDX_TCP_SOCKETS and GDX_TCP_CHUNK must agree)");
+    }
     uint64_t now = nowNs();
     if (now >= deadlineNs) {
       lock.unlock();
@@ -265,7 +271,12 @@ void TcpTransport::handleHello(PendingHello& p) {
     case HelloParse::kComplete: break;
   }
   std::string claim = " (claims rank " + std::to_string(hello.rank) + " lane " + std::to_string(hello.lane) +
-                      " socket " + std::to_string(hello.socketIndex) + ")";
+                      " socket " + std::to_string(hello.socketIndex) + "; it runs " + std::to_string(hello.lanes) +
+                      " lanes, " + std::to_string(hello.socketsPerPeer) + " sockets per peer, " +
+                      std::to_string(hello.chunkBytes) + "-byte chunks in a world of " +
+                      std::to_string(hello.worldSize) + "; this rank " + std::to_string(numLanes_) + ", " +
+                      std::to_string(sockets_) + ", " + std::to_string(options_.chunkBytes) + " in a world of " +
+                      std::to_string(world_) + ")";
   HelloExpectations expected;
   expected.secret = options_.secret;
   expected.worldSize = world_;
@@ -273,6 +284,15 @@ void TcpTransport::handleHello(PendingHello& p) {
   expected.socketsPerPeer = static_cast<uint32_t>(sockets_);
   expected.chunkBytes = options_.chunkBytes;
   HelloReply verdict = checkHello(hello, secret, expected);
+  if (verdict != HelloReply::kAccepted && verdict != HelloReply::kBadSecret) {
+    // A rank of this job (it has the secret) whose settings differ: this side's connect() fails now, with the reason,
+    // instead of waiting out its timeout for connections that will never be accepted.
+    std::lock_guard<std::mutex> lock(rxMutex_);
+    if (refusedRank_.empty())
+      refusedRank_ = std::string("refused the connection of rank ") + std::to_string(hello.rank) + ": " +
+                     helloReplyName(verdict) + claim;
+    rxCv_.notify_all();
+  }
   if (verdict != HelloReply::kAccepted) return refuse(verdict, claim);
 
   size_t index = slot(static_cast<int>(hello.lane), hello.rank, static_cast<int>(hello.socketIndex));

@@ -35,9 +35,16 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
     os << "peer " << s.peer << " (lane " << s.lane << ", socket " << s.index << ")";
     return os.str();
   };
+  // The connection broke: the peer may have said why on another socket (a refusal), which is waited for briefly.
   auto fail = [&](const std::string& what) {
     ::shutdown(s.fd.get(), SHUT_RDWR);
-    if (!rxStop_.load()) failPeer(s.peer, where() + ": " + what);
+    if (!rxStop_.load()) failPeerAfterRefusalGrace(s.peer, where() + ": " + what);
+    return false;
+  };
+  // What the peer sent is refused: it is told why before the connections close.
+  auto refuse = [&](const std::string& what) {
+    if (!rxStop_.load()) refusePeer(s.peer, where() + ": " + what);
+    ::shutdown(s.fd.get(), SHUT_RDWR);
     return false;
   };
   net::IoLimits limits;
@@ -53,7 +60,15 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
     return fail("receiving a header failed after " + std::to_string(io.done) + " bytes: " + io.describe());
   }
   std::string bad = checkHeader(h, static_cast<uint32_t>(s.lane), options_.chunkBytes);
-  if (!bad.empty()) return fail("malformed header: " + bad);
+  if (!bad.empty()) return refuse("malformed header: " + bad);
+  if (h.type == static_cast<uint8_t>(MessageType::kRefusal)) {
+    char reason[kMaxRefusalBytes];
+    io = net::recvFull(s.fd.get(), reason, h.chunkBytes, limits);
+    const std::string text = io.ok() ? std::string(reason, h.chunkBytes) : "(its reason was cut off)";
+    ::shutdown(s.fd.get(), SHUT_RDWR);
+    if (!rxStop_.load()) failPeer(s.peer, "peer " + std::to_string(s.peer) + " refused what this side sent: " + text);
+    return false;
+  }
   if (h.type == static_cast<uint8_t>(MessageType::kGoodbye)) {
     int expected = kPeerOk;
     if (peerState_[s.peer].compare_exchange_strong(expected, kPeerGoodbye))
@@ -75,17 +90,22 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
     windowLock.lock();
     const common::LocalWindow* window = windows_.local(h.window);
     if (!window)
-      return fail(describe(h) + " names window " + std::to_string(h.window) + ", which is not registered here");
+      return refuse(describe(h) + " names window " + std::to_string(h.window) + ", which is not registered here");
+    if (window->access != RemoteAccess::kWrite &&
+        (window->access == RemoteAccess::kNone || atomic || (h.flags & kFlagImm) == 0))
+      return refuse(describe(h) + " into window " + std::to_string(h.window) + ": peers may not write there" +
+                    (window->access == RemoteAccess::kNone ? "" : " except with an immediate") +
+                    " (nothing was written)");
     bad = common::checkRange(h.offset, h.bytes, window->bytes);
-    if (!bad.empty()) return fail(describe(h) + " into window " + std::to_string(h.window) + ": " + bad);
+    if (!bad.empty()) return refuse(describe(h) + " into window " + std::to_string(h.window) + ": " + bad);
     // checkHeader() put the chunk inside the message and checkRange() the message inside the window.
     dst = window->base + h.offset + h.chunkOffset;
     if (window->kind == MemoryKind::kCuda) cudaDevice = window->device;
     if (atomic && cudaDevice >= 0)
-      return fail(describe(h) + " on window " + std::to_string(h.window) + ": " + common::gpuAtomicRefusal("TCP"));
+      return refuse(describe(h) + " on window " + std::to_string(h.window) + ": " + common::gpuAtomicRefusal("TCP"));
     if (atomic && reinterpret_cast<uintptr_t>(dst) % alignof(uint64_t) != 0)
-      return fail(describe(h) + ": the word is not 8-byte aligned in memory (window " + std::to_string(h.window) +
-                  " starts at an unaligned address)");
+      return refuse(describe(h) + ": the word is not 8-byte aligned in memory (window " + std::to_string(h.window) +
+                    " starts at an unaligned address)");
   }
   RxOrder& order = *rxOrder_[static_cast<size_t>(s.lane) * world_ + s.peer];
 
@@ -94,13 +114,13 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
   uint8_t payload[kMaxMessageBytes];
   if (!deferred) {
     bad = order.admit(h);
-    if (!bad.empty()) return fail(describe(h) + ": " + bad);
+    if (!bad.empty()) return refuse(describe(h) + ": " + bad);
   }
   void* into = deferred ? static_cast<void*>(payload) : dst;
   if (cudaDevice >= 0) {
     std::string why;
     into = staging.buffer(&why, cudaDevice);
-    if (into == nullptr) return fail("staging " + describe(h) + " for the GPU: " + why);
+    if (into == nullptr) return refuse("staging " + describe(h) + " for the GPU: " + why);
   }
   limits.idleOk = false;
   io = net::recvFull(s.fd.get(), into, h.chunkBytes, limits);
@@ -112,11 +132,12 @@ bool TcpTransport::receiveOne(RxSocket& s, common::CudaStaging& staging) {
   if (cudaDevice >= 0) {
     // Host -> GPU, finished before RxOrder hears of the chunk: announcements and atomics come after it.
     std::string why = staging.toDevice(dst, h.chunkBytes, cudaDevice);
-    if (!why.empty()) return fail("placing " + describe(h) + " in GPU window " + std::to_string(h.window) + ": " + why);
+    if (!why.empty())
+      return refuse("placing " + describe(h) + " in GPU window " + std::to_string(h.window) + ": " + why);
   }
   if (deferred) {
     bad = order.admit(h, reinterpret_cast<uint64_t*>(dst), payload);
-    if (!bad.empty()) return fail(describe(h) + ": " + bad);
+    if (!bad.empty()) return refuse(describe(h) + ": " + bad);
   }
   // The handlers below may call back into the transport (a relay sends); they run without the window lock.
   if (windowLock.owns_lock()) windowLock.unlock();

@@ -113,6 +113,15 @@ void TcpTransport::deregisterWindow(uint32_t id) {
   windows_.removeLocal(id, "TCP transport rank " + std::to_string(rank_));
 }
 
+void TcpTransport::setRemoteAccess(uint32_t id, RemoteAccess access) {
+  std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+  common::LocalWindow* w = windows_.mutableLocal(id);
+  if (!w)
+    throw Error(ErrorCode::kInvalidArgument, "TCP transport rank " + std::to_string(rank_) + ": window " +
+                                                 std::to_string(id) + " is not registered");
+  w->access = access;
+}
+
 void TcpTransport::addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) {
   if (peer < 0 || peer >= world_)
     throw Error(ErrorCode::kInvalidArgument, "TCP transport rank " + std::to_string(rank_) + ": remote window " +

@@ -147,6 +147,7 @@ class TcpTransport : public common::TransportBase {
   /// As with an RDMA memory region, the caller must make sure no peer still writes into the window (and no
   /// local write still reads from it) when it is deregistered: a chunk already being received completes.
   void deregisterWindow(uint32_t id) override;
+  void setRemoteAccess(uint32_t id, RemoteAccess access) override;
   void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) override;
 
   Status peerStatus(int peer) const override;
@@ -185,6 +186,13 @@ class TcpTransport : public common::TransportBase {
 
   // Failure handling.
   void failPeer(int peer, const std::string& why);
+  /// Fails `peer` for what it sent, after telling it why: a kRefusal on every socket to it (each taken from its
+  /// sender as an inline poster takes it, bounded), so that each of its receivers reads the reason before the end
+  /// of the connection (tcp_refusal.cpp).
+  void refusePeer(int peer, const std::string& why);
+  /// A receiver found its connection closed or broken: waits briefly for a refusal that another receiver of the peer
+  /// may be reading (the peer sends one on every socket before it closes), then fails the peer with `why`.
+  void failPeerAfterRefusalGrace(int peer, const std::string& why);
   Status failedStatus(int peer) const;
 
   const TcpTransportOptions options_;
@@ -210,6 +218,7 @@ class TcpTransport : public common::TransportBase {
   std::vector<std::unique_ptr<RxOrder>> rxOrder_;  ///< [lane][peer]
   std::mutex rxMutex_;                             ///< guards rx_ while the acceptor fills it
   std::condition_variable rxCv_;
+  std::string refusedRank_;  ///< why a hello of a rank of the job (it had the secret) was refused; under rxMutex_
   size_t rxFilled_ = 0;
 
   std::thread acceptor_;

@@ -54,7 +54,8 @@ std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t 
   if (h.magic != kMessageMagic) return errorText("bad magic 0x", std::hex, h.magic);
   if (h.version != kWireVersion) return errorText("unsupported wire version ", h.version);
   if (h.type != static_cast<uint8_t>(MessageType::kWrite) && h.type != static_cast<uint8_t>(MessageType::kGoodbye) &&
-      h.type != static_cast<uint8_t>(MessageType::kAtomic) && h.type != static_cast<uint8_t>(MessageType::kControl))
+      h.type != static_cast<uint8_t>(MessageType::kAtomic) && h.type != static_cast<uint8_t>(MessageType::kControl) &&
+      h.type != static_cast<uint8_t>(MessageType::kRefusal))
     return errorText("unknown message type ", static_cast<int>(h.type));
   if ((h.flags & ~kFlagImm) != 0) return errorText("unknown flags 0x", std::hex, static_cast<int>(h.flags));
   if (h.lane != expectedLane) return errorText("lane ", h.lane, " on a connection of lane ", expectedLane);
@@ -80,6 +81,12 @@ std::string checkHeader(const MessageHeader& h, uint32_t expectedLane, uint64_t 
                        " bytes; it must be 1..", kMaxMessageBytes, " bytes in one chunk");
     if (h.flags != 0 || h.window != 0 || h.offset != 0 || h.chunkOffset != 0 || h.imm != 0)
       return "control message with window, offset, flags or immediate set";
+  } else if (h.type == static_cast<uint8_t>(MessageType::kRefusal)) {
+    if (h.bytes == 0 || h.bytes > kMaxRefusalBytes || h.chunkBytes != h.bytes)
+      return errorText("refusal of ", h.bytes, " bytes with a chunk of ", h.chunkBytes, " bytes; it must be 1..",
+                       kMaxRefusalBytes, " bytes in one chunk");
+    if (h.flags != 0 || h.window != 0 || h.offset != 0 || h.chunkOffset != 0 || h.imm != 0)
+      return "refusal with window, offset, flags or immediate set";
   } else if (h.chunkBytes != 0) {
     return errorText("goodbye with ", h.chunkBytes, " payload bytes");
   }

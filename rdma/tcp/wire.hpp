@@ -20,7 +20,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP wire format is
 constexpr uint32_t kHelloMagic = 0x48584447;    // "GDXH"
 constexpr uint32_t kAckMagic = 0x41584447;      // "GDXA"
 constexpr uint32_t kMessageMagic = 0x4D584447;  // "GDXM"
-constexpr uint16_t kWireVersion = 3;            ///< 2: kAtomic; 3: kControl
+constexpr uint16_t kWireVersion = 4;            ///< 2: kAtomic; 3: kControl; 4: kRefusal
 /// Longest job secret a Hello may carry; bounds what the acceptor reads from a stranger.
 constexpr uint32_t kMaxSecretBytes = 4096;
 /// Largest chunk the format can describe (MessageHeader::chunkBytes is 32 bits; 1 GiB keeps it far from that).
@@ -94,7 +94,10 @@ enum class MessageType : uint8_t {
   kGoodbye = 2,  ///< the sender closes this connection on purpose; nothing follows
   kAtomic = 3,   ///< a remote atomic on the 64-bit word at `offset`; its 8-byte operand follows (see below)
   kControl = 4,  ///< a control message (TransportLane::postMessage); its payload follows (see below)
+  kRefusal = 5,  ///< the sender refuses what it received and closes; why (text, `bytes` in one chunk) follows
 };
+/// Longest reason a kRefusal carries.
+constexpr uint64_t kMaxRefusalBytes = 1024;
 constexpr uint8_t kFlagImm = 1;  ///< the write carries an immediate to announce once it is in place
 
 /// An atomic is one message of one chunk, numbered in the same `seq` sequence as the writes of its direction:

@@ -255,6 +255,42 @@ def test_bad_arguments_in_process():
         ep.reg(np.zeros(4, np.uint8))
 
 
+def test_a_secret_refuses_clients_without_it_on_both_sides():
+    import threading
+    with p2p.Endpoint(-1, 1, port=0, timeout=5, secret="the job's secret") as server:
+        outcomes = []
+
+        def accept_three():
+            for _ in range(3):
+                try:
+                    outcomes.append(server.accept())
+                except gdx.Error as e:
+                    outcomes.append(e)
+
+        t = threading.Thread(target=accept_three)
+        t.start()
+        for secret in ("", "a wrong one"):
+            with p2p.Endpoint(-1, 1, port=0, timeout=5, secret=secret) as stranger:
+                with pytest.raises(gdx.InvalidArgumentError, match="refused by the peer"):
+                    stranger.connect("127.0.0.1", -1, server.port)
+        with p2p.Endpoint(-1, 1, port=0, timeout=5, secret="the job's secret") as client:
+            ok, conn = client.connect("127.0.0.1", -1, server.port)
+            t.join(10)
+            assert ok and not t.is_alive()
+            assert isinstance(outcomes[0], gdx.ProtocolError) and "presented none" in str(outcomes[0])
+            assert isinstance(outcomes[1], gdx.ProtocolError) and "wrong secret" in str(outcomes[1])
+            assert outcomes[2][0] is True
+            data = _random(7, 5000)
+            got = np.full(5000, POISON, dtype=np.uint8)
+            _, smr = client.reg(data)
+            _, rmr = server.reg(got)
+            sent = threading.Thread(target=lambda: client.send(conn, smr, data))
+            sent.start()
+            assert server.recv(outcomes[2][3], rmr, got.ctypes.data, got.size)
+            sent.join(10)
+            _assert_same(got, data, "recv after the secret was presented")
+
+
 def _closed_port():
     import socket
     with socket.socket() as s:

@@ -127,6 +127,13 @@ class TransportLane {
   virtual bool armCompletion() { return false; }
 };
 
+/// What peers may do to a local window (Transport::setRemoteAccess()).
+enum class RemoteAccess : uint8_t {
+  kWrite,            ///< write it (the default of a registered window)
+  kImmediateWrites,  ///< only writes that carry an immediate (each announced to this side once in place)
+  kNone,             ///< nothing: the window is only the source of this side's writes
+};
+
 class Transport {
  public:
   using ImmHandler = std::function<void(const RemoteWrite&)>;
@@ -148,6 +155,13 @@ class Transport {
   /// Registers local memory as window `id`; returns the key blob peers need to address it.
   virtual std::string registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) = 0;
   virtual void deregisterWindow(uint32_t id) = 0;
+  /// Narrows (or widens again) what peers may do to local window `id`; a write the access does not allow fails the
+  /// peer that sent it, and nothing of it is written. Backends that cannot tell such writes apart allow them all
+  /// (this default; verbs: the memory region's access flags are fixed when it is registered).
+  virtual void setRemoteAccess(uint32_t id, RemoteAccess access) {
+    (void)id;
+    (void)access;
+  }
   /// Records window `id` of `peer` (size and key as that peer's registerWindow returned them).
   virtual void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) = 0;
 

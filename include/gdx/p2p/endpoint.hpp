@@ -33,6 +33,9 @@ struct EndpointOptions {
   std::string bindAddress;  ///< "" : every interface (advertised: GDX_TCP_BIND_ADDR, else the default route's)
   std::string transport;    ///< "" : GDX_TRANSPORT ("tcp" or "verbs")
   uint64_t timeoutNs = 0;   ///< 0: GDX_TIMEOUT_MS
+  /// A secret shared by the endpoints that may connect (as a job secret): a client must present it, and one that
+  /// does not is refused with the reason. "" (the default): any client that completes the handshake is accepted.
+  std::string secret;
   static EndpointOptions fromEnv(int localGpu = -1, int numCpus = 1);
 };
 
@@ -67,14 +70,16 @@ class Endpoint {
   /// Idempotent: closing it again does nothing. Connections whose peer left (or that failed otherwise) are released
   /// by the endpoint itself, at the next connect/accept; their ids then fail by name with the cause.
   void close(uint64_t connId);
-  /// Waits (bounded) for the next connecting client: GDX_TIMEOUT_MS for one to connect, and as long again for its
-  /// handshake.
+  /// Waits (bounded by GDX_TIMEOUT_MS) for the next client whose handshake finished. Handshakes run at once, each in
+  /// a thread of its own with GDX_TIMEOUT_MS for it, so a client that says nothing delays no other; a handshake
+  /// refused (another transport, a missing or wrong secret) ends this call with kProtocol and the reason.
   Accepted accept();
-  /// Waits at most `waitMs` for the next client (as accept() does, its handshake then has GDX_TIMEOUT_MS of its own):
-  /// true with it in `*out`, false when none came in time. A caller that waits without a bound (Python's accept(),
-  /// which Ctrl-C and close() end) calls it in a loop and checks between the calls whether to stop.
+  /// Waits at most `waitMs` for the next client (as accept() does): true with it in `*out`, false when none came in
+  /// time. A caller that waits without a bound (Python's accept(), which Ctrl-C and close() end) calls it in a loop
+  /// and checks between the calls whether to stop.
   bool tryAccept(uint64_t waitMs, Accepted* out);
-  /// Accepts every client in a background thread from now on; accept() then hands them out in arrival order.
+  /// Accepts every client in a background thread from now on; accept() then hands them out in arrival order (a
+  /// refused handshake is logged there instead).
   void startPassiveAccept();
   /// This endpoint's address (ip, port, GPU) as bytes for addRemoteEndpoint().
   std::string metadata() const;

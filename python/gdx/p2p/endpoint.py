@@ -75,15 +75,18 @@ def _iov_lists(mr_ids: Sequence[int], ptrs: Sequence[Any], sizes: Optional[Seque
 class Endpoint:
     """A point-to-point endpoint: connections to other endpoints, registered memory, two-sided and one-sided
     transfers. ``local_gpu_idx`` is the GPU it serves (-1: host memory only), ``num_cpus`` its progress threads.
-    It listens on ``port`` (None: GDX_P2P_PORT + the GPU index; 0: any free port, see :attr:`port`)."""
+    It listens on ``port`` (None: GDX_P2P_PORT + the GPU index; 0: any free port, see :attr:`port`). With a
+    ``secret`` (shared by the endpoints that may connect, as a job secret), a client that does not present it is
+    refused with the reason, on both sides."""
 
     def __init__(self, local_gpu_idx: int = -1, num_cpus: int = 1, *, port: Optional[int] = None,
-                 bind_address: str = "", transport: str = "", timeout: Optional[float] = None):
+                 bind_address: str = "", transport: str = "", timeout: Optional[float] = None, secret: str = ""):
         gpu = _args.integer(local_gpu_idx, "local_gpu_idx")
         if gpu < -1:
             raise InvalidArgumentError(f"local_gpu_idx must be a GPU index or -1 (host memory only), got {gpu}")
-        self._native = _gdx._Endpoint(gpu, _args.integer(num_cpus, "num_cpus"), -1 if port is None else _args.port(port), bind_address, transport,
-                                      _args.timeout_ms(timeout))
+        listen = -1 if port is None else _args.port(port)
+        self._native = _gdx._Endpoint(gpu, _args.integer(num_cpus, "num_cpus"), listen, bind_address, transport,
+                                      _args.timeout_ms(timeout), secret)
         self._in_flight: dict = {}  # transfer id -> the arrays it uses, held until it is reported done
         self._interrupted: list = []  # arrays of blocking transfers ended by Ctrl-C, which go on in the background
 

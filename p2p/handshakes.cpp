@@ -1,0 +1,65 @@
+#include "p2p/handshakes.hpp"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <utility>
+#include <vector>
+
+namespace gdx::p2p {
+
+Handshakes::~Handshakes() {
+  stop();
+}
+
+bool Handshakes::start(net::UniqueFd fd, std::function<void(net::UniqueFd)> body) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  reap(lock);
+  if (stopping_ || running_.size() >= kMaxRunning) return false;
+  net::UniqueFd dup(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (!dup.valid()) return false;
+  running_.push_back(std::make_unique<Running>());
+  Running* r = running_.back().get();
+  r->fd = std::move(fd);
+  r->thread = std::thread([this, r, body = std::move(body), dup = std::move(dup)]() mutable {
+    body(std::move(dup));
+    std::lock_guard<std::mutex> done(mutex_);
+    r->done = true;
+  });
+  return true;
+}
+
+size_t Handshakes::running() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  reap(lock);
+  return running_.size();
+}
+
+void Handshakes::reap(std::unique_lock<std::mutex>& lock) {
+  std::vector<std::unique_ptr<Running>> finished;
+  for (auto it = running_.begin(); it != running_.end();) {
+    if ((*it)->done) {
+      finished.push_back(std::move(*it));
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  lock.unlock();
+  for (auto& r : finished) r->thread.join();  // it only has to return from its lambda
+  lock.lock();
+}
+
+void Handshakes::stop() {
+  std::list<std::unique_ptr<Running>> all;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    for (auto& r : running_) ::shutdown(r->fd.get(), SHUT_RDWR);  // the duplicate's reads and writes end at once
+    all.swap(running_);
+  }
+  for (auto& r : all) r->thread.join();
+}
+
+}  // namespace gdx::p2p

@@ -313,9 +313,8 @@ void bindEndpoint(py::module_& m) {
                                size_t n) { return py::bytes(live(e).advertiseIpc(mr, pointerFrom(p), n)); })
       .def(
           "write_ipc",
-          [](PyEndpoint& e, uintptr_t p, size_t n, const std::string& desc, uint64_t off) {
-            live(e).writeIpc(pointerFrom(p), n, desc, off);
-          },
+          [](PyEndpoint& e, uintptr_t p, size_t n, const std::string& desc,
+             uint64_t off) { live(e).writeIpc(pointerFrom(p), n, desc, off); },
           py::call_guard<py::gil_scoped_release>())
       .def(
           "read_ipc",

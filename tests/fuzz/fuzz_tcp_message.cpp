@@ -28,6 +28,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)describe(h);
     GDX_FUZZ_CHECK(h.magic == kMessageMagic && h.version == kWireVersion && h.lane == lane);
     if (h.type == static_cast<uint8_t>(MessageType::kGoodbye)) return 0;
+    if (h.type == static_cast<uint8_t>(MessageType::kRefusal)) {  // its reason is read, then the peer is failed
+      GDX_FUZZ_CHECK(h.bytes >= 1 && h.bytes <= kMaxRefusalBytes && h.chunkBytes == h.bytes);
+      (void)in.bytes(h.chunkBytes);
+      return 0;
+    }
     const bool control = h.type == static_cast<uint8_t>(MessageType::kControl);
     const bool atomic = h.type == static_cast<uint8_t>(MessageType::kAtomic);
     if (!control && !atomic) GDX_FUZZ_CHECK(h.chunkBytes <= maxChunk && h.chunkBytes >= 1);

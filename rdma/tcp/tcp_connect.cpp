@@ -284,9 +284,13 @@ void TcpTransport::handleHello(PendingHello& p) {
   expected.socketsPerPeer = static_cast<uint32_t>(sockets_);
   expected.chunkBytes = options_.chunkBytes;
   HelloReply verdict = checkHello(hello, secret, expected);
-  if (verdict != HelloReply::kAccepted && verdict != HelloReply::kBadSecret) {
+  const bool settingsDiffer = verdict == HelloReply::kWorldMismatch || verdict == HelloReply::kBadLane ||
+                              verdict == HelloReply::kBadSocket || verdict == HelloReply::kChunkTooLarge;
+  if (settingsDiffer) {
     // A rank of this job (it has the secret) whose settings differ: this side's connect() fails now, with the reason,
-    // instead of waiting out its timeout for connections that will never be accepted.
+    // instead of waiting out its timeout for connections that will never be accepted. A rank out of range or a second
+    // connection for a taken slot is no settings mismatch (a stale or stray process): it is refused and the real
+    // peer is still waited for.
     std::lock_guard<std::mutex> lock(rxMutex_);
     if (refusedRank_.empty())
       refusedRank_ = std::string("refused the connection of rank ") + std::to_string(hello.rank) + ": " +

@@ -87,6 +87,8 @@ const EnvVar kVariables[] = {
     // The bound is tcp::kMaxChunkBytes (rdma/tcp/wire.hpp; config_test checks that they agree).
     {"GDX_TCP_CHUNK", kInt, 1, int64_t{1} << 30, 0, nullptr, "1048576", "writes above this are split over sockets"},
     {"GDX_P2P_PORT", kInt, 1, 65535, 0, nullptr, "19500", "p2p endpoints listen on this port + their GPU index"},
+    {"GDX_P2P_HELLO_MS", kInt, 1, kMaxTimeoutMs, 0, nullptr, "5000 (at most GDX_TIMEOUT_MS)",
+     "a client connecting to a p2p endpoint sends its hello within this, ms"},
     {"GDX_TCP_BIND_ADDR", kString, 0, kMaxHostName, 0, nullptr, "the address that reaches the master",
      "interface address the TCP transport listens on"},
     // Proxy.

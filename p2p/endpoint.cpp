@@ -169,19 +169,26 @@ bool Endpoint::Impl::acceptOne(net::Deadline waitUntil) {
     }
     net::tuneSocket(fd.get());
     const std::string from = net::peerName(fd.get());
-    // The handshake has GDX_TIMEOUT_MS from here, in a thread of its own: a client that never says Hello holds
-    // nobody but that thread (and one of Handshakes::kMaxRunning places).
-    if (!handshakes.start(std::move(fd), [this, from](net::UniqueFd own) { answer(std::move(own), from); }))
-      GDX_WARN(who() << ": refused " << from << ": " << Handshakes::kMaxRunning << " handshakes are running");
+    // The handshake runs in a thread of its own: a client that never says Hello holds nobody but that thread, for
+    // GDX_P2P_HELLO_MS at most, and gives its place up to a newcomer when all Handshakes::kMaxRunning are taken.
+    if (!handshakes.start(std::move(fd), [this, from](net::UniqueFd own, const std::function<void()>& heard) {
+          answer(std::move(own), from, heard);
+        }))
+      GDX_WARN(who() << ": refused " << from << ": " << Handshakes::kMaxRunning
+                     << " handshakes are running and every one of their clients said hello");
     return true;
   }
 }
 
-void Endpoint::Impl::answer(net::UniqueFd fd, const std::string& from) {
+void Endpoint::Impl::answer(net::UniqueFd fd, const std::string& from, const std::function<void()>& heard) {
   Arrival a;
+  bool spoke = false;  // a socket that never said a well-formed Hello is no client: logged, not handed to accept()
   try {
     PairLink link = answerLink(std::move(fd), options.localGpu, options.transport, options.timeoutNs,
-                               net::deadlineIn(options.timeoutNs), who() + ": accepting " + from, options.secret);
+                               net::deadlineIn(options.timeoutNs), who() + ": accepting " + from, options.secret, [&] {
+                                 spoke = true;
+                                 heard();
+                               });
     a.client.ip = hostOf(link.peerIp);
     a.client.remoteGpu = link.peerGpu;
     a.client.connId = adopt(std::move(link));
@@ -194,6 +201,7 @@ void Endpoint::Impl::answer(net::UniqueFd fd, const std::string& from) {
     a.why = who() + ": accepting " + from + ": " + e.what();
     GDX_WARN(a.why);
   }
+  if (a.code != ErrorCode::kOk && !spoke) return;
   {
     std::lock_guard<std::mutex> lock(acceptMutex);
     if (a.code == ErrorCode::kOk || !passive.joinable()) accepted.push_back(std::move(a));

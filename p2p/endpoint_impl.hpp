@@ -35,7 +35,7 @@ struct Endpoint::Impl {
   /// own, which queues the outcome in `accepted`; false when none came by then.
   bool acceptOne(net::Deadline waitUntil);
   /// The handshake of one accepted socket (run by `handshakes`).
-  void answer(net::UniqueFd fd, const std::string& from);
+  void answer(net::UniqueFd fd, const std::string& from, const std::function<void()>& heard);
   /// The next client whose handshake finished by `deadline` (nowNs() clock): false when none; throws a refused
   /// handshake's error. Without the passive thread, this thread takes the clients meanwhile.
   bool acceptUntil(uint64_t deadline, Accepted* out);

@@ -13,19 +13,45 @@ Handshakes::~Handshakes() {
   stop();
 }
 
-bool Handshakes::start(net::UniqueFd fd, std::function<void(net::UniqueFd)> body) {
+bool Handshakes::evictSilent() {
+  for (auto& r : running_) {  // oldest first
+    if (r->done || r->heard || r->evicted) continue;
+    r->evicted = true;
+    ++evicted_;
+    ::shutdown(r->fd.get(), SHUT_RDWR);  // its Hello read ends at once; its thread leaves and is reaped
+    return true;
+  }
+  return false;
+}
+
+size_t Handshakes::evicted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return evicted_;
+}
+
+bool Handshakes::start(net::UniqueFd fd, Body body) {
   std::unique_lock<std::mutex> lock(mutex_);
   reap(lock);
-  if (stopping_ || running_.size() >= kMaxRunning) return false;
+  if (stopping_) return false;
+  // Places held by evicted handshakes are counted until their threads leave (within a moment), so that at most
+  // 2 * kMaxRunning threads exist however fast sockets arrive.
+  size_t live = 0;
+  for (auto& r : running_) live += (!r->done && !r->evicted) ? 1 : 0;
+  if (running_.size() >= 2 * kMaxRunning) return false;
+  if (live >= kMaxRunning && !evictSilent()) return false;
   net::UniqueFd dup(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
   if (!dup.valid()) return false;
   running_.push_back(std::make_unique<Running>());
   Running* r = running_.back().get();
   r->fd = std::move(fd);
   r->thread = std::thread([this, r, body = std::move(body), dup = std::move(dup)]() mutable {
-    body(std::move(dup));
+    body(std::move(dup), [this, r] {
+      std::lock_guard<std::mutex> heard(mutex_);
+      r->heard = true;
+    });
     std::lock_guard<std::mutex> done(mutex_);
     r->done = true;
+    r->fd.reset();  // the client sees the socket closed now, not when the next arrival reaps this thread
   });
   return true;
 }

@@ -1,5 +1,6 @@
 #include "p2p/pair_link.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <random>
@@ -143,10 +144,17 @@ PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, 
   return link;
 }
 
+uint64_t helloWaitNs(uint64_t timeoutNs) {
+  return std::min<uint64_t>(timeoutNs, static_cast<uint64_t>(envInt("GDX_P2P_HELLO_MS", 5000)) * 1000000ull);
+}
+
 PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
-                    net::Deadline deadline, const std::string& who, const std::string& jobSecret) {
+                    net::Deadline deadline, const std::string& who, const std::string& jobSecret,
+                    const std::function<void()>& heard) {
   Hello hello;
-  std::string why = decodeHello(recvBlob(fd.get(), kMaxHandshakeBytes, deadline, who), &hello);
+  const net::Deadline helloBy = std::min<net::Deadline>(deadline, net::deadlineIn(helloWaitNs(timeoutNs)));
+  std::string why = decodeHello(recvBlob(fd.get(), kMaxHandshakeBytes, helloBy, who + " (its hello)"), &hello);
+  if (why.empty() && heard) heard();
   if (why.empty() && hello.transport != transport)
     why = "the peer uses transport '" + hello.transport + "', this endpoint '" + transport +
           "' (set GDX_TRANSPORT alike on both sides)";

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,9 +39,14 @@ struct PairLink {
 PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
                   net::Deadline deadline, const std::string& who, const std::string& jobSecret = "");
 /// Accepting side of the handshake on a freshly accepted control socket; refuses (telling the dialler why) a Hello
-/// that does not present `jobSecret` when it is not "".
+/// that does not present `jobSecret` when it is not "". The Hello must arrive within helloWaitNs() of the call (a
+/// dialler sends it at once), the rest by `deadline`; `heard` is called once a well-formed Hello arrived.
 PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
-                    net::Deadline deadline, const std::string& who, const std::string& jobSecret = "");
+                    net::Deadline deadline, const std::string& who, const std::string& jobSecret = "",
+                    const std::function<void()>& heard = {});
+/// How long a connecting client has to send its Hello: GDX_P2P_HELLO_MS (5 s), at most `timeoutNs`. Short, so that
+/// a socket that connects and says nothing holds its handshake place briefly.
+uint64_t helloWaitNs(uint64_t timeoutNs);
 
 /// Sends one length-prefixed blob; throws gdx::Error(kPeerFailed / kTimeout) naming `who` when it cannot.
 void sendBlob(int fd, const std::string& blob, net::Deadline deadline, const std::string& who);

@@ -1,5 +1,6 @@
 // Strangers at a p2p endpoint's door, from raw sockets: clients that connect and then stall (one byte of a Hello,
-// then nothing) delay no legitimate client, whether the endpoint accepts blocking or passively; with a secret, a
+// then nothing) delay no legitimate client, whether the endpoint accepts blocking or passively, even when there are
+// more of them than handshake places; a silent socket is closed after GDX_P2P_HELLO_MS; with a secret, a
 // well-formed Hello that does not present it gets a refusal with the reason and nothing else (no transport address,
 // no token), an Endpoint client without it or with a wrong one is refused by name on both sides, and one with it
 // transfers as always (random data, every byte compared).
@@ -18,9 +19,11 @@
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
 #include "p2p/handshake.hpp"
+#include "p2p/handshakes.hpp"
 #include "p2p/pair_link.hpp"
 #include "rdma/socket.hpp"
 #include "support/p2p_helpers.hpp"
+#include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 
 namespace gdx::test {
@@ -59,11 +62,11 @@ int serveOne(int port, bool passive) {
   return 0;
 }
 
-/// The client: kStrangers stalled connections first, then an Endpoint that must connect within 2 s and send.
-int strangersThenClient(int port) {
+/// The client: `count` stalled connections first, then an Endpoint that must connect within 2 s and send.
+int strangersThenClient(int port, int count = kStrangers) {
   setenv("GDX_TIMEOUT_MS", "5000", 1);
   std::vector<int> strangers;
-  for (int i = 0; i < kStrangers; ++i) {
+  for (int i = 0; i < count; ++i) {
     const int fd = rawConnect(port);
     CHILD_CHECK(fd >= 0);
     CHILD_CHECK(::write(fd, "G", 1) == 1);  // the first byte of a length prefix, then nothing
@@ -76,12 +79,12 @@ int strangersThenClient(int port) {
   try {
     conn = ep.connect("127.0.0.1", -1, port);
   } catch (const Error& e) {
-    std::fprintf(stderr, "the client behind %d stalled strangers: %s (after %.2f s)\n", kStrangers, e.what(),
+    std::fprintf(stderr, "the client behind %d stalled strangers: %s (after %.2f s)\n", count, e.what(),
                  (nowNs() - start) / 1e9);
     return 1;
   }
   const double took = (nowNs() - start) / 1e9;
-  std::fprintf(stderr, "the client behind %d stalled strangers connected in %.3f s\n", kStrangers, took);
+  std::fprintf(stderr, "the client behind %d stalled strangers connected in %.3f s\n", count, took);
   CHILD_CHECK(took < 2.0);
   std::vector<unsigned char> data(100000);
   fillRandom(data.data(), data.size(), 700);
@@ -99,6 +102,37 @@ TEST(P2pStrangers, StalledConnectionsDelayNoClientOfABlockingAccept) {
 TEST(P2pStrangers, StalledConnectionsDelayNoClientOfAPassiveAccept) {
   auto codes = runServerClients(
       1, [](int port) { return serveOne(port, true); }, [](int, int port) { return strangersThenClient(port); });
+  for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "process " << i << " (0: the server)";
+}
+
+TEST(P2pStrangers, MoreStalledConnectionsThanHandshakePlacesKeepNoClientOut) {
+  // Before the silent ones gave their places up, the client behind them found every place taken and was closed.
+  constexpr int kMany = static_cast<int>(p2p::Handshakes::kMaxRunning) + 8;
+  auto codes = runServerClients(
+      1, [](int port) { return serveOne(port, false); },
+      [](int, int port) { return strangersThenClient(port, kMany); });
+  for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "process " << i << " (0: the server)";
+}
+
+TEST(P2pStrangers, ASilentConnectionIsClosedAfterTheHelloWait) {
+  auto codes = runServerClients(
+      1,
+      [](int port) {
+        setenv("GDX_P2P_HELLO_MS", "300", 1);  // GDX_TIMEOUT_MS stays 5 s: the hello has far less
+        return serveOne(port, true);
+      },
+      [](int, int port) {
+        const int fd = rawConnect(port);
+        CHILD_CHECK(fd >= 0);
+        CHILD_CHECK(::write(fd, "G", 1) == 1);
+        const uint64_t start = nowNs();
+        CHILD_CHECK(rawClosed(fd, 3000));  // before: open until GDX_TIMEOUT_MS (5 s)
+        const double took = (nowNs() - start) / 1e9;
+        std::fprintf(stderr, "the silent connection was closed after %.3f s\n", took);
+        CHILD_CHECK(took < 2.0);
+        ::close(fd);
+        return strangersThenClient(port, 1);  // and the endpoint still serves a real client
+      });
   for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "process " << i << " (0: the server)";
 }
 

@@ -681,13 +681,15 @@ void Connection::registerLocal(const MemoryRegion& r, std::string* key, bool rea
                                                  " was deregistered while the transfer was queued");
   auto it = localKeys_.find(r.window);
   if (it == localKeys_.end()) {
-    it = localKeys_.emplace(r.window, link_.transport->registerWindow(r.window, r.base, r.bytes, r.kind)).first;
-    // What the peer may do to it: write an advertised range, write the eager buffer only with its immediates, and
-    // nothing to a region registered as the source of this side's sends and writes (a receive's range is a grant).
-    const RemoteAccess access = r.window >= kAdvertisedWindowBase ? RemoteAccess::kWrite
-                                : r.window == kEagerWindow        ? RemoteAccess::kImmediateWrites
-                                                                  : RemoteAccess::kNone;
-    if (access != RemoteAccess::kWrite) link_.transport->setRemoteAccess(r.window, access);
+    // What the peer may do to it: write an advertised range, write the eager buffer only with its immediates, write
+    // the memory a resolver gives (the URL transport's, whose keys carry a secret), and nothing to a region
+    // registered as the source of this side's sends and writes (a receive's range is a grant). Decided at
+    // registration: a verbs NIC then refuses the writes itself.
+    const RemoteAccess access = r.window == kEagerWindow                         ? RemoteAccess::kImmediateWrites
+                                : r.window >= kAdvertisedWindowBase || resolver_ ? RemoteAccess::kWrite
+                                                                                 : RemoteAccess::kNone;
+    it = localKeys_.emplace(r.window, link_.transport->registerWindowFor(r.window, r.base, r.bytes, r.kind, access))
+             .first;
   }
   if (key) *key = it->second;
   if (reading) ++readers_[r.window];  // under the lock that forget() marks it forgotten with: it waits for this one

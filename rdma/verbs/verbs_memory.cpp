@@ -61,6 +61,11 @@ UniqueMr VerbsTransport::registerCuda(void* base, size_t bytes, int access, std:
 }
 
 std::string VerbsTransport::registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) {
+  return registerWindowFor(id, base, bytes, kind, RemoteAccess::kWrite);
+}
+
+std::string VerbsTransport::registerWindowFor(uint32_t id, void* base, size_t bytes, MemoryKind kind,
+                                              RemoteAccess remote) {
   std::string w = who() + ": window " + std::to_string(id);
   common::checkWindowArguments(w, base, bytes, kind);
   {
@@ -71,8 +76,8 @@ std::string VerbsTransport::registerWindow(uint32_t id, void* base, size_t bytes
   win.base = static_cast<char*>(base);
   win.bytes = bytes;
   win.kind = kind;
-  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  if (port_.device_attr.atomic_cap != IBV_ATOMIC_NONE) access |= IBV_ACCESS_REMOTE_ATOMIC;
+  win.access = remote;
+  const int access = accessFlags(remote);
   if (kind == MemoryKind::kCuda) {
     if (!common::cudaStagingBuiltIn())
       throw Error(ErrorCode::kInvalidArgument,
@@ -84,11 +89,13 @@ std::string VerbsTransport::registerWindow(uint32_t id, void* base, size_t bytes
   } else if (bytes > 0) {
     if (kind == MemoryKind::kHost) {
       win.mr.reset(ibv_reg_mr(pd_.get(), base, bytes, access));
+      win.mrAccess = access;
       if (!win.mr)
         throw VerbsError("ibv_reg_mr (" + w + ", " + std::to_string(bytes) + " bytes)", errno, __FILE__, __LINE__);
     } else {
       std::string how;
       win.mr = registerCuda(base, bytes, access, &how);
+      win.mrAccess = access;
       if (win.mr) {
         GDX_INFO(w << ": GPU memory registered through " << how);
       } else {
@@ -113,6 +120,43 @@ std::string VerbsTransport::registerWindow(uint32_t id, void* base, size_t bytes
   }
   windows_.addLocal(id, std::move(win), w);
   return std::string(reinterpret_cast<const char*>(&key), sizeof key);
+}
+
+int VerbsTransport::accessFlags(RemoteAccess remote) const {
+  if (remote == RemoteAccess::kNone) return IBV_ACCESS_LOCAL_WRITE;
+  int flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  if (port_.device_attr.atomic_cap != IBV_ATOMIC_NONE) flags |= IBV_ACCESS_REMOTE_ATOMIC;
+  return flags;
+}
+
+void VerbsTransport::setRemoteAccess(uint32_t id, RemoteAccess access) {
+  const std::string w = who() + ": window " + std::to_string(id);
+  std::unique_lock<std::shared_mutex> lock(windows_.mutex());
+  LocalWindow* win = windows_.mutableLocal(id);
+  if (!win) throw Error(ErrorCode::kInvalidArgument, w + " is not registered");
+  win->access = access;
+  if (!win->mr) return;
+  const int flags = accessFlags(access);
+  if (flags == win->mrAccess) return;
+  const uint32_t lkey = win->mr->lkey, rkey = win->mr->rkey;
+  errno = 0;
+  if (ibv_rereg_mr(win->mr.get(), IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, flags) != 0) {
+    const int err = errno ? errno : EOPNOTSUPP;
+    // The region keeps the access it has. Narrowing is protection only; widening is needed for the peer's writes.
+    if (access == RemoteAccess::kNone) {
+      GDX_INFO(w << ": " << port_.device << " cannot take remote write access from a memory region (ibv_rereg_mr: "
+                 << std::strerror(err) << "); a peer that knows its key could still write it");
+      return;
+    }
+    throw VerbsError("ibv_rereg_mr (" + w + ": remote write access)", err, __FILE__, __LINE__);
+  }
+  win->mrAccess = flags;
+  // The keys were handed out with the window's key blob and are in posted work requests: a device that changed them
+  // here would leave both stale. Providers that change only the access keep them (rxe, mlx5 with UMR).
+  if (win->mr->lkey != lkey || win->mr->rkey != rkey)
+    throw Error(ErrorCode::kInternal, w + ": " + port_.device +
+                                          " gave the memory region new keys when only its access changed; the window "
+                                          "must be registered again");
 }
 
 void VerbsTransport::deregisterWindow(uint32_t id) {

@@ -247,6 +247,13 @@ class VerbsTransport : public common::TransportBase {
 
   std::string registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) override;
   void deregisterWindow(uint32_t id) override;
+  /// kNone: the memory region gets local access only, so the NIC refuses every peer's write into it.
+  std::string registerWindowFor(uint32_t id, void* base, size_t bytes, MemoryKind kind, RemoteAccess access) override;
+  /// kNone takes remote write (and atomic) access from the window's memory region (ibv_rereg_mr, where the provider
+  /// has it: rxe has not), so that the NIC refuses a peer's write into it whatever key the peer presents; kWrite gives
+  /// it back. kImmediateWrites stays writable: a NIC cannot tell a write that carries an immediate from one that does
+  /// not. Staged windows are written through the staging area, never directly: nothing to change.
+  void setRemoteAccess(uint32_t id, RemoteAccess access) override;
   void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) override;
 
   Status peerStatus(int peer) const override {
@@ -261,12 +268,15 @@ class VerbsTransport : public common::TransportBase {
   struct LocalWindow : common::LocalWindow {
     bool staged = false;
     UniqueMr mr;
+    int mrAccess = 0;  ///< the ibv_access_flags `mr` has now
   };
   struct RemoteWindow : common::RemoteWindow {
     WindowKey key{};
   };
 
   std::string who() const { return "verbs transport rank " + std::to_string(rank_); }
+  /// The ibv_access_flags of a memory region that peers may use as `remote` says (kImmediateWrites: write).
+  int accessFlags(RemoteAccess remote) const;
   bool failed(int peer) const { return peerFailed_[peer].load(std::memory_order_acquire); }
   void failPeer(int peer, const std::string& why);
 

@@ -459,6 +459,39 @@ TEST(VerbsTransport, BadInputIsRefusedBeforeAnythingIsPosted) {
   EXPECT_EQ(w[0]->peerStatus(1), Status::kOk);
 }
 
+TEST(VerbsTransport, AWindowWithoutRemoteAccessIsNotWrittenWhateverKeyThePeerHolds) {
+  {  // narrowed and widened again (where the provider can change a region's access): the keys the peer holds still
+     // work, every byte arrives
+    GDX_VERBS_WORLD(w, 2);
+    Buffer src(8192, 51), dst(8192, 52);
+    share(w, 0, 1, src);
+    share(w, 1, 1, dst);
+    connectAll(w, 1);
+    w[1]->setRemoteAccess(1, RemoteAccess::kNone);
+    w[1]->setRemoteAccess(1, RemoteAccess::kWrite);
+    w[0]->lane(0).post(WriteOp{1, 1, 0, 1, 0, 8192, false, 0, 1});
+    auto done = drain(w[0]->lane(0), 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, Status::kOk);
+    EXPECT_EQ(firstMismatch(src.p, dst.p, 8192), -1);
+  }
+  // Registered for no remote access (as a p2p connection registers the source of its sends): the peer presents the
+  // key, the NIC refuses the write, nothing of it lands and the writer learns of it (before, every registered window
+  // was remotely writable for the life of its registration).
+  GDX_VERBS_WORLD(w, 2);
+  Buffer src(8192, 53), dst(8192, 54), before(8192, 54);
+  share(w, 0, 1, src);
+  const std::string key = w[1]->registerWindowFor(1, dst.p, dst.bytes, MemoryKind::kHost, RemoteAccess::kNone);
+  for (auto& t : w) t->addRemoteWindow(1, 1, dst.bytes, key);
+  connectAll(w, 1);
+  w[0]->lane(0).post(WriteOp{1, 1, 0, 1, 0, 8192, false, 0, 1});
+  auto done = drain(w[0]->lane(0), 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_NE(done[0].status, Status::kOk);
+  EXPECT_EQ(firstMismatch(before.p, dst.p, 8192), -1);
+  EXPECT_NE(w[0]->peerStatus(1), Status::kOk);
+}
+
 TEST(VerbsTransport, PeerThatDestroysItsQueuePairsIsReportedNotWaitedFor) {
   std::vector<std::unique_ptr<Transport>> w;
   try {

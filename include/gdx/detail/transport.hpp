@@ -155,6 +155,13 @@ class Transport {
   /// Registers local memory as window `id`; returns the key blob peers need to address it.
   virtual std::string registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) = 0;
   virtual void deregisterWindow(uint32_t id) = 0;
+  /// registerWindow() with what peers may do to it decided from the start: a backend whose NIC checks access (verbs)
+  /// registers the memory without remote access for kNone, which setRemoteAccess() cannot always take away later.
+  virtual std::string registerWindowFor(uint32_t id, void* base, size_t bytes, MemoryKind kind, RemoteAccess access) {
+    std::string key = registerWindow(id, base, bytes, kind);
+    if (access != RemoteAccess::kWrite) setRemoteAccess(id, access);
+    return key;
+  }
   /// Narrows (or widens again) what peers may do to local window `id`; a write the access does not allow fails the
   /// peer that sent it, and nothing of it is written. Backends that cannot tell such writes apart allow them all
   /// (this default; verbs: the memory region's access flags are fixed when it is registered).

@@ -1,6 +1,8 @@
-// gdx::p2p::Endpoint and UrlTransport in one process (two endpoints talking over loopback, as two processes on two
-// hosts would): a send/recv, a one-sided write into an advertised range, and a notified UrlTransport write; every
-// byte checked. Usage: example_p2p_endpoint [BYTES]
+// gdx::p2p::Endpoint, UrlTransport and RdmaTransport in one process (two endpoints talking over loopback, as two
+// processes on two hosts would): a send/recv, a one-sided write into an advertised range, a notified UrlTransport
+// write, and the same through RdmaTransport's seed names with both sides connected from one thread; every byte
+// checked. Usage: example_p2p_endpoint [BYTES]
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,12 +13,31 @@
 
 #include "example_util.hpp"
 #include "gdx/p2p/endpoint.hpp"
+#include "gdx/p2p/rdma_transport.hpp"
 #include "gdx/p2p/url_transport.hpp"
+
+/// The seed's ping-pong under RdmaTransport's names: both transports connected from this thread, one notified write.
+bool rdmaPingPong(std::vector<unsigned char>& sendBuf, std::vector<unsigned char>& recvBuf) {
+  const size_t bytes = sendBuf.size();
+  // [snippet:p2p-rdma]
+  gdx::p2p::ScopedEventBaseThread evbThread;  // the thread where completions are delivered
+  gdx::p2p::RdmaTransport server(/*cudaDev=*/-1, evbThread.getEventBase()), client(-1, evbThread.getEventBase());
+  const std::string serverUrl = server.bind(), clientUrl = client.bind();
+  server.connect(clientUrl);  // returns at once: both sides may connect from one thread, in either order
+  client.connect(serverUrl);
+  gdx::p2p::RdmaMemory serverMem(sendBuf.data(), bytes, -1), clientMem(recvBuf.data(), bytes, -1);
+  gdx::p2p::RdmaRemoteBuffer clientRemote{recvBuf.data(), clientMem.remoteKey()};
+  auto writeFuture = server.write(serverMem.createView(sendBuf.data(), bytes), clientRemote, /*notify=*/true);
+  auto waitFuture = client.waitForWrite();  // resolves once the notified write is in place
+  bool pinged = writeFuture.get() == gdx::p2p::commSuccess && waitFuture.get() == gdx::p2p::commSuccess;
+  // [end-snippet]
+  return pinged;
+}
 
 int main(int argc, char** argv) {
   example::handleHelp(argc, argv,
-                      "gdx::p2p::Endpoint and UrlTransport over loopback in one process: send/recv, a one-sided "
-                      "write, a notified URL write; every byte checked.",
+                      "gdx::p2p::Endpoint, UrlTransport and RdmaTransport over loopback in one process: send/recv, "
+                      "a one-sided write, notified URL writes; every byte checked.",
                       "[BYTES (default 1M; 64K, 1G, ...)]", 1);
   const size_t bytes = example::parseBytes(argc > 1 ? argv[1] : nullptr, size_t{1} << 20);
   std::vector<unsigned char> sendBuf(bytes), recvBuf(bytes, 0);
@@ -52,6 +73,9 @@ int main(int argc, char** argv) {
   bool arrived = b.waitForWrite().get() == gdx::Status::kOk;  // resolves once the notified write is in place
   // [end-snippet]
   ok = ok && arrived && written.get() == gdx::Status::kOk && std::memcmp(recvBuf.data(), sendBuf.data(), bytes) == 0;
+
+  std::fill(recvBuf.begin(), recvBuf.end(), 0);
+  ok = ok && rdmaPingPong(sendBuf, recvBuf) && std::memcmp(recvBuf.data(), sendBuf.data(), bytes) == 0;
   std::printf("p2p endpoint and URL transport, %zu bytes: %s\n", bytes, ok ? "every byte matches" : "MISMATCH");
   return ok ? 0 : 1;
 }

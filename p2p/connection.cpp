@@ -240,6 +240,11 @@ void Connection::setNotifyHandler(std::function<void()> h) {
   queue([this, h = std::move(h)] { notify_ = h; });
 }
 
+void Connection::setFailureHandler(std::function<void()> h) {
+  std::lock_guard<std::mutex> lock(winMutex_);
+  onFailure_ = std::move(h);
+}
+
 uint64_t Connection::track(std::shared_ptr<Transfer> t) {
   live_.push_back(t);
   return nextId_++;
@@ -1077,10 +1082,12 @@ void Connection::handle(const Event& e) {
 }
 
 void Connection::failAll(ErrorCode code, const std::string& why) {
+  std::function<void()> onFailure;
   {
     std::lock_guard<std::mutex> lock(winMutex_);
     if (failure_.empty()) failure_ = why;
     failed_ = true;
+    onFailure.swap(onFailure_);  // once
   }
   GDX_WARN(name_ << ": " << why);
   for (auto& t : live_) t->fail(code, why);  // the transfer's own description names the connection
@@ -1098,6 +1105,7 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
   rts_.clear();
   failedRecvs_.clear();
   failedAhead_.clear();
+  if (onFailure) onFailure();
 }
 
 void Connection::sweep(uint64_t now) {

@@ -147,6 +147,9 @@ class Connection {
   size_t grantsOpen() const;
   /// Called from whichever thread runs the connection, for every notified write that arrived.
   void setNotifyHandler(std::function<void()> h);
+  /// Called once, from the thread that failed the connection (failure() is set by then), after its transfers failed.
+  /// It must not block nor call into the connection.
+  void setFailureHandler(std::function<void()> h);
 
   /// What progress() leaves for the calling thread.
   enum class Activity {
@@ -393,6 +396,7 @@ class Connection {
   std::map<std::tuple<uint32_t, uint64_t, uint64_t>, uint32_t> advertisedRanges_;
   uint32_t nextAdvertised_ = kAdvertisedWindowBase;
   WindowResolver resolver_;
+  std::function<void()> onFailure_;
   std::string failure_;
   std::atomic<bool> failed_{false};  ///< failure_ is set: failure() reads this, not the text, while all is well
   std::unordered_map<uint32_t, int> readers_;  ///< local windows the transport reads for posted writes, and how many

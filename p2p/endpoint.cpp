@@ -184,11 +184,12 @@ void Endpoint::Impl::answer(net::UniqueFd fd, const std::string& from, const std
   Arrival a;
   bool spoke = false;  // a socket that never said a well-formed Hello is no client: logged, not handed to accept()
   try {
-    PairLink link = answerLink(std::move(fd), options.localGpu, options.transport, options.timeoutNs,
-                               net::deadlineIn(options.timeoutNs), who() + ": accepting " + from, options.secret, [&] {
-                                 spoke = true;
-                                 heard();
-                               });
+    PairLink link =
+        answerLink(std::move(fd), options.localGpu, options.transport, options.timeoutNs,
+                   net::deadlineIn(options.timeoutNs), who() + ": accepting " + from, options.secret, {}, [&] {
+                     spoke = true;
+                     heard();
+                   });
     a.client.ip = hostOf(link.peerIp);
     a.client.remoteGpu = link.peerGpu;
     a.client.connId = adopt(std::move(link));

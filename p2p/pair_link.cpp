@@ -89,20 +89,30 @@ std::string linkTransportFromEnv() {
   return t;
 }
 
-void sendBlob(int fd, const std::string& blob, net::Deadline deadline, const std::string& who) {
+namespace {
+
+ErrorCode blobError(const net::IoStatus& s) {
+  if (s.result == net::IoResult::kTimeout) return ErrorCode::kTimeout;
+  return s.result == net::IoResult::kAborted ? ErrorCode::kShutdown : ErrorCode::kPeerFailed;
+}
+
+}  // namespace
+
+void sendBlob(int fd, const std::string& blob, net::Deadline deadline, const std::string& who,
+              const net::AbortCheck& abort) {
   uint32_t len = static_cast<uint32_t>(blob.size());
   iovec iov[2] = {{&len, sizeof len}, {const_cast<char*>(blob.data()), blob.size()}};
   net::IoLimits limits;
   limits.deadline = deadline;
+  limits.abort = abort;
   net::IoStatus s = net::sendFull(fd, iov, 2, limits);
-  if (!s.ok())
-    throw Error(s.result == net::IoResult::kTimeout ? ErrorCode::kTimeout : ErrorCode::kPeerFailed,
-                who + ": sending the handshake: " + s.describe());
+  if (!s.ok()) throw Error(blobError(s), who + ": sending the handshake: " + s.describe());
 }
 
-std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::string& who) {
+std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::string& who, const net::AbortCheck& abort) {
   net::IoLimits limits;
   limits.deadline = deadline;
+  limits.abort = abort;
   uint32_t len = 0;
   net::IoStatus s = net::recvFull(fd, &len, sizeof len, limits);
   if (s.ok() && len > max)
@@ -110,14 +120,13 @@ std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::stri
                 who + ": a handshake of " + std::to_string(len) + " bytes (at most " + std::to_string(max) + ")");
   std::string blob(len, '\0');
   if (s.ok() && len > 0) s = net::recvFull(fd, &blob[0], len, limits);
-  if (!s.ok())
-    throw Error(s.result == net::IoResult::kTimeout ? ErrorCode::kTimeout : ErrorCode::kPeerFailed,
-                who + ": receiving the handshake: " + s.describe());
+  if (!s.ok()) throw Error(blobError(s), who + ": receiving the handshake: " + s.describe());
   return blob;
 }
 
 PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
-                  net::Deadline deadline, const std::string& who, const std::string& jobSecret) {
+                  net::Deadline deadline, const std::string& who, const std::string& jobSecret,
+                  const net::AbortCheck& abort) {
   PairLink link;
   link.self = 0;
   link.peerIp = net::peerName(fd.get());
@@ -132,10 +141,10 @@ PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, 
   hello.sockets = shape.sockets;
   hello.chunkBytes = shape.chunkBytes;
   hello.jobSecret = jobSecret;
-  sendBlob(fd.get(), encodeHello(hello), deadline, who);
+  sendBlob(fd.get(), encodeHello(hello), deadline, who, abort);
 
   Answer answer;
-  const std::string bad = decodeAnswer(recvBlob(fd.get(), kMaxHandshakeBytes, deadline, who), &answer);
+  const std::string bad = decodeAnswer(recvBlob(fd.get(), kMaxHandshakeBytes, deadline, who, abort), &answer);
   if (!bad.empty()) refused(who, bad);
   if (!answer.ok) throw Error(ErrorCode::kInvalidArgument, who + ": refused by the peer: " + answer.reason);
   link.token = answer.token;
@@ -150,10 +159,10 @@ uint64_t helloWaitNs(uint64_t timeoutNs) {
 
 PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
                     net::Deadline deadline, const std::string& who, const std::string& jobSecret,
-                    const std::function<void()>& heard) {
+                    const net::AbortCheck& abort, const std::function<void()>& heard) {
   Hello hello;
   const net::Deadline helloBy = std::min<net::Deadline>(deadline, net::deadlineIn(helloWaitNs(timeoutNs)));
-  std::string why = decodeHello(recvBlob(fd.get(), kMaxHandshakeBytes, helloBy, who + " (its hello)"), &hello);
+  std::string why = decodeHello(recvBlob(fd.get(), kMaxHandshakeBytes, helloBy, who + " (its hello)", abort), &hello);
   if (why.empty() && heard) heard();
   if (why.empty() && hello.transport != transport)
     why = "the peer uses transport '" + hello.transport + "', this endpoint '" + transport +
@@ -165,7 +174,7 @@ PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport
   if (!why.empty()) {
     answer.reason = why;
     try {
-      sendBlob(fd.get(), encodeAnswer(answer), deadline, who);
+      sendBlob(fd.get(), encodeAnswer(answer), deadline, who, abort);
     } catch (const Error&) {
       // the refusal is best effort; the error below says why
     }
@@ -184,7 +193,7 @@ PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport
   answer.gpu = localGpu;
   answer.address = link.transport->localAddress();
   answer.token = link.token;
-  sendBlob(fd.get(), encodeAnswer(answer), deadline, who);
+  sendBlob(fd.get(), encodeAnswer(answer), deadline, who, abort);
   return link;
 }
 

@@ -34,24 +34,30 @@ struct PairLink {
 };
 
 /// Dials side of the handshake on a connected control socket. Throws gdx::Error naming `who` and the cause when
-/// the peer refuses, closes, answers garbage, or does not answer before `deadline`.
+/// the peer refuses, closes, answers garbage, or does not answer before `deadline`; kShutdown once `abort` (checked
+/// every 100 ms while waiting) returns true.
 /// `jobSecret`: the secret both sides were given ("" for none), presented in the Hello.
 PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
-                  net::Deadline deadline, const std::string& who, const std::string& jobSecret = "");
+                  net::Deadline deadline, const std::string& who, const std::string& jobSecret = "",
+                  const net::AbortCheck& abort = {});
 /// Accepting side of the handshake on a freshly accepted control socket; refuses (telling the dialler why) a Hello
 /// that does not present `jobSecret` when it is not "". The Hello must arrive within helloWaitNs() of the call (a
-/// dialler sends it at once), the rest by `deadline`; `heard` is called once a well-formed Hello arrived.
+/// dialler sends it at once), the rest by `deadline`; `heard` is called once a well-formed Hello arrived; kShutdown
+/// once `abort` returns true.
 PairLink answerLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
                     net::Deadline deadline, const std::string& who, const std::string& jobSecret = "",
-                    const std::function<void()>& heard = {});
+                    const net::AbortCheck& abort = {}, const std::function<void()>& heard = {});
 /// How long a connecting client has to send its Hello: GDX_P2P_HELLO_MS (5 s), at most `timeoutNs`. Short, so that
 /// a socket that connects and says nothing holds its handshake place briefly.
 uint64_t helloWaitNs(uint64_t timeoutNs);
 
-/// Sends one length-prefixed blob; throws gdx::Error(kPeerFailed / kTimeout) naming `who` when it cannot.
-void sendBlob(int fd, const std::string& blob, net::Deadline deadline, const std::string& who);
+/// Sends one length-prefixed blob; throws gdx::Error(kPeerFailed / kTimeout / kShutdown once `abort` returned true)
+/// naming `who` when it cannot.
+void sendBlob(int fd, const std::string& blob, net::Deadline deadline, const std::string& who,
+              const net::AbortCheck& abort = {});
 /// Receives one length-prefixed blob of at most `max` bytes; throws as sendBlob() does, kProtocol when too long.
-std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::string& who);
+std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::string& who,
+                     const net::AbortCheck& abort = {});
 
 /// Whether two secrets are equal, compared in time that does not depend on where they differ.
 bool sameSecret(const std::string& a, const std::string& b);

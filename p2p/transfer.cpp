@@ -12,18 +12,29 @@ std::string TransferName::text() const {
 }
 
 void Transfer::finishPart() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (failed_ || parts_ == 0) return;
-  if (--parts_ == 0) cv_.notify_all();
+  FinishHandler done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_ || parts_ == 0) return;
+    if (--parts_ > 0) return;
+    cv_.notify_all();
+    done = std::move(onFinish_);
+  }
+  if (done) done(*this);
 }
 
 void Transfer::fail(ErrorCode code, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (failed_ || parts_ == 0) return;
-  failed_ = true;
-  code_ = code;
-  why_ = why;
-  cv_.notify_all();
+  FinishHandler done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_ || parts_ == 0) return;
+    failed_ = true;
+    code_ = code;
+    why_ = why;
+    cv_.notify_all();
+    done = std::move(onFinish_);
+  }
+  if (done) done(*this);
 }
 
 void Transfer::setWaiting(const std::string& what) {

@@ -62,6 +62,10 @@ class Transfer {
   using Driver = std::function<void(const Transfer&, uint64_t deadlineNs)>;
   /// Set before the transfer is shared with other threads.
   void setDriver(Driver d) { driver_ = std::move(d); }
+  /// Called once, by the thread that finished the last part or failed the transfer first, after the transfer's lock
+  /// is released (poll() says how it ended). Set before the transfer is shared with other threads.
+  using FinishHandler = std::function<void(const Transfer&)>;
+  void setOnFinish(FinishHandler f) { onFinish_ = std::move(f); }
 
  private:
   void throwIfFailed() const;
@@ -79,6 +83,7 @@ class Transfer {
   const char* waitingLiteral_ = nullptr;  ///< what it waits for when set from a literal (then waiting_ is empty)
   const uint64_t deadline_;
   Driver driver_;
+  FinishHandler onFinish_;  ///< taken (under mutex_) by the thread that ends the transfer
 };
 
 }  // namespace gdx::p2p

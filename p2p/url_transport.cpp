@@ -1,17 +1,22 @@
-// UrlTransport and RegisteredMemory over one Connection. Registered memory lives in a process-wide registry under
-// an id; a peer that writes into it names the id (its window), and this side's connection registers it with the
-// transport on first use (WindowResolver). Destroying a RegisteredMemory forgets it on every live connection.
+// UrlTransport over one Connection, made by a thread of the transport (the linker) so that connect() need not wait
+// for the peer: writes made while it comes are kept (pending) and posted, in order, once it is up; failed with the
+// reason when it cannot be made. Waits for notified writes are tickets, resolved when the n-th notified write
+// arrived, the connection failed, or the transport is destroyed; their deadline is the caller's (the futures here, an
+// event base in RdmaTransport). Registered memory lives in the MemoryRegistry (memory_registry.hpp).
 #include "gdx/p2p/url_transport.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <mutex>
-#include <set>
+#include <thread>
+#include <unordered_map>
 
 #if defined(GDX_HAVE_VERBS)
 #include <infiniband/verbs.h>
@@ -22,25 +27,17 @@
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
-#include "p2p/memory_kind.hpp"
+#include "p2p/memory_registry.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/progress_pool.hpp"
 
 namespace gdx::p2p {
 namespace {
 
-/// Every live RegisteredMemory of the process, and every live UrlTransport connection (to forget memory on).
-struct Registry {
-  std::mutex mutex;
-  std::map<uint32_t, MemoryRegion> regions;
-  std::map<uint32_t, uint64_t> secrets;  ///< each region's key secret (64 random bits), checked on a key request
-  std::set<Connection*> conns;
-  uint32_t next = 1;
-  static Registry& get() {
-    static Registry r;
-    return r;
-  }
-};
+/// How long one connect attempt or accept poll of the linker lasts before it looks whether the transport is going.
+constexpr uint64_t kLinkSliceNs = 100 * 1000 * 1000;
+/// How much longer than GDX_TIMEOUT_MS a future waits for the transport to fail an operation by name.
+constexpr uint64_t kFutureGraceNs = 1000ull * 1000 * 1000;
 
 Status statusOf(ErrorCode c) {
   switch (c) {
@@ -53,108 +50,255 @@ Status statusOf(ErrorCode c) {
   }
 }
 
-std::future<Status> ready(Status s) {
-  std::promise<Status> p;
-  p.set_value(s);
-  return p.get_future();
+/// How a finished write ended; a failure is logged (at INFO when the transport was being destroyed, else WARN).
+Status outcome(const Transfer& t) {
+  try {
+    t.poll();
+    return Status::kOk;
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kShutdown)
+      GDX_INFO(e.what());
+    else
+      GDX_WARN(e.what());
+    return statusOf(e.code());
+  }
+}
+
+/// A Done that resolves the future beside it.
+std::pair<UrlTransport::Done, std::future<Status>> promised() {
+  auto p = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = p->get_future();
+  return {[p](Status s) { p->set_value(s); }, std::move(f)};
+}
+
+/// `f`, or kTimeout (logged, naming `what`) when it is not resolved by `deadlineNs`. Deferred: get() waits.
+std::future<Status> bounded(std::future<Status> f, uint64_t deadlineNs, std::string what) {
+  return std::async(std::launch::deferred, [f = std::move(f), deadlineNs, what]() mutable {
+    const uint64_t now = nowNs();
+    if (f.wait_for(std::chrono::nanoseconds(deadlineNs > now ? deadlineNs - now : 0)) != std::future_status::ready) {
+      GDX_WARN(what << ": not resolved within GDX_TIMEOUT_MS");
+      return Status::kTimeout;
+    }
+    return f.get();
+  });
 }
 
 }  // namespace
 
-// ---- RegisteredMemory -----------------------------------------------------------------------------------------
-
-RegisteredMemory::RegisteredMemory(const void* buf, size_t len, int cudaDev) : buf_(buf), len_(len), device_(cudaDev) {
-  if (!buf || len == 0) throw Error(ErrorCode::kInvalidArgument, "RegisteredMemory: null buffer or zero length");
-  MemoryRegion r;
-  r.base = static_cast<char*>(const_cast<void*>(buf));
-  r.bytes = len;
-  r.kind = pointerKind(buf);
-  if (cudaDev >= 0 && r.kind != MemoryKind::kCuda)
-    GDX_INFO("RegisteredMemory: " << len << " bytes for GPU " << cudaDev << " are host memory; registered as such");
-  Registry& g = Registry::get();
-  std::lock_guard<std::mutex> lock(g.mutex);
-  if (g.next >= kGrantWindowBase) throw Error(ErrorCode::kInvalidArgument, "RegisteredMemory: out of ids");
-  id_ = r.window = g.next++;
-  g.regions[id_] = r;
-  g.secrets[id_] = randomU64();
-}
-
-RegisteredMemory::~RegisteredMemory() {
-  Registry& g = Registry::get();
-  std::lock_guard<std::mutex> lock(g.mutex);
-  g.regions.erase(id_);
-  g.secrets.erase(id_);
-  for (Connection* c : g.conns) c->forget(id_);
-}
-
-bool RegisteredMemory::contains(const void* buf, size_t len) const {
-  const char* p = static_cast<const char*>(buf);
-  const char* b = static_cast<const char*>(buf_);
-  return p >= b && p <= b + len_ && len <= static_cast<size_t>(b + len_ - p);
-}
-
-RegisteredMemory::View RegisteredMemory::view(size_t offset, size_t length) const {
-  if (offset > len_ || length > len_ - offset)
-    throw Error(ErrorCode::kInvalidArgument, "RegisteredMemory " + std::to_string(id_) + ": a view of " +
-                                                 std::to_string(length) + " bytes at " + std::to_string(offset) +
-                                                 " does not fit its " + std::to_string(len_) + " bytes");
-  return View(this, static_cast<const char*>(buf_) + offset, length);
-}
-
-RegisteredMemory::View RegisteredMemory::viewAt(const void* buf, size_t length) const {
-  if (!contains(buf, length))
-    throw Error(ErrorCode::kInvalidArgument, "RegisteredMemory " + std::to_string(id_) + ": a view of " +
-                                                 std::to_string(length) + " bytes outside its " + std::to_string(len_) +
-                                                 " bytes");
-  return View(this, buf, length);
-}
-
-std::string RegisteredMemory::remoteKey() const {
-  uint64_t secret = 0;
-  {
-    Registry& g = Registry::get();
-    std::lock_guard<std::mutex> lock(g.mutex);
-    secret = g.secrets[id_];
-  }
-  char key[128];
-  std::snprintf(key, sizeof key, "gdxmem:%u:%llx:%zu:%016llx", id_,
-                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(buf_)), len_,
-                static_cast<unsigned long long>(secret));
-  return key;
-}
-
-// ---- UrlTransport ---------------------------------------------------------------------------------------------
+/// A write made while the connection was still coming.
+struct PendingWrite {
+  std::shared_ptr<Transfer> t;
+  Piece src;
+  RemotePiece dst;
+  bool notify = false;
+};
 
 struct UrlTransport::Impl {
+  enum class Link { kNone, kConnecting, kUp, kFailed };
+
   int device = -1;
   std::string transport;
   uint64_t timeoutNs = 0;
   net::UniqueFd listener;
   std::string url;
-  std::unique_ptr<ProgressPool> pool;
-  std::shared_ptr<Connection> conn;
-  std::mutex mutex;
-  std::condition_variable cv;
-  uint64_t arrived = 0, promised = 0;  ///< notified writes arrived, and waitForWrite() calls made
+  std::thread linker;  ///< makes the connection (startConnect); joined before a new attempt and at destruction
+  std::atomic<bool> stopping{false};
+  std::unique_ptr<ProgressPool> pool;  ///< made by the linker, with the connection
 
-  // The order of Endpoint::Impl::~Impl: no RegisteredMemory reaches the connection once it left the registry, no
-  // progress thread runs it once the pool stopped, and the connection closes while the stopped pool still lives:
-  // its transport threads hand over what arrives until the end (the peer's goodbye, acknowledgements, notified
-  // writes) and wake the pool's workers for it.
-  ~Impl() {
-    if (conn) {
-      Registry& g = Registry::get();
-      std::lock_guard<std::mutex> lock(g.mutex);
-      g.conns.erase(conn.get());
-    }
-    if (pool) {
-      pool->stop();
-      pool->remove(conn.get());
-    }
-    conn.reset();
-    pool.reset();
+  mutable std::mutex mutex;  ///< guards what follows; never held while calling into a connection or a Done
+  std::condition_variable linkCv;
+  Link link = Link::kNone;
+  std::string peerUrl;
+  std::shared_ptr<Connection> conn;     ///< set once the pending writes were posted on it
+  ErrorCode failCode = ErrorCode::kOk;  ///< why the connection could not be made (kFailed)
+  std::string failWhy;
+  std::vector<PendingWrite> pending;
+  std::unordered_map<const Transfer*, std::weak_ptr<Transfer>> inFlight;  ///< writes not finished yet
+  uint64_t arrived = 0, promised = 0;  ///< notified writes arrived, and waits asked for
+  std::map<uint64_t, Done> waiters;    ///< by ticket
+
+  /// "UrlTransport tcp://10.0.0.1:4000 (peer tcp://10.0.0.2:4100)", the start of its messages.
+  std::string who() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return "UrlTransport " + (url.empty() ? std::string("(unbound)") : url) +
+           (peerUrl.empty() ? std::string() : " (peer " + peerUrl + ")");
   }
+
+  void establish(const net::HostPort& hp, const std::string& peer, const std::string& who);
+  net::UniqueFd dial(const net::HostPort& hp, net::Deadline deadline, const std::string& who);
+  net::UniqueFd acceptOne(net::Deadline deadline, const std::string& who);
+  void publish(const std::shared_ptr<Connection>& c);
+  void failLink(ErrorCode code, const std::string& why);
+  uint64_t addWaiter(Done done);
+  void notified();
+  void connectionFailed();
+  ~Impl();
 };
+
+// The order of Endpoint::Impl::~Impl: no RegisteredMemory reaches the connection once it left the registry, no
+// progress thread runs it once the pool stopped, and the connection closes while the stopped pool still lives: its
+// transport threads hand over what arrives until the end (the peer's goodbye, acknowledgements, notified writes) and
+// wake the pool's workers for it. What still waits is ended first, with kShutdown.
+UrlTransport::Impl::~Impl() {
+  stopping = true;
+  if (linker.joinable()) linker.join();  // a connect or a handshake gives up within kLinkSliceNs
+  if (conn) MemoryRegistry::get().removeConnection(conn.get());
+  if (pool) {
+    pool->stop();
+    pool->remove(conn.get());
+  }
+  std::unordered_map<const Transfer*, std::weak_ptr<Transfer>> flying;
+  std::map<uint64_t, Done> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    flying.swap(inFlight);
+    waiting.swap(waiters);
+  }
+  for (auto& f : flying)
+    if (auto t = f.second.lock()) t->fail(ErrorCode::kShutdown, "the transport was destroyed");
+  for (auto& w : waiting) w.second(Status::kShutdown);
+  conn.reset();
+  pool.reset();
+}
+
+net::UniqueFd UrlTransport::Impl::dial(const net::HostPort& hp, net::Deadline deadline, const std::string& who) {
+  std::string why = "nobody answered";
+  for (;;) {
+    if (stopping) throw Error(ErrorCode::kShutdown, who + ": the transport was destroyed while connecting");
+    const uint64_t now = nowNs();
+    if (now >= deadline)
+      throw Error(ErrorCode::kTimeout, who + ": the peer did not answer within GDX_TIMEOUT_MS: " + why);
+    net::UniqueFd fd = net::connectTo(hp, std::min<uint64_t>(deadline, now + kLinkSliceNs), &why);
+    if (fd.valid()) return fd;
+    // An error connectTo does not retry (no route yet, say) comes back at once: the peer may still come.
+    if (nowNs() - now < kLinkSliceNs / 10) std::this_thread::sleep_for(std::chrono::nanoseconds(kLinkSliceNs / 10));
+  }
+}
+
+net::UniqueFd UrlTransport::Impl::acceptOne(net::Deadline deadline, const std::string& who) {
+  for (;;) {
+    if (stopping) throw Error(ErrorCode::kShutdown, who + ": the transport was destroyed while connecting");
+    pollfd p{listener.get(), POLLIN, 0};
+    const int ms = net::msUntil(deadline, static_cast<int>(kLinkSliceNs / 1000000));
+    if (ms == 0) throw Error(ErrorCode::kTimeout, who + ": the peer did not connect within GDX_TIMEOUT_MS");
+    if (::poll(&p, 1, ms) <= 0) continue;
+    net::UniqueFd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (fd.valid()) return fd;
+  }
+}
+
+void UrlTransport::Impl::establish(const net::HostPort& hp, const std::string& peer, const std::string& who) {
+  try {
+    const net::Deadline deadline = net::deadlineIn(timeoutNs);
+    const net::AbortCheck destroyed = [this] { return stopping.load(); };
+    PairLink pair;
+    if (url < peer) {  // the smaller URL dials, the other accepts: both sides agree without talking
+      net::UniqueFd fd = dial(hp, deadline, who);
+      net::tuneSocket(fd.get());
+      pair = dialLink(std::move(fd), device, transport, timeoutNs, deadline, who, "", destroyed);
+    } else {
+      net::UniqueFd fd = acceptOne(deadline, who);
+      net::tuneSocket(fd.get());
+      pair = answerLink(std::move(fd), device, transport, timeoutNs, deadline, who, "", destroyed);
+    }
+    pool = std::make_unique<ProgressPool>(1);
+    auto c = std::make_shared<Connection>(1, std::move(pair), timeoutNs, pool->waker(0));
+    c->setResolver([](uint32_t window, uint64_t secret, MemoryRegion* out) {
+      return MemoryRegistry::get().resolve(window, secret, out);
+    });
+    c->setNotifyHandler([this] { notified(); });
+    c->setFailureHandler([this] { connectionFailed(); });
+    c->start();
+    MemoryRegistry::get().addConnection(c.get());
+    pool->add(0, c);
+    publish(c);
+    GDX_INFO(who << ": " << c->name() << " up");
+  } catch (const Error& e) {
+    failLink(e.code(), e.message());
+  }
+}
+
+void UrlTransport::Impl::publish(const std::shared_ptr<Connection>& c) {
+  for (;;) {  // writes made while earlier ones are posted queue behind them: every write leaves in the order made
+    std::vector<PendingWrite> batch;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (pending.empty()) {
+        conn = c;
+        link = Link::kUp;
+        break;
+      }
+      batch.swap(pending);
+    }
+    for (PendingWrite& w : batch) c->write(w.t, {w.src}, {w.dst}, w.notify);
+  }
+  linkCv.notify_all();
+}
+
+void UrlTransport::Impl::failLink(ErrorCode code, const std::string& why) {
+  std::vector<PendingWrite> batch;
+  std::map<uint64_t, Done> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    link = Link::kFailed;
+    failCode = code;
+    failWhy = why;
+    batch.swap(pending);
+    waiting.swap(waiters);
+  }
+  linkCv.notify_all();
+  if (code == ErrorCode::kShutdown)
+    GDX_INFO(why);
+  else
+    GDX_WARN(why);
+  for (PendingWrite& w : batch) w.t->fail(code, "no connection: " + why);
+  for (auto& w : waiting) w.second(statusOf(code));
+}
+
+uint64_t UrlTransport::Impl::addWaiter(Done done) {
+  Status s;
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ticket = ++promised;
+    if (arrived >= ticket)
+      s = Status::kOk;
+    else if (link == Link::kFailed)
+      s = statusOf(failCode);
+    else if (conn && !conn->failure().empty())
+      s = Status::kPeerFailed;
+    else {
+      waiters.emplace(ticket, std::move(done));
+      return ticket;
+    }
+  }
+  done(s);
+  return ticket;
+}
+
+void UrlTransport::Impl::notified() {
+  std::vector<Done> ready;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++arrived;
+    while (!waiters.empty() && waiters.begin()->first <= arrived) {
+      ready.push_back(std::move(waiters.begin()->second));
+      waiters.erase(waiters.begin());
+    }
+  }
+  for (Done& d : ready) d(Status::kOk);
+}
+
+void UrlTransport::Impl::connectionFailed() {
+  std::map<uint64_t, Done> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    waiting.swap(waiters);
+  }
+  for (auto& w : waiting) w.second(Status::kPeerFailed);
+}
+
+// ---- UrlTransport ---------------------------------------------------------------------------------------------
 
 UrlTransport::UrlTransport(int cudaDev, const std::string& transport) : impl_(std::make_unique<Impl>()) {
   impl_->device = cudaDev;
@@ -179,26 +323,28 @@ bool UrlTransport::supported(const std::string& transport) {
 }
 
 std::string UrlTransport::bind() {
-  if (impl_->listener.valid()) return impl_->url;
+  Impl& d = *impl_;
+  if (d.listener.valid()) return d.url;
   std::string ip = envString("GDX_TCP_BIND_ADDR", "");
   if (ip.empty()) ip = net::localAddressToward("8.8.8.8");
   if (ip.empty()) ip = "127.0.0.1";
   int port = 0;
-  impl_->listener = net::listenOn(ip, &port);
-  impl_->url = impl_->transport + "://" + net::hostPort(ip, port);
-  return impl_->url;
+  d.listener = net::listenOn(ip, &port);
+  std::lock_guard<std::mutex> lock(d.mutex);
+  d.url = d.transport + "://" + net::hostPort(ip, port);
+  return d.url;
 }
 
 bool UrlTransport::connected() const {
-  return impl_->conn && impl_->conn->failure().empty();
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->link == Impl::Link::kUp && impl_->conn->failure().empty();
 }
 
-void UrlTransport::connect(const std::string& peerUrl) {
+void UrlTransport::startConnect(const std::string& peerUrl) {
   Impl& d = *impl_;
   const std::string who =
       "UrlTransport " + (d.url.empty() ? std::string("(unbound)") : d.url) + ": connect(" + peerUrl + ")";
   if (!d.listener.valid()) throw Error(ErrorCode::kInvalidArgument, who + ": call bind() first");
-  if (d.conn) throw Error(ErrorCode::kInvalidArgument, who + ": already connected");
   const size_t sep = peerUrl.find("://");
   if (sep == std::string::npos)
     throw Error(ErrorCode::kInvalidArgument, who + ": not a URL of bind() (scheme://host:port)");
@@ -206,65 +352,42 @@ void UrlTransport::connect(const std::string& peerUrl) {
     throw Error(ErrorCode::kInvalidArgument,
                 who + ": the peer uses transport '" + peerUrl.substr(0, sep) + "', this side '" + d.transport + "'");
   if (peerUrl == d.url) throw Error(ErrorCode::kInvalidArgument, who + ": that is this transport's own URL");
-  net::HostPort hp = net::HostPort::parse(peerUrl.substr(sep + 3));
-  const net::Deadline deadline = net::deadlineIn(d.timeoutNs);
-  PairLink link;
-  if (d.url < peerUrl) {  // the smaller URL dials, the other accepts: both sides agree without talking
-    std::string why;
-    net::UniqueFd fd = net::connectTo(hp, deadline, &why);
-    if (!fd.valid()) throw Error(ErrorCode::kTimeout, who + ": the peer did not answer within GDX_TIMEOUT_MS: " + why);
-    net::tuneSocket(fd.get());
-    link = dialLink(std::move(fd), d.device, d.transport, d.timeoutNs, deadline, who);
-  } else {
-    for (;;) {
-      pollfd p{d.listener.get(), POLLIN, 0};
-      int ms = net::msUntil(deadline, 100);
-      if (ms == 0) throw Error(ErrorCode::kTimeout, who + ": the peer did not connect within GDX_TIMEOUT_MS");
-      if (::poll(&p, 1, ms) <= 0) continue;
-      net::UniqueFd fd(::accept4(d.listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-      if (!fd.valid()) continue;
-      net::tuneSocket(fd.get());
-      link = answerLink(std::move(fd), d.device, d.transport, d.timeoutNs, deadline, who);
-      break;
-    }
+  net::HostPort hp;
+  try {
+    hp = net::HostPort::parse(peerUrl.substr(sep + 3));
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kInvalidArgument, who + ": " + e.message());
   }
-  d.pool = std::make_unique<ProgressPool>(1);
-  auto c = std::make_shared<Connection>(1, std::move(link), d.timeoutNs, d.pool->waker(0));
-  c->setResolver([](uint32_t window, uint64_t secret, MemoryRegion* out) {
-    Registry& g = Registry::get();
-    std::lock_guard<std::mutex> lock(g.mutex);
-    auto it = g.regions.find(window);
-    auto known = g.secrets.find(window);
-    // Only the holder of the key (its 64-bit secret) may have the memory registered for it.
-    if (it == g.regions.end() || known == g.secrets.end() || known->second != secret) return false;
-    *out = it->second;
-    return true;
-  });
-  c->setNotifyHandler([&d] {
-    {
-      std::lock_guard<std::mutex> lock(d.mutex);
-      ++d.arrived;
-    }
-    d.cv.notify_all();
-  });
-  c->start();
   {
-    Registry& g = Registry::get();
-    std::lock_guard<std::mutex> lock(g.mutex);
-    g.conns.insert(c.get());
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (d.link == Impl::Link::kConnecting || d.link == Impl::Link::kUp)
+      throw Error(ErrorCode::kInvalidArgument,
+                  who + ": already " + (d.link == Impl::Link::kUp ? "connected" : "connecting") + " to " + d.peerUrl);
   }
-  d.conn = c;
-  d.pool->add(0, c);
+  if (d.linker.joinable()) d.linker.join();  // the attempt that failed
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.link = Impl::Link::kConnecting;
+    d.peerUrl = peerUrl;
+  }
+  d.linker = std::thread([&d, hp, peerUrl, who] { d.establish(hp, peerUrl, who); });
 }
 
-std::future<Status> UrlTransport::write(RegisteredMemory::View local, const RemoteBuffer& remote, bool notify) {
+void UrlTransport::connect(const std::string& peerUrl) {
+  startConnect(peerUrl);
   Impl& d = *impl_;
-  const std::string who = "UrlTransport " + d.url + ": write of " + std::to_string(local.size()) + " bytes";
+  std::unique_lock<std::mutex> lock(d.mutex);
+  d.linkCv.wait(lock, [&] { return d.link != Impl::Link::kConnecting; });  // the linker ends by its deadline
+  if (d.link == Impl::Link::kFailed) throw Error(d.failCode, d.failWhy);
+}
+
+void UrlTransport::write(RegisteredMemory::View local, const RemoteBuffer& remote, bool notify, Done done) {
+  Impl& d = *impl_;
+  const std::string what = d.who() + ": write of " + std::to_string(local.size()) + " bytes";
   auto refuse = [&](const std::string& why) {
-    GDX_WARN(who << ": " << why);
-    return ready(Status::kInvalidArgument);
+    GDX_WARN(what << ": " << why);
+    done(Status::kInvalidArgument);
   };
-  if (!d.conn) return refuse("not connected");
   if (local.size() == 0) return refuse("an empty view");
   unsigned id = 0;
   unsigned long long base = 0;
@@ -278,50 +401,66 @@ std::future<Status> UrlTransport::write(RegisteredMemory::View local, const Remo
   if (p < base || p - base > len || local.size() > len - (p - base))
     return refuse("the remote range lies outside the peer's registered " + std::to_string(len) + " bytes");
   MemoryRegion r;
-  {
-    Registry& g = Registry::get();
-    std::lock_guard<std::mutex> lock(g.mutex);
-    auto it = g.regions.find(local->id());
-    if (it == g.regions.end()) return refuse("the local memory is no longer registered");
-    r = it->second;
-  }
-  Piece src{r, static_cast<uint64_t>(static_cast<const char*>(local.data()) - r.base), local.size()};
-  RemotePiece dst{id, p - base, local.size(), secret};
-  auto t = std::make_shared<Transfer>(who + " on " + d.conn->name(), 2, nowNs() + d.timeoutNs);
-  d.conn->write(t, {src}, {dst}, notify);
-  return std::async(std::launch::deferred, [t] {
-    try {
-      t->wait(t->deadlineNs() + 1000000000ull);
-      return Status::kOk;
-    } catch (const Error& e) {
-      GDX_WARN(e.what());
-      return statusOf(e.code());
+  if (!MemoryRegistry::get().find(local.memoryId(), &r))
+    return refuse("the local memory (RegisteredMemory " + std::to_string(local.memoryId()) +
+                  ") is no longer registered");
+  const Piece src{r, static_cast<uint64_t>(static_cast<const char*>(local.data()) - r.base), local.size()};
+  const RemotePiece dst{id, p - base, local.size(), secret};
+  auto t = std::make_shared<Transfer>(what, 2, nowNs() + d.timeoutNs);
+  Impl* dp = &d;
+  t->setOnFinish([dp, done = std::move(done)](const Transfer& finished) {
+    const Status s = outcome(finished);
+    {
+      std::lock_guard<std::mutex> lock(dp->mutex);
+      dp->inFlight.erase(&finished);
     }
+    done(s);
   });
+  std::shared_ptr<Connection> c;
+  ErrorCode code = ErrorCode::kOk;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    switch (d.link) {
+      case Impl::Link::kNone:
+        code = ErrorCode::kInvalidArgument;
+        why = "not connected (call connect() first)";
+        break;
+      case Impl::Link::kFailed:
+        code = d.failCode;
+        why = "no connection: " + d.failWhy;
+        break;
+      case Impl::Link::kConnecting:
+        d.inFlight.emplace(t.get(), t);
+        d.pending.push_back(PendingWrite{t, src, dst, notify});
+        return;
+      case Impl::Link::kUp:
+        d.inFlight.emplace(t.get(), t);
+        c = d.conn;
+        break;
+    }
+  }
+  if (!c) return t->fail(code, why);
+  c->write(t, {src}, {dst}, notify);
+}
+
+std::future<Status> UrlTransport::write(RegisteredMemory::View local, const RemoteBuffer& remote, bool notify) {
+  const uint64_t deadline = nowNs() + impl_->timeoutNs + kFutureGraceNs;  // the transport fails it first, by name
+  auto p = promised();
+  write(local, remote, notify, std::move(p.first));
+  return bounded(std::move(p.second), deadline, impl_->who() + ": write of " + std::to_string(local.size()) + " bytes");
+}
+
+void UrlTransport::waitForWrite(Done done) {
+  impl_->addWaiter(std::move(done));
 }
 
 std::future<Status> UrlTransport::waitForWrite() {
-  Impl* d = impl_.get();
-  uint64_t ticket;
-  {
-    std::lock_guard<std::mutex> lock(d->mutex);
-    ticket = ++d->promised;
-  }
-  const uint64_t deadline = nowNs() + d->timeoutNs;
-  return std::async(std::launch::deferred, [d, ticket, deadline] {
-    std::unique_lock<std::mutex> lock(d->mutex);
-    while (d->arrived < ticket) {
-      if (d->conn && !d->conn->failure().empty()) return Status::kPeerFailed;
-      uint64_t now = nowNs();
-      if (now >= deadline) {
-        GDX_WARN("UrlTransport " << d->url << ": waitForWrite #" << ticket << ": " << d->arrived
-                                 << " notified write(s) arrived within GDX_TIMEOUT_MS");
-        return Status::kTimeout;
-      }
-      d->cv.wait_for(lock, std::chrono::nanoseconds(std::min<uint64_t>(deadline - now, 100000000)));
-    }
-    return Status::kOk;
-  });
+  const uint64_t deadline = nowNs() + impl_->timeoutNs;
+  auto p = promised();
+  const uint64_t ticket = impl_->addWaiter(std::move(p.first));
+  return bounded(std::move(p.second), deadline,
+                 impl_->who() + ": waitForWrite #" + std::to_string(ticket) + " (no notified write arrived for it)");
 }
 
 }  // namespace gdx::p2p

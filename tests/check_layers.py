@@ -39,7 +39,8 @@ HEADER_LAYERS = {
     # the MoE layer
     "ep/buffer.hpp": "ep", "ep/low_latency.hpp": "ep",
     # point-to-point endpoints and the URL transport
-    "p2p/endpoint.hpp": "p2p", "p2p/url_transport.hpp": "p2p",
+    "p2p/endpoint.hpp": "p2p", "p2p/url_transport.hpp": "p2p", "p2p/rdma_transport.hpp": "p2p",
+    "p2p/event_base.hpp": "p2p",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]')

@@ -343,6 +343,7 @@ void bindUrlTransport(py::module_& m) {
       .def_property_readonly("nbytes", &p2p::RegisteredMemory::size)
       .def_property_readonly("device", &p2p::RegisteredMemory::device)
       .def("remote_key", [](const p2p::RegisteredMemory& r) { return py::bytes(r.remoteKey()); })
+      .def("local_key", [](const p2p::RegisteredMemory& r) { return addressOf(r.localKey()); })
       .def("contains",
            [](const p2p::RegisteredMemory& r, uintptr_t p, size_t n) { return r.contains(pointerFrom(p), n); });
 
@@ -354,6 +355,7 @@ void bindUrlTransport(py::module_& m) {
       .def_static("supported", &p2p::UrlTransport::supported, py::arg("transport") = "")
       .def("bind", &p2p::UrlTransport::bind, py::call_guard<py::gil_scoped_release>())
       .def("connect", &p2p::UrlTransport::connect, py::call_guard<py::gil_scoped_release>())
+      .def("start_connect", &p2p::UrlTransport::startConnect, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("connected", &p2p::UrlTransport::connected)
       .def("write",
            [](p2p::UrlTransport& t, const p2p::RegisteredMemory& mem, uintptr_t ptr, size_t n, uintptr_t remotePtr,

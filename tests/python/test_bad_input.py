@@ -121,7 +121,7 @@ def test_url_transport_write_checks_its_arguments():
     mem = p2p.RegisteredMemory(np.zeros(64, np.uint8))
     with pytest.raises(TypeError, match="remote must be a RemoteBuffer.*NoneType"):
         t.write(mem, None)
-    with pytest.raises(TypeError, match="local must be a RegisteredMemory"):
+    with pytest.raises(TypeError, match="local must be an RdmaMemory"):
         t.write(np.zeros(4, np.uint8), p2p.RemoteBuffer(mem.ptr, mem.remote_key()))
     with pytest.raises(TypeError, match="bool"):
         p2p.RegisteredMemory(True, 64)

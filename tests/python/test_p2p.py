@@ -335,13 +335,13 @@ def _url_target(rank, world, to_client, to_server):
     dst, src = p2p.RegisteredMemory(inbox), p2p.RegisteredMemory(data)
     mine.put((t.bind(), dst.ptr, dst.remote_key()))
     url, ptr, key = theirs.get(timeout=60)
-    t.connect(url)
-    assert t.connected
+    t.connect(url)  # returns at once; the writes below wait for the connection
     # Two notified writes: the first half, then the rest (a view at an offset) into the peer's inbox.
     half = URL_BYTES // 2
     f1 = t.write(src.view(0, half), p2p.RemoteBuffer(ptr, key), notify=True)
     f2 = t.write(src.view(half), p2p.RemoteBuffer(ptr + half, key), notify=True)
     assert f1.result(timeout=60) and f2.wait(timeout=60) == "ok"
+    assert t.connected
     for _ in range(2):
         assert t.wait_for_write().result(timeout=60)
     _assert_same(inbox, _random(500 + 1 - rank, URL_BYTES), "URL transport inbox")

@@ -460,9 +460,9 @@ class SlowRelay {
   std::thread thread_;
 };
 
-TEST(P2pEndpoint, PassiveAcceptGivesAHelloThatComesLateTheWholeTimeout) {
+TEST(P2pEndpoint, PassiveAcceptGivesAHelloThatComesLateItsWholeWait) {
   // The passive thread waits for clients in slices of 200 ms; a client accepted late in one, whose Hello takes
-  // 150 ms to come, is still answered (the handshake is bounded by GDX_TIMEOUT_MS, not by what is left of the slice).
+  // 150 ms to come, is still answered (the hello is bounded by GDX_P2P_HELLO_MS, not by what is left of the slice).
   constexpr int kClients = 8;
   expectAllZero(runServerClients(
       1,

@@ -162,12 +162,21 @@ N_ONE_SIDED = (4 << 20) + 3
 def _one_sided_server(ep, conn, send, recv):
     region = np.full(2 * N_ONE_SIDED, POISON, dtype=np.uint8)
     _, mr = ep.reg(region)
-    first = bytearray(64)  # the seed's out_buf form
-    assert ep.advertise(conn, mr, region.ctypes.data, N_ONE_SIDED, first)
+    filled = np.zeros(16, dtype=np.float32)  # the seed's out_buf form: any writable buffer, here 64 bytes of floats
+    assert ep.advertise(conn, mr, region.ctypes.data, N_ONE_SIDED, filled)
+    first = filled.tobytes()
+    for not_writable in (bytes(64), "x" * 64):
+        with pytest.raises(gdx.InvalidArgumentError, match="out_buf"):
+            ep.advertise(conn, mr, region.ctypes.data, N_ONE_SIDED, not_writable)
+    with pytest.raises(gdx.InvalidArgumentError, match="out_buf has 8 bytes"):
+        ep.advertise(conn, mr, region.ctypes.data, N_ONE_SIDED, bytearray(8))
+    for out_buf in (bytearray(64), memoryview(bytearray(80)), np.zeros(64, dtype=np.uint8)):
+        assert ep.advertise(conn, mr, region.ctypes.data, N_ONE_SIDED, out_buf)
+        assert bytes(memoryview(out_buf).cast("B")[:p2p.DESCRIPTOR_BYTES]) != bytes(p2p.DESCRIPTOR_BYTES)
     second = ep.advertise(conn, mr, region[N_ONE_SIDED:])  # returned as bytes
     assert len(second) == p2p.DESCRIPTOR_BYTES
     region[N_ONE_SIDED:] = _random(401, N_ONE_SIDED)  # what the client reads
-    send((bytes(first), second))
+    send((first, second))
     assert recv() == "written"
     _assert_same(region[:N_ONE_SIDED], _random(400, N_ONE_SIDED), "written range")
 

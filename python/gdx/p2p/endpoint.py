@@ -53,9 +53,24 @@ def _descriptor(item: Any, what: str) -> bytes:
 
 
 def _fill(out_buf: Any, descriptor: bytes, what: str) -> None:
-    if len(out_buf) < len(descriptor):
-        raise InvalidArgumentError(f"{what}: out_buf has {len(out_buf)} bytes; a descriptor needs {len(descriptor)}")
-    out_buf[:len(descriptor)] = descriptor
+    """Writes `descriptor` into the first bytes of `out_buf`: any writable buffer (bytearray, a numpy array of any
+    dtype, a memoryview, mmap), C-contiguous."""
+    try:
+        view = memoryview(out_buf)
+    except TypeError:
+        raise InvalidArgumentError(f"{what}: out_buf must be a writable buffer (bytearray, numpy array, memoryview), "
+                                   f"not {type(out_buf).__name__}; or leave it out and take the returned bytes") from None
+    with view:
+        if view.readonly:
+            raise InvalidArgumentError(f"{what}: out_buf ({type(out_buf).__name__}) is read-only; pass a bytearray or "
+                                       "a numpy array, or leave it out and take the returned bytes")
+        if not view.c_contiguous:
+            raise InvalidArgumentError(f"{what}: out_buf is not contiguous")
+        with view.cast("B") as raw:
+            if raw.nbytes < len(descriptor):
+                raise InvalidArgumentError(
+                    f"{what}: out_buf has {raw.nbytes} bytes; a descriptor needs {len(descriptor)}")
+            raw[:len(descriptor)] = descriptor
 
 
 def _iov_lists(mr_ids: Sequence[int], ptrs: Sequence[Any], sizes: Optional[Sequence[int]],

@@ -35,31 +35,9 @@ bool allPoison(const std::vector<unsigned char>& v) {
 }
 
 // Outputs of `rows` rows (kSpareRows more allocated, poisoned like the rest).
-struct Outputs {
-  std::unique_ptr<Dev> x, scales, idx, weights, src, perExpert, numRecv;
-  ep::DispatchOutputs out;
-  size_t xb, ns;
-  int rows, topk;
-  Outputs(const Case& c, int rows_, int localExperts, int topk_) : rows(rows_), topk(std::max(topk_, 1)) {
-    xb = size_t(c.hidden) * (c.fp8 ? 1 : 2);
-    ns = size_t(c.hidden) / 128;
-    const size_t all = size_t(rows) + kSpareRows;
-    x = std::make_unique<Dev>(all * xb);
-    scales = std::make_unique<Dev>(all * ns * 4);
-    idx = std::make_unique<Dev>(all * topk * 8);
-    weights = std::make_unique<Dev>(all * topk * 4);
-    src = std::make_unique<Dev>(all * 4);
-    perExpert = std::make_unique<Dev>(size_t(localExperts) * 4);
-    numRecv = std::make_unique<Dev>(4);
-    out.recvX = x->p;
-    out.recvXScales = c.fp8 ? scales->as<float>() : nullptr;
-    out.recvTopkIdx = idx->as<int64_t>();
-    out.recvTopkWeights = weights->as<float>();
-    out.recvSrcIdx = src->as<int32_t>();
-    out.numRecvTokensPerExpert = perExpert->as<int32_t>();
-    out.numRecvTokens = numRecv->as<int32_t>();
-    out.capacity = rows;
-  }
+struct Outputs : DispatchBuffers {
+  Outputs(const Case& c, int rows_, int localExperts, int topk_)
+      : DispatchBuffers(c.hidden, c.fp8, rows_, localExperts, topk_, kSpareRows) {}
   std::vector<unsigned char> xBytes(int n) const { return x->get<unsigned char>(size_t(n) * xb); }
   std::vector<float> scaleValues(int n) const { return scales->get<float>(out.recvXScales ? size_t(n) * ns : 0); }
   std::vector<int32_t> srcIdx(int n) const { return src->get<int32_t>(n); }

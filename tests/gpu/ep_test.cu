@@ -26,27 +26,9 @@ namespace {
 using namespace test::ep;
 int kRanks = 2;  // the job's ranks (set from the Context in a child)
 
-struct Received {
-  std::unique_ptr<Dev> x, scales, idx, weights, src, perExpert, numRecv;
-  ep::DispatchOutputs out;
-  Received(const Case& c, int rows, int localExperts) {
-    const size_t xb = size_t(c.hidden) * (c.fp8 ? 1 : 2);
-    x = std::make_unique<Dev>(rows * xb);
-    scales = std::make_unique<Dev>(size_t(rows) * c.hidden / 128 * 4);
-    idx = std::make_unique<Dev>(size_t(rows) * c.topk * 8);
-    weights = std::make_unique<Dev>(size_t(rows) * c.topk * 4);
-    src = std::make_unique<Dev>(size_t(rows) * 4);
-    perExpert = std::make_unique<Dev>(size_t(localExperts) * 4);
-    numRecv = std::make_unique<Dev>(4);
-    out.recvX = x->p;
-    out.recvXScales = c.fp8 ? scales->as<float>() : nullptr;
-    out.recvTopkIdx = idx->as<int64_t>();
-    out.recvTopkWeights = weights->as<float>();
-    out.recvSrcIdx = src->as<int32_t>();
-    out.numRecvTokensPerExpert = perExpert->as<int32_t>();
-    out.numRecvTokens = numRecv->as<int32_t>();
-    out.capacity = rows;
-  }
+// The outputs of a dispatch of at most `rows` rows.
+struct Received : DispatchBuffers {
+  Received(const Case& c, int rows, int localExperts) : DispatchBuffers(c.hidden, c.fp8, rows, localExperts, c.topk) {}
 };
 
 // Every received row against the source token, byte for byte; top-k, weights and source index too.

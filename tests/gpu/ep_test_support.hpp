@@ -1,4 +1,5 @@
-// Shared by the EP tests: poisoned device buffers and the all-gather of a vector over the Context's bootstrap.
+// Shared by the EP tests: poisoned device buffers, a dispatch's outputs in them, and the all-gather of a vector over
+// the Context's bootstrap.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -6,10 +7,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "gdx/context.hpp"
+#include "gdx/ep/buffer.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx::test::ep {
@@ -47,6 +50,34 @@ struct Dev {
     std::vector<T> v(count);
     if (count) EXPECT_EQ(cudaMemcpy(v.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
     return v;
+  }
+};
+
+/// The outputs of a dispatch that receives at most `rows` rows of `hidden` values (FP8 with scales, or BF16), in
+/// poisoned device memory with `spareRows` more rows allocated past the capacity, which no call may write.
+struct DispatchBuffers {
+  std::unique_ptr<Dev> x, scales, idx, weights, src, perExpert, numRecv;
+  ::gdx::ep::DispatchOutputs out;
+  size_t xb, ns;  ///< bytes of a row, scales of a row
+  int rows, topk;
+  DispatchBuffers(int hidden, bool fp8, int rows_, int localExperts, int topk_, int spareRows = 0)
+      : xb(size_t(hidden) * (fp8 ? 1 : 2)), ns(size_t(hidden) / 128), rows(rows_), topk(std::max(topk_, 1)) {
+    const size_t all = size_t(rows) + size_t(spareRows);
+    x = std::make_unique<Dev>(all * xb);
+    scales = std::make_unique<Dev>(all * ns * 4);
+    idx = std::make_unique<Dev>(all * topk * 8);
+    weights = std::make_unique<Dev>(all * topk * 4);
+    src = std::make_unique<Dev>(all * 4);
+    perExpert = std::make_unique<Dev>(size_t(localExperts) * 4);
+    numRecv = std::make_unique<Dev>(4);
+    out.recvX = x->p;
+    out.recvXScales = fp8 ? scales->as<float>() : nullptr;
+    out.recvTopkIdx = idx->as<int64_t>();
+    out.recvTopkWeights = weights->as<float>();
+    out.recvSrcIdx = src->as<int32_t>();
+    out.numRecvTokensPerExpert = perExpert->as<int32_t>();
+    out.numRecvTokens = numRecv->as<int32_t>();
+    out.capacity = rows;
   }
 };
 

@@ -321,12 +321,11 @@ class Buffer:
         if self._ext is not None:
             recv_x, recv_scales = self._ext.cached_dispatch(self._address, handle._native.address, x, x_scales, rows,
                                                             stream)
-            event = end_event(async_finish, (x, x_scales, recv_x, recv_scales))
-            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
-        recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
-        self.runtime.dispatch_flat(handle._native, x.data_ptr(), _address(x_scales), n, hidden,
-                                   _native_dtype(x_scales is not None), rows, recv_x.data_ptr(), _address(recv_scales),
-                                   stream)
+        else:
+            recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
+            self.runtime.dispatch_flat(handle._native, x.data_ptr(), _address(x_scales), n, hidden,
+                                       _native_dtype(x_scales is not None), rows, recv_x.data_ptr(),
+                                       _address(recv_scales), stream)
         event = end_event(async_finish, (x, x_scales, recv_x, recv_scales))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
 
@@ -351,13 +350,13 @@ class Buffer:
         if self._ext is not None:
             combined_x, combined_w = self._ext.combine(self._address, handle._native.address, x, topk_weights, bias0,
                                                        bias1, handle.num_tokens, stream)
-            return combined_x, combined_w, end_event(async_finish, (x, topk_weights, bias0, bias1, combined_x))
-        combined_w = None
-        if topk_weights is not None:
-            combined_w = x.new_empty((handle.num_tokens, topk_weights.shape[1]), dtype=torch.float32)
-        combined_x = x.new_empty((handle.num_tokens, handle.hidden))
-        self.runtime.combine_flat(handle._native, x.data_ptr(), _address(topk_weights), _address(bias0),
-                                  _address(bias1), combined_x.data_ptr(), _address(combined_w), stream)
+        else:
+            combined_w = None
+            if topk_weights is not None:
+                combined_w = x.new_empty((handle.num_tokens, topk_weights.shape[1]), dtype=torch.float32)
+            combined_x = x.new_empty((handle.num_tokens, handle.hidden))
+            self.runtime.combine_flat(handle._native, x.data_ptr(), _address(topk_weights), _address(bias0),
+                                      _address(bias1), combined_x.data_ptr(), _address(combined_w), stream)
         return combined_x, combined_w, end_event(async_finish, (x, topk_weights, bias0, bias1, combined_x))
 
     # ---- low-latency mode (gdx/ep/low_latency.py) -------------------------------------------------------------

@@ -87,6 +87,11 @@ const EnvVar kVariables[] = {
     // The bound is tcp::kMaxChunkBytes (rdma/tcp/wire.hpp; config_test checks that they agree).
     {"GDX_TCP_CHUNK", kInt, 1, int64_t{1} << 30, 0, nullptr, "1048576", "writes above this are split over sockets"},
     {"GDX_P2P_PORT", kInt, 1, 65535, 0, nullptr, "19500", "p2p endpoints listen on this port + their GPU index"},
+    // The TCPX session API's own names (gdx/p2p/tcpx_session.hpp says what each maps to).
+    {"UCCL_TCPX_NUM_CHANNELS", kInt, 1, 64, 0, nullptr, "2", "TcpxSession: connections (channels) per peer"},
+    {"NCCL_NSOCKS_PERTHREAD", kInt, 1, 64, 0, nullptr, "2", "TcpxSession: TCP sockets per channel"},
+    {"UCCL_TCPX_CHUNK_BYTES", kInt, 1, int64_t{1} << 30, 0, nullptr, "524288",
+     "TcpxSession: posts are cut into pieces of this size, dealt over the channels"},
     {"GDX_TCP_BIND_ADDR", kString, 0, kMaxHostName, 0, nullptr, "the address that reaches the master",
      "interface address the TCP transport listens on"},
     // Proxy.

@@ -39,7 +39,7 @@ HEADER_LAYERS = {
     # the MoE layer
     "ep/buffer.hpp": "ep", "ep/low_latency.hpp": "ep",
     # point-to-point endpoints and the URL transport
-    "p2p/endpoint.hpp": "p2p", "p2p/url_transport.hpp": "p2p",
+    "p2p/endpoint.hpp": "p2p", "p2p/url_transport.hpp": "p2p", "p2p/tcpx_session.hpp": "p2p",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]')

@@ -20,7 +20,7 @@ PYTHON ?= $(shell for p in $${VIRTUAL_ENV:+$$VIRTUAL_ENV/bin/python3} \
 FUZZ_SECONDS ?= 600
 RUN_ARGS ?= --json $(BUILD)/benchmark_local.json
 
-.PHONY: all deps configure test test-unit test-rdma test-gpu bench bench-gpu run plots install format clean fuzz
+.PHONY: all deps configure test test-unit test-rdma test-gpu bench bench-gpu bench-tcpx run plots install format clean fuzz
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
@@ -50,6 +50,12 @@ test-gpu: all
 # tables on stdout, each benchmark's whole output and JSON in $(BUILD)/bench-gpu/.
 bench-gpu: all
 	bash benchmarks/run_gpu_benchmarks.sh $(BUILD) $(BUILD)/bench-gpu $(PYTHON)
+
+# The TCPX session API's benchmark (benchmark_tcpx, 64 MiB in 512 KiB chunks over loopback) beside iperf3 (when
+# installed) and benchmark_p2p in one run: tables on stdout, outputs and JSON in $(BUILD)/bench-tcpx/.
+bench-tcpx: configure
+	cmake --build $(BUILD) -j $(JOBS) --target benchmark_tcpx benchmark_p2p -- --no-print-directory
+	bash benchmarks/run_tcpx_benchmark.sh $(BUILD) $(BUILD)/bench-tcpx
 
 # Every fuzz target (tests/fuzz/) for FUZZ_SECONDS each, from the checked-in corpus; `make test` runs each for 10 s.
 # Needs clang (install-deps.sh installs it); without it the targets are not built and this says so.

@@ -89,6 +89,11 @@ const EnvVar kVariables[] = {
     {"GDX_P2P_PORT", kInt, 1, 65535, 0, nullptr, "19500", "p2p endpoints listen on this port + their GPU index"},
     {"GDX_P2P_HELLO_MS", kInt, 1, kMaxTimeoutMs, 0, nullptr, "5000 (at most GDX_TIMEOUT_MS)",
      "a client connecting to a p2p endpoint sends its hello within this, ms"},
+    // The TCPX session API's own names (gdx/p2p/tcpx_session.hpp says what each maps to).
+    {"UCCL_TCPX_NUM_CHANNELS", kInt, 1, 64, 0, nullptr, "2", "TcpxSession: connections (channels) per peer"},
+    {"NCCL_NSOCKS_PERTHREAD", kInt, 1, 64, 0, nullptr, "2", "TcpxSession: TCP sockets per channel"},
+    {"UCCL_TCPX_CHUNK_BYTES", kInt, 1, int64_t{1} << 30, 0, nullptr, "524288",
+     "TcpxSession: posts are cut into pieces of this size, dealt over the channels"},
     {"GDX_TCP_BIND_ADDR", kString, 0, kMaxHostName, 0, nullptr, "the address that reaches the master",
      "interface address the TCP transport listens on"},
     // Proxy.

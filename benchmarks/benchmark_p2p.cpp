@@ -208,13 +208,7 @@ void report(const Args& a, const Endpoint& ep, const std::string& shape, const s
        << ",\"transport_us\":" << r.transportUs << ",\"raw_tcp_us\":" << r.rawTcpUs << "}";
   }
   js << "]";
-  if (iperf3) {
-    std::printf("%s\n", iperf3->describe().c_str());
-    js << ",\"peer_iperf3\":" << iperf3->json();
-  }
-  js << "}\n";
-  std::ofstream(a.json) << js.str();
-  std::printf("wrote %s\n", a.json.c_str());
+  bench::finishJson(js, iperf3, a.json);
 }
 
 /// N of a TCP connection's "tcp, N sockets, ..." (Endpoint::connectionTransport); 1 for anything else.
@@ -314,17 +308,7 @@ void measureIpc(const Args& a, Endpoint& ep, const Region& r, const std::string&
 
 int run(const Args& a) {
   p2p::EndpointOptions o = p2p::EndpointOptions::fromEnv(-1, 1);
-  o.localGpu = -1;
-#if defined(GDX_HAVE_CUDA)
-  if (a.device == "gpu") {
-    // GDX_CUDA_DEVICE, else the server on GPU 0 and the client on GPU 1 where there is one.
-    int gpus = 0;
-    cudaGetDeviceCount(&gpus);
-    const char* d = std::getenv("GDX_CUDA_DEVICE");
-    o.localGpu = d ? std::atoi(d) : (a.role == "client" && gpus > 1 ? 1 : 0);
-    if (cudaSetDevice(o.localGpu) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaSetDevice failed");
-  }
-#endif
+  o.localGpu = bench::sideGpu(a.device == "gpu", a.role == "client");
   if (!a.transport.empty()) o.transport = a.transport;
   o.port = a.role == "server" ? a.port : 0;
   Region r(a.maxBytes, a.device == "gpu");
@@ -381,35 +365,10 @@ int run(const Args& a) {
   if (tcp) {
     // iperf3 toward the same host as the endpoint's connection, with as many streams as it has sockets (on two
     // hosts, toward an `iperf3 -s` that the user started beside the server).
-    const int port = bench::freeLoopbackPort();
-    const pid_t server = a.peer == "127.0.0.1" ? bench::startIperf3Server(port) : -1;
-    iperf3 = bench::runIperf3Client(a.peer, a.peer == "127.0.0.1" ? port : 5201, 3, socketsOf(shape));
-    if (server > 0) bench::reapIperf3Server(server);
+    iperf3 = bench::iperf3Toward(a.peer, 3, socketsOf(shape));
   }
   report(a, ep, shape, rows, tcp ? &iperf3 : nullptr);
   return 0;
-}
-
-/// By hand: this program again as a server and a client on 127.0.0.1.
-int runBoth(char** argv) {
-  const std::string port = std::to_string(bench::freeLoopbackPort());
-  std::vector<pid_t> pids;
-  for (const char* role : {"server", "client"}) {
-    std::vector<std::string> args;
-    for (char** p = argv; *p; ++p) args.emplace_back(*p);
-    args.insert(args.end(), {"--role", role, "--port", port});
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      std::vector<char*> v;
-      for (auto& s : args) v.push_back(&s[0]);
-      v.push_back(nullptr);
-      execv("/proc/self/exe", v.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  return bench::waitWorst(pids);
 }
 
 }  // namespace
@@ -451,7 +410,7 @@ int main(int argc, char** argv) {
                  "positive, 0 < --min-bytes <= --max-bytes, --port 1..65535, --ipc only with --device gpu (--help)\n");
     return 2;
   }
-  if (a.role.empty()) return runBoth(argv);
+  if (a.role.empty()) return bench::runServerAndClient(argv);
   try {
     return run(a);
   } catch (const std::exception& e) {

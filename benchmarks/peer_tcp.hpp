@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +104,29 @@ inline Iperf3Result runIperf3Client(const std::string& host, int port, int secon
     if (out.find("unable to connect") == std::string::npos) return r;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  return r;
+}
+
+/// The end of a benchmark's report: the iperf3 line (when it ran) after the table, its "peer_iperf3" member, the
+/// closing brace; `js` written to `path`, and said so.
+inline void finishJson(std::ostringstream& js, const Iperf3Result* iperf3, const std::string& path) {
+  if (iperf3) {
+    std::printf("%s\n", iperf3->describe().c_str());
+    js << ",\"peer_iperf3\":" << iperf3->json();
+  }
+  js << "}\n";
+  std::ofstream(path) << js.str();
+  std::printf("wrote %s\n", path.c_str());
+}
+
+/// iperf3 toward the host of a two-process benchmark's server with `streams` streams: on 127.0.0.1 against an
+/// `iperf3 -s` started here for it; on another host against the `iperf3 -s` the user started there (port 5201).
+inline Iperf3Result iperf3Toward(const std::string& host, int seconds, int streams) {
+  const bool local = host == "127.0.0.1";
+  const int port = local ? freeLoopbackPort() : 5201;
+  const pid_t server = local ? startIperf3Server(port) : -1;
+  Iperf3Result r = runIperf3Client(host, port, seconds, streams);
+  if (server > 0) reapIperf3Server(server);
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -57,6 +58,31 @@ inline int runSelfAsJob(int ranks, char** argv) {
       setenv("GDX_MASTER_PORT", port.c_str(), 1);
       setenv("GDX_JOB_SECRET", secret.c_str(), 1);
       execv("/proc/self/exe", argv);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  return waitWorst(pids);
+}
+
+/// A two-process benchmark started by hand (no --role): this program again as a server and a client on 127.0.0.1,
+/// each with its own arguments plus `--role R --port PORT` (a free loopback port) and, for the server,
+/// `serverExtra`; waits for both and returns the worst exit code.
+inline int runServerAndClient(char** argv, const std::vector<std::string>& serverExtra = {}) {
+  const std::string port = std::to_string(freeLoopbackPort());
+  std::vector<pid_t> pids;
+  for (const std::string role : {"server", "client"}) {
+    std::vector<std::string> args;
+    for (char** p = argv; *p; ++p) args.emplace_back(*p);
+    args.insert(args.end(), {"--role", role, "--port", port});
+    if (role == "server") args.insert(args.end(), serverExtra.begin(), serverExtra.end());
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<char*> v;
+      for (auto& s : args) v.push_back(&s[0]);
+      v.push_back(nullptr);
+      execv("/proc/self/exe", v.data());
       _exit(127);
     }
     pids.push_back(pid);

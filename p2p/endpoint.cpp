@@ -11,6 +11,7 @@
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/endpoint_impl.hpp"
+#include "p2p/handshake.hpp"
 #include "p2p/protocol.hpp"
 
 namespace gdx::p2p {
@@ -60,6 +61,13 @@ Endpoint::Impl::Impl(const EndpointOptions& o) : options(o) {
     throw Error(ErrorCode::kInvalidArgument,
                 "p2p endpoint: transport '" + options.transport + "' cannot connect two endpoints; use tcp or verbs");
   if (options.timeoutNs == 0) options.timeoutNs = defaultTimeoutNs();
+  if (options.tcpSockets < 0 || options.tcpSockets > kMaxLinkSockets)
+    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: tcpSockets must be 1..64 (0: GDX_TCP_SOCKETS), not " +
+                                                 std::to_string(options.tcpSockets));
+  if (options.tcpChunkBytes > kMaxLinkChunkBytes)
+    throw Error(ErrorCode::kInvalidArgument, "p2p endpoint: tcpChunkBytes must be at most " +
+                                                 std::to_string(kMaxLinkChunkBytes) + " (0: GDX_TCP_CHUNK), not " +
+                                                 std::to_string(options.tcpChunkBytes));
   int want = options.port;
   if (want < 0) want = static_cast<int>(envInt("GDX_P2P_PORT", 19500)) + std::max(options.localGpu, 0);
   if (want > 65535)
@@ -270,7 +278,8 @@ uint64_t Endpoint::connect(const std::string& ip, int remoteGpu, int port) {
                                          std::to_string(impl_->options.timeoutNs / 1000000) + " ms): " + why);
   net::tuneSocket(fd.get());
   PairLink link = dialLink(std::move(fd), impl_->options.localGpu, impl_->options.transport, impl_->options.timeoutNs,
-                           deadline, who, impl_->options.secret);
+                           deadline, who, impl_->options.secret, {},
+                           TcpShape{static_cast<uint16_t>(impl_->options.tcpSockets), impl_->options.tcpChunkBytes});
   if (remoteGpu >= 0 && link.peerGpu != remoteGpu) GDX_WARN(who << ": the endpoint there serves GPU " << link.peerGpu);
   return impl_->adopt(std::move(link));
 }

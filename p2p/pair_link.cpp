@@ -20,15 +20,12 @@ std::string hexSecret() {
   return buf;
 }
 
-/// How the TCP transport of a connection splits its data; the dialler's environment decides for both sides.
-struct TcpShape {
-  uint16_t sockets = 0;
-  uint64_t chunkBytes = 0;
-};
-
-TcpShape tcpShapeFromEnv() {
+/// `given`, its zero fields from the environment (GDX_TCP_SOCKETS, GDX_TCP_CHUNK).
+TcpShape tcpShapeOr(TcpShape given) {
   TcpTransportOptions t = TcpTransportOptions::fromEnv(0, 2, "");
-  return TcpShape{static_cast<uint16_t>(t.socketsPerPeer), t.chunkBytes};
+  if (given.sockets == 0) given.sockets = static_cast<uint16_t>(t.socketsPerPeer);
+  if (given.chunkBytes == 0) given.chunkBytes = t.chunkBytes;
+  return given;
 }
 
 /// Eager sends and control messages, and a little more.
@@ -126,12 +123,12 @@ std::string recvBlob(int fd, size_t max, net::Deadline deadline, const std::stri
 
 PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
                   net::Deadline deadline, const std::string& who, const std::string& jobSecret,
-                  const net::AbortCheck& abort) {
+                  const net::AbortCheck& abort, TcpShape given) {
   PairLink link;
   link.self = 0;
   link.peerIp = net::peerName(fd.get());
   const std::string secret = hexSecret();
-  const TcpShape shape = transport == "tcp" ? tcpShapeFromEnv() : TcpShape{};
+  const TcpShape shape = transport == "tcp" ? tcpShapeOr(given) : TcpShape{};
   link.transport = makePairTransport(transport, 0, secret, net::localAddress(fd.get()), timeoutNs, shape, &link.detail);
   Hello hello;
   hello.transport = transport;

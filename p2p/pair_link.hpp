@@ -33,13 +33,21 @@ struct PairLink {
   int peer() const { return 1 - self; }
 };
 
+/// How the TCP transport of a link splits its data; the dialler's decides for both sides. 0: GDX_TCP_SOCKETS,
+/// GDX_TCP_CHUNK.
+struct TcpShape {
+  uint16_t sockets = 0;
+  uint64_t chunkBytes = 0;
+};
+
 /// Dials side of the handshake on a connected control socket. Throws gdx::Error naming `who` and the cause when
 /// the peer refuses, closes, answers garbage, or does not answer before `deadline`; kShutdown once `abort` (checked
 /// every 100 ms while waiting) returns true.
-/// `jobSecret`: the secret both sides were given ("" for none), presented in the Hello.
+/// `jobSecret`: the secret both sides were given ("" for none), presented in the Hello. `shape`: the TCP transport's
+/// sockets and chunk size (each 0: from the environment).
 PairLink dialLink(net::UniqueFd fd, int localGpu, const std::string& transport, uint64_t timeoutNs,
                   net::Deadline deadline, const std::string& who, const std::string& jobSecret = "",
-                  const net::AbortCheck& abort = {});
+                  const net::AbortCheck& abort = {}, TcpShape shape = {});
 /// Accepting side of the handshake on a freshly accepted control socket; refuses (telling the dialler why) a Hello
 /// that does not present `jobSecret` when it is not "". The Hello must arrive within helloWaitNs() of the call (a
 /// dialler sends it at once), the rest by `deadline`; `heard` is called once a well-formed Hello arrived; kShutdown

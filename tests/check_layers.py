@@ -41,6 +41,7 @@ HEADER_LAYERS = {
     # point-to-point endpoints and the URL transport
     "p2p/endpoint.hpp": "p2p", "p2p/url_transport.hpp": "p2p", "p2p/rdma_transport.hpp": "p2p",
     "p2p/event_base.hpp": "p2p",
+    "p2p/tcpx_session.hpp": "p2p",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]')

@@ -5,10 +5,15 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gdx/p2p/endpoint.hpp"
@@ -60,6 +65,35 @@ inline std::string recvBlob(p2p::Endpoint& ep, uint64_t conn) {
     ep.dereg(mr);
   }
   return blob;
+}
+
+/// An out-of-band channel between processes for a short text (a TcpxSession's connection info): written to `path`
+/// whole (a rename), so that the reader never sees half of it.
+inline void shipText(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+/// What shipText() wrote to `path`, waiting for it at most `timeoutMs`; "" when nothing came.
+inline std::string awaitText(const std::string& path, int timeoutMs = 30000) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    if (in) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      return ss.str();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return "";
+}
+
+/// A fresh path in /tmp for shipText(), unique to this process and `tag`.
+inline std::string scratchPath(const std::string& tag) {
+  static int n = 0;
+  return "/tmp/gdx_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(++n);
 }
 
 }  // namespace gdx::test

@@ -36,6 +36,8 @@ struct EndpointOptions {
   /// A secret shared by the endpoints that may connect (as a job secret): a client must present it, and one that
   /// does not is refused with the reason. "" (the default): any client that completes the handshake is accepted.
   std::string secret;
+  int tcpSockets = 0;          ///< TCP sockets of the connections this endpoint dials, 1..64 (0: GDX_TCP_SOCKETS)
+  uint64_t tcpChunkBytes = 0;  ///< their chunk size, 1 B..1 GiB (0: GDX_TCP_CHUNK)
   static EndpointOptions fromEnv(int localGpu = -1, int numCpus = 1);
 };
 

@@ -211,7 +211,7 @@ void UrlTransport::connect(const std::string& peerUrl) {
   PairLink link;
   if (d.url < peerUrl) {  // the smaller URL dials, the other accepts: both sides agree without talking
     std::string why;
-    net::UniqueFd fd = net::connectTo(hp, deadline, &why);
+    net::UniqueFd fd = net::connectTo(hp, deadline, &why, net::ConnectRetry::backoff(who));
     if (!fd.valid()) throw Error(ErrorCode::kTimeout, who + ": the peer did not answer within GDX_TIMEOUT_MS: " + why);
     net::tuneSocket(fd.get());
     link = dialLink(std::move(fd), d.device, d.transport, d.timeoutNs, deadline, who);

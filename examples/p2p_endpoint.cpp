@@ -51,14 +51,15 @@ int main(int argc, char** argv) {
   gdx::p2p::Accepted peer = server.accept();                    // {ip, remoteGpu, connId}
   uint64_t sendMr = client.reg(sendBuf.data(), bytes);          // host or cudaMalloc memory
   uint64_t recvMr = server.reg(recvBuf.data(), bytes);
-  uint64_t pending = server.recvAsync(peer.connId, recvMr, recvBuf.data(), bytes);  // sizes must match exactly
+  uint64_t pending = server.recvAsync(peer.connId, recvMr, recvBuf.data(), bytes);  // a message of at most bytes
   client.send(conn, sendMr, sendBuf.data(), bytes);
-  server.wait(pending);  // bounded by GDX_TIMEOUT_MS; throws gdx::Error naming the connection and what it waited for
+  std::vector<size_t> received;     // the size of the message the receive got
+  server.wait(pending, &received);  // bounded by GDX_TIMEOUT_MS; throws gdx::Error naming the connection and why
   // One-sided: the server lets the client write the second half of recvBuf, the client writes into it.
   std::string descriptor = server.advertise(peer.connId, recvMr, recvBuf.data() + bytes / 2, bytes - bytes / 2);
   client.write(conn, sendMr, sendBuf.data(), bytes - bytes / 2, descriptor);  // returns once the data is there
   // [end-snippet]
-  bool ok = std::memcmp(recvBuf.data(), sendBuf.data(), bytes / 2) == 0 &&
+  bool ok = received == std::vector<size_t>{bytes} && std::memcmp(recvBuf.data(), sendBuf.data(), bytes / 2) == 0 &&
             std::memcmp(recvBuf.data() + bytes / 2, sendBuf.data(), bytes - bytes / 2) == 0;
 
   // [snippet:p2p-url]

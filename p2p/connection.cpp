@@ -40,6 +40,12 @@ constexpr uint64_t kDriveSpinNs = 200 * 1000;
 /// next clear-to-send.
 constexpr uint32_t kCreditBatch = kEagerSlots / 2;
 
+/// Why a send failed whose receive's buffer has `bufferBytes`, fewer than its own, after "send #n of b bytes".
+std::string bufferTooSmall(uint64_t bufferBytes) {
+  return ": the receive the peer posted for it has a buffer of " + std::to_string(bufferBytes) +
+         " bytes, smaller than this send";
+}
+
 /// Why a send failed whose receive failed with `code` (kReceiveFailed), after "send #n of b bytes".
 std::string receiveFailed(ErrorCode code) {
   return std::string(": the receive the peer posted for it ended in error (") + errorCodeName(code) +
@@ -286,7 +292,8 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
   submit([this, t, pieces = std::move(pieces)] {
     track(t);
     t->setWaiting("the peer's matching send");
-    for (const Piece& p : pieces) {
+    for (size_t index = 0; index < pieces.size(); ++index) {
+      const Piece& p = pieces[index];
       const uint64_t seq = takeRecvSeq();
       const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
       const ErrorCode failed = t->failureCode();
@@ -295,40 +302,45 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
         continue;
       }
       try {
-        PendingRecv r{t, p.size, seq, p};
+        PendingRecv r{t, p.size, seq, p, index};
         auto early = early_.find(key);
         auto announced = rts_.find(key);
         const uint64_t largeSend = announced == rts_.end() ? 0 : announced->second;
         if (announced != rts_.end()) rts_.erase(announced);
         if (p.size <= kEagerBytes) {
-          // A send of this size comes through the eager buffer and needs nothing from this side but credits: those
+          // A message that fits comes through the eager buffer and needs nothing from this side but credits: those
           // owed go now (a receive posted after the last one returned means the application reads a stream).
           offerEagerBuffer();
           flushCredits();
-          if (early != early_.end()) {  // the data came first: take it now (or fail on a size mismatch)
+          if (early != early_.end()) {  // the data came first: take it now (or fail if it does not fit)
             const EarlyData e = early->second;
             early_.erase(early);
             takeEager(r, e.slot, e.bytes);
-          } else if (largeSend) {
+          } else if (largeSend) {  // larger than kEagerBytes, so larger than this buffer
             refuseSend(r, largeSend);
           } else {
             recvs_[key] = r;
           }
           continue;
         }
-        ControlMsg cts;
-        cts.type = MsgType::kClearToSend;
-        cts.id = seq;
-        cts.window = grant(p, Grant::kReceive, seq);  // exactly this receive's range, until its data arrived
-        cts.offset = 0;
-        cts.bytes = p.size;
-        if (early != early_.end()) {  // a small send's data is here for this large receive: both fail
+        if (early != early_.end()) {  // a small send's data is here for this large receive: it takes it
           const EarlyData e = early->second;
           early_.erase(early);
           takeEager(r, e.slot, e.bytes);
-        } else {
-          recvs_[key] = r;
+          continue;
         }
+        if (largeSend > p.size) {  // it announced itself too large: refused before any of the buffer is granted
+          refuseSend(r, largeSend);
+          continue;
+        }
+        r.sent = largeSend;  // 0 until the send announces itself (onRequestToSend), if it is a large one
+        ControlMsg cts;
+        cts.type = MsgType::kClearToSend;
+        cts.id = seq;
+        cts.window = grant(p, Grant::kReceive, seq);  // exactly this receive's buffer, until its data arrived
+        cts.offset = 0;
+        cts.bytes = p.size;
+        recvs_[key] = r;
         cts.credits = takeCredits();
         postControl(cts);
       } catch (const Error& e) {
@@ -341,11 +353,13 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
   });
 }
 
+std::string Connection::tooLarge(uint64_t seq, uint64_t sendBytes, uint64_t bufferBytes) {
+  return "receive #" + std::to_string(seq) + ": the peer's send is " + std::to_string(sendBytes) +
+         " bytes, larger than this receive's buffer of " + std::to_string(bufferBytes) + " bytes (nothing was written)";
+}
+
 void Connection::refuseSend(const PendingRecv& r, uint64_t sendBytes) {
-  r.t->fail(ErrorCode::kInvalidArgument, "receive #" + std::to_string(r.seq) + ": the peer's send is " +
-                                             std::to_string(sendBytes) + " bytes, this receive expects " +
-                                             std::to_string(r.bytes) +
-                                             "; sizes must match exactly (nothing was written)");
+  r.t->fail(ErrorCode::kInvalidArgument, tooLarge(r.seq, sendBytes, r.bytes));
   noteReceiveFailedTold(r.seq);
   ControlMsg no;
   no.type = MsgType::kReceiveRefused;
@@ -444,7 +458,10 @@ void Connection::onRequestToSend(const ControlMsg& m) {
     rts_[key] = m.bytes;                  // the receive is not posted yet: it checks when it is
     return;
   }
-  if (it->second.bytes > kEagerBytes) return;  // a large receive sent its clear-to-send; the sender compares sizes
+  if (it->second.bytes > kEagerBytes) {  // a large receive sent its clear-to-send; the sender compares sizes
+    it->second.sent = m.bytes;           // the size the receive reports once the data is in place
+    return;
+  }
   PendingRecv r = it->second;
   recvs_.erase(it);
   refuseSend(r, m.bytes);
@@ -464,7 +481,7 @@ uint32_t Connection::takeCredits() {
 }
 
 void Connection::takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes) {
-  if (bytes != r.bytes) {
+  if (bytes > r.bytes) {
     refuseSend(r, bytes);
   } else {
     bool dropped = false;
@@ -478,7 +495,7 @@ void Connection::takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes) 
       if (!dropped) {
         copyFromHost(r.piece.region.base + r.piece.offset, r.piece.region.kind,
                      eagerBuffer_.data() + static_cast<uint64_t>(slot) * kEagerBytes, bytes, "copying eager data");
-        r.t->finishPart();
+        r.t->finishPart(r.index, bytes);
       }
     } catch (const Error& e) {
       r.t->fail(e.code(), "receive #" + std::to_string(r.seq) + ": " + e.message() + " (nothing was written)");
@@ -756,21 +773,20 @@ void Connection::trySends() {
     }
     // Built only off the eager path: a small send's hot path makes no strings.
     auto which = [&s] { return "send #" + std::to_string(s.seq) + " of " + std::to_string(s.piece.size) + " bytes"; };
-    if (it != cts_.end() && it->second.bytes != s.piece.size) {
+    if (it != cts_.end() && s.piece.size > it->second.bytes) {
       ControlMsg no;
       no.type = MsgType::kSendRefused;
       no.id = s.seq;
       no.bytes = s.piece.size;
       postControl(no);
-      s.t->fail(ErrorCode::kInvalidArgument, which() + ": the receive the peer posted for it expects " +
-                                                 std::to_string(it->second.bytes) +
-                                                 " bytes; sizes must match exactly (nothing was sent)");
+      s.t->fail(ErrorCode::kInvalidArgument, which() + bufferTooSmall(it->second.bytes) + " (nothing was sent)");
       cts_.erase(it);
       sends_.pop_front();
       continue;
     }
-    if (eager) {                                    // a clear-to-send for it would name a large receive: refused above
+    if (eager) {  // a clear-to-send for it names a larger receive, which takes it from the eager buffer all the same
       if (!postEager(s.t, s.seq, s.piece)) return;  // no credit or no key yet: later sends wait behind it
+      cts_.erase(s.seq);
       sends_.pop_front();
       continue;
     }
@@ -852,16 +868,11 @@ void Connection::matchEager(const ControlMsg& cts) {
   auto it = eagerSends_.find(cts.id);
   if (it == eagerSends_.end()) return;
   EagerSend& e = it->second;
-  if (cts.bytes != e.bytes) {
-    e.t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(cts.id) + " of " + std::to_string(e.bytes) +
-                                               " bytes: the receive the peer posted for it expects " +
-                                               std::to_string(cts.bytes) +
-                                               " bytes; sizes must match exactly (the peer dropped the data)");
-  } else {
-    e.matched = true;
-    if (!e.written) return;
-    e.t->finishPart();
-  }
+  // The receive is at least as large (more than kEagerBytes): it takes the data from the eager buffer, and the slot's
+  // credit confirms the send as for any other eager send (a clear-to-send says only that the receive is posted).
+  if (e.bytes <= cts.bytes) return;
+  e.t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(cts.id) + " of " + std::to_string(e.bytes) +
+                                             " bytes" + bufferTooSmall(cts.bytes) + " (the peer dropped the data)");
   eagerSends_.erase(it);
 }
 
@@ -997,21 +1008,14 @@ void Connection::handleMessage(const ControlMsg& m) {
       }
       return trySends();
     case MsgType::kRequestToSend: return onRequestToSend(m);
-    case MsgType::kReceiveRefused:
-      failUnsentSend(m.id, ErrorCode::kInvalidArgument,
-                     ": the receive the peer posted for it expects " + std::to_string(m.bytes) +
-                         " bytes; sizes must match exactly");
-      return;
+    case MsgType::kReceiveRefused: failUnsentSend(m.id, ErrorCode::kInvalidArgument, bufferTooSmall(m.bytes)); return;
     case MsgType::kReceiveFailed: return onReceiveFailed(m);
     case MsgType::kSendWithdrawn: return onSendWithdrawn(m);
     case MsgType::kWithdrawTooLate: return onWithdrawTooLate(m);
     case MsgType::kSendRefused: {
       auto it = recvs_.find(static_cast<uint32_t>(m.id) & kSeqMask);
       if (it == recvs_.end()) return;
-      it->second.t->fail(ErrorCode::kInvalidArgument,
-                         "receive #" + std::to_string(it->second.seq) + ": the peer's send is " +
-                             std::to_string(m.bytes) + " bytes, this receive expects " +
-                             std::to_string(it->second.bytes) + "; sizes must match exactly (nothing was written)");
+      it->second.t->fail(ErrorCode::kInvalidArgument, tooLarge(it->second.seq, m.bytes, it->second.bytes));
       recvs_.erase(it);
       abandonFailedRecvs();  // the receive's other buffers
       return;
@@ -1071,8 +1075,16 @@ void Connection::handle(const Event& e) {
     arrivedForFailedRecv(it->second.seq);  // failed receives before it will see nothing more
     nextArrival_ = it->second.seq + 1;
     revokeReceivesBefore(nextArrival_);  // the data is in place: the peer may write there no more
-    it->second.t->finishPart();
+    const PendingRecv r = it->second;
     recvs_.erase(it);
+    // Its size is the one the send announced before its write (kRequestToSend), which the sender checked against
+    // the buffer; the grant kept the write inside the buffer whatever it was.
+    if (r.sent == 0 || r.sent > r.bytes)
+      return failAll(ErrorCode::kProtocol, "the data of send #" + std::to_string(r.seq) + " arrived " +
+                                               (r.sent ? "announced as " + std::to_string(r.sent) + " bytes, larger "
+                                                       : std::string("unannounced, ")) +
+                                               "for a receive of " + std::to_string(r.bytes) + " bytes");
+    r.t->finishPart(r.index, r.sent);
     return;
   }
   ControlMsg m;

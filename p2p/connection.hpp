@@ -2,17 +2,23 @@
 // immediates and control messages (protocol.hpp) into sends, receives, writes and reads.
 //
 // Two-sided: the receiver numbers its receives in the order they were posted and tells the sender where each may
-// land (kClearToSend, after the window's key); the sender numbers its sends the same way and writes the n-th send
-// into the n-th receive with a write-with-immediate carrying n, which completes the receive once its data is in
-// place. Sizes must match exactly; a mismatch fails both sides by name and writes nothing (kSendRefused).
+// land (kClearToSend: exactly the receive's buffer, granted as a window of its own, after the window's key); the
+// sender numbers its sends the same way and writes the n-th send into the n-th receive with a write-with-immediate
+// carrying n, which completes the receive once its data is in place. A message may be smaller than its receive's
+// buffer: the sender writes only its own bytes at the start of the buffer, the rest stays untouched, and the receive
+// reports the size (a large send announced it, kRequestToSend, before its write; an eager one's is its write's). A
+// message larger than the buffer fails both sides by name, naming both sizes, and writes nothing (kSendRefused);
+// the pairing of later sends and receives is kept. In a vector, buffer i takes the i-th message of the peer's sends
+// (each piece of a sendv is one message), each checked on its own.
 // Sends of at most kEagerBytes do not wait for a clear-to-send, and their receives send none: they are written at
 // once into the receiver's eager buffer (a slot per credit, protocol.hpp), which the receive copies from, whether it
 // was posted before the data arrived or after. The freed slot goes back as a credit, which also confirms the send
 // (its receive took it whole): in the immediate of the receiver's next eager write (a reply), with its next receive
 // posted, else on its own after kCreditDelayNs; such a send completes once its write completed and its credit came
-// back. A size mismatch fails both sides by name: the receive that finds it says so (kReceiveRefused), a larger send
-// announces itself (kRequestToSend) so that a small receive can. Sends leave in their numbered order either way (an
-// eager send waits behind an earlier one that waits for its clear-to-send), so every message arrives in order.
+// back. A message too large for its buffer fails both sides by name: the receive that finds it says so
+// (kReceiveRefused), a large send announces itself (kRequestToSend) so that a small receive can. Sends leave in their
+// numbered order either way (an eager send waits behind an earlier one that waits for its clear-to-send), so every
+// message arrives in order.
 // A receive that failed (it timed out, a buffer of its vector was refused, its memory was deregistered) takes nothing
 // more: its other buffers are withdrawn, the sender is told (kReceiveFailed) and fails the sends for them by name,
 // and eager data still on its way is dropped. A large send's write is stopped only if the notice reaches the sender
@@ -212,9 +218,11 @@ class Connection {
   };
   struct PendingRecv {
     std::shared_ptr<Transfer> t;
-    uint64_t bytes;
+    uint64_t bytes;  ///< the buffer's size: the largest message it takes
     uint64_t seq;
-    Piece piece;  ///< where an eager send's data is copied to
+    Piece piece;        ///< where an eager send's data is copied to
+    size_t index = 0;   ///< which buffer of its transfer it is (Transfer::finishPart(index, size))
+    uint64_t sent = 0;  ///< a large send's size, as it announced itself (kRequestToSend); 0 until then
   };
   /// Eager data that arrived before its receive was posted: which slot of the eager buffer holds it.
   struct EarlyData {
@@ -281,10 +289,10 @@ class Connection {
   /// Posts the eager send at the head of sends_ into the next slot of the peer's eager buffer; false when it must
   /// wait (no credit, or the key of the peer's eager buffer has not arrived).
   bool postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece);
-  /// A clear-to-send naming an eager send: its receive is a large one, so the send fails on the size mismatch.
+  /// A clear-to-send naming an eager send: its receive is a large one, which takes it (the slot's credit confirms it).
   void matchEager(const ControlMsg& cts);
-  /// Eager data of `bytes` in `slot` for receive `r`: copied into its buffer, or the receive fails on a size
-  /// mismatch; the slot is free again either way.
+  /// Eager data of `bytes` in `slot` for receive `r`: copied into the start of its buffer, or the receive fails when
+  /// the buffer is smaller; the slot is free again either way.
   void takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes);
   void onEagerData(uint32_t imm, uint64_t bytes);
   /// Makes sure this side's eager buffer exists and its key went to the peer (before the first small receive).
@@ -297,7 +305,9 @@ class Connection {
   void onCredits(uint32_t n);
   /// A send larger than kEagerBytes announced itself: a small receive for it fails (and tells the sender).
   void onRequestToSend(const ControlMsg& m);
-  /// Fails receive `r`, whose send is `sendBytes`, and tells the sender (kReceiveRefused).
+  /// "receive #seq: the peer's send is N bytes, larger than this receive's buffer of M bytes (nothing was written)".
+  static std::string tooLarge(uint64_t seq, uint64_t sendBytes, uint64_t bufferBytes);
+  /// Fails receive `r`, whose send of `sendBytes` is larger than its buffer, and tells the sender (kReceiveRefused).
   void refuseSend(const PendingRecv& r, uint64_t sendBytes);
   /// Receive `seq`, a buffer of a receive that failed with `code`, takes nothing: the sender is told
   /// (kReceiveFailed), its eager data is dropped if it is here, and whatever still comes for it will be.

@@ -272,7 +272,8 @@ uint64_t Endpoint::connect(const std::string& ip, int remoteGpu, int port) {
   if (port < 1 || port > 65535) throw Error(ErrorCode::kInvalidArgument, who + ": port out of range");
   net::Deadline deadline = net::deadlineIn(impl_->options.timeoutNs);
   std::string why;
-  net::UniqueFd fd = net::connectTo(net::HostPort{ip, port}, deadline, &why);
+  // A server that is not up yet refuses: retried with a growing pause (10 ms to 1 s), and said so every few seconds.
+  net::UniqueFd fd = net::connectTo(net::HostPort{ip, port}, deadline, &why, net::ConnectRetry::backoff(who));
   if (!fd.valid())
     throw Error(ErrorCode::kTimeout, who + ": nobody accepted within GDX_TIMEOUT_MS (" +
                                          std::to_string(impl_->options.timeoutNs / 1000000) + " ms): " + why);

@@ -172,11 +172,18 @@ std::shared_ptr<Transfer> startRecv(Endpoint::Impl& d, const std::shared_ptr<Con
 /// A blocking send or receive: queued and driven to its end by the calling thread (Connection::Driving first, so
 /// that queueing it does not also wake the progress thread).
 template <typename Start>
-void blocking(Endpoint::Impl& d, uint64_t connId, const char* op, Buffers buffers, Start start) {
+std::shared_ptr<Transfer> blocking(Endpoint::Impl& d, uint64_t connId, const char* op, Buffers buffers, Start start) {
   auto c = d.connection(connId, op);
   Connection::Driving driving(*c);
   auto t = start(d, c, buffers, Waiter::kBlocking);
   d.finish(*c, *t);
+  return t;
+}
+
+/// The sizes a finished receive recorded, as the public API gives them.
+void receivedSizes(const Transfer& t, std::vector<size_t>* out) {
+  const std::vector<uint64_t> sizes = t.sizes();
+  out->assign(sizes.begin(), sizes.end());
 }
 
 }  // namespace
@@ -204,18 +211,25 @@ void Endpoint::send(uint64_t connId, uint64_t mrId, const void* ptr, size_t size
   const Iov one{mrId, const_cast<void*>(ptr), size};
   blocking(*impl_, connId, "send", Buffers{&one, 1}, startSend);
 }
-void Endpoint::recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
+size_t Endpoint::recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size) {
   const Iov one{mrId, ptr, size};
-  blocking(*impl_, connId, "recv", Buffers{&one, 1}, startRecv);
+  const std::vector<uint64_t> sizes = blocking(*impl_, connId, "recv", Buffers{&one, 1}, startRecv)->sizes();
+  return sizes.empty() ? 0 : static_cast<size_t>(sizes[0]);
 }
 void Endpoint::sendv(uint64_t connId, const std::vector<Iov>& iovs) {
   blocking(*impl_, connId, "send", Buffers{iovs.data(), iovs.size()}, startSend);
 }
-void Endpoint::recvv(uint64_t connId, const std::vector<Iov>& iovs) {
-  blocking(*impl_, connId, "recv", Buffers{iovs.data(), iovs.size()}, startRecv);
+std::vector<size_t> Endpoint::recvv(uint64_t connId, const std::vector<Iov>& iovs) {
+  std::vector<size_t> received;
+  receivedSizes(*blocking(*impl_, connId, "recv", Buffers{iovs.data(), iovs.size()}, startRecv), &received);
+  return received;
 }
 
 bool Endpoint::poll(uint64_t transferId) {
+  return poll(transferId, nullptr);
+}
+
+bool Endpoint::poll(uint64_t transferId, std::vector<size_t>* received) {
   std::shared_ptr<Transfer> t;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -223,10 +237,16 @@ bool Endpoint::poll(uint64_t transferId) {
     t = it->second;
     if (t->finished()) impl_->transfers.erase(it);
   }
-  return t->poll();
+  const bool done = t->poll();
+  if (done && received) receivedSizes(*t, received);
+  return done;
 }
 
 void Endpoint::wait(uint64_t transferId) {
+  wait(transferId, nullptr);
+}
+
+void Endpoint::wait(uint64_t transferId, std::vector<size_t>* received) {
   std::shared_ptr<Transfer> t;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -241,6 +261,7 @@ void Endpoint::wait(uint64_t transferId) {
     }
   } forget{*impl_, transferId};
   impl_->finish(t);
+  if (received) receivedSizes(*t, received);
 }
 
 // ---- one-sided ------------------------------------------------------------------------------------------------

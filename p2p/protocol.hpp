@@ -9,16 +9,18 @@
 //   kKeyPart      window bytes total at data   one piece of that key (keys are longer than one message)
 //   kKeyRefused   window                      the window was never advertised on this connection (or is gone)
 //   kClearToSend  seq window offset bytes credits   a receive of more than kEagerBytes is posted: the seq-th send
-//                                             may write there, exactly `bytes`; `credits` eager slots freed since the
-//                                             last report
-//   kSendRefused  seq sendBytes               the seq-th send did not match its receive's size; nothing was written
+//                                             may write there, at most `bytes` (the buffer's size); `credits` eager
+//                                             slots freed since the last report
+//   kSendRefused  seq sendBytes               the seq-th send is larger than its receive's buffer; nothing was written
 //   kFence        id                          answered by kFenceAck once every earlier write of the lane is in place
 //   kFenceAck     id
 //   kReadRequest  id srcWindow srcOffset bytes dstWindow dstOffset   the owner writes the range back, then kReadDone
 //   kReadDone     id status
 //   kCredit       credits                     eager slots freed since the last report, on their own
-//   kReceiveRefused seq bytes                 the seq-th send did not match its receive of `bytes`; the receive failed
-//   kRequestToSend seq bytes                  the seq-th send is larger than kEagerBytes (a small receive refuses it)
+//   kReceiveRefused seq bytes                 the seq-th send is larger than its receive's buffer of `bytes`; the
+//                                             receive failed
+//   kRequestToSend seq bytes                  the seq-th send is larger than kEagerBytes (a small receive refuses it);
+//                                             sent before its data, it tells the receive the message's size
 //   kReceiveFailed seq code                   the seq-th send's receive failed (`code`: it timed out, another of its
 //                                             buffers was refused, its memory was deregistered) and takes no data:
 //                                             the send fails, and what still arrives for it is dropped
@@ -75,8 +77,8 @@ struct ControlMsg {
 /// written at once into the next of kEagerSlots slots of the receiver's eager buffer (window kEagerWindow, host memory
 /// the receiver registers on first use), and the receive copies it out. The sender holds one credit per free slot and
 /// waits (in order, bounded by its deadline) when it has none; the receiver returns credits as receives take the data
-/// out, and a returned credit is also what completes the send, so a size mismatch fails both sides as it does for the
-/// other sends (connection.hpp). Both sides must agree on these numbers.
+/// out, and a returned credit is also what completes the send, so a message too large for its receive fails both sides
+/// as it does for the other sends (connection.hpp). Both sides must agree on these numbers.
 constexpr uint64_t kEagerBytes = 4096;
 constexpr uint32_t kEagerSlots = 32;
 /// The window of the eager buffer: just below the advertised windows, above every memory region id.

@@ -23,6 +23,29 @@ void Transfer::finishPart() {
   if (done) done(*this);
 }
 
+void Transfer::finishPart(size_t index, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failed_ || parts_ == 0) return;
+  sized_ = true;
+  if (index == 0) {
+    size0_ = bytes;
+  } else if (index < static_cast<size_t>(total_)) {
+    if (moreSizes_.empty()) moreSizes_.resize(static_cast<size_t>(total_) - 1);
+    moreSizes_[index - 1] = bytes;
+  }
+  if (--parts_ == 0) cv_.notify_all();
+}
+
+std::vector<uint64_t> Transfer::sizes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<uint64_t> out;
+  if (!sized_) return out;
+  out.reserve(static_cast<size_t>(total_));
+  out.push_back(size0_);
+  for (int i = 1; i < total_; ++i) out.push_back(moreSizes_.empty() ? 0 : moreSizes_[static_cast<size_t>(i) - 1]);
+  return out;
+}
+
 void Transfer::fail(ErrorCode code, const std::string& why) {
   FinishHandler done;
   {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "gdx/error.hpp"
 
@@ -30,15 +31,20 @@ class Transfer {
  public:
   /// `what` names the operation in errors ("send of 4096 bytes on connection 2 (peer 127.0.0.1, GPU 0)").
   Transfer(std::string what, int parts, uint64_t deadlineNs)
-      : what_(std::move(what)), parts_(parts), deadline_(deadlineNs) {}
+      : what_(std::move(what)), total_(parts), parts_(parts), deadline_(deadlineNs) {}
   Transfer(TransferName name, int parts, uint64_t deadlineNs)
-      : name_(std::move(name)), parts_(parts), deadline_(deadlineNs) {}
+      : name_(std::move(name)), total_(parts), parts_(parts), deadline_(deadlineNs) {}
 
   /// What it is, for errors.
   std::string what() const { return name_.where ? name_.text() : what_; }
   uint64_t deadlineNs() const { return deadline_; }
   /// One part finished; the transfer is done after the last.
   void finishPart();
+  /// Part `index` (a receive's buffer) finished, holding a message of `bytes` (at most the buffer's size).
+  void finishPart(size_t index, uint64_t bytes);
+  /// What finishPart(index, bytes) recorded, one entry per part (0 for a part finished without a size); empty when
+  /// no part recorded one (sends, writes, reads).
+  std::vector<uint64_t> sizes() const;
   /// Fails the transfer (the first failure wins); later parts are ignored.
   void fail(ErrorCode code, const std::string& why);
   bool finished() const;
@@ -75,7 +81,13 @@ class Transfer {
   const TransferName name_;  ///< what_ in parts, when the transfer was given those instead
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
-  int parts_;
+  const int total_;  ///< parts at the start
+  int parts_;        ///< parts still outstanding
+  /// Sizes recorded by finishPart(index, bytes): part 0's here (a single receive allocates nothing), the others in
+  /// moreSizes_ (index - 1), made on first use.
+  uint64_t size0_ = 0;
+  bool sized_ = false;
+  std::vector<uint64_t> moreSizes_;
   bool failed_ = false;
   ErrorCode code_ = ErrorCode::kOk;
   std::string why_;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "gdx/detail/clock.hpp"
+#include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx::net {
@@ -23,7 +24,17 @@ namespace {
 
 // The longest a transfer waits in poll() before it looks at its abort check, deadline and stall timer again.
 constexpr int kPollSliceMs = 100;
-constexpr uint64_t kConnectRetryNs = 50000000ull;
+// connectTo() with a label reports its retries after this long, then every kConnectReportEveryNs.
+constexpr uint64_t kConnectFirstReportNs = 1000ull * 1000 * 1000;
+constexpr uint64_t kConnectReportEveryNs = 5000ull * 1000 * 1000;
+// connectTo() makes its last attempt at least this long before its deadline.
+constexpr uint64_t kConnectLastTryNs = 20ull * 1000 * 1000;
+
+// "connection refused" from strerror's "Connection refused", for the middle of a sentence.
+std::string lowerFirst(std::string s) {
+  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z') s[0] = static_cast<char>(s[0] - 'A' + 'a');
+  return s;
+}
 
 // The numeric host of `ss` as text; its port in `*port` when asked. "" for a family other than IPv4/IPv6.
 std::string addressText(const sockaddr_storage& ss, int* port) {
@@ -283,16 +294,73 @@ UniqueFd connectOnce(const SockAddr& a, Deadline deadline, int* err, std::string
   return UniqueFd();
 }
 
-UniqueFd connectTo(const HostPort& address, Deadline deadline, std::string* why) {
+ConnectRetry ConnectRetry::backoff(std::string label) {
+  ConnectRetry r;
+  r.firstPauseNs = 10ull * 1000 * 1000;
+  r.maxPauseNs = 1000ull * 1000 * 1000;
+  r.label = std::move(label);
+  return r;
+}
+
+std::string errnoName(int err) {
+  switch (err) {
+    case ECONNREFUSED: return "ECONNREFUSED";
+    case ETIMEDOUT: return "ETIMEDOUT";
+    case ECONNRESET: return "ECONNRESET";
+    case EAGAIN: return "EAGAIN";
+    case EHOSTUNREACH: return "EHOSTUNREACH";
+    case ENETUNREACH: return "ENETUNREACH";
+    case EADDRNOTAVAIL: return "EADDRNOTAVAIL";
+    case EACCES: return "EACCES";
+    case EPERM: return "EPERM";
+    case EINTR: return "EINTR";
+    default: return "errno " + std::to_string(err);
+  }
+}
+
+UniqueFd connectTo(const HostPort& address, Deadline deadline, std::string* why, const ConnectRetry& retry) {
   SockAddr a = ipv4(address.host, address.port);
+  const uint64_t start = nowNs();
+  uint64_t pause = retry.firstPauseNs;
+  uint64_t nextReport = start + kConnectFirstReportNs;
+  int attempts = 0;
+  // The last error an attempt got from the network; an attempt cut short by the deadline itself does not replace it
+  // (on a busy host the final attempt may start late), so that the error still says what the address answered.
+  std::string answer;
+  int answerErr = 0;
   for (;;) {
     int err = 0;
-    UniqueFd fd = connectOnce(a, deadline, &err, why);
+    std::string last;
+    UniqueFd fd = connectOnce(a, deadline, &err, &last);
+    ++attempts;
     if (fd.valid()) return fd;
+    const uint64_t now = nowNs();
+    const bool cutShort = err == ETIMEDOUT && now >= deadline && answerErr != 0;
+    if (!cutShort) {
+      answer = last;
+      answerErr = err;
+    }
+    *why = std::to_string(attempts) + (attempts == 1 ? " attempt" : " attempts") + " in " +
+           std::to_string((now - start) / 1000000) + " ms, the last: " + answer + " (" + errnoName(answerErr) + ")" +
+           (cutShort ? "; the deadline passed during the attempt after it" : "");
     // The peer may not listen yet, or its backlog is momentarily full: retry until the deadline.
-    if (err != ECONNREFUSED && err != ETIMEDOUT && err != ECONNRESET && err != EAGAIN) return UniqueFd();
-    if (nowNs() + kConnectRetryNs >= deadline) return UniqueFd();
-    std::this_thread::sleep_for(std::chrono::nanoseconds(kConnectRetryNs));
+    if (err != ECONNREFUSED && err != ETIMEDOUT && err != ECONNRESET && err != EAGAIN) {
+      *why = last + " (" + errnoName(err) + "; not worth a retry)";
+      return UniqueFd();
+    }
+    // The last attempt comes shortly before the deadline, so that its error is the peer's answer, not the deadline.
+    const uint64_t left = deadline > now ? deadline - now : 0;
+    if (left <= kConnectLastTryNs) return UniqueFd();
+    if (!retry.label.empty() && now >= nextReport) {
+      nextReport = now + kConnectReportEveryNs;
+      const std::string forHowLong = deadline == kNoDeadline
+                                         ? std::string("without a deadline")
+                                         : "for another " + std::to_string((left + 999999999) / 1000000000) + " s";
+      GDX_WARN(retry.label << ": " << lowerFirst(last) << ", retrying " << forHowLong << " (" << attempts
+                           << " attempts so far)");
+    }
+    std::this_thread::sleep_for(std::chrono::nanoseconds(std::min(pause, left - kConnectLastTryNs)));
+    pause = std::min(pause * 2, std::max(retry.maxPauseNs, retry.firstPauseNs));
   }
 }
 

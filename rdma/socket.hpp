@@ -119,9 +119,24 @@ UniqueFd listenOn(const std::string& bindAddress, int* port);
 /// One connect() attempt to `a`, bounded by `deadline`. Returns a connected, tuned socket, or an invalid one with
 /// `*err` (an errno value; ETIMEDOUT when the deadline passed) and `*why` set.
 UniqueFd connectOnce(const SockAddr& a, Deadline deadline, int* err, std::string* why);
-/// Connects to `address`, retrying while the listener is not there yet, until `deadline`. Returns a
-/// connected socket, or an invalid one with `*why` set.
-UniqueFd connectTo(const HostPort& address, Deadline deadline, std::string* why);
+/// How connectTo() retries while nobody listens at the address yet (connection refused, a full backlog, no answer).
+/// The default, 50 ms pauses and silence, suits peers that start together (the ranks of the TCP transport).
+struct ConnectRetry {
+  uint64_t firstPauseNs = 50ull * 1000 * 1000;  ///< the pause after the first failed attempt
+  uint64_t maxPauseNs = 50ull * 1000 * 1000;    ///< each pause doubles up to this
+  /// "" : silent. Else the start of a WARN line after the first second of failed attempts and every 5 s after it:
+  /// "<label>: connection refused, retrying for another 25 s (7 attempts so far)".
+  std::string label;
+  /// 10 ms, doubling to 1 s, reported under `label`: for a client whose server may start long after it.
+  static ConnectRetry backoff(std::string label);
+};
+/// Connects to `address`, retrying while the listener is not there yet, until `deadline`. Returns a connected
+/// socket, or an invalid one with `*why` naming the attempts, how long they took and the last error ("12 attempts
+/// in 5003 ms, the last: Connection refused (ECONNREFUSED)"), or the one error that is not worth a retry.
+UniqueFd connectTo(const HostPort& address, Deadline deadline, std::string* why,
+                   const ConnectRetry& retry = ConnectRetry());
+/// The symbolic name of an errno value ("ECONNREFUSED"), or its number as text for one it does not know.
+std::string errnoName(int err);
 
 // ---- Full-length transfers ------------------------------------------------------------------------------------
 

@@ -70,32 +70,33 @@ Endpoint& live(const PyEndpoint& e) {
 
 // Endpoint::wait(id) in slices (see the top of the file), at most `timeoutNs` (0: the endpoint's bound). Past the
 // endpoint's bound, Endpoint::wait itself reports the transfer (its error names the connection and what it waited
-// for), since it measures that bound from the transfer's start.
-void waitTransfer(PyEndpoint& e, uint64_t id, uint64_t timeoutNs) {
+// for), since it measures that bound from the transfer's start. Returns the sizes a receive got (Endpoint::poll).
+std::vector<size_t> waitTransfer(PyEndpoint& e, uint64_t id, uint64_t timeoutNs) {
   const uint64_t bound = timeoutNs ? std::min(timeoutNs, e.timeoutNs) : e.timeoutNs;
   const uint64_t start = nowNs();
   int polls = 0;
+  std::vector<size_t> received;
   for (;;) {
     bool done = false;
     {
       py::gil_scoped_release release;
       Napper napper;  // the naps end on time (base/timer_slack.hpp), the caller's slack comes back
       const uint64_t sliceEnd = nowNs() + kSliceNs;
-      while (!(done = live(e).poll(id)) && nowNs() < sliceEnd) {
+      while (!(done = live(e).poll(id, &received)) && nowNs() < sliceEnd) {
         if (++polls < kSpinPolls)
           std::this_thread::yield();
         else
           napper.nap(kPollSleep);
       }
     }
-    if (done) return;
+    if (done) return received;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     const uint64_t elapsed = nowNs() - start;
     if (elapsed < bound) continue;
     if (bound == e.timeoutNs) {
       py::gil_scoped_release release;
-      live(e).wait(id);  // throws the endpoint's own timeout (or failure) error, or returns if it just finished
-      return;
+      live(e).wait(id, &received);  // throws the endpoint's own timeout (or failure) error, or returns if it finished
+      return received;
     }
     throw Error(ErrorCode::kTimeout, "p2p transfer " + std::to_string(id) + " not done after " +
                                          std::to_string(elapsed / kMsNs) + " ms (timeout " +
@@ -104,15 +105,15 @@ void waitTransfer(PyEndpoint& e, uint64_t id, uint64_t timeoutNs) {
   }
 }
 
-// Starts an async transfer (GIL released) and waits for it interruptibly.
+// Starts an async transfer (GIL released) and waits for it interruptibly; the sizes a receive got.
 template <typename Start>
-void runBlocking(PyEndpoint& e, Start start) {
+std::vector<size_t> runBlocking(PyEndpoint& e, Start start) {
   uint64_t id;
   {
     py::gil_scoped_release release;
     id = start();
   }
-  waitTransfer(e, id, 0);
+  return waitTransfer(e, id, 0);
 }
 
 // A std::future<Status> from UrlTransport, made waitable in slices (so Ctrl-C ends a wait) and pollable: the
@@ -226,8 +227,13 @@ void bindEndpoint(py::module_& m) {
       // Two-sided.
       .def("send", [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p,
                       size_t n) { runBlocking(e, [&] { return live(e).sendAsync(c, mr, pointerFrom(p), n); }); })
-      .def("recv", [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p,
-                      size_t n) { runBlocking(e, [&] { return live(e).recvAsync(c, mr, pointerFrom(p), n); }); })
+      // A receive returns the size of the message it got (recvv: one per buffer).
+      .def("recv",
+           [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n) {
+             const std::vector<size_t> got =
+                 runBlocking(e, [&] { return live(e).recvAsync(c, mr, pointerFrom(p), n); });
+             return got.empty() ? size_t{0} : got[0];
+           })
       .def("sendv",
            [](PyEndpoint& e, uint64_t c, const std::vector<uint64_t>& mrs, const std::vector<uintptr_t>& ptrs,
               const std::vector<size_t>& sizes) {
@@ -238,7 +244,7 @@ void bindEndpoint(py::module_& m) {
            [](PyEndpoint& e, uint64_t c, const std::vector<uint64_t>& mrs, const std::vector<uintptr_t>& ptrs,
               const std::vector<size_t>& sizes) {
              std::vector<Iov> iovs = iovsFrom(mrs, ptrs, sizes, "recvv");
-             runBlocking(e, [&] { return live(e).recvvAsync(c, iovs); });
+             return runBlocking(e, [&] { return live(e).recvvAsync(c, iovs); });
            })
       .def(
           "send_async",
@@ -266,10 +272,17 @@ void bindEndpoint(py::module_& m) {
              py::gil_scoped_release release;
              return live(e).recvvAsync(c, iovs);
            })
+      // (done, the sizes a receive got: one per buffer once done, else empty) and, from wait, those sizes.
       .def(
-          "poll", [](PyEndpoint& e, uint64_t id) { return live(e).poll(id); }, py::call_guard<py::gil_scoped_release>())
+          "poll",
+          [](PyEndpoint& e, uint64_t id) {
+            std::vector<size_t> received;
+            const bool done = live(e).poll(id, &received);
+            return std::make_pair(done, received);
+          },
+          py::call_guard<py::gil_scoped_release>())
       .def(
-          "wait", [](PyEndpoint& e, uint64_t id, uint64_t timeoutMs) { waitTransfer(e, id, timeoutMs * kMsNs); },
+          "wait", [](PyEndpoint& e, uint64_t id, uint64_t timeoutMs) { return waitTransfer(e, id, timeoutMs * kMsNs); },
           py::arg("transfer_id"), py::arg("timeout_ms") = 0)
       // One-sided. Descriptors are bytes (they are binary).
       .def("advertise", [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p,

@@ -1,5 +1,6 @@
 """gdx.p2p between two real processes over TCP on loopback, with numpy host arrays: connect/accept, send/recv of random
-bytes from 1 B to 16 MiB into poisoned buffers (every byte compared), vectors, async + poll, advertise + read/write,
+bytes from 1 B to 16 MiB into poisoned buffers (every byte compared), receives into larger buffers in both forms (seed
+002's ok, seed 000's (ok, recv_size)), vectors, async + poll, advertise + read/write,
 the URL transport's notified writes, errors as gdx exceptions (unknown connection, a range outside its region, a dead
 peer), Ctrl-C; and with GPUs (label gpu) torch CUDA tensors and the IPC forms."""
 
@@ -43,15 +44,16 @@ def _flush(*queues):
         q.join_thread()
 
 
-def _pair(rank, world, server, client, to_client, to_server):
+def _pair(rank, world, server, client, to_client, to_server, endpoint_kwargs=None):
     """Rank 0 runs server(endpoint, conn_id, send, recv), rank 1 client(...); the endpoints are connected first
-    (the server's metadata travels through the queue; the client connects by ip/port or by metadata)."""
+    (the server's metadata travels through the queue; the client connects by ip/port or by metadata). Both endpoints
+    are made with `endpoint_kwargs` besides."""
     send = to_client.put if rank == 0 else to_server.put
 
     def recv():
         return (to_server if rank == 0 else to_client).get(timeout=60)
 
-    with p2p.Endpoint(-1, 2, port=0) as ep:
+    with p2p.Endpoint(-1, 2, port=0, **(endpoint_kwargs or {})) as ep:
         if rank == 0:
             send((ep.ip, ep.port, ep.get_metadata()))
             ok, ip, gpu, conn = ep.accept()
@@ -68,8 +70,8 @@ def _pair(rank, world, server, client, to_client, to_server):
     _flush(to_client, to_server)
 
 
-def _run_pair(server, client):
-    run_ranks(2, _pair, server, client, *_queues(), env=ENV)
+def _run_pair(server, client, **endpoint_kwargs):
+    run_ranks(2, _pair, server, client, *_queues(), endpoint_kwargs, env=ENV)
 
 
 # ---- two-sided -------------------------------------------------------------------------------------------------
@@ -152,6 +154,112 @@ def _async_client(ep, conn, send, recv):
 
 def test_send_async_recv_async_poll():
     _run_pair(_async_server, _async_client)
+
+
+# ---- receives into larger buffers: seed 002's form (ok) and, with return_recv_size, seed 000's (ok, size) ---------
+
+# (message, buffer) sizes: 1 byte up to exactly the buffer, on both sides of the eager threshold (4096 bytes).
+RECV_CASES = [(1, 1), (1, 4096), (4095, 4096), (4096, 4097), (4097, 4097), (1, 1 << 20), (65537, 1 << 20),
+              ((1 << 20) - 1, 1 << 20)]
+RECVV_PIECES, RECVV_BUFFERS = [3, 5000, 70000], [10, 8192, 1 << 20]
+ASYNC_PIECES, ASYNC_BUFFERS = [1, 4097], [4096, 65536]
+GUARD = 64  # bytes past each buffer, inside its registered region, that nothing may write either
+
+
+def _landing(ep, n):
+    """A poisoned buffer of n bytes and a guard, registered: (array, mr_id, the buffer's view)."""
+    mem = np.full(n + GUARD, POISON, dtype=np.uint8)
+    _, mr = ep.reg(mem)
+    return mem, mr, mem[:n]
+
+
+def _check_landed(mem, n, seed, what):
+    _assert_same(mem[:n], _random(seed, n), what)
+    written = np.flatnonzero(mem[n:] != POISON)
+    assert written.size == 0, f"{what}: {written.size} bytes past the {n}-byte message were written, first at " \
+        f"{n + written[0]}"
+
+
+def _recv_forms_server(ep, conn, send, recv, with_size):
+    def result(size):  # what a call that completes a receive returns in this form
+        return (True, size) if with_size else True
+
+    for i, (n, b) in enumerate(RECV_CASES):
+        mem, mr, buf = _landing(ep, b)
+        assert ep.recv(conn, mr, buf.ctypes.data, b) == result(n), f"recv of {n} bytes into {b}"
+        _check_landed(mem, n, 600 + i, f"recv of {n} bytes into {b}")
+    landings = [_landing(ep, b) for b in RECVV_BUFFERS]
+    got = ep.recvv(conn, [m for _, m, _ in landings], [v for _, _, v in landings], RECVV_BUFFERS)
+    assert got == result(RECVV_PIECES)
+    for i, (mem, _, _) in enumerate(landings):
+        _check_landed(mem, RECVV_PIECES[i], 700 + i, f"recvv buffer {i}")
+    # Async: a recv_async waited for, a recvv_async polled (posted before the client sends).
+    mem, mr, buf = _landing(ep, 8192)
+    ok, t = ep.recv_async(conn, mr, buf)
+    landings = [_landing(ep, b) for b in ASYNC_BUFFERS]
+    ok, tv = ep.recvv_async(conn, [m for _, m, _ in landings], [v for _, _, v in landings])
+    assert ep.poll_async(tv) == ((True, False, None) if with_size else (True, False))
+    send("posted")
+    assert ep.wait(t, timeout=60) == result(100)
+    _check_landed(mem, 100, 800, "recv_async")
+    deadline = time.monotonic() + 60
+    while True:
+        polled = ep.poll_async(tv)
+        if polled[1]:
+            break
+        assert time.monotonic() < deadline, "recvv_async not done after 60 s"
+    assert polled == ((True, True, ASYNC_PIECES) if with_size else (True, True))
+    for i, (mem, _, _) in enumerate(landings):
+        _check_landed(mem, ASYNC_PIECES[i], 900 + i, f"recvv_async buffer {i}")
+    # Too large: both sides fail naming both sizes, nothing is written, and the next message pairs with the next
+    # receive.
+    mem, mr, buf = _landing(ep, 100)
+    with pytest.raises(gdx.InvalidArgumentError,
+                       match="the peer's send is 200 bytes, larger than this receive's buffer of 100 bytes"):
+        ep.recv(conn, mr, buf)
+    _check_landed(mem, 0, 0, "a refused receive")
+    assert ep.recv(conn, mr, buf) == result(50)
+    _check_landed(mem, 50, 1000, "the receive after a refused one")
+
+
+def _recv_forms_client(ep, conn, send, recv):
+    for i, (n, _) in enumerate(RECV_CASES):
+        data = _random(600 + i, n)
+        assert ep.send(conn, ep.reg(data)[1], data)
+    data = [_random(700 + i, n) for i, n in enumerate(RECVV_PIECES)]
+    assert ep.sendv(conn, [ep.reg(d)[1] for d in data], data)
+    assert recv() == "posted"
+    one = _random(800, 100)
+    assert ep.send(conn, ep.reg(one)[1], one)
+    data = [_random(900 + i, n) for i, n in enumerate(ASYNC_PIECES)]
+    ok, t = ep.sendv_async(conn, [ep.reg(d)[1] for d in data], data)
+    assert ep.wait(t) is True  # not a receive: the same in both forms
+    big = _random(1, 200)
+    with pytest.raises(gdx.InvalidArgumentError, match="has a buffer of 100 bytes, smaller than this send"):
+        ep.send(conn, ep.reg(big)[1], big)
+    last = _random(1000, 50)
+    assert ep.send(conn, ep.reg(last)[1], last)
+
+
+def _size_form_server(ep, conn, send, recv):
+    _recv_forms_server(ep, conn, send, recv, with_size=True)
+
+
+def _ok_form_server(ep, conn, send, recv):
+    _recv_forms_server(ep, conn, send, recv, with_size=False)
+
+
+def test_recv_into_a_larger_buffer_returns_ok_by_default():
+    _run_pair(_ok_form_server, _recv_forms_client)
+
+
+def test_recv_into_a_larger_buffer_returns_its_size_with_return_recv_size():
+    _run_pair(_size_form_server, _recv_forms_client, return_recv_size=True)
+
+
+def test_return_recv_size_must_be_a_bool():
+    with pytest.raises(TypeError, match="return_recv_size"):
+        p2p.Endpoint(-1, 1, port=0, return_recv_size="yes")
 
 
 # ---- one-sided -------------------------------------------------------------------------------------------------

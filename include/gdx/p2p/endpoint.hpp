@@ -64,8 +64,11 @@ class Endpoint {
   Endpoint& operator=(const Endpoint&) = delete;
 
   // ---- connections ----
-  /// Connects to the endpoint of `remoteGpu` at `ip` (port: -1 = GDX_P2P_PORT + remoteGpu). Throws gdx::Error
-  /// naming the address when nobody answers within GDX_TIMEOUT_MS, or the peer refuses.
+  /// Connects to the endpoint of `remoteGpu` at `ip` (port: -1 = GDX_P2P_PORT + remoteGpu). While nobody listens
+  /// there yet it retries, pausing 10 ms, doubling to 1 s, and logs a WARN line every few seconds ("connecting to
+  /// 10.0.0.1:19500 (GPU 0): connection refused, retrying for another 25 s"). Throws gdx::Error naming the address:
+  /// kTimeout with the attempts and the last errno when nobody accepted within GDX_TIMEOUT_MS, or the peer's reason
+  /// when it refuses.
   uint64_t connect(const std::string& ip, int remoteGpu, int port = -1);
   /// Closes connection `connId`: what still waits on it fails (kShutdown, "closed by close(...) on this side"), its
   /// sockets and threads are released, and the peer's transfers on it fail ("the peer closed the connection").
@@ -104,23 +107,35 @@ class Endpoint {
   /// one-sided write's) are waited for, bounded by GDX_TIMEOUT_MS, past which their connection is closed.
   void dereg(uint64_t mrId);
 
-  // ---- two-sided: each send matches the peer's receive of the same position, of exactly the same size ----
+  // ---- two-sided: each send is a message for the peer's receive of the same position ----
+  // A receive's buffer may be larger than the message: the message lands at its start, the rest of the buffer is left
+  // untouched, and the receive reports the message's size. A message larger than the buffer fails the send and the
+  // receive, each naming both sizes, and writes nothing; the sends and receives after it pair as before. In the
+  // vector forms every buffer is one message: buffer i of a recvv takes the i-th message of the peer's sends (piece
+  // i of its sendv, or of its next sends), each no larger than its buffer.
   // Messages of at most 4 KiB leave at once into a buffer the receiver keeps per connection (32 of them at most
   // before the sender waits); a send of one completes once the peer's receive took it (confirmed with the peer's next
   // message, or within about a millisecond). Larger ones wait for the receive and are written in place. Blocking
   // calls do the connection's work in the calling thread; asynchronous ones leave it to the progress threads.
   void send(uint64_t connId, uint64_t mrId, const void* ptr, size_t size);
-  void recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size);
+  /// Receives the next message into [ptr, ptr + size) (at most `size` bytes); returns its size.
+  size_t recv(uint64_t connId, uint64_t mrId, void* ptr, size_t size);
   void sendv(uint64_t connId, const std::vector<Iov>& iovs);
-  void recvv(uint64_t connId, const std::vector<Iov>& iovs);
+  /// Receives one message into each buffer; returns their sizes, in the order of the buffers.
+  std::vector<size_t> recvv(uint64_t connId, const std::vector<Iov>& iovs);
   uint64_t sendAsync(uint64_t connId, uint64_t mrId, const void* ptr, size_t size);
   uint64_t recvAsync(uint64_t connId, uint64_t mrId, void* ptr, size_t size);
   uint64_t sendvAsync(uint64_t connId, const std::vector<Iov>& iovs);
   uint64_t recvvAsync(uint64_t connId, const std::vector<Iov>& iovs);
   /// true once the transfer is done (its id is then forgotten); throws gdx::Error when it failed.
   bool poll(uint64_t transferId);
+  /// The same; once done, `received` holds the size of the message each buffer of a receive got (one entry per
+  /// buffer), and is left empty for the other transfers.
+  bool poll(uint64_t transferId, std::vector<size_t>* received);
   /// Waits (bounded by GDX_TIMEOUT_MS from the start of the transfer) until it is done; throws when it failed.
   void wait(uint64_t transferId);
+  /// The same, with the sizes a receive got in `received` (as poll()).
+  void wait(uint64_t transferId, std::vector<size_t>* received);
 
   // ---- one-sided ----
   /// Lets the peer of `connId` read and write [ptr, ptr + size) of region `mrId`: returns the descriptor to hand

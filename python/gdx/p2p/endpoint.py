@@ -3,6 +3,13 @@ engines' Python API (seed 002): ``Endpoint(local_gpu_idx, num_cpus)``, ``connect
 -> ``(ok, ip, gpu, conn_id)``, ``reg`` -> ``(ok, mr_id)``, ``send``/``recv`` -> ``ok``, ``send_async`` ->
 ``(ok, transfer_id)``, ``poll_async`` -> ``(ok, done)``, ``advertise`` + ``read``/``write`` ...
 
+Receives take a message of at most their buffer's size (the rest of the buffer is left untouched) and, as in seed
+002, return ``ok``. ``Endpoint(..., return_recv_size=True)`` gives seed 000's form instead: ``recv`` ->
+``(ok, recv_size)``, ``recvv`` -> ``(ok, recv_size_list)``, and for a ``recv_async`` / ``recvv_async`` transfer
+``wait`` -> ``(ok, recv_size)`` (a list for recvv_async) and ``poll_async`` -> ``(ok, done, recv_size)`` (None until
+done); the other calls are the same in both forms. A message larger than its buffer raises on both sides, naming
+both sizes, and writes nothing.
+
 Failures are not reported as ``ok == False``: they raise the gdx.Error subclass of the C++ error, whose message
 names the connection, the operation and what was seen (so ``ok`` is always True when a call returns). Where the seed
 takes a pointer and a size, any array gdx understands (torch tensor, numpy array, ``__cuda_array_interface__``,
@@ -11,7 +18,7 @@ bytes. Blocking calls release the GIL and end on Ctrl-C (KeyboardInterrupt) with
 interrupted that way goes on in the background, and the endpoint keeps its memory alive until it is closed.
 """
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from .. import _args, _gdx
 from .._arrays import raw_view
@@ -92,17 +99,23 @@ class Endpoint:
     transfers. ``local_gpu_idx`` is the GPU it serves (-1: host memory only), ``num_cpus`` its progress threads.
     It listens on ``port`` (None: GDX_P2P_PORT + the GPU index; 0: any free port, see :attr:`port`). With a
     ``secret`` (shared by the endpoints that may connect, as a job secret), a client that does not present it is
-    refused with the reason, on both sides."""
+    refused with the reason, on both sides. With ``return_recv_size=True`` the receives return the size of what they
+    got (seed 000's ``(ok, recv_size)``, see the module's docstring); by default they return ``ok`` (seed 002)."""
 
     def __init__(self, local_gpu_idx: int = -1, num_cpus: int = 1, *, port: Optional[int] = None,
-                 bind_address: str = "", transport: str = "", timeout: Optional[float] = None, secret: str = ""):
+                 bind_address: str = "", transport: str = "", timeout: Optional[float] = None, secret: str = "",
+                 return_recv_size: bool = False):
         gpu = _args.integer(local_gpu_idx, "local_gpu_idx")
         if gpu < -1:
             raise InvalidArgumentError(f"local_gpu_idx must be a GPU index or -1 (host memory only), got {gpu}")
         listen = -1 if port is None else _args.port(port)
+        if not isinstance(return_recv_size, bool):
+            raise TypeError(f"return_recv_size: expected a bool, got {type(return_recv_size).__name__}")
         self._native = _gdx._Endpoint(gpu, _args.integer(num_cpus, "num_cpus"), listen, bind_address, transport,
                                       _args.timeout_ms(timeout), secret)
+        self._with_size = return_recv_size
         self._in_flight: dict = {}  # transfer id -> the arrays it uses, held until it is reported done
+        self._sized: dict = {}  # with return_recv_size: transfer id of a receive -> "recv" or "recvv"
         self._interrupted: list = []  # arrays of blocking transfers ended by Ctrl-C, which go on in the background
 
     # ---- what it is --------------------------------------------------------------------------------------------
@@ -156,39 +169,62 @@ class Endpoint:
         return True
 
     # ---- two-sided ---------------------------------------------------------------------------------------------
-    def _blocking(self, call, keep: Any, *args) -> bool:
+    def _blocking(self, call, keep: Any, *args) -> Any:
         try:
-            call(*args)
+            return call(*args)
         except KeyboardInterrupt:
             self._interrupted.append(keep)
             raise
-        return True
 
     def send(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> bool:
-        """Sends [ptr, ptr + size) of region `mr_id`; returns once it was handed to the transport completely. The
-        peer's matching recv must have exactly the same size."""
+        """Sends [ptr, ptr + size) of region `mr_id` as one message; returns once it was handed to the transport
+        completely. The peer's matching recv needs a buffer of at least this size."""
         p, n = _memory(ptr, size, "send")
-        return self._blocking(self._native.send, ptr, conn_id, mr_id, p, n)
+        self._blocking(self._native.send, ptr, conn_id, mr_id, p, n)
+        return True
 
-    def recv(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> bool:
-        """Receives exactly `size` bytes into [ptr, ...) of region `mr_id`."""
+    def recv(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> Union[bool, Tuple[bool, int]]:
+        """Receives the next message into [ptr, ptr + size) of region `mr_id` (`size`: the buffer's, the most it
+        takes; the message lands at its start and the rest is left untouched). Returns True, or with
+        ``return_recv_size=True`` (True, the message's size). A larger message raises gdx.InvalidArgumentError naming
+        both sizes, on both sides, and writes nothing."""
         p, n = _memory(ptr, size, "recv", writable=True)
-        return self._blocking(self._native.recv, ptr, conn_id, mr_id, p, n)
+        got = self._blocking(self._native.recv, ptr, conn_id, mr_id, p, n)
+        return (True, got) if self._with_size else True
 
     def sendv(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
               size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> bool:
-        """Sends several pieces as one message; the peer's recvv has the same sizes."""
+        """Sends several pieces, each a message of its own: piece i goes to buffer i of the peer's recvv (which must
+        be at least as large)."""
         mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "sendv")
-        return self._blocking(self._native.sendv, list(ptr_list), conn_id, mrs, ptrs, sizes)
+        self._blocking(self._native.sendv, list(ptr_list), conn_id, mrs, ptrs, sizes)
+        return True
 
     def recvv(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
-              size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> bool:
+              size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None
+              ) -> Union[bool, Tuple[bool, List[int]]]:
+        """Receives one message into each buffer (`size_list`: their sizes, the most each takes): buffer i takes piece
+        i of the peer's sendv. Returns True, or with ``return_recv_size=True`` (True, the size each buffer got)."""
         mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "recvv", writable=True)
-        return self._blocking(self._native.recvv, list(ptr_list), conn_id, mrs, ptrs, sizes)
+        got = self._blocking(self._native.recvv, list(ptr_list), conn_id, mrs, ptrs, sizes)
+        return (True, list(got)) if self._with_size else True
 
-    def _started(self, transfer_id: int, keep: Any) -> Tuple[bool, int]:
+    def _started(self, transfer_id: int, keep: Any, receive: Optional[str] = None) -> Tuple[bool, int]:
+        """`receive`: "recv" or "recvv" for a receive (whose size, or list of sizes, return_recv_size reports)."""
         self._in_flight[transfer_id] = keep
+        if receive is not None and self._with_size:
+            self._sized[transfer_id] = receive
         return True, transfer_id
+
+    def _done(self, transfer_id: int) -> Optional[str]:
+        """Forgets a transfer reported done or failed; what _started noted of it as a receive (None: nothing)."""
+        self._in_flight.pop(transfer_id, None)
+        return self._sized.pop(transfer_id, None)
+
+    @staticmethod
+    def _size_of(receive: str, received: List[int]) -> Union[int, List[int]]:
+        """What a receive reports in the with-size form: its size (recv), or the list of its buffers' (recvv)."""
+        return list(received) if receive == "recvv" else (received[0] if received else 0)
 
     def send_async(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> Tuple[bool, int]:
         """Starts a send: (True, transfer_id) for poll_async / wait."""
@@ -196,8 +232,10 @@ class Endpoint:
         return self._started(self._native.send_async(conn_id, mr_id, p, n), ptr)
 
     def recv_async(self, conn_id: int, mr_id: int, ptr: Any, size: Optional[int] = None) -> Tuple[bool, int]:
+        """Starts a receive of at most `size` bytes: (True, transfer_id). With ``return_recv_size=True``, wait()
+        and poll_async() also give the size it got."""
         p, n = _memory(ptr, size, "recv_async", writable=True)
-        return self._started(self._native.recv_async(conn_id, mr_id, p, n), ptr)
+        return self._started(self._native.recv_async(conn_id, mr_id, p, n), ptr, receive="recv")
 
     def sendv_async(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
                     size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> Tuple[bool, int]:
@@ -207,36 +245,40 @@ class Endpoint:
     def recvv_async(self, conn_id: int, mr_id_list: Sequence[int], ptr_list: Sequence[Any],
                     size_list: Optional[Sequence[int]] = None, num_iovs: Optional[int] = None) -> Tuple[bool, int]:
         mrs, ptrs, sizes = _iov_lists(mr_id_list, ptr_list, size_list, num_iovs, "recvv_async", writable=True)
-        return self._started(self._native.recvv_async(conn_id, mrs, ptrs, sizes), list(ptr_list))
+        return self._started(self._native.recvv_async(conn_id, mrs, ptrs, sizes), list(ptr_list), receive="recvv")
 
-    def poll_async(self, transfer_id: int) -> Tuple[bool, bool]:
-        """(True, done); once done, the id is forgotten. Raises the transfer's error when it failed."""
+    def poll_async(self, transfer_id: int) -> Union[Tuple[bool, bool], Tuple[bool, bool, Any]]:
+        """(True, done); once done, the id is forgotten. Raises the transfer's error when it failed. With
+        ``return_recv_size=True``, a recv_async's or recvv_async's transfer gives (True, done, recv_size): the
+        message's size (recvv_async: a list, one per buffer) once done, None before."""
         try:
-            done = self._native.poll(transfer_id)
+            done, received = self._native.poll(transfer_id)
         except Exception:
-            self._in_flight.pop(transfer_id, None)
+            self._done(transfer_id)
             raise
-        if done:
-            self._in_flight.pop(transfer_id, None)
-        return True, done
+        receive = self._done(transfer_id) if done else self._sized.get(transfer_id)
+        if receive is None:
+            return True, done
+        return True, done, (self._size_of(receive, received) if done else None)
 
-    def wait(self, transfer_id: int, timeout: Optional[float] = None) -> bool:
+    def wait(self, transfer_id: int, timeout: Optional[float] = None) -> Union[bool, Tuple[bool, Any]]:
         """Waits until the transfer is done: at most `timeout` seconds (None: GDX_TIMEOUT_MS from its start), then
-        gdx.TimeoutError. Releases the GIL; Ctrl-C interrupts it."""
+        gdx.TimeoutError. Releases the GIL; Ctrl-C interrupts it. Returns True, or with ``return_recv_size=True``
+        for a recv_async / recvv_async transfer (True, recv_size) (a list for recvv_async)."""
         timeout_ms = _args.timeout_ms(timeout)
         try:
-            self._native.wait(transfer_id, timeout_ms)
+            received = self._native.wait(transfer_id, timeout_ms)
         except KeyboardInterrupt:
             raise  # still in flight: its arrays stay held
         except GdxTimeoutError:
             if timeout is None:  # the endpoint's own bound: the transfer was reported and forgotten
-                self._in_flight.pop(transfer_id, None)
+                self._done(transfer_id)
             raise  # else still in flight: wait or poll again
         except Exception:
-            self._in_flight.pop(transfer_id, None)
+            self._done(transfer_id)
             raise
-        self._in_flight.pop(transfer_id, None)
-        return True
+        receive = self._done(transfer_id)
+        return True if receive is None else (True, self._size_of(receive, received))
 
     # ---- one-sided ---------------------------------------------------------------------------------------------
     def advertise(self, conn_id: int, mr_id: int, addr: Any, len: Optional[int] = None,  # noqa: A002 (seed's name)
@@ -263,15 +305,15 @@ class Endpoint:
         """Writes local [src, src + size) of region `mr_id` into the peer's advertised range `slot_item` (what its
         advertise() produced) at `remote_offset`; returns once the data is in place there."""
         p, n = _memory(src, size, "write")
-        return self._blocking(self._native.write, src, conn_id, mr_id, p, n, _descriptor(slot_item, "write"),
-                              remote_offset)
+        self._blocking(self._native.write, src, conn_id, mr_id, p, n, _descriptor(slot_item, "write"), remote_offset)
+        return True
 
     def read(self, conn_id: int, mr_id: int, dst: Any, size: Optional[int], slot_item: Any,
              remote_offset: int = 0) -> bool:
         """Reads `size` bytes at `remote_offset` of the peer's advertised range into local [dst, ...)."""
         p, n = _memory(dst, size, "read", writable=True)
-        return self._blocking(self._native.read, dst, conn_id, mr_id, p, n, _descriptor(slot_item, "read"),
-                              remote_offset)
+        self._blocking(self._native.read, dst, conn_id, mr_id, p, n, _descriptor(slot_item, "read"), remote_offset)
+        return True
 
     def write_async(self, conn_id: int, mr_id: int, src: Any, size: Optional[int], slot_item: Any,
                     remote_offset: int = 0) -> Tuple[bool, int]:
@@ -352,6 +394,7 @@ class Endpoint:
             return True
         self._native.close()
         self._in_flight.clear()
+        self._sized.clear()
         self._interrupted.clear()
         return True
 

@@ -126,12 +126,20 @@ bool TcpxTransfer::Impl::settle(bool block) {
     for (Piece& c : p.pieces) {
       if (c.done) continue;
       try {
+        std::vector<size_t> received;
         if (block) {
-          ep.wait(c.id);
+          ep.wait(c.id, &received);
           c.done = true;
         } else {
-          c.done = ep.poll(c.id);
+          c.done = ep.poll(c.id, &received);
         }
+        // An endpoint receive takes any message up to its size; a transfer pairs pieces of equal sizes (a shorter
+        // one means the two sides posted different sizes, and the pieces after it would pair wrongly).
+        if (c.done && !p.send && (received.size() != 1 || received[0] != c.size))
+          throw Error(ErrorCode::kInvalidArgument,
+                      "the peer sent " + (received.empty() ? std::string("?") : std::to_string(received[0])) +
+                          " bytes for this piece of " + std::to_string(c.size) +
+                          " (postSend and postRecv must post the same sizes)");
       } catch (const Error& e) {
         c.done = true;
         if (!first) first = Error(e.code(), describe(p, c) + ": " + e.message());

@@ -31,8 +31,9 @@
 // memory, postSend on memory registered for receiving, malformed connection info) is kInvalidArgument naming the peer,
 // the operation and the values. Every wait ends within GDX_TIMEOUT_MS (accept, connect, and wait() from the last
 // post): kTimeout naming what was still missing; a peer that dies or closes fails the waits on it with kPeerFailed.
-// A failed wait() names the peer, the operation, mem_id, offset and size, and the piece (channel, its bytes). A size
-// mismatch fails both sides' pieces and leaves the peer usable; after a piece that timed out or failed on one side
+// A failed wait() names the peer, the operation, mem_id, offset and size, and the piece (channel, its bytes). A piece
+// received shorter than posted fails the receiving side's wait, naming both sizes (the send fit, so the sender's wait
+// succeeds); a piece sent longer than the receive's fails both sides' pieces and leaves the peer usable; after a piece that timed out or failed on one side
 // only, the two sides no longer deal pieces to the same channels: disconnect() and connect again.
 //
 // Threads: a session's calls may come from several threads; pieces to one peer are numbered in the order they are

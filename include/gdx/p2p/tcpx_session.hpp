@@ -33,8 +33,9 @@
 // post): kTimeout naming what was still missing; a peer that dies or closes fails the waits on it with kPeerFailed.
 // A failed wait() names the peer, the operation, mem_id, offset and size, and the piece (channel, its bytes). A piece
 // received shorter than posted fails the receiving side's wait, naming both sizes (the send fit, so the sender's wait
-// succeeds); a piece sent longer than the receive's fails both sides' pieces and leaves the peer usable; after a piece that timed out or failed on one side
-// only, the two sides no longer deal pieces to the same channels: disconnect() and connect again.
+// succeeds); a piece sent longer than the receive's fails both sides' pieces and leaves the peer usable; after a piece
+// that timed out or failed on one side only, the two sides no longer deal pieces to the same channels: disconnect() and
+// connect again.
 //
 // Threads: a session's calls may come from several threads; pieces to one peer are numbered in the order they are
 // posted. A transfer is used by one thread at a time.

@@ -703,13 +703,16 @@ void Connection::registerLocal(const MemoryRegion& r, std::string* key, bool rea
                                                  " was deregistered while the transfer was queued");
   auto it = localKeys_.find(r.window);
   if (it == localKeys_.end()) {
-    // What the peer may do to it: write an advertised range, write the eager buffer only with its immediates, write
-    // the memory a resolver gives (the URL transport's, whose keys carry a secret), and nothing to a region
-    // registered as the source of this side's sends and writes (a receive's range is a grant). Decided at
-    // registration: a verbs NIC then refuses the writes itself.
-    const RemoteAccess access = r.window == kEagerWindow                         ? RemoteAccess::kImmediateWrites
-                                : r.window >= kAdvertisedWindowBase || resolver_ ? RemoteAccess::kWrite
-                                                                                 : RemoteAccess::kNone;
+    // What the peer may do to it: write an advertised range, write the eager buffer only with its immediates, and
+    // nothing to a region registered as the source of this side's sends and writes (a receive's range is a grant).
+    // Decided at registration: a verbs NIC then refuses the writes itself. The memory a resolver gives (the URL
+    // transport's) becomes writable once the peer presented its key's secret (the key request below); where the
+    // access cannot be widened later (verbs without ibv_rereg_mr) it is writable from the start, for the connected
+    // peer only, which the NIC cannot ask for the secret anyway.
+    const bool writableLater = resolver_ && link_.transport->accessFixedAtRegistration();
+    const RemoteAccess access = r.window == kEagerWindow                             ? RemoteAccess::kImmediateWrites
+                                : r.window >= kAdvertisedWindowBase || writableLater ? RemoteAccess::kWrite
+                                                                                     : RemoteAccess::kNone;
     it = localKeys_.emplace(r.window, link_.transport->registerWindowFor(r.window, r.base, r.bytes, r.kind, access))
              .first;
   }

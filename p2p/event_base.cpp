@@ -11,11 +11,14 @@
 #include <exception>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 
+#include "gdx/config.hpp"
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
+#include "gdx/error.hpp"
 
 namespace gdx::p2p {
 
@@ -54,13 +57,21 @@ void EventBase::runInEventBaseThread(std::function<void()> fn) {
 
 void EventBase::runInEventBaseThreadAndWait(std::function<void()> fn) {
   if (isInEventBaseThread()) return Impl::run(fn);
-  std::promise<void> ran;
-  std::future<void> done = ran.get_future();
-  runInEventBaseThread([&] {
+  // Shared with the task: a wait that gave up leaves it safe to run later.
+  auto ran = std::make_shared<std::promise<void>>();
+  std::future<void> done = ran->get_future();
+  runInEventBaseThread([ran, fn = std::move(fn)]() mutable {
     Impl::run(fn);
-    ran.set_value();
+    ran->set_value();
   });
-  done.wait();
+  const uint64_t timeoutNs = defaultTimeoutNs();
+  if (done.wait_for(std::chrono::nanoseconds(timeoutNs)) != std::future_status::ready)
+    throw Error(ErrorCode::kTimeout,
+                "EventBase::runInEventBaseThreadAndWait: the task did not run within "
+                "GDX_TIMEOUT_MS (" +
+                    std::to_string(timeoutNs / 1000000) +
+                    " ms): is the event base's loop running (loopForever, or a "
+                    "ScopedEventBaseThread)?");
 }
 
 uint64_t EventBase::runAfterDelay(std::function<void()> fn, uint32_t milliseconds) {

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -41,18 +42,25 @@ bool Handshakes::start(net::UniqueFd fd, Body body) {
   if (live >= kMaxRunning && !evictSilent()) return false;
   net::UniqueFd dup(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
   if (!dup.valid()) return false;
-  running_.push_back(std::make_unique<Running>());
-  Running* r = running_.back().get();
+  auto made = std::make_unique<Running>();
+  Running* r = made.get();
   r->fd = std::move(fd);
-  r->thread = std::thread([this, r, body = std::move(body), dup = std::move(dup)]() mutable {
-    body(std::move(dup), [this, r] {
-      std::lock_guard<std::mutex> heard(mutex_);
-      r->heard = true;
+  // The thread is made before the entry is listed: if it cannot be made, no entry without a thread is left for
+  // stop() to join, and the newcomer is refused like one beyond the places.
+  try {
+    r->thread = std::thread([this, r, body = std::move(body), dup = std::move(dup)]() mutable {
+      body(std::move(dup), [this, r] {
+        std::lock_guard<std::mutex> heard(mutex_);
+        r->heard = true;
+      });
+      std::lock_guard<std::mutex> done(mutex_);
+      r->done = true;
+      r->fd.reset();  // the client sees the socket closed now, not when the next arrival reaps this thread
     });
-    std::lock_guard<std::mutex> done(mutex_);
-    r->done = true;
-    r->fd.reset();  // the client sees the socket closed now, not when the next arrival reaps this thread
-  });
+  } catch (const std::system_error&) {
+    return false;
+  }
+  running_.push_back(std::move(made));
   return true;
 }
 

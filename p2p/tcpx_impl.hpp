@@ -3,11 +3,11 @@
 //
 // A session is one Endpoint (one progress thread per channel) that listens from its construction. A connecting
 // session dials the listener once per channel and sends, as the first message of each connection, a ChannelHello
-// (kHelloBytes, two-sided, eager): its random session id, the channel's index, how many channels there are and the
-// piece size. The listening session takes connections in the background (Endpoint::startPassiveAccept); accept()
-// receives each one's hello and groups the connections by session id until one session's channels are all there,
-// so that two clients connecting at once, or a stranger, cannot mix up the channels. The connecting side's channel
-// count and piece size are adopted, as the dialling side's TCP shape is for every p2p connection.
+// (kHelloBytes, two-sided, eager): a random id of that connect() call, the channel's index, how many channels there are
+// and the piece size. The listening session takes connections in the background (Endpoint::startPassiveAccept);
+// accept() receives each one's hello and groups the connections by session id until one session's channels are all
+// there, so that two clients connecting at once, or a stranger, cannot mix up the channels. The connecting side's
+// channel count and piece size are adopted, as the dialling side's TCP shape is for every p2p connection.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +25,7 @@ namespace gdx::p2p {
 
 /// What a connecting session says first on each channel.
 struct ChannelHello {
-  uint64_t session = 0;  ///< the connecting session's random id: its channels carry the same one
+  uint64_t session = 0;  ///< a random id of the connect() call: its channels carry the same one
   uint32_t channel = 0;
   uint32_t channels = 0;
   uint64_t chunkBytes = 0;  ///< the piece size both sides cut posts into
@@ -82,7 +82,7 @@ struct TcpxSession::Impl {
   /// The registration `memId`; kInvalidArgument naming `op` when there is none.
   TcpxMemory memory(uint64_t memId, const std::string& op);
   /// Sends the hellos of a connecting peer (its connections are up).
-  void sayHello(TcpxPeer& p, uint64_t sessionId);
+  void sayHello(TcpxPeer& p, uint64_t connectId);
   /// accept(): takes the next connection and its hello into `pending`; false when none came by `deadlineNs`.
   bool takeConnection(uint64_t deadlineNs, const std::string& op);
   /// Names `p` (its channels are up): kInvalidArgument, after closing it, when the name was taken meanwhile.
@@ -92,7 +92,6 @@ struct TcpxSession::Impl {
 
   TcpxSessionOptions options;
   std::unique_ptr<Endpoint> endpoint;
-  uint64_t sessionId = 0;
 
   std::mutex mutex;  ///< guards the maps and `listening`
   bool listening = false;

@@ -1,5 +1,6 @@
 // TcpxSession: the endpoint, connection info, the channels of a peer (connect, accept and the channel hello that
 // groups them), memory registration (tcpx_impl.hpp describes the protocol).
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -115,7 +116,6 @@ TcpxSession::Impl::Impl(const TcpxSessionOptions& o) : options(o) {
   e.tcpSockets = o.socketsPerChannel;
   e.tcpChunkBytes = o.chunkBytes;
   endpoint = std::make_unique<Endpoint>(e);
-  sessionId = randomU64();
   helloIn.assign(kHelloBytes, 0);
   helloInMr = endpoint->reg(helloIn.data(), kHelloBytes);
 }
@@ -208,9 +208,14 @@ bool TcpxSession::Impl::takeConnection(uint64_t deadlineNs, const std::string& o
   std::string why;
   ChannelHello h;
   try {
+    // Each connection's hello is bounded by the hello wait, not by what is left of accept's: one that connected and
+    // said nothing is refused and the wait goes on.
+    const uint64_t helloBy = std::min<uint64_t>(deadlineNs, nowNs() + helloWaitNs(options.timeoutNs));
+    std::fill(helloIn.begin(), helloIn.end(), 0);
     const uint64_t id = endpoint->recvAsync(a.connId, helloInMr, helloIn.data(), kHelloBytes);
-    while (!endpoint->poll(id)) {
-      if (nowNs() >= deadlineNs) {
+    std::vector<size_t> got;
+    while (!endpoint->poll(id, &got)) {
+      if (nowNs() >= helloBy) {
         endpoint->close(a.connId);  // fails the receive; waiting for it forgets it
         try {
           endpoint->wait(id);
@@ -221,7 +226,10 @@ bool TcpxSession::Impl::takeConnection(uint64_t deadlineNs, const std::string& o
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    why = decodeChannelHello(helloIn.data(), &h);
+    why = got.size() == 1 && got[0] == kHelloBytes
+              ? decodeChannelHello(helloIn.data(), &h)
+              : "its first message has " + std::to_string(got.empty() ? 0 : got[0]) + " bytes, a hello " +
+                    std::to_string(kHelloBytes);
   } catch (const Error& e) {
     why = e.message();
   }
@@ -368,7 +376,7 @@ void TcpxSession::connect(const std::string& remoteName) {
     }
   }
   try {
-    d.sayHello(*p, d.sessionId);
+    d.sayHello(*p, randomU64());  // per connect(): two at once from one session group their own channels
   } catch (const Error& e) {
     d.closePeer(*p, "connect failed");
     throw Error(e.code(), d.who() + ": " + op + ": saying hello to " + p->address + ": " + e.message());

@@ -24,16 +24,22 @@ void Transfer::finishPart() {
 }
 
 void Transfer::finishPart(size_t index, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (failed_ || parts_ == 0) return;
-  sized_ = true;
-  if (index == 0) {
-    size0_ = bytes;
-  } else if (index < static_cast<size_t>(total_)) {
-    if (moreSizes_.empty()) moreSizes_.resize(static_cast<size_t>(total_) - 1);
-    moreSizes_[index - 1] = bytes;
+  FinishHandler done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_ || parts_ == 0) return;
+    sized_ = true;
+    if (index == 0) {
+      size0_ = bytes;
+    } else if (index < static_cast<size_t>(total_)) {
+      if (moreSizes_.empty()) moreSizes_.resize(static_cast<size_t>(total_) - 1);
+      moreSizes_[index - 1] = bytes;
+    }
+    if (--parts_ > 0) return;
+    cv_.notify_all();
+    done = std::move(onFinish_);  // the header's promise: the thread that finished the last part calls it
   }
-  if (--parts_ == 0) cv_.notify_all();
+  if (done) done(*this);
 }
 
 std::vector<uint64_t> Transfer::sizes() const {

@@ -215,6 +215,8 @@ void UrlTransport::Impl::establish(const net::HostPort& hp, const std::string& p
     GDX_INFO(who << ": " << c->name() << " up");
   } catch (const Error& e) {
     failLink(e.code(), e.message());
+  } catch (const std::exception& e) {  // a thread or memory that could not be had: this thread must not end by it
+    failLink(ErrorCode::kInternal, who + ": " + e.what());
   }
 }
 
@@ -230,7 +232,16 @@ void UrlTransport::Impl::publish(const std::shared_ptr<Connection>& c) {
       }
       batch.swap(pending);
     }
-    for (PendingWrite& w : batch) c->write(w.t, {w.src}, {w.dst}, w.notify);
+    for (PendingWrite& w : batch) {
+      // Memory destroyed while the write waited for the connection was forgotten on no connection (there was none):
+      // its write fails here instead of reading freed memory. Destroyed from now on, the connection forgets it.
+      MemoryRegion still;
+      if (!MemoryRegistry::get().find(w.src.region.window, &still))
+        w.t->fail(ErrorCode::kInvalidArgument, "its memory (id " + std::to_string(w.src.region.window) +
+                                                   ") was destroyed before the connection came up");
+      else
+        c->write(w.t, {w.src}, {w.dst}, w.notify);
+    }
   }
   linkCv.notify_all();
 }

@@ -63,9 +63,12 @@ struct PyEndpoint {
   }
 };
 
-Endpoint& live(const PyEndpoint& e) {
-  if (!e.ep) throw Error(ErrorCode::kShutdown, "this gdx.p2p.Endpoint was closed");
-  return *e.ep;
+// The endpoint, held for the call: calls run with the GIL released, so close() from another Python thread may drop
+// the PyEndpoint's reference meanwhile; both sides use the atomic shared_ptr functions.
+std::shared_ptr<Endpoint> live(const PyEndpoint& e) {
+  std::shared_ptr<Endpoint> ep = std::atomic_load(&e.ep);
+  if (!ep) throw Error(ErrorCode::kShutdown, "this gdx.p2p.Endpoint was closed");
+  return ep;
 }
 
 // Endpoint::wait(id) in slices (see the top of the file), at most `timeoutNs` (0: the endpoint's bound). Past the
@@ -76,13 +79,14 @@ std::vector<size_t> waitTransfer(PyEndpoint& e, uint64_t id, uint64_t timeoutNs)
   const uint64_t start = nowNs();
   int polls = 0;
   std::vector<size_t> received;
+  const std::shared_ptr<Endpoint> ep = live(e);  // one reference for the whole wait
   for (;;) {
     bool done = false;
     {
       py::gil_scoped_release release;
       Napper napper;  // the naps end on time (base/timer_slack.hpp), the caller's slack comes back
       const uint64_t sliceEnd = nowNs() + kSliceNs;
-      while (!(done = live(e).poll(id, &received)) && nowNs() < sliceEnd) {
+      while (!(done = ep->poll(id, &received)) && nowNs() < sliceEnd) {
         if (++polls < kSpinPolls)
           std::this_thread::yield();
         else
@@ -95,7 +99,7 @@ std::vector<size_t> waitTransfer(PyEndpoint& e, uint64_t id, uint64_t timeoutNs)
     if (elapsed < bound) continue;
     if (bound == e.timeoutNs) {
       py::gil_scoped_release release;
-      live(e).wait(id, &received);  // throws the endpoint's own timeout (or failure) error, or returns if it finished
+      ep->wait(id, &received);  // throws the endpoint's own timeout (or failure) error, or returns if it finished
       return received;
     }
     throw Error(ErrorCode::kTimeout, "p2p transfer " + std::to_string(id) + " not done after " +
@@ -185,24 +189,24 @@ void bindEndpoint(py::module_& m) {
            }),
            py::arg("local_gpu"), py::arg("num_cpus"), py::arg("port"), py::arg("bind_address"), py::arg("transport"),
            py::arg("timeout_ms"), py::arg("secret") = "")
-      .def_property_readonly("port", [](const PyEndpoint& e) { return live(e).port(); })
-      .def_property_readonly("ip", [](const PyEndpoint& e) { return live(e).ip(); })
-      .def_property_readonly("local_gpu", [](const PyEndpoint& e) { return live(e).localGpu(); })
-      .def_property_readonly("transport", [](const PyEndpoint& e) { return live(e).transport(); })
+      .def_property_readonly("port", [](const PyEndpoint& e) { return live(e)->port(); })
+      .def_property_readonly("ip", [](const PyEndpoint& e) { return live(e)->ip(); })
+      .def_property_readonly("local_gpu", [](const PyEndpoint& e) { return live(e)->localGpu(); })
+      .def_property_readonly("transport", [](const PyEndpoint& e) { return live(e)->transport(); })
       .def(
-          "close_connection", [](PyEndpoint& e, uint64_t c) { live(e).close(c); },
+          "close_connection", [](PyEndpoint& e, uint64_t c) { live(e)->close(c); },
           py::call_guard<py::gil_scoped_release>())
-      .def("connection_transport", [](PyEndpoint& e, uint64_t c) { return live(e).connectionTransport(c); })
+      .def("connection_transport", [](PyEndpoint& e, uint64_t c) { return live(e)->connectionTransport(c); })
       .def(
           "connect",
-          [](PyEndpoint& e, const std::string& ip, int gpu, int port) { return live(e).connect(ip, gpu, port); },
+          [](PyEndpoint& e, const std::string& ip, int gpu, int port) { return live(e)->connect(ip, gpu, port); },
           py::call_guard<py::gil_scoped_release>())
       // Without a bound: slices of tryAccept, between which Ctrl-C and a close() from another thread end it.
       .def("accept",
            [](PyEndpoint& e) {
              p2p::Accepted a;
              for (;;) {
-               std::shared_ptr<Endpoint> ep = e.ep;  // read under the GIL, as close() writes it
+               std::shared_ptr<Endpoint> ep = std::atomic_load(&e.ep);
                if (!ep) throw Error(ErrorCode::kShutdown, "accept: this gdx.p2p.Endpoint was closed");
                bool got = false;
                {
@@ -216,46 +220,46 @@ void bindEndpoint(py::module_& m) {
              return py::make_tuple(a.ip, a.remoteGpu, a.connId);
            })
       .def(
-          "start_passive_accept", [](PyEndpoint& e) { live(e).startPassiveAccept(); },
+          "start_passive_accept", [](PyEndpoint& e) { live(e)->startPassiveAccept(); },
           py::call_guard<py::gil_scoped_release>())
-      .def("metadata", [](const PyEndpoint& e) { return py::bytes(live(e).metadata()); })
+      .def("metadata", [](const PyEndpoint& e) { return py::bytes(live(e)->metadata()); })
       .def(
-          "add_remote_endpoint", [](PyEndpoint& e, const std::string& md) { return live(e).addRemoteEndpoint(md); },
+          "add_remote_endpoint", [](PyEndpoint& e, const std::string& md) { return live(e)->addRemoteEndpoint(md); },
           py::call_guard<py::gil_scoped_release>())
-      .def("reg", [](PyEndpoint& e, uintptr_t ptr, size_t size) { return live(e).reg(pointerFrom(ptr), size); })
-      .def("dereg", [](PyEndpoint& e, uint64_t mr) { live(e).dereg(mr); })
+      .def("reg", [](PyEndpoint& e, uintptr_t ptr, size_t size) { return live(e)->reg(pointerFrom(ptr), size); })
+      .def("dereg", [](PyEndpoint& e, uint64_t mr) { live(e)->dereg(mr); })
       // Two-sided.
       .def("send", [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p,
-                      size_t n) { runBlocking(e, [&] { return live(e).sendAsync(c, mr, pointerFrom(p), n); }); })
+                      size_t n) { runBlocking(e, [&] { return live(e)->sendAsync(c, mr, pointerFrom(p), n); }); })
       // A receive returns the size of the message it got (recvv: one per buffer).
       .def("recv",
            [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n) {
              const std::vector<size_t> got =
-                 runBlocking(e, [&] { return live(e).recvAsync(c, mr, pointerFrom(p), n); });
+                 runBlocking(e, [&] { return live(e)->recvAsync(c, mr, pointerFrom(p), n); });
              return got.empty() ? size_t{0} : got[0];
            })
       .def("sendv",
            [](PyEndpoint& e, uint64_t c, const std::vector<uint64_t>& mrs, const std::vector<uintptr_t>& ptrs,
               const std::vector<size_t>& sizes) {
              std::vector<Iov> iovs = iovsFrom(mrs, ptrs, sizes, "sendv");
-             runBlocking(e, [&] { return live(e).sendvAsync(c, iovs); });
+             runBlocking(e, [&] { return live(e)->sendvAsync(c, iovs); });
            })
       .def("recvv",
            [](PyEndpoint& e, uint64_t c, const std::vector<uint64_t>& mrs, const std::vector<uintptr_t>& ptrs,
               const std::vector<size_t>& sizes) {
              std::vector<Iov> iovs = iovsFrom(mrs, ptrs, sizes, "recvv");
-             return runBlocking(e, [&] { return live(e).recvvAsync(c, iovs); });
+             return runBlocking(e, [&] { return live(e)->recvvAsync(c, iovs); });
            })
       .def(
           "send_async",
           [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n) {
-            return live(e).sendAsync(c, mr, pointerFrom(p), n);
+            return live(e)->sendAsync(c, mr, pointerFrom(p), n);
           },
           py::call_guard<py::gil_scoped_release>())
       .def(
           "recv_async",
           [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n) {
-            return live(e).recvAsync(c, mr, pointerFrom(p), n);
+            return live(e)->recvAsync(c, mr, pointerFrom(p), n);
           },
           py::call_guard<py::gil_scoped_release>())
       .def("sendv_async",
@@ -263,21 +267,21 @@ void bindEndpoint(py::module_& m) {
               const std::vector<size_t>& sizes) {
              std::vector<Iov> iovs = iovsFrom(mrs, ptrs, sizes, "sendv_async");
              py::gil_scoped_release release;
-             return live(e).sendvAsync(c, iovs);
+             return live(e)->sendvAsync(c, iovs);
            })
       .def("recvv_async",
            [](PyEndpoint& e, uint64_t c, const std::vector<uint64_t>& mrs, const std::vector<uintptr_t>& ptrs,
               const std::vector<size_t>& sizes) {
              std::vector<Iov> iovs = iovsFrom(mrs, ptrs, sizes, "recvv_async");
              py::gil_scoped_release release;
-             return live(e).recvvAsync(c, iovs);
+             return live(e)->recvvAsync(c, iovs);
            })
       // (done, the sizes a receive got: one per buffer once done, else empty) and, from wait, those sizes.
       .def(
           "poll",
           [](PyEndpoint& e, uint64_t id) {
             std::vector<size_t> received;
-            const bool done = live(e).poll(id, &received);
+            const bool done = live(e)->poll(id, &received);
             return std::make_pair(done, received);
           },
           py::call_guard<py::gil_scoped_release>())
@@ -286,25 +290,25 @@ void bindEndpoint(py::module_& m) {
           py::arg("transfer_id"), py::arg("timeout_ms") = 0)
       // One-sided. Descriptors are bytes (they are binary).
       .def("advertise", [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p,
-                           size_t n) { return py::bytes(live(e).advertise(c, mr, pointerFrom(p), n)); })
+                           size_t n) { return py::bytes(live(e)->advertise(c, mr, pointerFrom(p), n)); })
       .def("write",
            [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n, const std::string& desc, uint64_t off) {
-             runBlocking(e, [&] { return live(e).writeAsync(c, mr, pointerFrom(p), n, desc, off); });
+             runBlocking(e, [&] { return live(e)->writeAsync(c, mr, pointerFrom(p), n, desc, off); });
            })
       .def("read",
            [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n, const std::string& desc, uint64_t off) {
-             runBlocking(e, [&] { return live(e).readAsync(c, mr, pointerFrom(p), n, desc, off); });
+             runBlocking(e, [&] { return live(e)->readAsync(c, mr, pointerFrom(p), n, desc, off); });
            })
       .def(
           "write_async",
           [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n, const std::string& desc, uint64_t off) {
-            return live(e).writeAsync(c, mr, pointerFrom(p), n, desc, off);
+            return live(e)->writeAsync(c, mr, pointerFrom(p), n, desc, off);
           },
           py::call_guard<py::gil_scoped_release>())
       .def(
           "read_async",
           [](PyEndpoint& e, uint64_t c, uint64_t mr, uintptr_t p, size_t n, const std::string& desc, uint64_t off) {
-            return live(e).readAsync(c, mr, pointerFrom(p), n, desc, off);
+            return live(e)->readAsync(c, mr, pointerFrom(p), n, desc, off);
           },
           py::call_guard<py::gil_scoped_release>())
       .def("writev",
@@ -312,30 +316,31 @@ void bindEndpoint(py::module_& m) {
               const std::vector<size_t>& sizes, const std::vector<std::string>& descs) {
              std::vector<Iov> iovs = iovsFrom(mrs, ptrs, sizes, "writev");
              py::gil_scoped_release release;
-             live(e).writev(c, iovs, descs);
+             live(e)->writev(c, iovs, descs);
            })
       .def("readv",
            [](PyEndpoint& e, uint64_t c, const std::vector<uint64_t>& mrs, const std::vector<uintptr_t>& ptrs,
               const std::vector<size_t>& sizes, const std::vector<std::string>& descs) {
              std::vector<Iov> iovs = iovsFrom(mrs, ptrs, sizes, "readv");
              py::gil_scoped_release release;
-             live(e).readv(c, iovs, descs);
+             live(e)->readv(c, iovs, descs);
            })
       // Same host, GPU to GPU (CUDA IPC).
       .def("advertise_ipc", [](PyEndpoint& e, uint64_t mr, uintptr_t p,
-                               size_t n) { return py::bytes(live(e).advertiseIpc(mr, pointerFrom(p), n)); })
+                               size_t n) { return py::bytes(live(e)->advertiseIpc(mr, pointerFrom(p), n)); })
       .def(
           "write_ipc",
-          [](PyEndpoint& e, uintptr_t p, size_t n, const std::string& desc,
-             uint64_t off) { live(e).writeIpc(pointerFrom(p), n, desc, off); },
+          [](PyEndpoint& e, uintptr_t p, size_t n, const std::string& desc, uint64_t off) {
+            live(e)->writeIpc(pointerFrom(p), n, desc, off);
+          },
           py::call_guard<py::gil_scoped_release>())
       .def(
           "read_ipc",
           [](PyEndpoint& e, uintptr_t p, size_t n, const std::string& desc,
-             uint64_t off) { live(e).readIpc(pointerFrom(p), n, desc, off); },
+             uint64_t off) { live(e)->readIpc(pointerFrom(p), n, desc, off); },
           py::call_guard<py::gil_scoped_release>())
       .def("close", [](PyEndpoint& e) {
-        std::shared_ptr<Endpoint> ep = std::move(e.ep);
+        std::shared_ptr<Endpoint> ep = std::atomic_exchange(&e.ep, std::shared_ptr<Endpoint>());
         py::gil_scoped_release release;
         ep.reset();  // stops the progress threads and closes the connections (or the accept() holding it will)
       });

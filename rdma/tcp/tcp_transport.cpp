@@ -101,8 +101,14 @@ constexpr char kKeyScheme[] = "tcp";
 }  // namespace
 
 std::string TcpTransport::registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) {
+  return registerWindowFor(id, base, bytes, kind, RemoteAccess::kWrite);
+}
+
+std::string TcpTransport::registerWindowFor(uint32_t id, void* base, size_t bytes, MemoryKind kind,
+                                            RemoteAccess access) {
   std::string w = "TCP transport rank " + std::to_string(rank_) + ": window " + std::to_string(id);
   common::LocalWindow window = common::cpuWindow(w, base, bytes, kind);
+  window.access = access;  // before the receivers can see the window: no write slips in before it is narrowed
   std::unique_lock<std::shared_mutex> lock(windows_.mutex());
   windows_.addLocal(id, window, w);
   return common::windowKey(kKeyScheme, id, bytes, kind == MemoryKind::kCuda, base);

@@ -147,6 +147,7 @@ class TcpTransport : public common::TransportBase {
   /// As with an RDMA memory region, the caller must make sure no peer still writes into the window (and no
   /// local write still reads from it) when it is deregistered: a chunk already being received completes.
   void deregisterWindow(uint32_t id) override;
+  std::string registerWindowFor(uint32_t id, void* base, size_t bytes, MemoryKind kind, RemoteAccess access) override;
   void setRemoteAccess(uint32_t id, RemoteAccess access) override;
   void addRemoteWindow(int peer, uint32_t id, size_t bytes, const std::string& key) override;
 

@@ -162,6 +162,8 @@ void VerbsTransport::applyControl(int peer, const ControlRecord& r) {
       bad = "unknown atomic kind " + std::to_string(r.kind);
     } else if (w == nullptr) {
       bad = "window " + std::to_string(r.window) + " is not registered here";
+    } else if (w->access != RemoteAccess::kWrite) {  // an atomic carries no immediate
+      bad = "window " + std::to_string(r.window) + " may not be changed by peers (nothing was changed)";
     } else if (w->kind != MemoryKind::kHost) {
       bad = "window " + std::to_string(r.window) + " is GPU memory";
     } else {

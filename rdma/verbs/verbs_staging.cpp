@@ -195,6 +195,9 @@ void VerbsTransport::applyStaged(int lane, int peer, const ControlRecord& r) {
     const LocalWindow* w = windows_.local(r.window);
     if (w == nullptr || !w->staged) {
       bad = "window " + std::to_string(r.window) + " is not a staged window here";
+    } else if (w->access == RemoteAccess::kNone) {
+      // The NIC checks a registered window's access; a staged one is written by this copy, which checks it instead.
+      bad = "window " + std::to_string(r.window) + " may not be written by peers (nothing was written)";
     } else if (!staging_ || lane >= options_.lanes || r.slot >= kStageSlots || r.value == 0 ||
                r.value > kStageSlotBytes) {
       bad = "slot " + std::to_string(r.slot) + " / " + std::to_string(r.value) + " bytes is not a staging slot";

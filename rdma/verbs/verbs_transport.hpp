@@ -247,6 +247,8 @@ class VerbsTransport : public common::TransportBase {
 
   std::string registerWindow(uint32_t id, void* base, size_t bytes, MemoryKind kind) override;
   void deregisterWindow(uint32_t id) override;
+  /// Providers may lack ibv_rereg_mr (rxe does), and which do is known only by trying.
+  bool accessFixedAtRegistration() const override { return true; }
   /// kNone: the memory region gets local access only, so the NIC refuses every peer's write into it.
   std::string registerWindowFor(uint32_t id, void* base, size_t bytes, MemoryKind kind, RemoteAccess access) override;
   /// kNone takes remote write (and atomic) access from the window's memory region (ibv_rereg_mr, where the provider

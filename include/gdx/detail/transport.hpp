@@ -162,9 +162,12 @@ class Transport {
     if (access != RemoteAccess::kWrite) setRemoteAccess(id, access);
     return key;
   }
+  /// Whether the access a window was registered with may not be changed later (verbs: a provider without
+  /// ibv_rereg_mr), so that a window that peers may write later must be registered writable from the start.
+  virtual bool accessFixedAtRegistration() const { return false; }
   /// Narrows (or widens again) what peers may do to local window `id`; a write the access does not allow fails the
   /// peer that sent it, and nothing of it is written. Backends that cannot tell such writes apart allow them all
-  /// (this default; verbs: the memory region's access flags are fixed when it is registered).
+  /// (this default; verbs: ibv_rereg_mr where the provider has it, else registerWindowFor() decides once).
   virtual void setRemoteAccess(uint32_t id, RemoteAccess access) {
     (void)id;
     (void)access;

@@ -26,7 +26,8 @@ class EventBase {
 
   /// Queues `fn` to run in the loop's thread after what was queued before it. From any thread, the loop's own too.
   void runInEventBaseThread(std::function<void()> fn);
-  /// Runs `fn` in the loop's thread and returns once it ran: at once when called from that thread.
+  /// Runs `fn` in the loop's thread and returns once it ran: at once when called from that thread. Throws
+  /// gdx::Error(kTimeout) when it did not run within GDX_TIMEOUT_MS (no loop runs); it may still run later.
   void runInEventBaseThreadAndWait(std::function<void()> fn);
   /// Runs `fn` in the loop's thread once `milliseconds` passed; returns an id for cancelTimeout().
   uint64_t runAfterDelay(std::function<void()> fn, uint32_t milliseconds);

@@ -68,6 +68,7 @@ struct PendingClient {
   size_t arrived = 0;
   uint64_t chunkBytes = 0;
   std::string address;
+  uint64_t firstNs = 0;  ///< when its first channel arrived: a group still short after GDX_TIMEOUT_MS is let go
 };
 
 struct TcpxSession::Impl {

@@ -256,6 +256,7 @@ bool TcpxSession::Impl::takeConnection(uint64_t deadlineNs, const std::string& o
     g.conns.assign(h.channels, 0);
     g.chunkBytes = h.chunkBytes;
     g.address = a.ip;
+    g.firstNs = nowNs();
   }
   g.conns[h.channel] = a.connId;
   ++g.arrived;
@@ -315,6 +316,24 @@ void TcpxSession::accept(const std::string& remoteName) {
   std::lock_guard<std::mutex> accepting(d.acceptMutex);
   const uint64_t deadline = nowNs() + d.options.timeoutNs;
   for (;;) {
+    for (auto it = d.pending.begin(); it != d.pending.end();) {  // a client that died while connecting holds nothing
+      if (it->second.arrived < it->second.conns.size() && nowNs() - it->second.firstNs > d.options.timeoutNs) {
+        GDX_WARN(d.who() << ": " << op << ": let go of " << it->second.arrived << " of " << it->second.conns.size()
+                         << " channels from " << it->second.address
+                         << ": the others did not come within GDX_TIMEOUT_MS");
+        for (uint64_t c : it->second.conns) {
+          if (c == 0) continue;
+          try {
+            d.endpoint->close(c);
+          } catch (const Error&) {
+            // released already
+          }
+        }
+        it = d.pending.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (auto it = d.pending.begin(); it != d.pending.end(); ++it) {
       if (it->second.arrived < it->second.conns.size()) continue;
       auto p = std::make_shared<TcpxPeer>();

@@ -114,8 +114,14 @@ struct UrlTransport::Impl {
   std::string failWhy;
   std::vector<PendingWrite> pending;
   std::unordered_map<const Transfer*, std::weak_ptr<Transfer>> inFlight;  ///< writes not finished yet
-  uint64_t arrived = 0, promised = 0;  ///< notified writes arrived, and waits asked for
-  std::map<uint64_t, Done> waiters;    ///< by ticket
+  /// Notified writes that arrived while no wait was live: the next waits take them at once.
+  uint64_t unclaimed = 0;
+  uint64_t tickets = 0;  ///< waits asked for (names them in messages; orders them)
+  struct Waiter {
+    Done done;
+    uint64_t deadlineNs = 0;  ///< past it the wait has been reported as timed out: it takes no arrival
+  };
+  std::map<uint64_t, Waiter> waiters;  ///< by ticket, oldest first
 
   /// "UrlTransport tcp://10.0.0.1:4000 (peer tcp://10.0.0.2:4100)", the start of its messages.
   std::string who() const {
@@ -129,7 +135,8 @@ struct UrlTransport::Impl {
   net::UniqueFd acceptOne(net::Deadline deadline, const std::string& who);
   void publish(const std::shared_ptr<Connection>& c);
   void failLink(ErrorCode code, const std::string& why);
-  uint64_t addWaiter(Done done);
+  /// Queues a wait that takes the next notified write no earlier wait takes; it stops counting at `deadlineNs`.
+  uint64_t addWaiter(Done done, uint64_t deadlineNs);
   void notified();
   void connectionFailed();
   ~Impl();
@@ -148,7 +155,7 @@ UrlTransport::Impl::~Impl() {
     pool->remove(conn.get());
   }
   std::unordered_map<const Transfer*, std::weak_ptr<Transfer>> flying;
-  std::map<uint64_t, Done> waiting;
+  std::map<uint64_t, Waiter> waiting;
   {
     std::lock_guard<std::mutex> lock(mutex);
     flying.swap(inFlight);
@@ -156,7 +163,7 @@ UrlTransport::Impl::~Impl() {
   }
   for (auto& f : flying)
     if (auto t = f.second.lock()) t->fail(ErrorCode::kShutdown, "the transport was destroyed");
-  for (auto& w : waiting) w.second(Status::kShutdown);
+  for (auto& w : waiting) w.second.done(Status::kShutdown);
   conn.reset();
   pool.reset();
 }
@@ -248,7 +255,7 @@ void UrlTransport::Impl::publish(const std::shared_ptr<Connection>& c) {
 
 void UrlTransport::Impl::failLink(ErrorCode code, const std::string& why) {
   std::vector<PendingWrite> batch;
-  std::map<uint64_t, Done> waiting;
+  std::map<uint64_t, Waiter> waiting;
   {
     std::lock_guard<std::mutex> lock(mutex);
     link = Link::kFailed;
@@ -263,23 +270,24 @@ void UrlTransport::Impl::failLink(ErrorCode code, const std::string& why) {
   else
     GDX_WARN(why);
   for (PendingWrite& w : batch) w.t->fail(code, "no connection: " + why);
-  for (auto& w : waiting) w.second(statusOf(code));
+  for (auto& w : waiting) w.second.done(statusOf(code));
 }
 
-uint64_t UrlTransport::Impl::addWaiter(Done done) {
+uint64_t UrlTransport::Impl::addWaiter(Done done, uint64_t deadlineNs) {
   Status s;
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    ticket = ++promised;
-    if (arrived >= ticket)
+    ticket = ++tickets;
+    if (unclaimed > 0) {
+      --unclaimed;
       s = Status::kOk;
-    else if (link == Link::kFailed)
+    } else if (link == Link::kFailed)
       s = statusOf(failCode);
     else if (conn && !conn->failure().empty())
       s = Status::kPeerFailed;
     else {
-      waiters.emplace(ticket, std::move(done));
+      waiters.emplace(ticket, Waiter{std::move(done), deadlineNs});
       return ticket;
     }
   }
@@ -288,25 +296,33 @@ uint64_t UrlTransport::Impl::addWaiter(Done done) {
 }
 
 void UrlTransport::Impl::notified() {
-  std::vector<Done> ready;
+  std::vector<Done> expired;
+  Done ready;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    ++arrived;
-    while (!waiters.empty() && waiters.begin()->first <= arrived) {
-      ready.push_back(std::move(waiters.begin()->second));
+    const uint64_t now = nowNs();
+    // A wait that timed out was reported as such: the write goes to the oldest wait still counting, or to the next.
+    while (!waiters.empty() && !ready) {
+      Waiter w = std::move(waiters.begin()->second);
       waiters.erase(waiters.begin());
+      if (w.deadlineNs <= now)
+        expired.push_back(std::move(w.done));
+      else
+        ready = std::move(w.done);
     }
+    if (!ready) ++unclaimed;
   }
-  for (Done& d : ready) d(Status::kOk);
+  for (Done& d : expired) d(Status::kTimeout);
+  if (ready) ready(Status::kOk);
 }
 
 void UrlTransport::Impl::connectionFailed() {
-  std::map<uint64_t, Done> waiting;
+  std::map<uint64_t, Waiter> waiting;
   {
     std::lock_guard<std::mutex> lock(mutex);
     waiting.swap(waiters);
   }
-  for (auto& w : waiting) w.second(Status::kPeerFailed);
+  for (auto& w : waiting) w.second.done(Status::kPeerFailed);
 }
 
 // ---- UrlTransport ---------------------------------------------------------------------------------------------
@@ -463,13 +479,13 @@ std::future<Status> UrlTransport::write(RegisteredMemory::View local, const Remo
 }
 
 void UrlTransport::waitForWrite(Done done) {
-  impl_->addWaiter(std::move(done));
+  impl_->addWaiter(std::move(done), nowNs() + impl_->timeoutNs);
 }
 
 std::future<Status> UrlTransport::waitForWrite() {
   const uint64_t deadline = nowNs() + impl_->timeoutNs;
   auto p = promised();
-  const uint64_t ticket = impl_->addWaiter(std::move(p.first));
+  const uint64_t ticket = impl_->addWaiter(std::move(p.first), deadline);
   return bounded(std::move(p.second), deadline,
                  impl_->who() + ": waitForWrite #" + std::to_string(ticket) + " (no notified write arrived for it)");
 }

@@ -93,6 +93,48 @@ TEST(P2pUrlTransport, ManyNotifiedWritesInFlightEveryByteChecked) {
   for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
 }
 
+/// A wait that timed out takes no write: side 1 waits (1 s timeout) for a write that comes only after, then waits
+/// again and gets it (before, the late write went to the first wait, the second one timed out as well).
+int lateWriteSide(int me, int toPeer, int fromPeer) {
+  if (me == 1) setenv("GDX_TIMEOUT_MS", "1000", 1);
+  UrlTransport t;
+  const std::string url = t.bind();
+  std::vector<unsigned char> buf(4096, 0xAB);
+  RegisteredMemory mem(buf.data(), buf.size());
+  putLine(toPeer, url);
+  putLine(toPeer, std::to_string(reinterpret_cast<uintptr_t>(buf.data())));
+  putLine(toPeer, mem.remoteKey());
+  const std::string peerUrl = getLine(fromPeer);
+  RemoteBuffer remote{reinterpret_cast<void*>(std::stoull(getLine(fromPeer))), getLine(fromPeer)};
+  t.connect(peerUrl);
+  if (me == 0) {
+    CHILD_CHECK(getLine(fromPeer) == "timed out");
+    fillRandom(buf.data(), buf.size(), 78);
+    CHILD_CHECK(t.write(mem.view(0, buf.size()), remote, true).get() == Status::kOk);
+  } else {
+    CHILD_CHECK(t.waitForWrite().get() == Status::kTimeout);
+    putLine(toPeer, "timed out");
+    CHILD_CHECK(t.waitForWrite().get() == Status::kOk);
+    std::vector<unsigned char> want(buf.size());
+    fillRandom(want.data(), want.size(), 78);
+    CHILD_CHECK(firstMismatch(buf.data(), want.data(), buf.size()) == -1);
+  }
+  putLine(toPeer, "bye");
+  CHILD_CHECK(getLine(fromPeer) == "bye");
+  return 0;
+}
+
+TEST(P2pUrlTransport, AWaitThatTimedOutTakesNoLaterWrite) {
+  int ab[2], ba[2];
+  ASSERT_EQ(pipe(ab), 0);
+  ASSERT_EQ(pipe(ba), 0);
+  pid_t a = forkChild([&] { return lateWriteSide(0, ab[1], ba[0]); });
+  pid_t b = forkChild([&] { return lateWriteSide(1, ba[1], ab[0]); });
+  EXPECT_EQ(waitChild(a, 60), 0);
+  EXPECT_EQ(waitChild(b, 60), 0);
+  for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
+}
+
 /// Counts this side in at `step` and waits until both sides are there, at most 10 s; false (saying which step) when
 /// the other side did not come.
 bool meet(std::atomic<int>& arrived, const char* step) {

@@ -115,7 +115,7 @@ class UrlTransport {
   /// still coming waits for it (within its own GDX_TIMEOUT_MS).
   std::future<Status> write(RegisteredMemory::View local, const RemoteBuffer& remote, bool notify);
   /// Resolves when the next notified write (in arrival order) arrived, kTimeout after GDX_TIMEOUT_MS, kPeerFailed
-  /// once the connection failed.
+  /// once the connection failed. A wait that timed out takes no write: one arriving later goes to the next wait.
   std::future<Status> waitForWrite();
 
   /// Called once with how an operation ended, from a thread of the transport (or from inside one of its calls): it
@@ -125,7 +125,8 @@ class UrlTransport {
   /// completed or failed (the transport fails it at GDX_TIMEOUT_MS).
   void write(RegisteredMemory::View local, const RemoteBuffer& remote, bool notify, Done done);
   /// waitForWrite() reporting to `done`: when the notified write arrived, the connection failed or could not be made,
-  /// or the transport is destroyed (kShutdown). No deadline: the caller keeps its own and ignores a later call.
+  /// or the transport is destroyed (kShutdown). After GDX_TIMEOUT_MS it takes no write (the next arrival goes to a
+  /// later wait, and calls this one with kTimeout); the caller keeps its own deadline and ignores a later call.
   void waitForWrite(Done done);
 
   struct Impl;

@@ -16,6 +16,7 @@
 #include "p2p/connection.hpp"
 #include "p2p/protocol.hpp"
 #include "support/connection_pair.hpp"
+#include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
 
 namespace gdx::test {
@@ -174,6 +175,43 @@ TEST(P2pGrants, AWriteIntoTheEagerBufferWithoutItsImmediateIsRefusedAndNoReceive
         return 0;
       }),
       0);
+}
+
+TEST(P2pGrants, AUrlTransportSourceIsNotWritableWithoutItsKeysSecret) {
+  EXPECT_EQ(runSolo([] {
+              ConnectionPair pair;
+              constexpr size_t kBytes = 64 << 10;
+              std::vector<unsigned char> src(kBytes), got(kBytes, kGuard), forged(kBytes);
+              fillRandom(src.data(), kBytes, 507);
+              fillRandom(forged.data(), kBytes, 508);
+              const std::vector<unsigned char> before = src;
+              // conn[1] resolves windows as the URL transport does (its memory, for the key's secret); no key of it is
+              // ever handed out here, so no secret can be presented.
+              pair.conn[1]->setResolver([](uint32_t, uint64_t, MemoryRegion*) { return false; });
+              const MemoryRegion source{7, reinterpret_cast<char*>(src.data()), kBytes, MemoryKind::kHost};
+              const MemoryRegion into{3, reinterpret_cast<char*>(got.data()), kBytes, MemoryKind::kHost};
+              auto r = transfer("receive", 1);
+              pair.conn[0]->recv(r, {Piece{into, 0, kBytes}});
+              auto s = transfer("send", 1);
+              pair.conn[1]->send(s, {Piece{source, 0, kBytes}});  // registers window 7 on conn[1] as a source
+              std::string why;
+              CHILD_CHECK(outcome(s, &why) == ErrorCode::kOk && outcome(r, &why) == ErrorCode::kOk);
+              CHILD_CHECK(firstMismatch(got.data(), src.data(), kBytes) == -1);
+              // A forged peer writes window 7 straight through conn[0]'s transport, with the TCP key it can guess
+              // (window ids are small numbers, the key names only the id and the size).
+              Transport& forger = *pair.raw[0];
+              forger.registerWindow(0x7000, forged.data(), kBytes, MemoryKind::kHost);
+              forger.addRemoteWindow(1, 7, kBytes, "tcp:7:" + std::to_string(kBytes));
+              forger.lane(0).post(WriteOp{1, 0x7000, 0, 7, 0, kBytes, false, 0, 0});
+              const bool refused =
+                  waitFor([&] { return !pair.conn[0]->failure().empty() || !pair.conn[1]->failure().empty(); }, 5000);
+              std::fprintf(stderr, "forged write into the source: %s; conn[1]: %s\n",
+                           refused ? "refused" : "not refused", pair.conn[1]->failure().c_str());
+              CHILD_CHECK(refused);
+              CHILD_CHECK(firstMismatch(src.data(), before.data(), kBytes) == -1);
+              return 0;
+            }),
+            0);
 }
 
 }  // namespace

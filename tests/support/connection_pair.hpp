@@ -22,6 +22,9 @@ struct ConnectionPair {
   static constexpr uint64_t kTimeoutNs = 10ull * 1000 * 1000 * 1000;
   std::unique_ptr<p2p::ProgressPool> pool[2];
   std::shared_ptr<p2p::Connection> conn[2];
+  /// Each connection's own transport (owned by the connection), for tests that act as a forged peer would: posting
+  /// on it bypasses the connection's protocol (its keys, its grants).
+  Transport* raw[2] = {nullptr, nullptr};
 
   ConnectionPair() {
     int port = 0;
@@ -40,6 +43,7 @@ struct ConnectionPair {
     dialler.join();
     for (int i = 0; i < 2; ++i) {
       pool[i] = std::make_unique<p2p::ProgressPool>(1);
+      raw[i] = link[i].transport.get();
       conn[i] = std::make_shared<p2p::Connection>(i + 1, std::move(link[i]), kTimeoutNs, pool[i]->waker(0));
     }
     std::thread starting([&] { conn[0]->start(); });  // connecting the transport is collective

@@ -30,18 +30,6 @@ void expectAllZero(const std::vector<int>& codes) {
   for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "process " << i << " (0: the server)";
 }
 
-/// The error of `f`, or "" when it did not throw.
-template <typename F>
-std::string errorOf(F f, ErrorCode* code) {
-  try {
-    f();
-  } catch (const Error& e) {
-    *code = e.code();
-    return e.what();
-  }
-  return "";
-}
-
 /// A buffer of `n` bytes poisoned with 0xA5 between two guards of kGuardByte.
 struct Guarded {
   explicit Guarded(size_t n) : bytes(n + 2 * kGuard, kGuardByte) {

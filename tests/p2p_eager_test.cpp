@@ -119,18 +119,6 @@ bool allAre(const std::vector<unsigned char>& b, unsigned char v) {
   return true;
 }
 
-/// The error of `f`, or "" when it did not throw.
-template <typename F>
-std::string errorOf(F f, ErrorCode* code) {
-  try {
-    f();
-  } catch (const Error& e) {
-    *code = e.code();
-    return e.what();
-  }
-  return "";
-}
-
 TEST(P2pEager, AfterTheDataCameFirstASmallerReceiveFailsBothSidesAndALargerOneTakesIt) {
   expectAllZero(runServerClients(
       1,

@@ -161,18 +161,6 @@ const std::vector<std::pair<size_t, size_t>> kTooLarge = {
     {(1 << 20) + 1, 1 << 20},
 };
 
-/// The error of `f`, or "" when it did not throw.
-template <typename F>
-std::string errorOf(F f, ErrorCode* code) {
-  try {
-    f();
-  } catch (const Error& e) {
-    *code = e.code();
-    return e.what();
-  }
-  return "";
-}
-
 bool names(const std::string& why, const std::string& part) {
   if (why.find(part) != std::string::npos) return true;
   std::fprintf(stderr, "child %d: the error does not name '%s': %s\n", getpid(), part.c_str(), why.c_str());

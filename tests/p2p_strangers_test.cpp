@@ -136,17 +136,6 @@ TEST(P2pStrangers, ASilentConnectionIsClosedAfterTheHelloWait) {
   for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "process " << i << " (0: the server)";
 }
 
-/// `code` and what() of what `f` threw (kOk and "" when nothing).
-template <typename F>
-std::pair<ErrorCode, std::string> thrown(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return {e.code(), e.what()};
-  }
-  return {ErrorCode::kOk, ""};
-}
-
 bool mentions(const std::string& text, const char* words) {
   const bool yes = text.find(words) != std::string::npos;
   if (!yes) std::fprintf(stderr, "'%s' does not say '%s'\n", text.c_str(), words);
@@ -163,7 +152,8 @@ TEST(P2pStrangers, WithASecretAHelloWithoutItIsRefusedWithTheReasonAndNothingEls
         Endpoint ep(o);
         // The raw stranger, then an Endpoint without the secret, then one with a wrong one: each refused by name.
         for (const char* why : {"presented none", "presented none", "the wrong secret"}) {
-          auto [code, what] = thrown([&] { ep.accept(); });
+          ErrorCode code = ErrorCode::kOk;
+          const std::string what = errorOf([&] { ep.accept(); }, &code);
           CHILD_CHECK(code == ErrorCode::kProtocol && mentions(what, why));
         }
         const uint64_t conn = ep.accept().connId;
@@ -198,7 +188,8 @@ TEST(P2pStrangers, WithASecretAHelloWithoutItIsRefusedWithTheReasonAndNothingEls
           p2p::EndpointOptions o = loopbackEndpoint(0);
           o.secret = secret;
           Endpoint ep(o);
-          auto [code, what] = thrown([&] { ep.connect("127.0.0.1", -1, port); });
+          ErrorCode code = ErrorCode::kOk;
+          const std::string what = errorOf([&] { ep.connect("127.0.0.1", -1, port); }, &code);
           CHILD_CHECK(code == ErrorCode::kInvalidArgument && mentions(what, "refused by the peer"));
         }
         p2p::EndpointOptions o = loopbackEndpoint(0);

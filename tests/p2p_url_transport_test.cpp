@@ -39,17 +39,39 @@ std::string getLine(int fd) {
   return s;
 }
 
+/// Tells the other side this side's URL, the address of `mem` and its key; returns the other side's URL and sets
+/// *remote to its memory.
+std::string swapWithPeer(const std::string& url, const RegisteredMemory& mem, int toPeer, int fromPeer,
+                         RemoteBuffer* remote) {
+  putLine(toPeer, url);
+  putLine(toPeer, std::to_string(reinterpret_cast<uintptr_t>(mem.data())));
+  putLine(toPeer, mem.remoteKey());
+  const std::string peerUrl = getLine(fromPeer);
+  *remote = RemoteBuffer{reinterpret_cast<void*>(std::stoull(getLine(fromPeer))), getLine(fromPeer)};
+  return peerUrl;
+}
+
+/// Runs `side(me, toPeer, fromPeer)` for me = 0 and 1 in two processes joined by pipes; expects both to exit 0 within
+/// `seconds`.
+void expectBothSidesPass(int (*side)(int, int, int), int seconds) {
+  int ab[2], ba[2];
+  ASSERT_EQ(pipe(ab), 0);
+  ASSERT_EQ(pipe(ba), 0);
+  pid_t a = forkChild([&] { return side(0, ab[1], ba[0]); });
+  pid_t b = forkChild([&] { return side(1, ba[1], ab[0]); });
+  EXPECT_EQ(waitChild(a, seconds), 0);
+  EXPECT_EQ(waitChild(b, seconds), 0);
+  for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
+}
+
 /// Side `me` of two: binds, swaps URL, buffer address and key with the other side, connects.
 int side(int me, int toPeer, int fromPeer) {
   UrlTransport t;
   const std::string url = t.bind();
   std::vector<unsigned char> buf(kBytes, 0xAB);
   RegisteredMemory mem(buf.data(), buf.size());
-  putLine(toPeer, url);
-  putLine(toPeer, std::to_string(reinterpret_cast<uintptr_t>(buf.data())));
-  putLine(toPeer, mem.remoteKey());
-  const std::string peerUrl = getLine(fromPeer);
-  RemoteBuffer remote{reinterpret_cast<void*>(std::stoull(getLine(fromPeer))), getLine(fromPeer)};
+  RemoteBuffer remote;
+  const std::string peerUrl = swapWithPeer(url, mem, toPeer, fromPeer, &remote);
   CHILD_CHECK(!t.connected());
   t.connect(peerUrl);
   CHILD_CHECK(t.connected());
@@ -83,14 +105,7 @@ int side(int me, int toPeer, int fromPeer) {
 }
 
 TEST(P2pUrlTransport, ManyNotifiedWritesInFlightEveryByteChecked) {
-  int ab[2], ba[2];
-  ASSERT_EQ(pipe(ab), 0);
-  ASSERT_EQ(pipe(ba), 0);
-  pid_t a = forkChild([&] { return side(0, ab[1], ba[0]); });
-  pid_t b = forkChild([&] { return side(1, ba[1], ab[0]); });
-  EXPECT_EQ(waitChild(a, 240), 0);
-  EXPECT_EQ(waitChild(b, 240), 0);
-  for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
+  expectBothSidesPass(side, 240);
 }
 
 /// A wait that timed out takes no write: side 1 waits (1 s timeout) for a write that comes only after, then waits
@@ -101,12 +116,8 @@ int lateWriteSide(int me, int toPeer, int fromPeer) {
   const std::string url = t.bind();
   std::vector<unsigned char> buf(4096, 0xAB);
   RegisteredMemory mem(buf.data(), buf.size());
-  putLine(toPeer, url);
-  putLine(toPeer, std::to_string(reinterpret_cast<uintptr_t>(buf.data())));
-  putLine(toPeer, mem.remoteKey());
-  const std::string peerUrl = getLine(fromPeer);
-  RemoteBuffer remote{reinterpret_cast<void*>(std::stoull(getLine(fromPeer))), getLine(fromPeer)};
-  t.connect(peerUrl);
+  RemoteBuffer remote;
+  t.connect(swapWithPeer(url, mem, toPeer, fromPeer, &remote));
   if (me == 0) {
     CHILD_CHECK(getLine(fromPeer) == "timed out");
     fillRandom(buf.data(), buf.size(), 78);
@@ -125,14 +136,7 @@ int lateWriteSide(int me, int toPeer, int fromPeer) {
 }
 
 TEST(P2pUrlTransport, AWaitThatTimedOutTakesNoLaterWrite) {
-  int ab[2], ba[2];
-  ASSERT_EQ(pipe(ab), 0);
-  ASSERT_EQ(pipe(ba), 0);
-  pid_t a = forkChild([&] { return lateWriteSide(0, ab[1], ba[0]); });
-  pid_t b = forkChild([&] { return lateWriteSide(1, ba[1], ab[0]); });
-  EXPECT_EQ(waitChild(a, 60), 0);
-  EXPECT_EQ(waitChild(b, 60), 0);
-  for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
+  expectBothSidesPass(lateWriteSide, 60);
 }
 
 /// Counts this side in at `step` and waits until both sides are there, at most 10 s; false (saying which step) when

@@ -18,9 +18,23 @@
 #include <cstdlib>
 #include <string>
 
+#include "gdx/error.hpp"
 #include "support/test_support.hpp"
 
 namespace gdx::test {
+/// cudaMalloc memory of `bytes` on the current GPU, freed with the object.
+struct GpuBuffer {
+  explicit GpuBuffer(size_t bytes) : bytes(bytes) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaMalloc failed");
+  }
+  ~GpuBuffer() { cudaFree(p); }
+  GpuBuffer(const GpuBuffer&) = delete;
+  GpuBuffer& operator=(const GpuBuffer&) = delete;
+  char* at(size_t off) const { return static_cast<char*>(p) + off; }
+  void* p = nullptr;
+  size_t bytes;
+};
+
 /// Makes this process a world of one for a Context (no fork: CUDA does not survive one).
 inline void soloJobEnv() {
   setenv("GDX_RANK", "0", 1);

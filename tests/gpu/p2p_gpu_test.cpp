@@ -32,17 +32,6 @@ const std::vector<size_t> kSizes = {1, 256, p2p::kEagerBytes, p2p::kEagerBytes +
 constexpr size_t kRegion = 16 << 20;  // one-sided: four quarters, one per way of moving data
 constexpr size_t kQuarter = kRegion / 4;
 
-/// cudaMalloc memory of `bytes` on the current GPU, freed with the object.
-struct GpuBuffer {
-  explicit GpuBuffer(size_t bytes) : bytes(bytes) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaMalloc failed");
-  }
-  ~GpuBuffer() { cudaFree(p); }
-  char* at(size_t off) const { return static_cast<char*>(p) + off; }
-  void* p = nullptr;
-  size_t bytes;
-};
-
 /// Waits until earlier copies and memsets have landed. A cudaMemcpy from pageable memory returns once the bytes are
 /// staged, a cudaMemset at once; the endpoint's copies (a transport's staging, IPC) run on streams of their own and
 /// do not wait for either: an eager send right after the upload would otherwise send what was there before.

@@ -31,15 +31,6 @@ constexpr size_t kBytes = 64 << 20;
 constexpr size_t kChunk = 512 << 10;
 constexpr size_t kBack = (8 << 20) + 3;  // GPU -> host, then host -> GPU
 
-/// cudaMalloc memory of `bytes` on the current GPU, freed with the object.
-struct GpuBuffer {
-  explicit GpuBuffer(size_t bytes) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess) throw Error(ErrorCode::kCuda, "cudaMalloc failed");
-  }
-  ~GpuBuffer() { cudaFree(p); }
-  void* p = nullptr;
-};
-
 /// Random bytes of `seed` into GPU memory, landed before anything reads them (the session's copies run on streams of
 /// their own, not after the caller's).
 void upload(void* dst, size_t n, uint64_t seed) {

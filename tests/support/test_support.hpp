@@ -36,6 +36,18 @@ ErrorCode errorCodeOf(F&& f) {
   return ErrorCode::kOk;
 }
 
+/// The message of the gdx::Error that `f()` throws (its code in *code), or "" when it returns (*code untouched).
+template <typename F>
+std::string errorOf(F&& f, ErrorCode* code) {
+  try {
+    f();
+  } catch (const Error& e) {
+    *code = e.code();
+    return e.what();
+  }
+  return "";
+}
+
 /// In a child process: true when f() throws gdx::Error with `code` and a message containing every one of `parts`.
 template <typename F>
 bool throwsNaming(F&& f, ErrorCode code, std::initializer_list<const char*> parts) {

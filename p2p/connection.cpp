@@ -386,14 +386,18 @@ void Connection::abandonRecv(uint64_t seq, ErrorCode code) {
 
 void Connection::tellReceiveFailed(uint64_t seq, ErrorCode code) {
   noteReceiveFailedTold(seq);
-  ControlMsg no;
-  no.type = MsgType::kReceiveFailed;
-  no.id = seq;
-  no.code = code == ErrorCode::kOk ? ErrorCode::kInternal : code;
+  tellFailure(MsgType::kReceiveFailed, seq, code, "that receive #" + std::to_string(seq) + " failed");
+}
+
+void Connection::tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what) {
+  ControlMsg m;
+  m.type = type;
+  m.id = seq;
+  m.code = code == ErrorCode::kOk ? ErrorCode::kInternal : code;
   try {
-    postControl(no);
+    postControl(m);
   } catch (const Error& e) {  // called on failure paths: a transport that cannot carry it fails the peer anyway
-    GDX_WARN(name_ << ": telling the peer that receive #" << seq << " failed: " << e.what());
+    GDX_WARN(name_ << ": telling the peer " << what << ": " << e.what());
   }
 }
 

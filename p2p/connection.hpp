@@ -371,6 +371,9 @@ class Connection {
   bool regionForgotten(uint32_t window) const;
   void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
   void postControl(const ControlMsg& m);
+  /// Tells the peer, best effort, that transfer `seq` ended by `code` (kOk counts as kInternal): a kReceiveFailed or
+  /// kSendWithdrawn; a transport that cannot carry it is logged, naming `what`.
+  void tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what);
   uint64_t track(std::shared_ptr<Transfer> t);
   /// Posts write `w` once the keys of its destination windows are known (whenKnown), or fails its transfer.
   void postWrite(const std::shared_ptr<PendingWrite>& w);

@@ -18,16 +18,10 @@ bool Handshakes::evictSilent() {
   for (auto& r : running_) {  // oldest first
     if (r->done || r->heard || r->evicted) continue;
     r->evicted = true;
-    ++evicted_;
     ::shutdown(r->fd.get(), SHUT_RDWR);  // its Hello read ends at once; its thread leaves and is reaped
     return true;
   }
   return false;
-}
-
-size_t Handshakes::evicted() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return evicted_;
 }
 
 bool Handshakes::start(net::UniqueFd fd, Body body) {

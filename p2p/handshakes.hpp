@@ -33,8 +33,6 @@ class Handshakes {
   /// to shut it down on stop() or to make room). `body` reports its own outcome and must not throw. false (and `fd`
   /// closed) when kMaxRunning are running and every one of them heard its Hello, or stop() was called.
   bool start(net::UniqueFd fd, Body body);
-  /// How many handshakes gave their place to a newer one so far.
-  size_t evicted();
   /// How many run now.
   size_t running();
   /// Ends every handshake (their sockets shut down) and waits for their threads; later start() calls refuse.
@@ -56,7 +54,6 @@ class Handshakes {
   std::mutex mutex_;
   std::list<std::unique_ptr<Running>> running_;
   bool stopping_ = false;
-  size_t evicted_ = 0;
 };
 
 }  // namespace gdx::p2p

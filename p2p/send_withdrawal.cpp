@@ -62,15 +62,7 @@ void Connection::withdrawFailedSends() {
 }
 
 void Connection::withdrawSend(uint64_t seq, ErrorCode code) {
-  ControlMsg m;
-  m.type = MsgType::kSendWithdrawn;
-  m.id = seq;
-  m.code = code == ErrorCode::kOk ? ErrorCode::kInternal : code;
-  try {
-    postControl(m);
-  } catch (const Error& e) {  // a transport that cannot carry it fails the peer anyway
-    GDX_WARN(name_ << ": telling the peer that send #" << seq << " was withdrawn: " << e.what());
-  }
+  tellFailure(MsgType::kSendWithdrawn, seq, code, "that send #" + std::to_string(seq) + " was withdrawn");
 }
 
 void Connection::noteReceiveFailedTold(uint64_t seq) {

@@ -211,7 +211,6 @@ bool TcpxSession::Impl::takeConnection(uint64_t deadlineNs, const std::string& o
     // Each connection's hello is bounded by the hello wait, not by what is left of accept's: one that connected and
     // said nothing is refused and the wait goes on.
     const uint64_t helloBy = std::min<uint64_t>(deadlineNs, nowNs() + helloWaitNs(options.timeoutNs));
-    std::fill(helloIn.begin(), helloIn.end(), 0);
     const uint64_t id = endpoint->recvAsync(a.connId, helloInMr, helloIn.data(), kHelloBytes);
     std::vector<size_t> got;
     while (!endpoint->poll(id, &got)) {

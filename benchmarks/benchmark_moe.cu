@@ -44,6 +44,7 @@ struct Options {
   int threads = 0;                 // 0: ep::Config::forRanks
   bool lowLatency = false;         // --mode ll
   bool programmaticLaunch = true;  // --no-pdl: plain launches of the low-latency kernels
+  bool nextKernelEarly = false;    // --next-kernel-early: LowLatencyConfig::nextKernelEarly
   int experts = 256;               // 288 with --mode ll
   bool tokensGiven = false;
 };
@@ -145,8 +146,11 @@ int rankMain(const Options& o, const std::string& resultsPath) {
                              o.sms > 0 ? o.sms : lc.numSms,
                              o.threads > 0 ? o.threads : lc.numThreads,
                              o.iters,
-                             o.programmaticLaunch};
-    if (me == 0) out << "llsms " << sh.sms << " " << sh.threads << " " << sh.programmaticLaunch << "\n";
+                             o.programmaticLaunch,
+                             o.nextKernelEarly};
+    if (me == 0)
+      out << "llsms " << sh.sms << " " << sh.threads << " "
+          << (sh.programmaticLaunch ? (sh.nextKernelEarly ? 2 : 1) : 0) << "\n";
     const std::string lines = runLowLatency(ctx, sh, o.tokens, x, static_cast<int64_t*>(topk),
                                             static_cast<float*>(weights), idx, stream, timeMs);
     if (me == 0) out << lines;
@@ -331,7 +335,8 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
      << ",\n  \"remote_ranks_per_rank\": " << remote << ",\n  \"hidden\": " << kHidden << ",\n  \"topk\": " << kTopk
      << ",\n  \"experts\": " << o.experts << ",\n  \"sms\": " << sms << ",\n  \"threads\": " << threads
      << (llSms > 0 ? ",\n  \"ll_sms\": " + std::to_string(llSms) + ",\n  \"ll_threads\": " + std::to_string(llThreads) +
-                         ",\n  \"ll_programmatic_launch\": " + (llPdl ? "true" : "false")
+                         ",\n  \"ll_programmatic_launch\": " + (llPdl ? "true" : "false") +
+                         ",\n  \"ll_next_kernel_early\": " + (llPdl == 2 ? "true" : "false")
                    : "")
      << ",\n  \"results\": [";
   bool first = true;
@@ -358,8 +363,12 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
         "the time with transport operations in flight (these overlap), and the ring slots the proxy took against the "
         "slots the kernels must push\n"
         "%8s %9s %9s %9s %9s %9s %11s %9s %9s %9s\n",
-        llSms, llThreads, llPdl ? "programmatic" : "plain", "tokens", "op", "call us", "send us", "recv us", "proxy us",
-        "in-flight us", "taken", "expected", "commands/us");
+        llSms, llThreads,
+        llPdl == 2 ? "programmatic, next kernel early,"
+        : llPdl    ? "programmatic"
+                   : "plain",
+        "tokens", "op", "call us", "send us", "recv us", "proxy us", "in-flight us", "taken", "expected",
+        "commands/us");
   for (auto& [key, v] : split) {
     const int n = key.first;
     const std::string& op = key.second;
@@ -424,6 +433,9 @@ int main(int argc, char** argv) {
         }},
        {"--no-pdl", "", "launch the low-latency kernels plainly (LowLatencyConfig::programmaticLaunch false)",
         [&](const std::string&) { o.programmaticLaunch = false; }},
+       {"--next-kernel-early", "",
+        "let each low-latency kernel start the next one from its start (LowLatencyConfig::nextKernelEarly)",
+        [&](const std::string&) { o.nextKernelEarly = true; }},
        {"--no-nccl", "", "skip the NCCL peer (PyTorch)", [&](const std::string&) { nccl = false; }}});
   if (parsed >= 0) return parsed;
   if (o.lowLatency) {  // decoding: few tokens, DeepEP's low-latency shapes

@@ -31,6 +31,7 @@ namespace gdx::bench {
 struct LowLatencyShape {
   int hidden, topk, experts, sms, threads, iters;
   bool programmaticLaunch;  // LowLatencyConfig::programmaticLaunch
+  bool nextKernelEarly;     // LowLatencyConfig::nextKernelEarly
 };
 
 /// Mean microseconds of each half of `iters` calls: send() then hook() on `s`, events around each.
@@ -120,7 +121,8 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
   const int R = ctx.worldSize(), me = ctx.rank(), L = sh.experts / R;
   int maxT = 1;
   for (int n : tokens) maxT = std::max(maxT, n);
-  ep::LowLatencyConfig cfg{maxT, sh.hidden, sh.experts, sh.topk, sh.sms, sh.threads, sh.programmaticLaunch};
+  ep::LowLatencyConfig cfg{
+      maxT, sh.hidden, sh.experts, sh.topk, sh.sms, sh.threads, sh.programmaticLaunch, sh.nextKernelEarly};
   ep::LowLatencyBuffer buf(ctx, cfg);
   const size_t rows = size_t(L) * maxT * R;
   void *recvX, *recvScales, *recvCount, *y, *combined;

@@ -181,6 +181,7 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   int major = 0;  // programmatic launch needs sm_90, and kernels built for it (llKernelsWaitForPrevious)
   GDX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, context.gpu().device));
   lt.programmaticLaunch = c.programmaticLaunch && major >= 9 && llKernelsWaitForPrevious();
+  lt.nextKernelEarly = lt.programmaticLaunch && c.nextKernelEarly;
   lt.threads = c.numThreads;
   // A launch of both phases: every block must be running at once (a block's receive waits for other blocks' sends).
   const int resident = llMaxResidentBlocks(c.numThreads);

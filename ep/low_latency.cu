@@ -20,14 +20,15 @@ __device__ inline LlCtrl* llCtrl(const char* base) {
 }
 
 /// The first thing every kernel here does: wait until the kernel before it in the stream has ended and its writes are
-/// visible (at once without programmatic launch), then let the next kernel be launched. Each kernel reads state the
-/// previous one wrote (the epochs, the caller's inputs), so nothing may come before the wait; the next kernel, launched
-/// early, makes the same wait, so no kernel here ever starts reading before the one it follows has ended. The trigger
-/// comes after every block started: the next kernel's blocks, which only wait, never keep one of these from running.
-__device__ inline void followPreviousKernel() {
+/// visible (at once without programmatic launch). Each kernel reads state the previous one wrote (the epochs, the
+/// caller's inputs), so nothing may come before the wait; the next kernel makes the same wait, so no kernel here ever
+/// starts reading before the one it follows has ended. With LlTeam::nextKernelEarly it then lets the next kernel be
+/// launched (after every block started: the next kernel's blocks, which only wait, never keep one of these from
+/// running); otherwise the next one starts as this one's blocks exit.
+__device__ inline void followPreviousKernel(bool nextKernelEarly) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
-  cudaTriggerProgrammaticLaunchCompletion();
+  if (nextKernelEarly) cudaTriggerProgrammaticLaunchCompletion();
 #endif
 }
 
@@ -1060,7 +1061,7 @@ __device__ __forceinline__ void combineRecv(const LlTeam& lt, const LlCombineArg
 /// Masks (kMaskedByUser) the ranks of `mask`, unmasks those of `unmask` unless a kernel masked them (failedMask: they
 /// stay masked, reported as kUnmaskRefused). One thread: the masks are small.
 __global__ void llSetMask(LlTeam lt, uint32_t mask, uint32_t unmask) {
-  followPreviousKernel();
+  followPreviousKernel(lt.nextKernelEarly);
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   const uint32_t failed = atomicLoad(&lt.ll->failedMask, kRelaxed), refused = unmask & failed;
   unmask &= ~failed;
@@ -1074,7 +1075,7 @@ __global__ void llSetMask(LlTeam lt, uint32_t mask, uint32_t unmask) {
 }
 
 __global__ void llQueryMask(LlTeam lt, int32_t* out) {
-  followPreviousKernel();
+  followPreviousKernel(lt.nextKernelEarly);
   const uint32_t mask = atomicLoad(&lt.ll->mask, kRelaxed);
   for (int r = threadIdx.x; r < lt.t.numRanks; r += blockDim.x) out[r] = int32_t((mask >> r) & 1u);
 }
@@ -1108,13 +1109,13 @@ namespace gdx::ep::ll {
 
 __global__ void __launch_bounds__(1024)
     dispatch(const __grid_constant__ detail::LlTeam lt, const __grid_constant__ detail::LlDispatchArgs a, int phases) {
-  detail::followPreviousKernel();
+  detail::followPreviousKernel(lt.nextKernelEarly);
   if (phases & detail::kLlSend) detail::dispatchSend(lt, a);
   if (phases & detail::kLlRecv) detail::dispatchRecv(lt, a);
 }
 
 __global__ void __launch_bounds__(1024) combine(detail::LlTeam lt, detail::LlCombineArgs a, int phases) {
-  detail::followPreviousKernel();
+  detail::followPreviousKernel(lt.nextKernelEarly);
   if (phases & detail::kLlSend) detail::combineSend(lt, a);
   if (phases & detail::kLlRecv) detail::combineRecv(lt, a);
 }

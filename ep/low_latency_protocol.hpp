@@ -182,6 +182,7 @@ struct LlTeam {
   int blocks, threads;      // of every kernel (LowLatencyConfig)
   int bothBlocks;           // of a launch doing both phases: blocks, or fewer, so that all of them fit on the GPU
   bool programmaticLaunch;  // LowLatencyConfig::programmaticLaunch
+  bool nextKernelEarly;     // LowLatencyConfig::nextKernelEarly
 };
 
 /// The messages a dispatch received, kept in its handle for the combine (flattened over the sources in rank order):

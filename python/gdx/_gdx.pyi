@@ -163,6 +163,7 @@ class ep:
         num_sms: int
         num_threads: int
         programmatic_launch: bool
+        next_kernel_early: bool
 
     @staticmethod
     def low_latency_bytes_hint(config: "ep.LowLatencyConfig", num_ranks: int,

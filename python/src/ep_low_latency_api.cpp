@@ -27,7 +27,8 @@ void bindEpLowLatency(py::module_& ep) {
       .def_readwrite("max_topk", &ep::LowLatencyConfig::maxTopk)
       .def_readwrite("num_sms", &ep::LowLatencyConfig::numSms)
       .def_readwrite("num_threads", &ep::LowLatencyConfig::numThreads)
-      .def_readwrite("programmatic_launch", &ep::LowLatencyConfig::programmaticLaunch);
+      .def_readwrite("programmatic_launch", &ep::LowLatencyConfig::programmaticLaunch)
+      .def_readwrite("next_kernel_early", &ep::LowLatencyConfig::nextKernelEarly);
   ep.def(
       "low_latency_bytes_hint",
       [](const ep::LowLatencyConfig& c, int numRanks, int numRemoteRanks) {

@@ -171,32 +171,44 @@ py::tuple llCombine(uintptr_t buffer, uintptr_t handle, const at::Tensor& xIn, c
   return py::make_tuple(combined, x, topkIdx, weights);
 }
 
-// The normal mode's cached dispatch: (recv_x, recv_x_scales or None) of `rows` rows.
-py::tuple cachedDispatch(uintptr_t buffer, uintptr_t handle, const at::Tensor& x,
-                         const c10::optional<at::Tensor>& xScales, int64_t rows, uintptr_t stream) {
+// The normal mode's cached dispatch on the current stream: (recv_x, recv_x_scales or None, x, x_scales or None as
+// launched) of `rows` rows. x is BF16, or FP8 when x_scales are given (float32, one per 128 elements); both are
+// checked here, as the low-latency calls' tensors are.
+py::tuple cachedDispatch(uintptr_t buffer, uintptr_t handle, const at::Tensor& xIn,
+                         const c10::optional<at::Tensor>& xScalesIn, int64_t rows) {
   ep::Buffer& b = *objectAt<ep::Buffer>(buffer);
+  const bool fp8 = xScalesIn.has_value();
+  const at::Tensor x = checked(xIn, fp8 ? at::ScalarType::Float8_e4m3fn : at::kBFloat16, 2, "x");
   const int64_t hidden = x.size(1);
+  c10::optional<at::Tensor> xScales;
+  if (fp8) {
+    xScales = checked(*xScalesIn, at::kFloat, 2, "x_scales");
+    if (xScales->size(0) != x.size(0) || xScales->size(1) != hidden / ep::kFp8ScaleBlock)
+      invalid("x_scales: expected [" + std::to_string(x.size(0)) + ", " + std::to_string(hidden / ep::kFp8ScaleBlock) +
+              "] (one per 128 elements of x), got " + shapeOf(*xScales));
+  }
   at::Tensor recvX = at::empty({rows, hidden}, x.options());
   c10::optional<at::Tensor> recvScales;
-  if (xScales.has_value()) recvScales = at::empty({rows, hidden / ep::kFp8ScaleBlock}, xScales->options());
+  if (fp8) recvScales = at::empty({rows, hidden / ep::kFp8ScaleBlock}, xScales->options());
   ep::DispatchInputs in;
   in.x = x.data_ptr();
   in.xScales = pointerOf<float>(xScales);
   in.numTokens = static_cast<int>(x.size(0));
   in.hidden = static_cast<int>(hidden);
-  in.dtype = xScales.has_value() ? ep::DType::kFloat8E4M3 : ep::DType::kBFloat16;
+  in.dtype = fp8 ? ep::DType::kFloat8E4M3 : ep::DType::kBFloat16;
   ep::DispatchOutputs o;
   o.recvX = recvX.data_ptr();
   o.recvXScales = pointerOf<float>(recvScales);
   o.capacity = static_cast<int>(rows);
-  b.dispatch(in, *objectAt<ep::DispatchHandle>(handle), o, streamAt(stream));
-  return py::make_tuple(recvX, recvScales.has_value() ? py::cast(*recvScales) : py::none());
+  b.dispatch(in, *objectAt<ep::DispatchHandle>(handle), o, currentStream(x));
+  const auto orNone = [](const c10::optional<at::Tensor>& t) { return t.has_value() ? py::cast(*t) : py::none(); };
+  return py::make_tuple(recvX, orNone(recvScales), x, orNone(xScales));
 }
 
-// The normal mode's combine: (combined_x, combined_topk_weights or None).
+// The normal mode's combine on the current stream: (combined_x, combined_topk_weights or None). The Python layer
+// checked the tensors (x's shape against the handle's, the biases).
 py::tuple combine(uintptr_t buffer, uintptr_t handle, const at::Tensor& x, const c10::optional<at::Tensor>& topkWeights,
-                  const c10::optional<at::Tensor>& bias0, const c10::optional<at::Tensor>& bias1, int64_t numTokens,
-                  uintptr_t stream) {
+                  const c10::optional<at::Tensor>& bias0, const c10::optional<at::Tensor>& bias1, int64_t numTokens) {
   ep::Buffer& b = *objectAt<ep::Buffer>(buffer);
   at::Tensor combinedX = at::empty({numTokens, x.size(1)}, x.options());
   c10::optional<at::Tensor> combinedW;
@@ -204,7 +216,7 @@ py::tuple combine(uintptr_t buffer, uintptr_t handle, const at::Tensor& x, const
   const ep::CombineInputs in{x.data_ptr(), pointerOf<const float>(topkWeights), pointerOf<const void>(bias0),
                              pointerOf<const void>(bias1)};
   const ep::CombineOutputs o{combinedX.data_ptr(), pointerOf<float>(combinedW)};
-  b.combine(in, *objectAt<ep::DispatchHandle>(handle), o, streamAt(stream));
+  b.combine(in, *objectAt<ep::DispatchHandle>(handle), o, currentStream(x));
   return py::make_tuple(combinedX, combinedW.has_value() ? py::cast(*combinedW) : py::none());
 }
 

@@ -122,6 +122,7 @@ def _ep_buffer(rank, world, store_port):
         again, none_idx, none_w, none_counts, none_handle, _ = buf.dispatch(x, handle=handle)
         assert none_idx is None and none_handle is None
         assert torch.equal(again.cpu(), recv_x.cpu())
+        _cached_forms(torch, buf, rank, world, handle)
 
         # Combine: every token comes back summed over the ranks it went to (DeepEP's check).
         combined, combined_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
@@ -249,6 +250,39 @@ def _deepep_modes(torch, buf, rank, world, topk_idx, topk_w, per_rank, in_rank, 
                 assert float(diff) < 5e-6, f"rank {rank}: combine differs from the reference (calc_diff {diff})"
 
 
+def _cached_forms(torch, buf, rank, world, handle):
+    """The cached dispatch (handle given) with random BF16 rows from a non-contiguous tensor and with random FP8 rows
+    and scales: every received row is its source token's, found through recv_src_idx and handle[0]; and its checks
+    (wrong dtype, scales of the wrong shape, top-k with a handle, not a handle), made before anything is sent."""
+    g = torch.Generator(device="cuda").manual_seed(2100 + rank)
+    prefix = handle[0].cpu()
+    wide = torch.randn((NUM_TOKENS, 2 * HIDDEN), dtype=torch.bfloat16, device="cuda", generator=g)
+    x = wide[:, ::2]  # not contiguous: a contiguous copy is what is sent
+    recv, *rest, event = buf.dispatch(x, handle=handle, async_finish=True)
+    event.current_stream_wait()
+    assert rest == [None, None, None, None]
+    assert torch.equal(recv.cpu(), _rows_of(torch, x.contiguous(), handle, prefix, rank, world))
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    if fp8 is not None:
+        x8 = torch.randn((NUM_TOKENS, HIDDEN), device="cuda", generator=g).to(fp8)
+        scales = torch.rand((NUM_TOKENS, HIDDEN // 128), device="cuda", generator=g) + 0.5
+        (recv8, recv_scales), *_ = buf.dispatch((x8, scales), handle=handle)
+        assert recv8.dtype == fp8 and recv_scales.dtype == torch.float32
+        assert torch.equal(recv8.view(torch.uint8).cpu(),
+                           _rows_of(torch, x8.view(torch.uint8), handle, prefix, rank, world))
+        assert torch.equal(recv_scales.cpu(), _rows_of(torch, scales, handle, prefix, rank, world))
+        with pytest.raises(gdx.InvalidArgumentError, match="x_scales"):
+            buf.dispatch((x8, scales[:, 1:]), handle=handle)
+        with pytest.raises(gdx.InvalidArgumentError, match="x_scales"):
+            buf.dispatch((x8, scales.double()), handle=handle)
+    with pytest.raises(gdx.InvalidArgumentError, match="bfloat16"):
+        buf.dispatch(x.float(), handle=handle)
+    with pytest.raises(gdx.InvalidArgumentError, match="takes no topk_idx"):
+        buf.dispatch(x, handle=handle, topk_idx=torch.zeros((NUM_TOKENS, 1), dtype=torch.int64, device="cuda"))
+    with pytest.raises(gdx.InvalidArgumentError, match="DispatchHandle"):
+        buf.dispatch(x, handle=(handle[0],))
+
+
 def _rows_of(torch, per_token, handle, prefix, rank, world):
     """The received rows `per_token` ([N, ...], each rank's own) must give: every source's rows of the tokens it
     sent here, in order, found through recv_src_idx and handle[0]."""
@@ -264,11 +298,14 @@ def _rows_of(torch, per_token, handle, prefix, rank, world):
     return torch.cat(out)
 
 
-def test_ep_buffer_like_deepep_intranode_test():
+@pytest.mark.parametrize("path", ["torch extension", "pointers"])
+def test_ep_buffer_like_deepep_intranode_test(path):
     _cuda_or_skip()
     if not gdx._gdx.ep_available():
         pytest.skip("gdx was built without CUDA")
-    run_ranks(2, _ep_buffer, free_port())
+    if path == "torch extension":
+        pytest.importorskip("gdx._gdx_torch", reason="gdx was built without its torch extension")
+    run_ranks(2, _ep_buffer, free_port(), env={"GDX_EP_TORCH_EXTENSION": "1" if path != "pointers" else "0"})
 
 
 # ---- gdx.ep.Buffer, low-latency mode -------------------------------------------------------------------------------

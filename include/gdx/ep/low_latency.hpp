@@ -76,14 +76,18 @@ struct LowLatencyConfig {
   /// T = 128, 128 blocks took dispatch / combine from 49 / 54 us (32 blocks) to 35 / 43 us.
   int numSms = 128;
   int numThreads = 512;  ///< threads per block (a multiple of 32 in [64, 1024])
-  /// Launch each kernel with programmatic stream serialization: it is launched while the kernel before it in the
-  /// stream still runs and waits for that kernel's end (griddepcontrol.wait) before it reads anything, so the launch
-  /// no longer sits between the two. The kernel before may be any kernel. Each kernel lets the next one be launched
-  /// from its start, so a kernel of the caller's launched after it with programmatic serialization must itself wait
-  /// (cudaGridDependencySynchronize) before reading recvX or the combined output; a plainly launched one needs
-  /// nothing. Used only where the kernels were compiled for sm_90 or later (which have the wait); false: plain
-  /// launches.
+  /// Launch each kernel with programmatic stream serialization: it may be launched before the kernel ahead of it in
+  /// the stream has ended, and waits for that kernel's end (griddepcontrol.wait) before it reads anything. The kernel
+  /// ahead may be any kernel. A kernel of the caller's launched after one of these with programmatic serialization
+  /// must itself wait (cudaGridDependencySynchronize) before reading recvX or the combined output; a plainly launched
+  /// one needs nothing. Used only where the kernels were compiled for sm_90 or later (which have the wait); false:
+  /// plain launches.
   bool programmaticLaunch = true;
+  /// With programmaticLaunch, when each kernel lets the next one of the stream start. false: at its end, so a
+  /// profiler's time for each kernel is that kernel's own (DeepEP's bench_kineto reads those). true: at its start, so
+  /// the next kernel's blocks are already resident and waiting when this one ends, which hides its launch when the
+  /// host is ahead, but a profiler then counts that wait (most of this kernel) in the next kernel's time.
+  bool nextKernelEarly = false;
 };
 
 /// Memory a LowLatencyBuffer takes (DeepEP's get_low_latency_rdma_size_hint): GPU bytes (the window the same-host

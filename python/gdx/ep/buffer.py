@@ -251,11 +251,13 @@ class Buffer:
         num_recv_tokens_per_expert_list, handle, event); the cached form (`handle` given, no topk) returns (recv_x,
         None, None, None, None, event). recv_topk_idx holds local expert ids, -1 where the expert is on another
         rank. num_worst_tokens > 0: no host synchronisation, outputs of that many rows, the list is empty."""
+        if handle is not None and self._ext is not None:  # the tensors go to C++ unexamined (it checks them)
+            self._begin_in_extension(previous_event)
+            return self._cached_dispatch_in_extension(x, handle, topk_idx, topk_weights, async_finish)
         stream = self._begin(previous_event)
         x, x_scales, n, hidden = self._check_x(*(x if isinstance(x, tuple) else (x, None)))
         if handle is not None:
-            if topk_idx is not None or topk_weights is not None:
-                raise InvalidArgumentError("dispatch: the cached form (handle given) takes no topk_idx/topk_weights")
+            self._check_cached(handle, topk_idx, topk_weights)
             return self._cached_dispatch(x, x_scales, n, hidden, handle, stream, async_finish)
 
         torch = _torch()
@@ -313,19 +315,30 @@ class Buffer:
         return ((recv_x, recv_scales) if x_scales is not None else recv_x, recv_topk_idx, recv_topk_weights,
                 list(counts), handle, event)
 
+    @staticmethod
+    def _check_cached(handle, topk_idx, topk_weights) -> None:
+        if topk_idx is not None or topk_weights is not None:
+            raise InvalidArgumentError("dispatch: the cached form (handle given) takes no topk_idx/topk_weights")
+        if type(handle) is not DispatchHandle:
+            raise InvalidArgumentError("dispatch: handle must be the DispatchHandle a dispatch returned")
+
+    def _cached_dispatch_in_extension(self, x, handle: DispatchHandle, topk_idx, topk_weights, async_finish: bool):
+        """The cached form through gdx._gdx_torch: one call that checks x, makes the outputs and launches on the
+        current stream (at small token counts this call's host time is what the GPU waits for)."""
+        self._check_cached(handle, topk_idx, topk_weights)
+        x, x_scales = x if type(x) is tuple else (x, None)
+        recv_x, recv_scales, x, x_scales = self._ext.cached_dispatch(self._address, handle._native.address, x,
+                                                                     x_scales, handle.rows)
+        event = end_event(async_finish, (x, x_scales, recv_x, recv_scales))
+        return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
+
     def _cached_dispatch(self, x, x_scales, n: int, hidden: int, handle: DispatchHandle, stream: int,
                          async_finish: bool):
-        """The cached form: `handle`'s routing again, no top-k. Nothing waits on the host, so at small token counts
-        this call's host time is what the GPU waits for: one native call, with every field as an argument."""
-        rows = handle.rows
-        if self._ext is not None:
-            recv_x, recv_scales = self._ext.cached_dispatch(self._address, handle._native.address, x, x_scales, rows,
-                                                            stream)
-        else:
-            recv_x, recv_scales = self._alloc_recv(x, x_scales, rows, hidden)
-            self.runtime.dispatch_flat(handle._native, x.data_ptr(), _address(x_scales), n, hidden,
-                                       _native_dtype(x_scales is not None), rows, recv_x.data_ptr(),
-                                       _address(recv_scales), stream)
+        """The cached form on the pointer path: one native call, with every field as an argument."""
+        recv_x, recv_scales = self._alloc_recv(x, x_scales, handle.rows, hidden)
+        self.runtime.dispatch_flat(handle._native, x.data_ptr(), _address(x_scales), n, hidden,
+                                   _native_dtype(x_scales is not None), handle.rows, recv_x.data_ptr(),
+                                   _address(recv_scales), stream)
         event = end_event(async_finish, (x, x_scales, recv_x, recv_scales))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
 
@@ -349,7 +362,7 @@ class Buffer:
         bias0, bias1 = self._check_biases(bias) if bias is not None else (None, None)
         if self._ext is not None:
             combined_x, combined_w = self._ext.combine(self._address, handle._native.address, x, topk_weights, bias0,
-                                                       bias1, handle.num_tokens, stream)
+                                                       bias1, handle.num_tokens)
         else:
             combined_w = None
             if topk_weights is not None:
@@ -415,6 +428,13 @@ class Buffer:
         return self._low_latency
 
     # ---- helpers -----------------------------------------------------------------------------------------------
+    def _begin_in_extension(self, previous_event: Optional[EventOverlap]) -> None:
+        """_begin for a call whose kernels gdx._gdx_torch launches on the current stream (it reads the stream)."""
+        if self._destroyed or self.runtime is None:
+            self._begin(previous_event)  # raises
+        if previous_event is not None and previous_event.event is not None:
+            previous_event.current_stream_wait()
+
     def _begin(self, previous_event: Optional[EventOverlap]) -> int:
         """Checks that the Buffer can run the normal mode, waits for `previous_event`; the current stream's
         handle, where the kernels go."""

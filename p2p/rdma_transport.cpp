@@ -1,9 +1,11 @@
 // RdmaTransport: UrlTransport's reports (Done, from the transport's threads) queued on the event base, where they
-// resolve the futures or call the continuations. A wait's deadline is a timer of the event base, cancelled when the
-// notified write arrives first; whichever comes first resolves it, the other finds it resolved.
+// resolve the futures or call the continuations. A wait's deadline is a timer of the event base that asks the
+// transport to end the wait (UrlTransport::expireWait): the transport decides under its lock whether a write arriving
+// at that moment is this wait's or a later one's, so a write is never given to a wait already reported as timed out.
 #include "gdx/p2p/rdma_transport.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <mutex>
 
@@ -26,10 +28,11 @@ commResult_t commResultOf(ErrorCode c) {
   }
 }
 
-/// A wait for a notified write: resolved once, by the write or by its timer (both in the event base's thread).
+/// A wait for a notified write: resolved once, in the event base's thread, by what the transport reported for it.
 struct Wait {
   bool resolved = false;
   uint64_t timer = 0;
+  std::atomic<uint64_t> ticket{0};  ///< the transport's, once waitForWrite returned it
   std::function<void(commResult_t)> then;
   void resolve(commResult_t r) {
     if (resolved) return;
@@ -67,6 +70,12 @@ commResult_t commResultOf(Status s) {
   return commInternalError;
 }
 
+/// The transport while the RdmaTransport lives, for the waits' timers, which may fire after it is gone.
+struct RdmaTransport::Live {
+  std::mutex mutex;
+  UrlTransport* transport = nullptr;
+};
+
 struct RdmaTransport::Names {
   std::mutex mutex;
   std::string url, peerUrl;
@@ -78,11 +87,17 @@ RdmaTransport::RdmaTransport(int cudaDev, EventBase* evb, const std::string& tra
       timeoutMs_(static_cast<uint32_t>(
           std::min<uint64_t>(defaultTimeoutNs() / 1000000, std::numeric_limits<uint32_t>::max()))),
       names_(std::make_unique<Names>()),
-      transport_(std::make_unique<UrlTransport>(cudaDev, transport)) {}
+      live_(std::make_shared<Live>()),
+      transport_(std::make_unique<UrlTransport>(cudaDev, transport)) {
+  live_->transport = transport_.get();
+}
 
-// transport_ goes first (the members' order): it ends what still waits, whose results it queues on the event base,
-// and ownEvb_, where there is one, runs them before its thread ends.
-RdmaTransport::~RdmaTransport() = default;
+// No timer reaches the transport from here on; transport_ goes first (the members' order): it ends what still waits,
+// whose results it queues on the event base, and ownEvb_, where there is one, runs them before its thread ends.
+RdmaTransport::~RdmaTransport() {
+  std::lock_guard<std::mutex> lock(live_->mutex);
+  live_->transport = nullptr;
+}
 
 bool RdmaTransport::supported(const std::string& transport) {
   return UrlTransport::supported(transport);
@@ -144,21 +159,27 @@ void RdmaTransport::waitForWrite(std::function<void(commResult_t)> then) {
   auto w = std::make_shared<Wait>();
   w->then = std::move(then);
   EventBase* evb = evb_;
-  // The timer first: the arrival, queued after this, finds its id.
+  // The timer first, so that the report (queued after this) finds its id to cancel. At the deadline the transport
+  // ends the wait unless a write already went to it; a timer that fires before the ticket is known (a registration
+  // slower than the whole timeout) ends it here.
   w->timer = evb->runAfterDelay(
-      [w, who = who(), ms = timeoutMs_] {
-        if (w->resolved) return;
-        GDX_WARN(who << ": waitForWrite: no notified write arrived within GDX_TIMEOUT_MS (" << ms << " ms)");
-        w->resolve(commTimeout);
+      [w, live = live_] {
+        const uint64_t ticket = w->ticket.load();
+        std::lock_guard<std::mutex> lock(live->mutex);
+        if (ticket == 0 && !w->resolved) w->resolve(commTimeout);
+        if (ticket != 0 && live->transport) live->transport->expireWait(ticket);  // reports kTimeout through Done
       },
       timeoutMs_);
-  transport_->waitForWrite([evb, w](Status s) {
-    evb->runInEventBaseThread([evb, w, s] {
+  const uint64_t ticket = transport_->waitForWrite([evb, w, who = who(), ms = timeoutMs_](Status s) {
+    evb->runInEventBaseThread([evb, w, s, who, ms] {
       if (w->resolved) return;
       evb->cancelTimeout(w->timer);
+      if (s == Status::kTimeout)
+        GDX_WARN(who << ": waitForWrite: no notified write arrived within GDX_TIMEOUT_MS (" << ms << " ms)");
       w->resolve(commResultOf(s));
     });
   });
+  w->ticket.store(ticket);
 }
 
 std::future<commResult_t> RdmaTransport::waitForWrite() {

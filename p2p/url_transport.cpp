@@ -478,8 +478,21 @@ std::future<Status> UrlTransport::write(RegisteredMemory::View local, const Remo
   return bounded(std::move(p.second), deadline, impl_->who() + ": write of " + std::to_string(local.size()) + " bytes");
 }
 
-void UrlTransport::waitForWrite(Done done) {
-  impl_->addWaiter(std::move(done), nowNs() + impl_->timeoutNs);
+uint64_t UrlTransport::waitForWrite(Done done) {
+  return impl_->addWaiter(std::move(done), nowNs() + impl_->timeoutNs);
+}
+
+bool UrlTransport::expireWait(uint64_t ticket) {
+  Done done;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    auto it = impl_->waiters.find(ticket);
+    if (it == impl_->waiters.end()) return false;
+    done = std::move(it->second.done);
+    impl_->waiters.erase(it);
+  }
+  done(Status::kTimeout);
+  return true;
 }
 
 std::future<Status> UrlTransport::waitForWrite() {

@@ -89,7 +89,9 @@ class RdmaTransport {
   EventBase* evb_;
   uint32_t timeoutMs_;
   struct Names;
-  std::unique_ptr<Names> names_;             ///< this side's and the peer's URL, for messages
+  std::unique_ptr<Names> names_;  ///< this side's and the peer's URL, for messages
+  struct Live;
+  std::shared_ptr<Live> live_;               ///< transport_ for the waits' timers, until the destructor starts
   std::unique_ptr<UrlTransport> transport_;  ///< destroyed first: what still waits resolves on the event base
 };
 

@@ -126,8 +126,12 @@ class UrlTransport {
   void write(RegisteredMemory::View local, const RemoteBuffer& remote, bool notify, Done done);
   /// waitForWrite() reporting to `done`: when the notified write arrived, the connection failed or could not be made,
   /// or the transport is destroyed (kShutdown). After GDX_TIMEOUT_MS it takes no write (the next arrival goes to a
-  /// later wait, and calls this one with kTimeout); the caller keeps its own deadline and ignores a later call.
-  void waitForWrite(Done done);
+  /// later wait, and calls this one with kTimeout). Returns the wait's ticket, for expireWait.
+  uint64_t waitForWrite(Done done);
+  /// Ends wait `ticket` now with kTimeout (its done is called, from this call) unless a write or a failure was given
+  /// to it already (false): a caller with a deadline of its own ends the wait through this, so that a write arriving
+  /// at that deadline goes either to this wait or to a later one, never to one whose caller stopped waiting.
+  bool expireWait(uint64_t ticket);
 
   struct Impl;
 

@@ -797,14 +797,14 @@ __global__ void __launch_bounds__(1024) combineKernel(Team t, CombineArgs a) {
   StampedSummer sum{t, a, o, e, gw, W, rowBytes, stampOffset, lane};
   // The rows go out by their source rank starting with the rank after this one (me + 1, me + 2, ...), as the dispatch
   // stores: in rank order, the warps of every rank would store into rank 0's memory first, then all into rank 1's,
-  // each rank's NVLink ingress taking every sender's rows in turn while the others idle. This rank's own rows, which
-  // stay here, come last in that order and are left out.
-  const int rotation = o.inPrefix[(me + 1) % R], sent = total - (o.inPrefix[me + 1] - o.inPrefix[me]);
-  for (int unit = gw; unit < sent * parts; unit += W) {
+  // each rank's NVLink ingress taking every sender's rows in turn while the others idle.
+  const int rotation = o.inPrefix[(me + 1) % R];
+  for (int unit = gw; unit < total * parts; unit += W) {
     const int k = unit / parts, part = unit - k * parts;
     const int row = k + rotation < total ? k + rotation : k + rotation - total;
     int s = 0;
     while (row >= o.inPrefix[s + 1]) ++s;
+    if (s == me) continue;
     const int pos = row - o.inPrefix[s];
     const bool direct = !isRemote(t, s);
     char* dst = direct ? rowsOf(t, s) + int64_t(o.atPeer[s] + pos) * rowBytes

@@ -99,7 +99,7 @@ std::string localAddressToward(const std::string& host);
 /// messages do not sit in Nagle's buffer. The send and receive buffers are left to the kernel's autotuning: a fixed
 /// SO_SNDBUF / SO_RCVBUF turns it off and is capped at net.core.{w,r}mem_max (212992 bytes by default), so on most
 /// hosts it shrank the window, and even under a raised cap (4 MiB on the development VM) 8 and 16 MiB transfers over
-/// 4 sockets across network namespaces moved 6-9 % less than with autotuning (docs/PERFORMANCE.md, 2026-11-26).
+/// 4 sockets across network namespaces moved 6-9 % less than with autotuning (measured 2026-11-26).
 void tuneSocket(int fd);
 /// Makes a silent loss of the link (a cut cable, a host that vanished without a reset) an error on an idle `fd`
 /// within about half of `timeoutNs` (at least 2 s), with keepalive probes. (A socket with unacknowledged data is the

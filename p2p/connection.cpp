@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <tuple>
 
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
@@ -66,7 +65,11 @@ const char* readStatusText(ReadStatus s) {
 }  // namespace
 
 Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::function<void()> wake)
-    : id_(id), link_(std::move(link)), timeoutNs_(timeoutNs), wake_(std::move(wake)) {
+    : id_(id),
+      link_(std::move(link)),
+      timeoutNs_(timeoutNs),
+      wake_(std::move(wake)),
+      windows_(*link_.transport, name_) {
   name_ = "connection " + std::to_string(id_) + " (peer " + link_.peerIp + ", GPU " + std::to_string(link_.peerGpu) +
           ", " + link_.detail + ")";
   sharedName_ = std::make_shared<const std::string>(name_);
@@ -132,7 +135,7 @@ void Connection::start() {
 
 std::string Connection::failure() const {
   if (!failed_.load()) return std::string();  // healthy: no lock and no copy (every round and operation asks)
-  std::lock_guard<std::mutex> lock(winMutex_);
+  std::lock_guard<std::mutex> lock(failureMutex_);
   return failure_;
 }
 
@@ -238,8 +241,7 @@ void Connection::wakeDriver() {
 }
 
 void Connection::setResolver(WindowResolver r) {
-  std::lock_guard<std::mutex> lock(winMutex_);
-  resolver_ = std::move(r);
+  windows_.setResolver(std::move(r));
 }
 
 void Connection::setNotifyHandler(std::function<void()> h) {
@@ -247,7 +249,7 @@ void Connection::setNotifyHandler(std::function<void()> h) {
 }
 
 void Connection::setFailureHandler(std::function<void()> h) {
-  std::lock_guard<std::mutex> lock(winMutex_);
+  std::lock_guard<std::mutex> lock(failureMutex_);
   onFailure_ = std::move(h);
 }
 
@@ -337,7 +339,8 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
         ControlMsg cts;
         cts.type = MsgType::kClearToSend;
         cts.id = seq;
-        cts.window = grant(p, Grant::kReceive, seq);  // exactly this receive's buffer, until its data arrived
+        cts.window =
+            grant(p, LocalWindows::GrantFor::kReceive, seq);  // exactly this receive's buffer, until its data arrived
         cts.offset = 0;
         cts.bytes = p.size;
         recvs_[key] = r;
@@ -474,8 +477,8 @@ void Connection::onRequestToSend(const ControlMsg& m) {
 void Connection::offerEagerBuffer() {
   if (keysSent_.count(kEagerWindow)) return;
   MemoryRegion r;
-  resolveLocal(kEagerWindow, &r);
-  sendKey(kEagerWindow, ensureLocal(r), r.bytes);
+  windows_.resolve(kEagerWindow, &r);
+  sendKey(kEagerWindow, windows_.keyOf(r), r.bytes);
 }
 
 uint32_t Connection::takeCredits() {
@@ -492,13 +495,13 @@ void Connection::takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes) 
     try {
       // Never into memory its caller may have taken back: that of a receive that failed already (a receive with a
       // part outstanding is finished only by failing), or of a region deregistered while the receive was pending.
-      if (regionForgotten(r.piece.region.window))
+      if (windows_.forgotten(r.piece.region.window))
         throw Error(ErrorCode::kInvalidArgument, "memory region " + std::to_string(r.piece.region.window) +
                                                      " was deregistered while the receive was pending");
       dropped = r.t->finished();
       if (!dropped) {
-        copyFromHost(r.piece.region.base + r.piece.offset, r.piece.region.kind,
-                     eagerBuffer_.data() + static_cast<uint64_t>(slot) * kEagerBytes, bytes, "copying eager data");
+        copyFromHost(r.piece.region.base + r.piece.offset, r.piece.region.kind, windows_.eagerSlot(slot), bytes,
+                     "copying eager data");
         r.t->finishPart(r.index, bytes);
       }
     } catch (const Error& e) {
@@ -526,10 +529,10 @@ void Connection::onEagerData(uint32_t imm, uint64_t bytes) {
   // successor with these low bits (sends refused before they left leave gaps, never 2^16 of them).
   const uint64_t seq = nextArrival_ + ((static_cast<uint64_t>(imm & kEagerSeqBits) - nextArrival_) & kEagerSeqBits);
   nextArrival_ = seq + 1;
-  revokeReceivesBefore(nextArrival_);
+  windows_.revokeReceivesBefore(nextArrival_);
   const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
   const uint32_t slot = static_cast<uint32_t>(eagerArrived_++ % kEagerSlots);
-  if (bytes == 0 || bytes > kEagerBytes || early_.size() >= kEagerSlots || eagerBuffer_.empty())
+  if (bytes == 0 || bytes > kEagerBytes || early_.size() >= kEagerSlots || !windows_.eagerBufferMade())
     return failAll(ErrorCode::kProtocol, "eager data of " + std::to_string(bytes) + " bytes for send #" +
                                              std::to_string(key) + " does not fit the eager buffer (" +
                                              std::to_string(early_.size()) + " of " + std::to_string(kEagerSlots) +
@@ -587,7 +590,7 @@ void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
                                                      std::to_string(dst.offset) + " does not fit the peer's window " +
                                                      std::to_string(dst.window) + " of " + std::to_string(have) +
                                                      " bytes");
-      registerLocal(src.region, nullptr, true);
+      windows_.registerRegion(src.region, nullptr, true);
       WriteOp op;
       op.peer = link_.peer();
       op.localWindow = src.region.window;
@@ -624,7 +627,8 @@ void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::
         req.window = src[i].window;
         req.offset = src[i].offset;
         req.bytes = src[i].size;
-        req.dstWindow = grant(dst[i], Grant::kRead, req.id);  // exactly the range read, until kReadDone
+        req.dstWindow =
+            grant(dst[i], LocalWindows::GrantFor::kRead, req.id);  // exactly the range read, until kReadDone
         req.dstOffset = 0;
         reads_[req.id] = t;
         postControl(req);
@@ -638,23 +642,7 @@ void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::
 // ---- windows --------------------------------------------------------------------------------------------------
 
 uint32_t Connection::advertise(const MemoryRegion& region, uint64_t offset, uint64_t size) {
-  std::lock_guard<std::mutex> lock(winMutex_);
-  if (forgotten_.count(region.window))
-    throw Error(ErrorCode::kInvalidArgument,
-                name_ + ": memory region " + std::to_string(region.window) + " was deregistered");
-  auto key = std::make_tuple(region.window, offset, size);
-  auto it = advertisedRanges_.find(key);
-  if (it != advertisedRanges_.end()) return it->second;
-  if (nextAdvertised_ == UINT32_MAX) throw Error(ErrorCode::kInvalidArgument, name_ + ": too many advertised ranges");
-  Advertised a;
-  a.region.window = nextAdvertised_++;
-  a.region.base = region.base + offset;
-  a.region.bytes = size;
-  a.region.kind = region.kind;
-  a.parent = region.window;
-  advertised_[a.region.window] = a;
-  advertisedRanges_[key] = a.region.window;
-  return a.region.window;
+  return windows_.advertise(region, offset, size);
 }
 
 void Connection::forget(uint32_t window) {
@@ -664,91 +652,19 @@ void Connection::forget(uint32_t window) {
 }
 
 void Connection::forgetWindows(std::vector<uint32_t>& gone) {
-  const uint32_t window = gone.front();
-  std::lock_guard<std::mutex> lock(winMutex_);
-  for (auto it = advertised_.begin(); it != advertised_.end();) {
-    if (it->second.parent == window) {
-      gone.push_back(it->first);
-      it = advertised_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto it = advertisedRanges_.begin(); it != advertisedRanges_.end();)
-    it = std::get<0>(it->first) == window ? advertisedRanges_.erase(it) : std::next(it);
-  for (auto it = grants_.begin(); it != grants_.end();) {
-    const uint32_t w = it->first;
-    const uint32_t parent = it->second.parent;
-    ++it;
-    if (parent == window) dropGrantLocked(w);
-  }
-  for (uint32_t w : gone) {
-    forgotten_.insert(w);
-    if (localKeys_.erase(w)) {
-      try {
-        link_.transport->deregisterWindow(w);
-      } catch (const Error& e) {
-        GDX_WARN(name_ << ": deregistering window " << w << ": " << e.what());
-      }
-    }
-  }
+  windows_.forget(gone);
 }
 
-std::string Connection::ensureLocal(const MemoryRegion& r) {
+size_t Connection::grantsOpen() const {
+  return windows_.grantsOpen();
+}
+
+uint32_t Connection::grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id) {
   std::string key;
-  registerLocal(r, &key);
-  return key;
-}
-
-void Connection::registerLocal(const MemoryRegion& r, std::string* key, bool reading) {
-  std::lock_guard<std::mutex> lock(winMutex_);
-  if (forgotten_.count(r.window))
-    throw Error(ErrorCode::kInvalidArgument, name_ + ": memory region " + std::to_string(r.window) +
-                                                 " was deregistered while the transfer was queued");
-  auto it = localKeys_.find(r.window);
-  if (it == localKeys_.end()) {
-    // What the peer may do to it: write an advertised range, write the eager buffer only with its immediates, and
-    // nothing to a region registered as the source of this side's sends and writes (a receive's range is a grant).
-    // Decided at registration: a verbs NIC then refuses the writes itself. The memory a resolver gives (the URL
-    // transport's) becomes writable once the peer presented its key's secret (the key request below); where the
-    // access cannot be widened later (verbs without ibv_rereg_mr) it is writable from the start, for the connected
-    // peer only, which the NIC cannot ask for the secret anyway.
-    const bool writableLater = resolver_ && link_.transport->accessFixedAtRegistration();
-    const RemoteAccess access = r.window == kEagerWindow                             ? RemoteAccess::kImmediateWrites
-                                : r.window >= kAdvertisedWindowBase || writableLater ? RemoteAccess::kWrite
-                                                                                     : RemoteAccess::kNone;
-    it = localKeys_.emplace(r.window, link_.transport->registerWindowFor(r.window, r.base, r.bytes, r.kind, access))
-             .first;
-  }
-  if (key) *key = it->second;
-  if (reading) ++readers_[r.window];  // under the lock that forget() marks it forgotten with: it waits for this one
-}
-
-bool Connection::regionForgotten(uint32_t window) const {
-  std::lock_guard<std::mutex> lock(winMutex_);
-  return forgotten_.count(window) > 0;
-}
-
-bool Connection::resolveLocal(uint32_t window, MemoryRegion* out, uint64_t secret) {
-  WindowResolver resolver;
-  {
-    std::lock_guard<std::mutex> lock(winMutex_);
-    if (window == kEagerWindow) {  // made on first use: connections that carry no small sends never pay for it
-      if (eagerBuffer_.empty()) eagerBuffer_.resize(static_cast<size_t>(kEagerSlots) * kEagerBytes);
-      out->window = kEagerWindow;
-      out->base = eagerBuffer_.data();
-      out->bytes = eagerBuffer_.size();
-      out->kind = MemoryKind::kHost;
-      return true;
-    }
-    auto it = advertised_.find(window);
-    if (it != advertised_.end()) {
-      *out = it->second.region;
-      return true;
-    }
-    resolver = resolver_;
-  }
-  return resolver && resolver(window, secret, out);
+  const uint32_t w = windows_.grant(p, what, id, &key);
+  keysSent_.erase(w);  // a window id used before: the peer gets this grant's key
+  sendKey(w, key, p.size);
+  return w;
 }
 
 void Connection::sendKey(uint32_t window, const std::string& key, uint64_t bytes) {
@@ -806,7 +722,7 @@ void Connection::trySends() {
       if (!remoteKnown_.count(cts.window))
         throw Error(ErrorCode::kProtocol, what + ": the peer's clear-to-send names window " +
                                               std::to_string(cts.window) + ", whose key never arrived");
-      registerLocal(send.piece.region, nullptr, true);
+      windows_.registerRegion(send.piece.region, nullptr, true);
       WriteOp op;
       op.peer = link_.peer();
       op.localWindow = send.piece.region.window;
@@ -844,7 +760,7 @@ bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, con
   }
   const uint32_t credits = takeCredits();  // ride along: the peer's sends this side took since the last report
   try {
-    registerLocal(piece.region, nullptr, true);
+    windows_.registerRegion(piece.region, nullptr, true);
     WriteOp op;
     op.peer = link_.peer();
     op.localWindow = piece.region.window;
@@ -907,13 +823,13 @@ void Connection::onReadRequest(const ControlMsg& m) {
   done.id = m.id;
   MemoryRegion src;
   // The eager buffer is written by the peer's small sends, never read: only advertised (or resolved) windows are.
-  if (m.window == kEagerWindow || !resolveLocal(m.window, &src)) {
+  if (m.window == kEagerWindow || !windows_.resolve(m.window, &src)) {
     done.status = ReadStatus::kUnknownWindow;
   } else if (m.offset > src.bytes || m.bytes > src.bytes - m.offset || m.bytes == 0) {
     done.status = ReadStatus::kOutOfRange;
   } else {
     try {
-      registerLocal(src, nullptr, true);
+      windows_.registerRegion(src, nullptr, true);
       WriteOp op;
       op.peer = link_.peer();
       op.localWindow = src.window;
@@ -972,7 +888,7 @@ void Connection::handleMessage(const ControlMsg& m) {
   switch (m.type) {
     case MsgType::kKeyRequest: {
       MemoryRegion r;
-      if (!resolveLocal(m.window, &r, m.offset)) {
+      if (!windows_.resolve(m.window, &r, m.offset)) {
         ControlMsg no;
         no.type = MsgType::kKeyRefused;
         no.window = m.window;
@@ -980,7 +896,7 @@ void Connection::handleMessage(const ControlMsg& m) {
       }
       keysSent_.erase(m.window);  // the peer asks, so it does not have it
       try {
-        std::string key = ensureLocal(r);
+        std::string key = windows_.keyOf(r);
         // A window the resolver gave (the URL transport's memory, its key's secret presented) may be written, even
         // if it was registered before as the source of this side's writes.
         if (m.window < kAdvertisedWindowBase && m.window != kEagerWindow)
@@ -1042,7 +958,7 @@ void Connection::handleMessage(const ControlMsg& m) {
     }
     case MsgType::kReadRequest: return onReadRequest(m);
     case MsgType::kReadDone: {
-      revokeRead(m.id);
+      windows_.revokeRead(m.id);
       auto it = reads_.find(m.id);
       if (it == reads_.end()) return;
       if (m.status == ReadStatus::kOk)
@@ -1076,12 +992,12 @@ void Connection::handle(const Event& e) {
       GDX_WARN(name_ << ": the data of send #" << seq << " arrived after its receive had failed");
       arrivedForFailedRecv(seq);
       nextArrival_ = seq + 1;
-      revokeReceivesBefore(nextArrival_);
+      windows_.revokeReceivesBefore(nextArrival_);
       return;
     }
     arrivedForFailedRecv(it->second.seq);  // failed receives before it will see nothing more
     nextArrival_ = it->second.seq + 1;
-    revokeReceivesBefore(nextArrival_);  // the data is in place: the peer may write there no more
+    windows_.revokeReceivesBefore(nextArrival_);  // the data is in place: the peer may write there no more
     const PendingRecv r = it->second;
     recvs_.erase(it);
     // Its size is the one the send announced before its write (kRequestToSend), which the sender checked against
@@ -1103,7 +1019,7 @@ void Connection::handle(const Event& e) {
 void Connection::failAll(ErrorCode code, const std::string& why) {
   std::function<void()> onFailure;
   {
-    std::lock_guard<std::mutex> lock(winMutex_);
+    std::lock_guard<std::mutex> lock(failureMutex_);
     if (failure_.empty()) failure_ = why;
     failed_ = true;
     onFailure.swap(onFailure_);  // once

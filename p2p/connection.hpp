@@ -56,26 +56,12 @@
 
 #include "gdx/types.hpp"
 #include "p2p/key_assembly.hpp"
+#include "p2p/local_windows.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/protocol.hpp"
 #include "p2p/transfer.hpp"
 
 namespace gdx::p2p {
-
-/// Memory as a connection registers it with its transport: window `window` = [base, base + bytes).
-struct MemoryRegion {
-  uint32_t window = 0;
-  char* base = nullptr;
-  uint64_t bytes = 0;
-  MemoryKind kind = MemoryKind::kHost;
-};
-
-/// `size` bytes at `offset` of a local region.
-struct Piece {
-  MemoryRegion region;
-  uint64_t offset = 0;
-  uint64_t size = 0;
-};
 
 /// `size` bytes at `offset` of a window the peer advertised (or, for the URL transport, registered).
 struct RemotePiece {
@@ -85,21 +71,11 @@ struct RemotePiece {
   uint64_t secret = 0;  ///< sent with the key request: the URL transport's key secret (0 for advertised windows)
 };
 
-/// Windows a peer may ask for besides the advertised ones (the URL transport's registered memory): true and *out
-/// when `window` is one and `secret` is its key's.
-using WindowResolver = std::function<bool(uint32_t window, uint64_t secret, MemoryRegion* out)>;
-
 /// Immediates with this bit are notified writes (waitForWrite); the others carry a send's number.
 constexpr uint32_t kNotifyImm = 0x80000000u;
 /// Immediates of eager sends (written into the eager buffer) carry this bit beside the low bits of the send's number
 /// and the credits the writer returns (connection.cpp).
 constexpr uint32_t kEagerImm = 0x40000000u;
-/// Windows of advertised ranges; windows below are endpoint memory regions (window = mrId).
-constexpr uint32_t kAdvertisedWindowBase = 0x80000000u;
-/// Windows granted for one transfer (a receive's range, a read's destination): kGrantWindows ids from here, just
-/// below the eager window, reused once revoked. Memory region ids stay below them.
-constexpr uint32_t kGrantWindowBase = 0x7fff0000u;
-constexpr uint32_t kGrantWindows = 0xffffu;
 
 class Connection {
  public:
@@ -248,17 +224,6 @@ class Connection {
     std::shared_ptr<Transfer> t;
     uint64_t sendSeq = UINT64_MAX;  ///< UINT64_MAX: not a send
   };
-  struct Advertised {
-    MemoryRegion region;  ///< the advertised range, as a window of its own
-    uint32_t parent = 0;  ///< the endpoint region it lies in
-  };
-  /// A window that lets the peer write one transfer's range (connection_grants.cpp): a receive's, until the data of
-  /// its send (or of a later one) arrived; a read's destination, until its kReadDone.
-  struct Grant {
-    enum Kind { kReceive, kRead } kind = kReceive;
-    uint64_t id = 0;      ///< the receive's number or the read's id
-    uint32_t parent = 0;  ///< the endpoint region it lies in
-  };
 
   void queue(std::function<void()> op);
   /// Runs `op` (a void() callable) in the calling thread when no other thread runs the connection, after what was
@@ -327,11 +292,10 @@ class Connection {
   /// false if it is neither.
   bool failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why);
   // Memory the transport reads for posted writes (region_readers.cpp).
-  /// Posts `op`, whose local window registerLocal(..., true) counted: the transport reads it until the write
-  /// completes (doneReading), or not at all if the post throws.
+  /// Posts `op`, whose local window windows_.registerRegion(..., true) counted: the transport reads it until the
+  /// write completes (doneReading), or not at all if the post throws.
   void postReading(const WriteOp& op);
   void doneReading(uint64_t cookie);
-  int readersOf(const std::vector<uint32_t>& windows) const;
   /// Waits until the transport reads none of `windows`: bounded by the timeout, past which the connection closes.
   void waitForReaders(const std::vector<uint32_t>& windows);
   // Withdrawn sends (send_withdrawal.cpp).
@@ -352,23 +316,9 @@ class Connection {
   void trySends();
   void sweep(uint64_t now);
   void failAll(ErrorCode code, const std::string& why);
-  /// Registers `r` with the transport once; returns its key. Throws for a forgotten region.
-  std::string ensureLocal(const MemoryRegion& r);
-  /// The same, for callers that need no key (no copy of it on a small send's path); with `key`, it goes there.
-  /// `reading`: a write from it is about to be posted (postReading()), which forget() waits for.
-  void registerLocal(const MemoryRegion& r, std::string* key = nullptr, bool reading = false);
-  bool resolveLocal(uint32_t window, MemoryRegion* out, uint64_t secret = 0);
-  /// Registers exactly `p`'s range as a window of its own for transfer `id` of `kind`, sends the peer its key;
-  /// returns the window. Throws for a forgotten region, or when every grant window is in use.
-  uint32_t grant(const Piece& p, Grant::Kind kind, uint64_t id);
-  /// Revokes the grants of receives numbered below `seq` (their data arrived, or will never come).
-  void revokeReceivesBefore(uint64_t seq);
-  /// Revokes the grant of read `id`, if any.
-  void revokeRead(uint64_t id);
-  /// Deregisters grant window `w` from the transport (winMutex_ held).
-  void dropGrantLocked(uint32_t w);
-  /// true once forget(window) was called.
-  bool regionForgotten(uint32_t window) const;
+  /// Grants the peer exactly `p`'s range for transfer `id` (LocalWindows::grant()) and sends it the key; returns
+  /// the window.
+  uint32_t grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id);
   void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
   void postControl(const ControlMsg& m);
   /// Tells the peer, best effort, that transfer `seq` ended by `code` (kOk counts as kInternal): a kReceiveFailed or
@@ -400,20 +350,13 @@ class Connection {
   std::vector<std::function<void()>> roundOps_;
   std::vector<Event> roundEvents_;
 
-  mutable std::mutex winMutex_;  // guards the tables below it, touched by callers and the progress thread
-  std::unordered_map<uint32_t, std::string> localKeys_;  ///< windows registered with the transport
-  std::set<uint32_t> forgotten_;
-  std::map<uint32_t, Advertised> advertised_;
-  std::map<uint32_t, Grant> grants_;
-  uint32_t nextGrant_ = 0;
-  std::map<std::tuple<uint32_t, uint64_t, uint64_t>, uint32_t> advertisedRanges_;
-  uint32_t nextAdvertised_ = kAdvertisedWindowBase;
-  WindowResolver resolver_;
+  /// This side's windows: what the peer may write and read, with their keys (after name_, whose text it uses).
+  LocalWindows windows_;
+
+  mutable std::mutex failureMutex_;  // guards the two below, set by the failing thread and read by callers
   std::function<void()> onFailure_;
   std::string failure_;
   std::atomic<bool> failed_{false};  ///< failure_ is set: failure() reads this, not the text, while all is well
-  std::unordered_map<uint32_t, int> readers_;  ///< local windows the transport reads for posted writes, and how many
-  std::vector<char> eagerBuffer_;  ///< this side's eager buffer (kEagerSlots x kEagerBytes), made on first use
 
   // Progress thread only.
   std::function<void()> notify_;

@@ -74,7 +74,7 @@ struct RemotePiece {
 /// Immediates with this bit are notified writes (waitForWrite); the others carry a send's number.
 constexpr uint32_t kNotifyImm = 0x80000000u;
 /// Immediates of eager sends (written into the eager buffer) carry this bit beside the low bits of the send's number
-/// and the credits the writer returns (connection.cpp).
+/// and the credits the writer returns (two_sided.hpp).
 constexpr uint32_t kEagerImm = 0x40000000u;
 
 class Connection {
@@ -225,6 +225,7 @@ class Connection {
     uint64_t sendSeq = UINT64_MAX;  ///< UINT64_MAX: not a send
   };
 
+  // Running the connection (connection.cpp): operations, rounds, drivers, what arrives, completions.
   void queue(std::function<void()> op);
   /// Runs `op` (a void() callable) in the calling thread when no other thread runs the connection, after what was
   /// queued or handed over before it, as a round would; else queues it. A blocking call's operation then costs no
@@ -250,24 +251,52 @@ class Connection {
   /// One round of work (the caller holds progressMutex_); true if it did any (ran operations, handled arrivals or
   /// completions).
   bool round();
+  void handle(const Event& e);
+  void handleMessage(const ControlMsg& m);
   void handleCompletion(const Completion& c);
+  uint64_t track(std::shared_ptr<Transfer> t);
+  void postControl(const ControlMsg& m);
+  /// Tells the peer, best effort, that transfer `seq` ended by `code` (kOk counts as kInternal): a kReceiveFailed or
+  /// kSendWithdrawn; a transport that cannot carry it is logged, naming `what`.
+  void tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what);
+
+  // Failure and teardown (connection_failure.cpp).
+  void sweep(uint64_t now);
+  void failAll(ErrorCode code, const std::string& why);
+
+  // The sender's side of sends and receives (connection_sends.cpp).
+  /// The operation send() submits: numbers the pieces as sends and posts those that can leave now.
+  void runSend(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
+  void trySends();
   /// Posts the eager send at the head of sends_ into the next slot of the peer's eager buffer; false when it must
   /// wait (no credit, or the key of the peer's eager buffer has not arrived).
   bool postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece);
   /// A clear-to-send naming an eager send: its receive is a large one, which takes it (the slot's credit confirms it).
   void matchEager(const ControlMsg& cts);
+  /// The peer returned `n` credits: as many more eager sends may leave, and the oldest `n` in flight are confirmed.
+  void onCredits(uint32_t n);
+  /// The peer's receive for send `m.id` failed: the send fails by name wherever it is, or when it is posted.
+  void onReceiveFailed(const ControlMsg& m);
+  /// Fails send `seq` with `code` and "send #seq of N bytes" + `why` if it left eagerly or still waits in sends_;
+  /// false if it is neither.
+  bool failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why);
+
+  // The receiver's side (connection_receives.cpp).
+  /// The operation recv() submits: numbers the pieces as receives, takes eager data already here, and tells the
+  /// sender where large sends may land.
+  void runRecv(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
+  void onEagerData(uint32_t imm, uint64_t bytes);
   /// Eager data of `bytes` in `slot` for receive `r`: copied into the start of its buffer, or the receive fails when
   /// the buffer is smaller; the slot is free again either way.
   void takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes);
-  void onEagerData(uint32_t imm, uint64_t bytes);
   /// Makes sure this side's eager buffer exists and its key went to the peer (before the first small receive).
   void offerEagerBuffer();
   /// Credits freed since the last report, for a clear-to-send or an eager write (resets the count).
   uint32_t takeCredits();
   /// Reports owed credits on their own (kCredit), if any.
   void flushCredits();
-  /// The peer returned `n` credits: as many more eager sends may leave, and the oldest `n` in flight are confirmed.
-  void onCredits(uint32_t n);
+  /// An eager slot was emptied: its credit goes back with the next eager write, receive or on its own.
+  void freeEagerSlot();
   /// A send larger than kEagerBytes announced itself: a small receive for it fails (and tells the sender).
   void onRequestToSend(const ControlMsg& m);
   /// "receive #seq: the peer's send is N bytes, larger than this receive's buffer of M bytes (nothing was written)".
@@ -284,20 +313,7 @@ class Connection {
   /// Send `seq` arrived (its eager data or its write's immediate): true if its receive had failed (it is forgotten
   /// then, and so are failed receives before it, whose sends will never come).
   bool arrivedForFailedRecv(uint64_t seq);
-  /// An eager slot was emptied: its credit goes back with the next eager write, receive or on its own.
-  void freeEagerSlot();
-  /// The peer's receive for send `m.id` failed: the send fails by name wherever it is, or when it is posted.
-  void onReceiveFailed(const ControlMsg& m);
-  /// Fails send `seq` with `code` and "send #seq of N bytes" + `why` if it left eagerly or still waits in sends_;
-  /// false if it is neither.
-  bool failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why);
-  // Memory the transport reads for posted writes (region_readers.cpp).
-  /// Posts `op`, whose local window windows_.registerRegion(..., true) counted: the transport reads it until the
-  /// write completes (doneReading), or not at all if the post throws.
-  void postReading(const WriteOp& op);
-  void doneReading(uint64_t cookie);
-  /// Waits until the transport reads none of `windows`: bounded by the timeout, past which the connection closes.
-  void waitForReaders(const std::vector<uint32_t>& windows);
+
   // Withdrawn sends (send_withdrawal.cpp).
   /// Tells the peer about every send that failed on this side and is still queued, in flight or unconfirmed
   /// (kSendWithdrawn), and forgets it.
@@ -309,26 +325,26 @@ class Connection {
   uint64_t takeRecvSeq();
   void onSendWithdrawn(const ControlMsg& m);
   void onWithdrawTooLate(const ControlMsg& m);
-  void handle(const Event& e);
-  void handleMessage(const ControlMsg& m);
-  void onKeyPart(const ControlMsg& m);
-  void onReadRequest(const ControlMsg& m);
-  void trySends();
-  void sweep(uint64_t now);
-  void failAll(ErrorCode code, const std::string& why);
-  /// Grants the peer exactly `p`'s range for transfer `id` (LocalWindows::grant()) and sends it the key; returns
-  /// the window.
-  uint32_t grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id);
-  void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
-  void postControl(const ControlMsg& m);
-  /// Tells the peer, best effort, that transfer `seq` ended by `code` (kOk counts as kInternal): a kReceiveFailed or
-  /// kSendWithdrawn; a transport that cannot carry it is logged, naming `what`.
-  void tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what);
-  uint64_t track(std::shared_ptr<Transfer> t);
+
+  // One-sided writes and reads, and the keys of windows (connection_one_sided.cpp).
   /// Posts write `w` once the keys of its destination windows are known (whenKnown), or fails its transfer.
   void postWrite(const std::shared_ptr<PendingWrite>& w);
   /// Runs `op` once the peer's key of `window` is known (asking for it once), or fails `t` if it is refused.
   void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op, uint64_t secret = 0);
+  void onKeyPart(const ControlMsg& m);
+  void onReadRequest(const ControlMsg& m);
+  /// Grants the peer exactly `p`'s range for transfer `id` (LocalWindows::grant()) and sends it the key; returns
+  /// the window.
+  uint32_t grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id);
+  void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
+
+  // Memory the transport reads for posted writes (region_readers.cpp).
+  /// Posts `op`, whose local window windows_.registerRegion(..., true) counted: the transport reads it until the
+  /// write completes (doneReading), or not at all if the post throws.
+  void postReading(const WriteOp& op);
+  void doneReading(uint64_t cookie);
+  /// Waits until the transport reads none of `windows`: bounded by the timeout, past which the connection closes.
+  void waitForReaders(const std::vector<uint32_t>& windows);
 
   const uint64_t id_;
   PairLink link_;

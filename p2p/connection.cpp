@@ -1,28 +1,24 @@
+// Connection, the driver (connection.hpp): the threads that run it (submit, queue, drive, progress rounds), what the
+// transport hands over and where it goes, completions, deadlines and failure. What each kind of transfer does lives
+// beside it: connection_sends.cpp, connection_receives.cpp, connection_one_sided.cpp, send_withdrawal.cpp,
+// region_readers.cpp; failure and teardown in connection_failure.cpp; the windows the peer may reach, in
+// LocalWindows (local_windows.hpp).
 #include "p2p/connection.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <tuple>
 
 #include "gdx/detail/clock.hpp"
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
-#include "p2p/memory_kind.hpp"
+#include "p2p/two_sided.hpp"
 
 namespace gdx::p2p {
 namespace {
 
-/// The bits of a send's number the immediate of a write into the receive's own buffer carries.
-constexpr uint32_t kSeqMask = 0x3fffffffu;
-/// An eager write's immediate: kEagerImm, the credits this side returns (bits 16..29), the send's number's low bits.
-constexpr uint32_t kEagerSeqBits = 0xffffu;
-constexpr int kEagerCreditShift = 16;
-constexpr uint32_t kEagerCreditMask = 0x3fffu;
-static_assert(kEagerSlots <= kEagerCreditMask, "an eager immediate carries up to a buffer's worth of credits");
 /// Credits owed for longer than this are reported on their own (kCredit) by the next round of the connection: a
 /// reply within it carries them in its immediate instead. Rounds run at least every millisecond (progress thread).
 constexpr uint64_t kCreditDelayNs = 100 * 1000;
-constexpr uint64_t kSweepEveryNs = 10 * 1000 * 1000;
 constexpr size_t kMaxCompletions = 64;
 /// Longest sleep of drive() between looks at the deadline (a wake-up can be missed only when a transfer is finished
 /// by the progress thread between drive()'s look and its sleep; that costs at most this).
@@ -36,21 +32,6 @@ constexpr uint64_t kQuietRoundNs = 20 * 1000;
 /// 50-80 us, so 50 us of polling put the caller to sleep, and a futex wake-up on the reply's path, about every other
 /// message. The caller has nothing else to do meanwhile, and spinPause() yields the CPU to whoever else is runnable.
 constexpr uint64_t kDriveSpinNs = 200 * 1000;
-/// The receiver reports freed eager slots on its own (kCredit) once this many are unreported; fewer ride on the
-/// next clear-to-send.
-constexpr uint32_t kCreditBatch = kEagerSlots / 2;
-
-/// Why a send failed whose receive's buffer has `bufferBytes`, fewer than its own, after "send #n of b bytes".
-std::string bufferTooSmall(uint64_t bufferBytes) {
-  return ": the receive the peer posted for it has a buffer of " + std::to_string(bufferBytes) +
-         " bytes, smaller than this send";
-}
-
-/// Why a send failed whose receive failed with `code` (kReceiveFailed), after "send #n of b bytes".
-std::string receiveFailed(ErrorCode code) {
-  return std::string(": the receive the peer posted for it ended in error (") + errorCodeName(code) +
-         ") and takes no data";
-}
 
 const char* readStatusText(ReadStatus s) {
   switch (s) {
@@ -66,7 +47,11 @@ const char* readStatusText(ReadStatus s) {
 }  // namespace
 
 Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::function<void()> wake)
-    : id_(id), link_(std::move(link)), timeoutNs_(timeoutNs), wake_(std::move(wake)) {
+    : id_(id),
+      link_(std::move(link)),
+      timeoutNs_(timeoutNs),
+      wake_(std::move(wake)),
+      windows_(*link_.transport, name_) {
   name_ = "connection " + std::to_string(id_) + " (peer " + link_.peerIp + ", GPU " + std::to_string(link_.peerGpu) +
           ", " + link_.detail + ")";
   sharedName_ = std::make_shared<const std::string>(name_);
@@ -76,28 +61,6 @@ Connection::~Connection() {
   try {
     // Sends this side took and has not confirmed yet are confirmed before the goodbye: their senders wait for it.
     if (lane_ && creditsFreed_ > 0 && failure().empty()) flushCredits();
-    link_.transport->shutdown();
-  } catch (const std::exception& e) {
-    GDX_ERROR(name_ << ": closing: " << e.what());
-  }
-}
-
-void Connection::close(ErrorCode code, const std::string& why) {
-  {
-    std::lock_guard<std::mutex> lock(progressMutex_);  // after whoever runs it now
-    if (lane_) {
-      if (!failed_.load()) {
-        try {  // sends this side took are confirmed before the goodbye: their senders wait for it
-          if (creditsFreed_ > 0) flushCredits();
-        } catch (const Error& e) {
-          GDX_WARN(name_ << ": confirming what arrived before closing: " << e.what());
-        }
-        failAll(code, why);
-      }
-      round();  // operations queued meanwhile fail by name too
-    }
-  }
-  try {
     link_.transport->shutdown();
   } catch (const std::exception& e) {
     GDX_ERROR(name_ << ": closing: " << e.what());
@@ -132,7 +95,7 @@ void Connection::start() {
 
 std::string Connection::failure() const {
   if (!failed_.load()) return std::string();  // healthy: no lock and no copy (every round and operation asks)
-  std::lock_guard<std::mutex> lock(winMutex_);
+  std::lock_guard<std::mutex> lock(failureMutex_);
   return failure_;
 }
 
@@ -238,8 +201,7 @@ void Connection::wakeDriver() {
 }
 
 void Connection::setResolver(WindowResolver r) {
-  std::lock_guard<std::mutex> lock(winMutex_);
-  resolver_ = std::move(r);
+  windows_.setResolver(std::move(r));
 }
 
 void Connection::setNotifyHandler(std::function<void()> h) {
@@ -247,7 +209,7 @@ void Connection::setNotifyHandler(std::function<void()> h) {
 }
 
 void Connection::setFailureHandler(std::function<void()> h) {
-  std::lock_guard<std::mutex> lock(winMutex_);
+  std::lock_guard<std::mutex> lock(failureMutex_);
   onFailure_ = std::move(h);
 }
 
@@ -259,134 +221,11 @@ uint64_t Connection::track(std::shared_ptr<Transfer> t) {
 // ---- operations (queued by callers, run by the progress thread) ------------------------------------------------
 
 void Connection::send(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
-  submit([this, t, pieces = std::move(pieces)] {
-    track(t);
-    for (const Piece& p : pieces) {
-      const uint64_t seq = nextSendSeq_++;
-      if (!failedAhead_.empty()) {
-        auto failed = failedAhead_.find(seq);
-        if (failed != failedAhead_.end()) {  // the peer's receive for it failed before it was posted
-          t->fail(ErrorCode::kPeerFailed, "send #" + std::to_string(seq) + " of " + std::to_string(p.size) + " bytes" +
-                                              receiveFailed(failed->second) + " (nothing was sent)");
-          failedAhead_.erase(failed);
-          continue;
-        }
-      }
-      sends_.push_back(PendingSend{seq, t, p});
-      if (p.size > kEagerBytes) {
-        // Its receive tells where it goes (clear-to-send) if it is as large; a small receive, which sends nothing,
-        // learns from this that the sizes differ.
-        ControlMsg rts;
-        rts.type = MsgType::kRequestToSend;
-        rts.id = seq;
-        rts.bytes = p.size;
-        postControl(rts);
-      }
-    }
-    t->setWaiting("a matching receive posted by the peer");
-    trySends();
-  });
+  submit([this, t, pieces = std::move(pieces)] { runSend(t, pieces); });
 }
 
 void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
-  submit([this, t, pieces = std::move(pieces)] {
-    track(t);
-    t->setWaiting("the peer's matching send");
-    for (size_t index = 0; index < pieces.size(); ++index) {
-      const Piece& p = pieces[index];
-      const uint64_t seq = takeRecvSeq();
-      const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
-      const ErrorCode failed = t->failureCode();
-      if (failed != ErrorCode::kOk) {  // an earlier buffer of it failed: this one takes nothing either
-        abandonRecv(seq, failed);
-        continue;
-      }
-      try {
-        PendingRecv r{t, p.size, seq, p, index};
-        auto early = early_.find(key);
-        auto announced = rts_.find(key);
-        const uint64_t largeSend = announced == rts_.end() ? 0 : announced->second;
-        if (announced != rts_.end()) rts_.erase(announced);
-        if (p.size <= kEagerBytes) {
-          // A message that fits comes through the eager buffer and needs nothing from this side but credits: those
-          // owed go now (a receive posted after the last one returned means the application reads a stream).
-          offerEagerBuffer();
-          flushCredits();
-          if (early != early_.end()) {  // the data came first: take it now (or fail if it does not fit)
-            const EarlyData e = early->second;
-            early_.erase(early);
-            takeEager(r, e.slot, e.bytes);
-          } else if (largeSend) {  // larger than kEagerBytes, so larger than this buffer
-            refuseSend(r, largeSend);
-          } else {
-            recvs_[key] = r;
-          }
-          continue;
-        }
-        if (early != early_.end()) {  // a small send's data is here for this large receive: it takes it
-          const EarlyData e = early->second;
-          early_.erase(early);
-          takeEager(r, e.slot, e.bytes);
-          continue;
-        }
-        if (largeSend > p.size) {  // it announced itself too large: refused before any of the buffer is granted
-          refuseSend(r, largeSend);
-          continue;
-        }
-        r.sent = largeSend;  // 0 until the send announces itself (onRequestToSend), if it is a large one
-        ControlMsg cts;
-        cts.type = MsgType::kClearToSend;
-        cts.id = seq;
-        cts.window = grant(p, Grant::kReceive, seq);  // exactly this receive's buffer, until its data arrived
-        cts.offset = 0;
-        cts.bytes = p.size;
-        recvs_[key] = r;
-        cts.credits = takeCredits();
-        postControl(cts);
-      } catch (const Error& e) {
-        t->fail(e.code(), std::string("receive #") + std::to_string(seq) + ": " + e.what());
-        recvs_.erase(key);
-        abandonRecv(seq, e.code());
-        abandonFailedRecvs();  // the buffers of it posted before this one
-      }
-    }
-  });
-}
-
-std::string Connection::tooLarge(uint64_t seq, uint64_t sendBytes, uint64_t bufferBytes) {
-  return "receive #" + std::to_string(seq) + ": the peer's send is " + std::to_string(sendBytes) +
-         " bytes, larger than this receive's buffer of " + std::to_string(bufferBytes) + " bytes (nothing was written)";
-}
-
-void Connection::refuseSend(const PendingRecv& r, uint64_t sendBytes) {
-  r.t->fail(ErrorCode::kInvalidArgument, tooLarge(r.seq, sendBytes, r.bytes));
-  noteReceiveFailedTold(r.seq);
-  ControlMsg no;
-  no.type = MsgType::kReceiveRefused;
-  no.id = r.seq;
-  no.bytes = r.bytes;
-  postControl(no);
-  abandonFailedRecvs();  // the receive's other buffers
-}
-
-void Connection::abandonRecv(uint64_t seq, ErrorCode code) {
-  const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
-  // The sender hears of it before the credit of its eager data (below), which would otherwise confirm the send.
-  tellReceiveFailed(seq, code);
-  auto early = early_.find(key);
-  if (early != early_.end()) {  // its eager data is here: dropped
-    early_.erase(early);
-    freeEagerSlot();
-    return;
-  }
-  // A large send that announced itself waits for a clear-to-send that never comes: nothing of it will arrive.
-  if (rts_.erase(key)) return;
-  failedRecvs_[key] = seq;  // its eager data, or a write after its clear-to-send, may be on the way
-}
-
-void Connection::tellReceiveFailed(uint64_t seq, ErrorCode code) {
-  noteReceiveFailedTold(seq);
-  tellFailure(MsgType::kReceiveFailed, seq, code, "that receive #" + std::to_string(seq) + " failed");
+  submit([this, t, pieces = std::move(pieces)] { runRecv(t, pieces); });
 }
 
 void Connection::tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what) {
@@ -401,362 +240,7 @@ void Connection::tellFailure(MsgType type, uint64_t seq, ErrorCode code, const s
   }
 }
 
-void Connection::abandonFailedRecvs() {
-  std::vector<std::pair<uint64_t, ErrorCode>> failed;
-  for (auto it = recvs_.begin(); it != recvs_.end();) {
-    const ErrorCode code = it->second.t->failureCode();
-    if (code == ErrorCode::kOk) {
-      ++it;
-      continue;
-    }
-    failed.emplace_back(it->second.seq, code);
-    it = recvs_.erase(it);
-  }
-  std::sort(failed.begin(), failed.end());  // the sender hears of them in order
-  for (const auto& f : failed) abandonRecv(f.first, f.second);
-}
-
-bool Connection::arrivedForFailedRecv(uint64_t seq) {
-  if (failedRecvs_.empty()) return false;
-  bool failed = false;
-  // Sends arrive in the order of their numbers: those of failed receives before this one will never come.
-  for (auto it = failedRecvs_.begin(); it != failedRecvs_.end();) {
-    failed |= it->second == seq;
-    it = it->second <= seq ? failedRecvs_.erase(it) : std::next(it);
-  }
-  return failed;
-}
-
-void Connection::flushCredits() {
-  if (creditsFreed_ == 0) return;
-  ControlMsg credit;
-  credit.type = MsgType::kCredit;
-  credit.credits = takeCredits();
-  postControl(credit);
-}
-
-void Connection::onCredits(uint32_t n) {
-  if (n == 0) return;
-  if (n > kEagerSlots - eagerCredits_)
-    return failAll(ErrorCode::kProtocol, "the peer returned " + std::to_string(n) + " eager credits; only " +
-                                             std::to_string(kEagerSlots - eagerCredits_) + " were out");
-  eagerCredits_ += n;
-  // The peer takes eager data in the order it was sent, so these credits confirm the oldest eager sends: their
-  // receives took them (a receive that refused one said so before, kReceiveRefused).
-  for (uint32_t i = 0; i < n && !eagerOrder_.empty(); ++i) {
-    auto it = eagerSends_.find(eagerOrder_.front());
-    eagerOrder_.pop_front();
-    if (it == eagerSends_.end()) continue;
-    it->second.matched = true;
-    if (!it->second.written) continue;
-    it->second.t->finishPart();
-    eagerSends_.erase(it);
-  }
-}
-
-void Connection::onRequestToSend(const ControlMsg& m) {
-  const uint32_t key = static_cast<uint32_t>(m.id) & kSeqMask;
-  auto it = recvs_.find(key);
-  if (it == recvs_.end()) {
-    if (failedRecvs_.count(key)) return;  // its receive failed, and the sender was told
-    rts_[key] = m.bytes;                  // the receive is not posted yet: it checks when it is
-    return;
-  }
-  if (it->second.bytes > kEagerBytes) {  // a large receive sent its clear-to-send; the sender compares sizes
-    it->second.sent = m.bytes;           // the size the receive reports once the data is in place
-    return;
-  }
-  PendingRecv r = it->second;
-  recvs_.erase(it);
-  refuseSend(r, m.bytes);
-}
-
-void Connection::offerEagerBuffer() {
-  if (keysSent_.count(kEagerWindow)) return;
-  MemoryRegion r;
-  resolveLocal(kEagerWindow, &r);
-  sendKey(kEagerWindow, ensureLocal(r), r.bytes);
-}
-
-uint32_t Connection::takeCredits() {
-  const uint32_t n = creditsFreed_;
-  creditsFreed_ = 0;
-  return n;
-}
-
-void Connection::takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes) {
-  if (bytes > r.bytes) {
-    refuseSend(r, bytes);
-  } else {
-    bool dropped = false;
-    try {
-      // Never into memory its caller may have taken back: that of a receive that failed already (a receive with a
-      // part outstanding is finished only by failing), or of a region deregistered while the receive was pending.
-      if (regionForgotten(r.piece.region.window))
-        throw Error(ErrorCode::kInvalidArgument, "memory region " + std::to_string(r.piece.region.window) +
-                                                     " was deregistered while the receive was pending");
-      dropped = r.t->finished();
-      if (!dropped) {
-        copyFromHost(r.piece.region.base + r.piece.offset, r.piece.region.kind,
-                     eagerBuffer_.data() + static_cast<uint64_t>(slot) * kEagerBytes, bytes, "copying eager data");
-        r.t->finishPart(r.index, bytes);
-      }
-    } catch (const Error& e) {
-      r.t->fail(e.code(), "receive #" + std::to_string(r.seq) + ": " + e.message() + " (nothing was written)");
-      dropped = true;
-    }
-    if (dropped) {  // the sender hears of it before the slot's credit, which would otherwise confirm the send
-      tellReceiveFailed(r.seq, r.t->failureCode());
-      abandonFailedRecvs();
-    }
-  }
-  freeEagerSlot();
-}
-
-void Connection::freeEagerSlot() {
-  // The freed slot is this side's confirmation that the send arrived whole: it goes back with the next eager write
-  // to the peer (a reply), with the next receive posted, or on its own once it is kCreditDelayNs old.
-  if (creditsFreed_++ == 0) creditsOwedSinceNs_ = nowNs();
-  if (creditsFreed_ >= kCreditBatch) flushCredits();
-}
-
-void Connection::onEagerData(uint32_t imm, uint64_t bytes) {
-  onCredits((imm >> kEagerCreditShift) & kEagerCreditMask);
-  // Sends arrive in the order of their numbers: the full number is the next one at or after the last arrival's
-  // successor with these low bits (sends refused before they left leave gaps, never 2^16 of them).
-  const uint64_t seq = nextArrival_ + ((static_cast<uint64_t>(imm & kEagerSeqBits) - nextArrival_) & kEagerSeqBits);
-  nextArrival_ = seq + 1;
-  revokeReceivesBefore(nextArrival_);
-  const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
-  const uint32_t slot = static_cast<uint32_t>(eagerArrived_++ % kEagerSlots);
-  if (bytes == 0 || bytes > kEagerBytes || early_.size() >= kEagerSlots || eagerBuffer_.empty())
-    return failAll(ErrorCode::kProtocol, "eager data of " + std::to_string(bytes) + " bytes for send #" +
-                                             std::to_string(key) + " does not fit the eager buffer (" +
-                                             std::to_string(early_.size()) + " of " + std::to_string(kEagerSlots) +
-                                             " slots held): the peer ignored its credits");
-  if (arrivedForFailedRecv(seq)) return freeEagerSlot();  // its receive failed: dropped (the sender was told)
-  auto it = recvs_.find(key);
-  if (it == recvs_.end()) {
-    early_[key] = EarlyData{slot, bytes};  // held until the receive is posted
-    return;
-  }
-  PendingRecv r = it->second;
-  recvs_.erase(it);
-  takeEager(r, slot, bytes);
-}
-
-void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op,
-                           uint64_t secret) {
-  if (remoteKnown_.count(window)) return op();
-  auto& waiters = keyWaiters_[window];
-  if (waiters.empty()) {
-    ControlMsg req;
-    req.type = MsgType::kKeyRequest;
-    req.window = window;
-    req.offset = secret;
-    postControl(req);
-  }
-  t->setWaiting("the peer's key of window " + std::to_string(window));
-  waiters.emplace_back(t, std::move(op));
-}
-
-void Connection::write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std::vector<RemotePiece> dst, bool notify) {
-  auto w = std::make_shared<PendingWrite>(PendingWrite{std::move(t), std::move(src), std::move(dst), notify});
-  queue([this, w] {
-    track(w->t);
-    postWrite(w);
-  });
-}
-
-void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
-  // Posted once every destination window is known; until then the waiter for the first unknown key is all that
-  // holds it, so that it is let go once posted or failed (a retry that held itself kept every write alive).
-  for (const RemotePiece& d : w->dst)
-    if (!remoteKnown_.count(d.window))
-      return whenKnown(
-          d.window, w->t, [this, w] { postWrite(w); }, d.secret);
-  const std::shared_ptr<Transfer>& t = w->t;
-  if (t->finished()) return;
-  try {
-    for (size_t i = 0; i < w->src.size(); ++i) {
-      const Piece& src = w->src[i];
-      const RemotePiece& dst = w->dst[i];
-      const uint64_t have = remoteKnown_[dst.window];
-      if (dst.offset > have || dst.size > have - dst.offset)
-        throw Error(ErrorCode::kInvalidArgument, "a write of " + std::to_string(dst.size) + " bytes at offset " +
-                                                     std::to_string(dst.offset) + " does not fit the peer's window " +
-                                                     std::to_string(dst.window) + " of " + std::to_string(have) +
-                                                     " bytes");
-      registerLocal(src.region, nullptr, true);
-      WriteOp op;
-      op.peer = link_.peer();
-      op.localWindow = src.region.window;
-      op.localOffset = src.offset;
-      op.remoteWindow = dst.window;
-      op.remoteOffset = dst.offset;
-      op.bytes = src.size;
-      op.withImm = w->notify && i + 1 == w->src.size();
-      op.imm = kNotifyImm;
-      op.cookie = nextId_++;
-      cookies_[op.cookie] = PostedWrite{t};
-      postReading(op);
-    }
-    ControlMsg fence;
-    fence.type = MsgType::kFence;
-    fence.id = nextId_++;
-    fences_[fence.id] = t;
-    t->setWaiting("the peer's acknowledgement that the data is in place (fence " + std::to_string(fence.id) + ")");
-    postControl(fence);
-  } catch (const Error& e) {
-    t->fail(e.code(), e.what());
-  }
-}
-
-void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::vector<RemotePiece> src) {
-  queue([this, t, dst = std::move(dst), src = std::move(src)] {
-    track(t);
-    t->setWaiting("the peer's answer to the read");
-    try {
-      for (size_t i = 0; i < dst.size(); ++i) {
-        ControlMsg req;
-        req.type = MsgType::kReadRequest;
-        req.id = nextId_++;
-        req.window = src[i].window;
-        req.offset = src[i].offset;
-        req.bytes = src[i].size;
-        req.dstWindow = grant(dst[i], Grant::kRead, req.id);  // exactly the range read, until kReadDone
-        req.dstOffset = 0;
-        reads_[req.id] = t;
-        postControl(req);
-      }
-    } catch (const Error& e) {
-      t->fail(e.code(), e.what());
-    }
-  });
-}
-
-// ---- windows --------------------------------------------------------------------------------------------------
-
-uint32_t Connection::advertise(const MemoryRegion& region, uint64_t offset, uint64_t size) {
-  std::lock_guard<std::mutex> lock(winMutex_);
-  if (forgotten_.count(region.window))
-    throw Error(ErrorCode::kInvalidArgument,
-                name_ + ": memory region " + std::to_string(region.window) + " was deregistered");
-  auto key = std::make_tuple(region.window, offset, size);
-  auto it = advertisedRanges_.find(key);
-  if (it != advertisedRanges_.end()) return it->second;
-  if (nextAdvertised_ == UINT32_MAX) throw Error(ErrorCode::kInvalidArgument, name_ + ": too many advertised ranges");
-  Advertised a;
-  a.region.window = nextAdvertised_++;
-  a.region.base = region.base + offset;
-  a.region.bytes = size;
-  a.region.kind = region.kind;
-  a.parent = region.window;
-  advertised_[a.region.window] = a;
-  advertisedRanges_[key] = a.region.window;
-  return a.region.window;
-}
-
-void Connection::forget(uint32_t window) {
-  std::vector<uint32_t> gone{window};
-  forgetWindows(gone);
-  waitForReaders(gone);
-}
-
-void Connection::forgetWindows(std::vector<uint32_t>& gone) {
-  const uint32_t window = gone.front();
-  std::lock_guard<std::mutex> lock(winMutex_);
-  for (auto it = advertised_.begin(); it != advertised_.end();) {
-    if (it->second.parent == window) {
-      gone.push_back(it->first);
-      it = advertised_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto it = advertisedRanges_.begin(); it != advertisedRanges_.end();)
-    it = std::get<0>(it->first) == window ? advertisedRanges_.erase(it) : std::next(it);
-  for (auto it = grants_.begin(); it != grants_.end();) {
-    const uint32_t w = it->first;
-    const uint32_t parent = it->second.parent;
-    ++it;
-    if (parent == window) dropGrantLocked(w);
-  }
-  for (uint32_t w : gone) {
-    forgotten_.insert(w);
-    if (localKeys_.erase(w)) {
-      try {
-        link_.transport->deregisterWindow(w);
-      } catch (const Error& e) {
-        GDX_WARN(name_ << ": deregistering window " << w << ": " << e.what());
-      }
-    }
-  }
-}
-
-std::string Connection::ensureLocal(const MemoryRegion& r) {
-  std::string key;
-  registerLocal(r, &key);
-  return key;
-}
-
-void Connection::registerLocal(const MemoryRegion& r, std::string* key, bool reading) {
-  std::lock_guard<std::mutex> lock(winMutex_);
-  if (forgotten_.count(r.window))
-    throw Error(ErrorCode::kInvalidArgument, name_ + ": memory region " + std::to_string(r.window) +
-                                                 " was deregistered while the transfer was queued");
-  auto it = localKeys_.find(r.window);
-  if (it == localKeys_.end()) {
-    // What the peer may do to it: write an advertised range, write the eager buffer only with its immediates, and
-    // nothing to a region registered as the source of this side's sends and writes (a receive's range is a grant).
-    // Decided at registration: a verbs NIC then refuses the writes itself. The memory a resolver gives (the URL
-    // transport's) becomes writable once the peer presented its key's secret (the key request below); where the
-    // access cannot be widened later (verbs without ibv_rereg_mr) it is writable from the start, for the connected
-    // peer only, which the NIC cannot ask for the secret anyway.
-    const bool writableLater = resolver_ && link_.transport->accessFixedAtRegistration();
-    const RemoteAccess access = r.window == kEagerWindow                             ? RemoteAccess::kImmediateWrites
-                                : r.window >= kAdvertisedWindowBase || writableLater ? RemoteAccess::kWrite
-                                                                                     : RemoteAccess::kNone;
-    it = localKeys_.emplace(r.window, link_.transport->registerWindowFor(r.window, r.base, r.bytes, r.kind, access))
-             .first;
-  }
-  if (key) *key = it->second;
-  if (reading) ++readers_[r.window];  // under the lock that forget() marks it forgotten with: it waits for this one
-}
-
-bool Connection::regionForgotten(uint32_t window) const {
-  std::lock_guard<std::mutex> lock(winMutex_);
-  return forgotten_.count(window) > 0;
-}
-
-bool Connection::resolveLocal(uint32_t window, MemoryRegion* out, uint64_t secret) {
-  WindowResolver resolver;
-  {
-    std::lock_guard<std::mutex> lock(winMutex_);
-    if (window == kEagerWindow) {  // made on first use: connections that carry no small sends never pay for it
-      if (eagerBuffer_.empty()) eagerBuffer_.resize(static_cast<size_t>(kEagerSlots) * kEagerBytes);
-      out->window = kEagerWindow;
-      out->base = eagerBuffer_.data();
-      out->bytes = eagerBuffer_.size();
-      out->kind = MemoryKind::kHost;
-      return true;
-    }
-    auto it = advertised_.find(window);
-    if (it != advertised_.end()) {
-      *out = it->second.region;
-      return true;
-    }
-    resolver = resolver_;
-  }
-  return resolver && resolver(window, secret, out);
-}
-
-void Connection::sendKey(uint32_t window, const std::string& key, uint64_t bytes) {
-  if (!keysSent_.insert(window).second) return;
-  if (key.size() > kMaxKeyBytes)
-    throw Error(ErrorCode::kInternal, name_ + ": a window key of " + std::to_string(key.size()) + " bytes");
-  for (const ControlMsg& part : splitKey(window, key, bytes)) postControl(part);
-}
+// ---- messages to the peer ------------------------------------------------------------------------------------
 
 void Connection::postControl(const ControlMsg& m) {
   MessageOp op = encode(m, link_.peer());
@@ -766,213 +250,11 @@ void Connection::postControl(const ControlMsg& m) {
 
 // ---- what arrives ---------------------------------------------------------------------------------------------
 
-void Connection::trySends() {
-  while (!sends_.empty()) {
-    PendingSend& s = sends_.front();
-    auto it = cts_.find(s.seq);
-    const bool eager = s.piece.size <= kEagerBytes;
-    if (it == cts_.end() && !eager) return;  // waits for its receive's clear-to-send
-    if (s.t->finished()) {  // failed on this side (another buffer of its vector): no receive may take it
-      if (it != cts_.end()) cts_.erase(it);
-      withdrawSend(s.seq, s.t->failureCode());
-      sends_.pop_front();
-      continue;
-    }
-    // Built only off the eager path: a small send's hot path makes no strings.
-    auto which = [&s] { return "send #" + std::to_string(s.seq) + " of " + std::to_string(s.piece.size) + " bytes"; };
-    if (it != cts_.end() && s.piece.size > it->second.bytes) {
-      ControlMsg no;
-      no.type = MsgType::kSendRefused;
-      no.id = s.seq;
-      no.bytes = s.piece.size;
-      postControl(no);
-      s.t->fail(ErrorCode::kInvalidArgument, which() + bufferTooSmall(it->second.bytes) + " (nothing was sent)");
-      cts_.erase(it);
-      sends_.pop_front();
-      continue;
-    }
-    if (eager) {  // a clear-to-send for it names a larger receive, which takes it from the eager buffer all the same
-      if (!postEager(s.t, s.seq, s.piece)) return;  // no credit or no key yet: later sends wait behind it
-      cts_.erase(s.seq);
-      sends_.pop_front();
-      continue;
-    }
-    const ControlMsg cts = it->second;
-    cts_.erase(it);
-    const std::string what = which();
-    PendingSend send = s;
-    sends_.pop_front();
-    try {
-      if (!remoteKnown_.count(cts.window))
-        throw Error(ErrorCode::kProtocol, what + ": the peer's clear-to-send names window " +
-                                              std::to_string(cts.window) + ", whose key never arrived");
-      registerLocal(send.piece.region, nullptr, true);
-      WriteOp op;
-      op.peer = link_.peer();
-      op.localWindow = send.piece.region.window;
-      op.localOffset = send.piece.offset;
-      op.remoteWindow = cts.window;
-      op.remoteOffset = cts.offset;
-      op.bytes = send.piece.size;
-      op.withImm = true;
-      op.imm = static_cast<uint32_t>(send.seq) & kSeqMask;
-      op.cookie = nextId_++;
-      cookies_[op.cookie] = PostedWrite{send.t, send.seq};
-      send.t->setWaiting("the transport's completion of " + what);
-      postReading(op);
-    } catch (const Error& e) {
-      send.t->fail(e.code(), e.what());
-      withdrawSend(send.seq, e.code());
-    }
-  }
-}
-
-bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece) {
-  if (!remoteKnown_.count(kEagerWindow)) {
-    // The peer sends its buffer's key before its first small receive's clear-to-send; ask when the send came first.
-    if (!eagerKeyAsked_) {
-      eagerKeyAsked_ = true;
-      whenKnown(kEagerWindow, t, [this] { trySends(); });
-    }
-    t->setWaiting("the key of the peer's eager buffer");
-    return false;
-  }
-  if (eagerCredits_ == 0) {
-    t->setWaiting("room in the peer's eager buffer (all " + std::to_string(kEagerSlots) +
-                  " slots hold data its receives have not taken yet)");
-    return false;
-  }
-  const uint32_t credits = takeCredits();  // ride along: the peer's sends this side took since the last report
-  try {
-    registerLocal(piece.region, nullptr, true);
-    WriteOp op;
-    op.peer = link_.peer();
-    op.localWindow = piece.region.window;
-    op.localOffset = piece.offset;
-    op.remoteWindow = kEagerWindow;
-    op.remoteOffset = (eagerSent_ % kEagerSlots) * kEagerBytes;
-    op.bytes = piece.size;
-    op.withImm = true;
-    op.imm = kEagerImm | (credits << kEagerCreditShift) | (static_cast<uint32_t>(seq) & kEagerSeqBits);
-    op.cookie = nextId_++;
-    postReading(op);
-    --eagerCredits_;
-    ++eagerSent_;
-    // Done once the write completed and the peer's receive took it (its credit came back).
-    eagerSends_[seq] = EagerSend{t, piece.size};
-    eagerOrder_.push_back(seq);
-    eagerCookies_[op.cookie] = seq;
-    t->setWaiting("the peer's receive to take it (the send left eagerly; its credit confirms it)");
-  } catch (const Error& e) {
-    creditsFreed_ += credits;  // not sent: still owed
-    t->fail(e.code(), e.what());
-    withdrawSend(seq, e.code());
-  }
-  return true;
-}
-
-void Connection::matchEager(const ControlMsg& cts) {
-  auto it = eagerSends_.find(cts.id);
-  if (it == eagerSends_.end()) return;
-  EagerSend& e = it->second;
-  // The receive is at least as large (more than kEagerBytes): it takes the data from the eager buffer, and the slot's
-  // credit confirms the send as for any other eager send (a clear-to-send says only that the receive is posted).
-  if (e.bytes <= cts.bytes) return;
-  e.t->fail(ErrorCode::kInvalidArgument, "send #" + std::to_string(cts.id) + " of " + std::to_string(e.bytes) +
-                                             " bytes" + bufferTooSmall(cts.bytes) + " (the peer dropped the data)");
-  eagerSends_.erase(it);
-}
-
-void Connection::onKeyPart(const ControlMsg& m) {
-  bool complete = false;
-  KeyAssembly::Key k;
-  const std::string bad = keyAssembly_.add(m, &complete, &k);
-  if (!bad.empty()) return failAll(ErrorCode::kProtocol, "the peer sent " + bad);
-  if (!complete) return;
-  auto waiters = std::move(keyWaiters_[m.window]);
-  keyWaiters_.erase(m.window);
-  try {
-    link_.transport->addRemoteWindow(link_.peer(), k.window, k.bytes, k.key);
-    remoteKnown_[k.window] = k.bytes;
-  } catch (const Error& e) {
-    for (auto& w : waiters) w.first->fail(e.code(), e.what());
-    return;
-  }
-  for (auto& w : waiters) w.second();
-}
-
-void Connection::onReadRequest(const ControlMsg& m) {
-  ControlMsg done;
-  done.type = MsgType::kReadDone;
-  done.id = m.id;
-  MemoryRegion src;
-  // The eager buffer is written by the peer's small sends, never read: only advertised (or resolved) windows are.
-  if (m.window == kEagerWindow || !resolveLocal(m.window, &src)) {
-    done.status = ReadStatus::kUnknownWindow;
-  } else if (m.offset > src.bytes || m.bytes > src.bytes - m.offset || m.bytes == 0) {
-    done.status = ReadStatus::kOutOfRange;
-  } else {
-    try {
-      registerLocal(src, nullptr, true);
-      WriteOp op;
-      op.peer = link_.peer();
-      op.localWindow = src.window;
-      op.localOffset = m.offset;
-      op.remoteWindow = m.dstWindow;
-      op.remoteOffset = m.dstOffset;
-      op.bytes = m.bytes;
-      op.cookie = nextId_++;
-      postReading(op);  // the kReadDone below is delivered only after this data is in place
-    } catch (const Error& e) {
-      GDX_WARN(name_ << ": read request " << m.id << " of window " << m.window << ": " << e.what());
-      done.status = ReadStatus::kFailed;
-    }
-  }
-  postControl(done);
-}
-
-bool Connection::failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why) {
-  auto eager = eagerSends_.find(seq);
-  if (eager != eagerSends_.end()) {  // it left eagerly; its slot's credit still comes, and is skipped
-    eager->second.t->fail(code, "send #" + std::to_string(seq) + " of " + std::to_string(eager->second.bytes) +
-                                    " bytes" + why + " (the peer dropped the data)");
-    eagerSends_.erase(eager);
-    return true;
-  }
-  // Waiting for its clear-to-send or for credits: at the head of sends_, or behind sends that wait for credits (a
-  // small receive refuses a large send as soon as its announcement arrives, long before it leaves).
-  auto waiting = std::find_if(sends_.begin(), sends_.end(), [&](const PendingSend& s) { return s.seq == seq; });
-  if (waiting == sends_.end()) return false;
-  waiting->t->fail(code, "send #" + std::to_string(seq) + " of " + std::to_string(waiting->piece.size) + " bytes" +
-                             why + " (nothing was sent)");
-  cts_.erase(seq);
-  const bool head = waiting == sends_.begin();
-  sends_.erase(waiting);
-  if (head) trySends();
-  return true;
-}
-
-void Connection::onReceiveFailed(const ControlMsg& m) {
-  if (failUnsentSend(m.id, ErrorCode::kPeerFailed, receiveFailed(m.code))) return;
-  for (auto it = cookies_.begin(); it != cookies_.end(); ++it) {
-    if (it->second.sendSeq != m.id) continue;
-    // Its write left before this notice came: it may land in the peer's buffer all the same.
-    it->second.t->fail(ErrorCode::kPeerFailed,
-                       "send #" + std::to_string(m.id) + receiveFailed(m.code) +
-                           ", but this send's data was on its way already and may have been written into its buffer");
-    cookies_.erase(it);
-    return;
-  }
-  if (m.id < nextSendSeq_) return;  // done already, or failed on this side
-  failedAhead_[m.id] = m.code;      // not posted yet: it fails when it is
-  cts_.erase(m.id);                 // a clear-to-send the receive sent before it failed
-}
-
 void Connection::handleMessage(const ControlMsg& m) {
   switch (m.type) {
     case MsgType::kKeyRequest: {
       MemoryRegion r;
-      if (!resolveLocal(m.window, &r, m.offset)) {
+      if (!windows_.resolve(m.window, &r, m.offset)) {
         ControlMsg no;
         no.type = MsgType::kKeyRefused;
         no.window = m.window;
@@ -980,7 +262,7 @@ void Connection::handleMessage(const ControlMsg& m) {
       }
       keysSent_.erase(m.window);  // the peer asks, so it does not have it
       try {
-        std::string key = ensureLocal(r);
+        std::string key = windows_.keyOf(r);
         // A window the resolver gave (the URL transport's memory, its key's secret presented) may be written, even
         // if it was registered before as the source of this side's writes.
         if (m.window < kAdvertisedWindowBase && m.window != kEagerWindow)
@@ -1042,7 +324,7 @@ void Connection::handleMessage(const ControlMsg& m) {
     }
     case MsgType::kReadRequest: return onReadRequest(m);
     case MsgType::kReadDone: {
-      revokeRead(m.id);
+      windows_.revokeRead(m.id);
       auto it = reads_.find(m.id);
       if (it == reads_.end()) return;
       if (m.status == ReadStatus::kOk)
@@ -1076,12 +358,12 @@ void Connection::handle(const Event& e) {
       GDX_WARN(name_ << ": the data of send #" << seq << " arrived after its receive had failed");
       arrivedForFailedRecv(seq);
       nextArrival_ = seq + 1;
-      revokeReceivesBefore(nextArrival_);
+      windows_.revokeReceivesBefore(nextArrival_);
       return;
     }
     arrivedForFailedRecv(it->second.seq);  // failed receives before it will see nothing more
     nextArrival_ = it->second.seq + 1;
-    revokeReceivesBefore(nextArrival_);  // the data is in place: the peer may write there no more
+    windows_.revokeReceivesBefore(nextArrival_);  // the data is in place: the peer may write there no more
     const PendingRecv r = it->second;
     recvs_.erase(it);
     // Its size is the one the send announced before its write (kRequestToSend), which the sender checked against
@@ -1098,60 +380,6 @@ void Connection::handle(const Event& e) {
   std::string bad = decode(e.msg, &m);
   if (!bad.empty()) return failAll(ErrorCode::kProtocol, "the peer sent " + bad);
   handleMessage(m);
-}
-
-void Connection::failAll(ErrorCode code, const std::string& why) {
-  std::function<void()> onFailure;
-  {
-    std::lock_guard<std::mutex> lock(winMutex_);
-    if (failure_.empty()) failure_ = why;
-    failed_ = true;
-    onFailure.swap(onFailure_);  // once
-  }
-  GDX_WARN(name_ << ": " << why);
-  for (auto& t : live_) t->fail(code, why);  // the transfer's own description names the connection
-  live_.clear();
-  sends_.clear();
-  recvs_.clear();
-  cookies_.clear();
-  fences_.clear();
-  reads_.clear();
-  keyWaiters_.clear();
-  eagerSends_.clear();
-  eagerOrder_.clear();
-  eagerCookies_.clear();
-  early_.clear();
-  rts_.clear();
-  failedRecvs_.clear();
-  failedAhead_.clear();
-  if (onFailure) onFailure();
-}
-
-void Connection::sweep(uint64_t now) {
-  if (now < nextSweepNs_) return;
-  nextSweepNs_ = now + kSweepEveryNs;
-  bool timedOut = false;
-  live_.erase(std::remove_if(live_.begin(), live_.end(),
-                             [&](const std::shared_ptr<Transfer>& t) {
-                               if (t->finished()) return true;
-                               if (now < t->deadlineNs()) return false;
-                               timedOut = true;
-                               const std::string waiting = t->waiting();
-                               t->fail(ErrorCode::kTimeout, "not done within GDX_TIMEOUT_MS (" +
-                                                                std::to_string(timeoutNs_ / 1000000) + " ms)" +
-                                                                (waiting.empty() ? "" : "; waiting for " + waiting));
-                               return true;
-                             }),
-              live_.end());
-  if (timedOut) {
-    abandonFailedRecvs();   // receives among them take nothing that still comes
-    withdrawFailedSends();  // and no receive of the peer takes the sends among them
-  }
-  // A peer that closed its end said goodbye (TCP), which the transport does not report as a failure (the Context's
-  // ranks all say it at teardown): without this, what still waits for that peer would wait out its timeout. Over
-  // verbs a clean close says nothing; it is seen when an operation to the peer fails.
-  if (!failed_.load() && link_.transport->peerStatus(link_.peer()) == Status::kShutdown)
-    failAll(ErrorCode::kPeerFailed, "the peer closed the connection");
 }
 
 Connection::Activity Connection::progress(bool arm) {

@@ -56,26 +56,12 @@
 
 #include "gdx/types.hpp"
 #include "p2p/key_assembly.hpp"
+#include "p2p/local_windows.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/protocol.hpp"
 #include "p2p/transfer.hpp"
 
 namespace gdx::p2p {
-
-/// Memory as a connection registers it with its transport: window `window` = [base, base + bytes).
-struct MemoryRegion {
-  uint32_t window = 0;
-  char* base = nullptr;
-  uint64_t bytes = 0;
-  MemoryKind kind = MemoryKind::kHost;
-};
-
-/// `size` bytes at `offset` of a local region.
-struct Piece {
-  MemoryRegion region;
-  uint64_t offset = 0;
-  uint64_t size = 0;
-};
 
 /// `size` bytes at `offset` of a window the peer advertised (or, for the URL transport, registered).
 struct RemotePiece {
@@ -85,21 +71,11 @@ struct RemotePiece {
   uint64_t secret = 0;  ///< sent with the key request: the URL transport's key secret (0 for advertised windows)
 };
 
-/// Windows a peer may ask for besides the advertised ones (the URL transport's registered memory): true and *out
-/// when `window` is one and `secret` is its key's.
-using WindowResolver = std::function<bool(uint32_t window, uint64_t secret, MemoryRegion* out)>;
-
 /// Immediates with this bit are notified writes (waitForWrite); the others carry a send's number.
 constexpr uint32_t kNotifyImm = 0x80000000u;
 /// Immediates of eager sends (written into the eager buffer) carry this bit beside the low bits of the send's number
-/// and the credits the writer returns (connection.cpp).
+/// and the credits the writer returns (two_sided.hpp).
 constexpr uint32_t kEagerImm = 0x40000000u;
-/// Windows of advertised ranges; windows below are endpoint memory regions (window = mrId).
-constexpr uint32_t kAdvertisedWindowBase = 0x80000000u;
-/// Windows granted for one transfer (a receive's range, a read's destination): kGrantWindows ids from here, just
-/// below the eager window, reused once revoked. Memory region ids stay below them.
-constexpr uint32_t kGrantWindowBase = 0x7fff0000u;
-constexpr uint32_t kGrantWindows = 0xffffu;
 
 class Connection {
  public:
@@ -248,18 +224,8 @@ class Connection {
     std::shared_ptr<Transfer> t;
     uint64_t sendSeq = UINT64_MAX;  ///< UINT64_MAX: not a send
   };
-  struct Advertised {
-    MemoryRegion region;  ///< the advertised range, as a window of its own
-    uint32_t parent = 0;  ///< the endpoint region it lies in
-  };
-  /// A window that lets the peer write one transfer's range (connection_grants.cpp): a receive's, until the data of
-  /// its send (or of a later one) arrived; a read's destination, until its kReadDone.
-  struct Grant {
-    enum Kind { kReceive, kRead } kind = kReceive;
-    uint64_t id = 0;      ///< the receive's number or the read's id
-    uint32_t parent = 0;  ///< the endpoint region it lies in
-  };
 
+  // Running the connection (connection.cpp): operations, rounds, drivers, what arrives, completions.
   void queue(std::function<void()> op);
   /// Runs `op` (a void() callable) in the calling thread when no other thread runs the connection, after what was
   /// queued or handed over before it, as a round would; else queues it. A blocking call's operation then costs no
@@ -285,24 +251,52 @@ class Connection {
   /// One round of work (the caller holds progressMutex_); true if it did any (ran operations, handled arrivals or
   /// completions).
   bool round();
+  void handle(const Event& e);
+  void handleMessage(const ControlMsg& m);
   void handleCompletion(const Completion& c);
+  uint64_t track(std::shared_ptr<Transfer> t);
+  void postControl(const ControlMsg& m);
+  /// Tells the peer, best effort, that transfer `seq` ended by `code` (kOk counts as kInternal): a kReceiveFailed or
+  /// kSendWithdrawn; a transport that cannot carry it is logged, naming `what`.
+  void tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what);
+
+  // Failure and teardown (connection_failure.cpp).
+  void sweep(uint64_t now);
+  void failAll(ErrorCode code, const std::string& why);
+
+  // The sender's side of sends and receives (connection_sends.cpp).
+  /// The operation send() submits: numbers the pieces as sends and posts those that can leave now.
+  void runSend(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
+  void trySends();
   /// Posts the eager send at the head of sends_ into the next slot of the peer's eager buffer; false when it must
   /// wait (no credit, or the key of the peer's eager buffer has not arrived).
   bool postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece);
   /// A clear-to-send naming an eager send: its receive is a large one, which takes it (the slot's credit confirms it).
   void matchEager(const ControlMsg& cts);
+  /// The peer returned `n` credits: as many more eager sends may leave, and the oldest `n` in flight are confirmed.
+  void onCredits(uint32_t n);
+  /// The peer's receive for send `m.id` failed: the send fails by name wherever it is, or when it is posted.
+  void onReceiveFailed(const ControlMsg& m);
+  /// Fails send `seq` with `code` and "send #seq of N bytes" + `why` if it left eagerly or still waits in sends_;
+  /// false if it is neither.
+  bool failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why);
+
+  // The receiver's side (connection_receives.cpp).
+  /// The operation recv() submits: numbers the pieces as receives, takes eager data already here, and tells the
+  /// sender where large sends may land.
+  void runRecv(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
+  void onEagerData(uint32_t imm, uint64_t bytes);
   /// Eager data of `bytes` in `slot` for receive `r`: copied into the start of its buffer, or the receive fails when
   /// the buffer is smaller; the slot is free again either way.
   void takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes);
-  void onEagerData(uint32_t imm, uint64_t bytes);
   /// Makes sure this side's eager buffer exists and its key went to the peer (before the first small receive).
   void offerEagerBuffer();
   /// Credits freed since the last report, for a clear-to-send or an eager write (resets the count).
   uint32_t takeCredits();
   /// Reports owed credits on their own (kCredit), if any.
   void flushCredits();
-  /// The peer returned `n` credits: as many more eager sends may leave, and the oldest `n` in flight are confirmed.
-  void onCredits(uint32_t n);
+  /// An eager slot was emptied: its credit goes back with the next eager write, receive or on its own.
+  void freeEagerSlot();
   /// A send larger than kEagerBytes announced itself: a small receive for it fails (and tells the sender).
   void onRequestToSend(const ControlMsg& m);
   /// "receive #seq: the peer's send is N bytes, larger than this receive's buffer of M bytes (nothing was written)".
@@ -319,21 +313,7 @@ class Connection {
   /// Send `seq` arrived (its eager data or its write's immediate): true if its receive had failed (it is forgotten
   /// then, and so are failed receives before it, whose sends will never come).
   bool arrivedForFailedRecv(uint64_t seq);
-  /// An eager slot was emptied: its credit goes back with the next eager write, receive or on its own.
-  void freeEagerSlot();
-  /// The peer's receive for send `m.id` failed: the send fails by name wherever it is, or when it is posted.
-  void onReceiveFailed(const ControlMsg& m);
-  /// Fails send `seq` with `code` and "send #seq of N bytes" + `why` if it left eagerly or still waits in sends_;
-  /// false if it is neither.
-  bool failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why);
-  // Memory the transport reads for posted writes (region_readers.cpp).
-  /// Posts `op`, whose local window registerLocal(..., true) counted: the transport reads it until the write
-  /// completes (doneReading), or not at all if the post throws.
-  void postReading(const WriteOp& op);
-  void doneReading(uint64_t cookie);
-  int readersOf(const std::vector<uint32_t>& windows) const;
-  /// Waits until the transport reads none of `windows`: bounded by the timeout, past which the connection closes.
-  void waitForReaders(const std::vector<uint32_t>& windows);
+
   // Withdrawn sends (send_withdrawal.cpp).
   /// Tells the peer about every send that failed on this side and is still queued, in flight or unconfirmed
   /// (kSendWithdrawn), and forgets it.
@@ -345,40 +325,26 @@ class Connection {
   uint64_t takeRecvSeq();
   void onSendWithdrawn(const ControlMsg& m);
   void onWithdrawTooLate(const ControlMsg& m);
-  void handle(const Event& e);
-  void handleMessage(const ControlMsg& m);
-  void onKeyPart(const ControlMsg& m);
-  void onReadRequest(const ControlMsg& m);
-  void trySends();
-  void sweep(uint64_t now);
-  void failAll(ErrorCode code, const std::string& why);
-  /// Registers `r` with the transport once; returns its key. Throws for a forgotten region.
-  std::string ensureLocal(const MemoryRegion& r);
-  /// The same, for callers that need no key (no copy of it on a small send's path); with `key`, it goes there.
-  /// `reading`: a write from it is about to be posted (postReading()), which forget() waits for.
-  void registerLocal(const MemoryRegion& r, std::string* key = nullptr, bool reading = false);
-  bool resolveLocal(uint32_t window, MemoryRegion* out, uint64_t secret = 0);
-  /// Registers exactly `p`'s range as a window of its own for transfer `id` of `kind`, sends the peer its key;
-  /// returns the window. Throws for a forgotten region, or when every grant window is in use.
-  uint32_t grant(const Piece& p, Grant::Kind kind, uint64_t id);
-  /// Revokes the grants of receives numbered below `seq` (their data arrived, or will never come).
-  void revokeReceivesBefore(uint64_t seq);
-  /// Revokes the grant of read `id`, if any.
-  void revokeRead(uint64_t id);
-  /// Deregisters grant window `w` from the transport (winMutex_ held).
-  void dropGrantLocked(uint32_t w);
-  /// true once forget(window) was called.
-  bool regionForgotten(uint32_t window) const;
-  void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
-  void postControl(const ControlMsg& m);
-  /// Tells the peer, best effort, that transfer `seq` ended by `code` (kOk counts as kInternal): a kReceiveFailed or
-  /// kSendWithdrawn; a transport that cannot carry it is logged, naming `what`.
-  void tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what);
-  uint64_t track(std::shared_ptr<Transfer> t);
+
+  // One-sided writes and reads, and the keys of windows (connection_one_sided.cpp).
   /// Posts write `w` once the keys of its destination windows are known (whenKnown), or fails its transfer.
   void postWrite(const std::shared_ptr<PendingWrite>& w);
   /// Runs `op` once the peer's key of `window` is known (asking for it once), or fails `t` if it is refused.
   void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op, uint64_t secret = 0);
+  void onKeyPart(const ControlMsg& m);
+  void onReadRequest(const ControlMsg& m);
+  /// Grants the peer exactly `p`'s range for transfer `id` (LocalWindows::grant()) and sends it the key; returns
+  /// the window.
+  uint32_t grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id);
+  void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
+
+  // Memory the transport reads for posted writes (region_readers.cpp).
+  /// Posts `op`, whose local window windows_.registerRegion(..., true) counted: the transport reads it until the
+  /// write completes (doneReading), or not at all if the post throws.
+  void postReading(const WriteOp& op);
+  void doneReading(uint64_t cookie);
+  /// Waits until the transport reads none of `windows`: bounded by the timeout, past which the connection closes.
+  void waitForReaders(const std::vector<uint32_t>& windows);
 
   const uint64_t id_;
   PairLink link_;
@@ -400,20 +366,13 @@ class Connection {
   std::vector<std::function<void()>> roundOps_;
   std::vector<Event> roundEvents_;
 
-  mutable std::mutex winMutex_;  // guards the tables below it, touched by callers and the progress thread
-  std::unordered_map<uint32_t, std::string> localKeys_;  ///< windows registered with the transport
-  std::set<uint32_t> forgotten_;
-  std::map<uint32_t, Advertised> advertised_;
-  std::map<uint32_t, Grant> grants_;
-  uint32_t nextGrant_ = 0;
-  std::map<std::tuple<uint32_t, uint64_t, uint64_t>, uint32_t> advertisedRanges_;
-  uint32_t nextAdvertised_ = kAdvertisedWindowBase;
-  WindowResolver resolver_;
+  /// This side's windows: what the peer may write and read, with their keys (after name_, whose text it uses).
+  LocalWindows windows_;
+
+  mutable std::mutex failureMutex_;  // guards the two below, set by the failing thread and read by callers
   std::function<void()> onFailure_;
   std::string failure_;
   std::atomic<bool> failed_{false};  ///< failure_ is set: failure() reads this, not the text, while all is well
-  std::unordered_map<uint32_t, int> readers_;  ///< local windows the transport reads for posted writes, and how many
-  std::vector<char> eagerBuffer_;  ///< this side's eager buffer (kEagerSlots x kEagerBytes), made on first use
 
   // Progress thread only.
   std::function<void()> notify_;

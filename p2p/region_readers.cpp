@@ -14,9 +14,7 @@ void Connection::postReading(const WriteOp& op) {
   try {
     lane_->post(op);
   } catch (...) {
-    std::lock_guard<std::mutex> lock(winMutex_);
-    auto r = readers_.find(op.localWindow);
-    if (r != readers_.end() && --r->second <= 0) readers_.erase(r);
+    windows_.doneReading(op.localWindow);
     throw;
   }
   readingCookies_[op.cookie] = op.localWindow;
@@ -27,26 +25,14 @@ void Connection::doneReading(uint64_t cookie) {
   if (it == readingCookies_.end()) return;
   const uint32_t window = it->second;
   readingCookies_.erase(it);
-  std::lock_guard<std::mutex> lock(winMutex_);
-  auto r = readers_.find(window);
-  if (r != readers_.end() && --r->second <= 0) readers_.erase(r);
-}
-
-int Connection::readersOf(const std::vector<uint32_t>& windows) const {
-  std::lock_guard<std::mutex> lock(winMutex_);
-  int n = 0;
-  for (uint32_t w : windows) {
-    auto r = readers_.find(w);
-    if (r != readers_.end()) n += r->second;
-  }
-  return n;
+  windows_.doneReading(window);
 }
 
 void Connection::waitForReaders(const std::vector<uint32_t>& windows) {
-  if (windows.empty() || readersOf(windows) == 0) return;
+  if (windows.empty() || windows_.readersOf(windows) == 0) return;
   const uint64_t deadline = nowNs() + timeoutNs_;
   for (;;) {
-    const int n = readersOf(windows);
+    const int n = windows_.readersOf(windows);
     if (n == 0) return;
     if (nowNs() >= deadline) {
       // The transport still holds pointers into the memory: only stopping it (its threads are joined) ends that.

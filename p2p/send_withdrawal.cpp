@@ -9,11 +9,11 @@
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
+#include "p2p/two_sided.hpp"
 
 namespace gdx::p2p {
 namespace {
 
-constexpr uint32_t kSeqMask = 0x3fffffffu;  // as connection.cpp: the bits of a receive's number its key keeps
 /// Receive numbers the sender was told failed, kept for a withdrawal that crosses the notice.
 constexpr size_t kToldFailedKept = 4096;
 

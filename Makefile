@@ -25,8 +25,15 @@ RUN_ARGS ?= --json $(BUILD)/benchmark_local.json
 all: configure
 	cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
+# The group of cmake/install-deps.sh's packages a target needs (that script lists them): `make run` only what
+# benchmark_local builds and runs with, `make` also the test and benchmark libraries and the Python package, the
+# targets that run tests everything those run. Prerequisites inherit it: `make test` configures with every package.
+DEPS = all
+run bench-tcpx: DEPS = build
+test test-unit test-rdma test-gpu bench-gpu fuzz: DEPS = test
+
 deps:
-	@bash cmake/install-deps.sh
+	@bash cmake/install-deps.sh $(DEPS)
 
 configure: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=$(PREFIX) \

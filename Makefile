@@ -39,19 +39,22 @@ configure: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
 	  $(if $(NVCC),-DCMAKE_CUDA_COMPILER=$(NVCC)) $(if $(PYTHON),-DPython3_EXECUTABLE=$(PYTHON)) $(CMAKE_FLAGS) >/dev/null
 
+# CTest through tests/ctest_progress.sh: a line every 30 s while a long test (the Soft-RoCE VM's) runs silently.
+CTEST = $(CURDIR)/tests/ctest_progress.sh
+
 # Every test: unit, multi-process, network namespaces, Soft-RoCE (where the machine allows each).
 test: all
-	cd $(BUILD) && ctest --output-on-failure --timeout 900 $(CTEST_ARGS)
+	cd $(BUILD) && $(CTEST) --output-on-failure --timeout 900 $(CTEST_ARGS)
 
 test-unit: all
-	cd $(BUILD) && ctest --output-on-failure -LE 'rdma|gpu' $(CTEST_ARGS)
+	cd $(BUILD) && $(CTEST) --output-on-failure -LE 'rdma|gpu' $(CTEST_ARGS)
 
 test-rdma: all
-	cd $(BUILD) && ctest --output-on-failure -L rdma $(CTEST_ARGS)
+	cd $(BUILD) && $(CTEST) --output-on-failure -L rdma $(CTEST_ARGS)
 
 # GPU tests (skip cleanly without a GPU); run them on an H100/H200 machine whenever device code changes.
 test-gpu: all
-	cd $(BUILD) && NCCL_NVLS_ENABLE=0 ctest --output-on-failure -L gpu $(CTEST_ARGS)
+	cd $(BUILD) && NCCL_NVLS_ENABLE=0 $(CTEST) --output-on-failure -L gpu $(CTEST_ARGS)
 
 # Every GPU benchmark with its peer of the same run (benchmarks/run_gpu_benchmarks.sh says which on 1 and on 2+ GPUs):
 # tables on stdout, each benchmark's whole output and JSON in $(BUILD)/bench-gpu/.

@@ -24,6 +24,8 @@ RUN_ARGS ?= --json $(BUILD)/benchmark_local.json
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
+	@! ls $(BUILD)/python/gdx/_gdx.*.so >/dev/null 2>&1 || \
+	  echo "make: the Python package is in $(BUILD)/python, for $(PYTHON): PYTHONPATH=$(BUILD)/python $(PYTHON) ..."
 
 # The group of cmake/install-deps.sh's packages a target needs (that script lists them): `make run` only what
 # benchmark_local builds and runs with, `make` also the test and benchmark libraries and the Python package, the

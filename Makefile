@@ -28,10 +28,11 @@ all: configure
 	  echo "make: the Python package is in $(BUILD)/python, for $(PYTHON): PYTHONPATH=$(BUILD)/python $(PYTHON) ..."
 
 # The group of cmake/install-deps.sh's packages a target needs (that script lists them): `make run` only what
-# benchmark_local builds and runs with, `make` also the test and benchmark libraries and the Python package, the
-# targets that run tests everything those run. Prerequisites inherit it: `make test` configures with every package.
+# benchmark_local builds and runs with (its recipe asks for it), `make` also the test and benchmark libraries and the
+# Python package, the targets that run tests everything those run. Prerequisites inherit it: `make test` configures
+# with every package.
 DEPS = all
-run bench-tcpx: DEPS = build
+bench-tcpx: DEPS = build
 test test-unit test-rdma test-gpu bench-gpu fuzz: DEPS = test
 
 deps:
@@ -82,12 +83,18 @@ bench: all
 	$(BUILD)/benchmarks/bench_tcp --benchmark_out=$(BUILD)/bench_tcp.json --benchmark_out_format=json
 	$(BUILD)/benchmarks/bench_proxy --benchmark_out=$(BUILD)/bench_proxy.json --benchmark_out_format=json
 
-# Builds only what it runs: the library and benchmark_local (about a minute on 2 cores), then runs it.
-run: configure
-	@echo "make run: building libgdx and benchmark_local (make builds everything, make test runs every test)"
-	@cmake --build $(BUILD) -j $(JOBS) --target benchmark_local -- --no-print-directory
-	@echo "make run: $(BUILD)/benchmarks/benchmark_local $(RUN_ARGS)  (--help says what it measures)"
-	@$(BUILD)/benchmarks/benchmark_local $(RUN_ARGS)
+# Builds only what it runs: the library and benchmark_local (about a minute on 2 cores), then runs it. Where nvcc is
+# found but no GPU is visible (CI's machines), benchmark_local can run only its host mode: it is then built without
+# CUDA, in a build directory of its own ($(BUILD)/host; a CUDA build compiles every file differently), instead of
+# spending more time on device code than on the rest.
+GPU_VISIBLE = $(shell (ls /dev/nvidia[0-9]* || nvidia-smi -L) >/dev/null 2>&1 && echo yes)
+RUN_BUILD = $(if $(NVCC),$(if $(GPU_VISIBLE),$(BUILD),$(BUILD)/host),$(BUILD))
+run:
+	@$(MAKE) --no-print-directory configure DEPS=build $(if $(filter-out $(BUILD),$(RUN_BUILD)),BUILD=$(RUN_BUILD) NVCC=NOTFOUND)
+	@echo "make run: building libgdx and benchmark_local in $(RUN_BUILD) (make builds everything, make test runs every test)"
+	@cmake --build $(RUN_BUILD) -j $(JOBS) --target benchmark_local -- --no-print-directory
+	@echo "make run: $(RUN_BUILD)/benchmarks/benchmark_local $(RUN_ARGS)  (--help says what it measures)"
+	@$(RUN_BUILD)/benchmarks/benchmark_local $(RUN_ARGS)
 
 # PNG and SVG plots of the benchmarks' JSON, gdx beside the peer of the same run (benchmarks/plot.py), all in the
 # build tree: what the benchmarks left in $(BUILD) and $(BUILD)/bench-gpu (make run, make bench-gpu, the Soft-RoCE and

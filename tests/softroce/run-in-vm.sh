@@ -28,12 +28,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$CACHE"
-# Milestones for the console under `make test` (GDX_CONSOLE_FD, tests/ctest_progress.sh): CTest shows this script's
+# Milestones for the console under `make test` (GDX_CONSOLE_FILE, tests/ctest_progress.sh): CTest shows this script's
 # output only once it has ended, minutes later.
-console() { [ -z "${GDX_CONSOLE_FD:-}" ] || { echo "softroce: $*" >&"$GDX_CONSOLE_FD"; } 2>/dev/null || true; }
+console() { [ -z "${GDX_CONSOLE_FILE:-}" ] || { echo "softroce: $*" >>"$GDX_CONSOLE_FILE"; } 2>/dev/null || true; }
 guest_milestones() {  # the guest's timed lines ([T ...]) and the scripts' headings (=== ...), as they come
-  if [ -n "${GDX_CONSOLE_FD:-}" ]; then
-    sed -un 's/\r$//; /^\[T \|^=== /s/^/softroce: guest: /p' >&"$GDX_CONSOLE_FD" 2>/dev/null || cat >/dev/null
+  if [ -n "${GDX_CONSOLE_FILE:-}" ]; then
+    sed -un 's/\r$//; /^\[T \|^=== /s/^/softroce: guest: /p' >>"$GDX_CONSOLE_FILE" || cat >/dev/null
   else
     cat >/dev/null
   fi

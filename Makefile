@@ -87,7 +87,7 @@ bench: all
 # found but no GPU is visible (CI's machines), benchmark_local can run only its host mode: it is then built without
 # CUDA, in a build directory of its own ($(BUILD)/host; a CUDA build compiles every file differently), instead of
 # spending more time on device code than on the rest.
-GPU_VISIBLE = $(shell (ls /dev/nvidia[0-9]* || nvidia-smi -L) >/dev/null 2>&1 && echo yes)
+GPU_VISIBLE := $(shell (ls /dev/nvidia[0-9]* || nvidia-smi -L) >/dev/null 2>&1 && echo yes)
 RUN_BUILD = $(if $(NVCC),$(if $(GPU_VISIBLE),$(BUILD),$(BUILD)/host),$(BUILD))
 run:
 	@$(MAKE) --no-print-directory configure DEPS=build $(if $(filter-out $(BUILD),$(RUN_BUILD)),BUILD=$(RUN_BUILD) NVCC=NOTFOUND)

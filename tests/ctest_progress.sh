@@ -14,19 +14,25 @@ GDX_CONSOLE_FILE=$(mktemp "${TMPDIR:-/tmp}/gdx_console.XXXXXX")
 export GDX_CONSOLE_FILE
 trap 'rm -f "$GDX_CONSOLE_FILE"' EXIT
 
+shown=0  # bytes of GDX_CONSOLE_FILE printed so far
+show_milestones() {
+  local size
+  size=$(stat -c %s "$GDX_CONSOLE_FILE" 2>/dev/null || echo 0)
+  if [ "$size" -gt "$shown" ]; then
+    tail -c +$((shown + 1)) "$GDX_CONSOLE_FILE" | head -c $((size - shown))
+    shown=$size
+  fi
+}
+
 watch_silence() {
-  local line rc partial="" shown=0 size n quiet_since=$SECONDS
+  local line rc partial="" n quiet_since=$SECONDS
   local -A name since  # test number -> its name, when its Start line came
   while :; do
     IFS= read -r -t 1 line
     rc=$?
     if [ $rc -gt 128 ]; then  # a second without a whole line: what tests appended, then maybe a progress line
       partial+=$line
-      size=$(stat -c %s "$GDX_CONSOLE_FILE" 2>/dev/null || echo 0)
-      if [ "$size" -gt "$shown" ]; then
-        tail -c +$((shown + 1)) "$GDX_CONSOLE_FILE" | head -c $((size - shown))
-        shown=$size
-      fi
+      show_milestones
       if [ $((SECONDS - quiet_since)) -ge "$every" ]; then
         for n in "${!name[@]}"; do
           printf '      ... %s: still running, %d s so far\n' "${name[$n]}" $((SECONDS - since[$n]))
@@ -37,6 +43,7 @@ watch_silence() {
     fi
     line=$partial$line
     partial=""
+    show_milestones  # a test's milestones before the line that says it ended
     if [ $rc != 0 ]; then  # end of ctest's output
       [ -z "$line" ] || printf '%s\n' "$line"
       return

@@ -90,22 +90,26 @@ bench: all
 GPU_VISIBLE := $(shell (ls /dev/nvidia[0-9]* || nvidia-smi -L) >/dev/null 2>&1 && echo yes)
 RUN_BUILD = $(if $(NVCC),$(if $(GPU_VISIBLE),$(BUILD),$(BUILD)/host),$(BUILD))
 run:
-	@$(MAKE) --no-print-directory configure DEPS=build $(if $(filter-out $(BUILD),$(RUN_BUILD)),BUILD=$(RUN_BUILD) NVCC=NOTFOUND)
-	@echo "make run: building libgdx and benchmark_local in $(RUN_BUILD) (make builds everything, make test runs every test)"
+	@$(MAKE) --no-print-directory configure DEPS=build \
+	  $(if $(filter-out $(BUILD),$(RUN_BUILD)),BUILD=$(RUN_BUILD) NVCC=NOTFOUND)
+	@echo "make run: building libgdx and benchmark_local in $(RUN_BUILD)" \
+	  "(make builds everything, make test runs every test)"
 	@cmake --build $(RUN_BUILD) -j $(JOBS) --target benchmark_local -- --no-print-directory
 	@echo "make run: $(RUN_BUILD)/benchmarks/benchmark_local $(RUN_ARGS)  (--help says what it measures)"
 	@$(RUN_BUILD)/benchmarks/benchmark_local $(RUN_ARGS)
 
 # PNG and SVG plots of the benchmarks' JSON, gdx beside the peer of the same run (benchmarks/plot.py), all in the
-# build tree: what the benchmarks left in $(BUILD) and $(BUILD)/bench-gpu (make run, make bench-gpu, the Soft-RoCE and
-# network-namespace tests, ...) into $(BUILD)/plots, and the recorded runs of docs/data into $(BUILD)/plots/recorded.
+# build tree: what the benchmarks left in $(BUILD) and $(BUILD)/bench-gpu (make run, make bench-gpu, the Soft-RoCE
+# and network-namespace tests, ...) into $(BUILD)/plots, and the recorded runs of docs/data into
+# $(BUILD)/plots/recorded.
 # Installs python3-matplotlib when it is missing.
 plots: $(BUILD)/plots/recorded/.drawn
 	@bash cmake/install-deps.sh plots
 	@json='$(wildcard $(BUILD)/*.json $(BUILD)/bench-gpu/*.json)'; \
 	if [ -n "$$json" ]; then python3 benchmarks/plot.py --out $(BUILD)/plots $$json; \
 	else echo "make plots: no benchmark JSON in $(BUILD) yet (make run, make bench-gpu, make test-rdma)"; fi
-	@echo "make plots: plots of this machine's runs in $(BUILD)/plots, of the recorded runs (docs/data) in $(BUILD)/plots/recorded"
+	@echo "make plots: plots of this machine's runs in $(BUILD)/plots," \
+	  "of the recorded runs (docs/data) in $(BUILD)/plots/recorded"
 
 # The recorded runs, some 280 plots: drawn again only when one of them or plot.py changed.
 $(BUILD)/plots/recorded/.drawn: $(wildcard docs/data/*.json) benchmarks/plot.py

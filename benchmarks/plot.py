@@ -192,7 +192,8 @@ def read_p2p_python(d):
     lat = Chart("latency", "latency (µs)")
     lat.add("gdx.p2p: send/recv, one way (half a round trip)", rows, "sendrecv_latency_us")
     lat.add("gdx.p2p: blocking write, until the data is placed", rows, "write_latency_us")
-    return f"gdx.p2p.Endpoint over {d.get('transport', '?')}, {d.get('device', 'cpu')} memory, client → server", [bw, lat]
+    where = f"gdx.p2p.Endpoint over {d.get('transport', '?')}, {d.get('device', 'cpu')} memory, client → server"
+    return where, [bw, lat]
 
 
 def read_tcpx(d):

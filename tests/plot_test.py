@@ -27,7 +27,8 @@ EXPECTED = {
         "bandwidth": ["gdx: device put", "cudaMemcpyPeerAsync", "NCCL send/recv"],
         "latency": ["gdx: put with signal", "NCCL send/recv ping-pong"]},
     "fixture_benchmark_p2p": {
-        "bandwidth": ["gdx: send/recv, 8 in flight", "gdx: one-sided read", "iperf3 toward the server's host, 4 streams"],
+        "bandwidth": ["gdx: send/recv, 8 in flight", "gdx: one-sided read",
+                      "iperf3 toward the server's host, 4 streams"],
         "latency": ["gdx: send/recv, one way", "raw TCP ping-pong, one way"]},
     "fixture_benchmark_p2p_verbs": {"bandwidth": ["gdx: one-sided write", "ib_write_bw average", "ib_read_bw average"]},
     "fixture_benchmark_tcpx": {"bandwidth": ["gdx: TcpxSession, 512K-byte posts", "iperf3 toward the server's host"]},
@@ -81,7 +82,8 @@ def main():
     other = os.path.join(tmp, "bench_ring.json")
     with open(other, "w") as f:
         json.dump({"context": {}, "benchmarks": []}, f)
-    files = [verbs, p2p_verbs, other] + [os.path.join(fixtures, f"{name}.json") for name in EXPECTED if name not in MADE]
+    files = [verbs, p2p_verbs, other] + [os.path.join(fixtures, f"{name}.json")
+                                         for name in EXPECTED if name not in MADE]
     out = os.path.join(tmp, "plots")
     run = subprocess.run([sys.executable, plot, "--out", out] + files, capture_output=True, text=True)
     print(run.stdout + run.stderr)

@@ -24,27 +24,40 @@ RUN_ARGS ?= --json $(BUILD)/benchmark_local.json
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
+	@! ls $(BUILD)/python/gdx/_gdx.*.so >/dev/null 2>&1 || \
+	  echo "make: the Python package is in $(BUILD)/python, for $(PYTHON): PYTHONPATH=$(BUILD)/python $(PYTHON) ..."
+
+# The group of cmake/install-deps.sh's packages a target needs (that script lists them): `make run` only what
+# benchmark_local builds and runs with (its recipe asks for it), `make` also the test and benchmark libraries and the
+# Python package, the targets that run tests everything those run. Prerequisites inherit it: `make test` configures
+# with every package.
+DEPS = all
+bench-tcpx: DEPS = build
+test test-unit test-rdma test-gpu bench-gpu fuzz: DEPS = test
 
 deps:
-	@bash cmake/install-deps.sh
+	@bash cmake/install-deps.sh $(DEPS)
 
 configure: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
 	  $(if $(NVCC),-DCMAKE_CUDA_COMPILER=$(NVCC)) $(if $(PYTHON),-DPython3_EXECUTABLE=$(PYTHON)) $(CMAKE_FLAGS) >/dev/null
 
+# CTest through tests/ctest_progress.sh: a line every 30 s while a long test (the Soft-RoCE VM's) runs silently.
+CTEST = $(CURDIR)/tests/ctest_progress.sh
+
 # Every test: unit, multi-process, network namespaces, Soft-RoCE (where the machine allows each).
 test: all
-	cd $(BUILD) && ctest --output-on-failure --timeout 900 $(CTEST_ARGS)
+	cd $(BUILD) && $(CTEST) --output-on-failure --timeout 900 $(CTEST_ARGS)
 
 test-unit: all
-	cd $(BUILD) && ctest --output-on-failure -LE 'rdma|gpu' $(CTEST_ARGS)
+	cd $(BUILD) && $(CTEST) --output-on-failure -LE 'rdma|gpu' $(CTEST_ARGS)
 
 test-rdma: all
-	cd $(BUILD) && ctest --output-on-failure -L rdma $(CTEST_ARGS)
+	cd $(BUILD) && $(CTEST) --output-on-failure -L rdma $(CTEST_ARGS)
 
 # GPU tests (skip cleanly without a GPU); run them on an H100/H200 machine whenever device code changes.
 test-gpu: all
-	cd $(BUILD) && NCCL_NVLS_ENABLE=0 ctest --output-on-failure -L gpu $(CTEST_ARGS)
+	cd $(BUILD) && NCCL_NVLS_ENABLE=0 $(CTEST) --output-on-failure -L gpu $(CTEST_ARGS)
 
 # Every GPU benchmark with its peer of the same run (benchmarks/run_gpu_benchmarks.sh says which on 1 and on 2+ GPUs):
 # tables on stdout, each benchmark's whole output and JSON in $(BUILD)/bench-gpu/.
@@ -70,23 +83,41 @@ bench: all
 	$(BUILD)/benchmarks/bench_tcp --benchmark_out=$(BUILD)/bench_tcp.json --benchmark_out_format=json
 	$(BUILD)/benchmarks/bench_proxy --benchmark_out=$(BUILD)/bench_proxy.json --benchmark_out_format=json
 
-# Builds only what it runs: the library and benchmark_local (about a minute on 2 cores), then runs it.
-run: configure
-	@echo "make run: building libgdx and benchmark_local (make builds everything, make test runs every test)"
-	@cmake --build $(BUILD) -j $(JOBS) --target benchmark_local -- --no-print-directory
-	@echo "make run: $(BUILD)/benchmarks/benchmark_local $(RUN_ARGS)  (--help says what it measures)"
-	@$(BUILD)/benchmarks/benchmark_local $(RUN_ARGS)
+# Builds only what it runs: the library and benchmark_local (about a minute on 2 cores), then runs it. Where nvcc is
+# found but no GPU is visible (CI's machines), benchmark_local can run only its host mode: it is then built without
+# CUDA, in a build directory of its own ($(BUILD)/host; a CUDA build compiles every file differently), instead of
+# spending more time on device code than on the rest.
+GPU_VISIBLE := $(shell (ls /dev/nvidia[0-9]* || nvidia-smi -L) >/dev/null 2>&1 && echo yes)
+RUN_BUILD = $(if $(NVCC),$(if $(GPU_VISIBLE),$(BUILD),$(BUILD)/host),$(BUILD))
+run:
+	@$(MAKE) --no-print-directory configure DEPS=build \
+	  $(if $(filter-out $(BUILD),$(RUN_BUILD)),BUILD=$(RUN_BUILD) NVCC=NOTFOUND)
+	@echo "make run: building libgdx and benchmark_local in $(RUN_BUILD)" \
+	  "(make builds everything, make test runs every test)"
+	@cmake --build $(RUN_BUILD) -j $(JOBS) --target benchmark_local -- --no-print-directory
+	@echo "make run: $(RUN_BUILD)/benchmarks/benchmark_local $(RUN_ARGS)  (--help says what it measures)"
+	@$(RUN_BUILD)/benchmarks/benchmark_local $(RUN_ARGS)
 
-# PNG and SVG plots of the benchmarks' JSON, gdx beside the peer of the same run (benchmarks/plot.py): what the
-# benchmarks left in $(BUILD) and $(BUILD)/bench-gpu (make run, make bench-gpu, the Soft-RoCE test, ...) into $(BUILD)/plots, and the
-# recorded figures of docs/data into docs/plots. Installs python3-matplotlib when it is missing.
-plots:
+# PNG and SVG plots of the benchmarks' JSON, gdx beside the peer of the same run (benchmarks/plot.py), all in the
+# build tree: what the benchmarks left in $(BUILD) and $(BUILD)/bench-gpu (make run, make bench-gpu, the Soft-RoCE
+# and network-namespace tests, ...) into $(BUILD)/plots, and the recorded runs of docs/data into
+# $(BUILD)/plots/recorded.
+# Installs python3-matplotlib when it is missing.
+plots: $(BUILD)/plots/recorded/.drawn
 	@bash cmake/install-deps.sh plots
 	@json='$(wildcard $(BUILD)/*.json $(BUILD)/bench-gpu/*.json)'; \
 	if [ -n "$$json" ]; then python3 benchmarks/plot.py --out $(BUILD)/plots $$json; \
 	else echo "make plots: no benchmark JSON in $(BUILD) yet (make run, make bench-gpu, make test-rdma)"; fi
-	@python3 benchmarks/plot.py --out docs/plots docs/data/*.json
-	@echo "make plots: plots of this machine's runs in $(BUILD)/plots, of the recorded runs (docs/data) in docs/plots"
+	@echo "make plots: plots of this machine's runs in $(BUILD)/plots," \
+	  "of the recorded runs (docs/data) in $(BUILD)/plots/recorded"
+
+# The recorded runs, some 280 plots: drawn again only when one of them or plot.py changed.
+$(BUILD)/plots/recorded/.drawn: $(wildcard docs/data/*.json) benchmarks/plot.py
+	@bash cmake/install-deps.sh plots
+	@echo "make plots: drawing the recorded runs of docs/data (a minute)"
+	@mkdir -p $(@D) && python3 benchmarks/plot.py --out $(@D) $(filter %.json,$^) >$(@D)/plot.log 2>&1 || \
+	  { cat $(@D)/plot.log; exit 1; }
+	@touch $@
 
 install: all
 	cmake --install $(BUILD)

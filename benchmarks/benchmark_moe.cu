@@ -9,13 +9,15 @@
 // --mode ll adds the low-latency mode (gdx::ep::LowLatencyBuffer, moe_low_latency.cuh) before the normal mode at the
 // same token counts (default 1 .. 256, 288 experts): whole calls, each half of the hook form, and, across
 // emulated hosts, where a call's time goes (kernels, proxy, transport) and whether every command arrived.
-//   benchmark_moe [--json PATH] [--ranks N] [--hosts N] [--tokens LIST] [--iters N] [--sms N] [--mode ll] [--no-nccl]
+//   benchmark_moe [--json PATH] [--plot DIR] [--ranks N] [--hosts N] [--tokens LIST] [--iters N] [--sms N] [--mode ll]
+//                 [--no-nccl]
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -259,7 +261,8 @@ if __name__ == "__main__":
     mp.spawn(run, args=(world, port, iters, cases), nprocs=world)
 )PY";
 
-int byHand(char** argv, int ranks, int hosts, const Options& o, const std::string& json, bool nccl) {
+int byHand(char** argv, int ranks, int hosts, const Options& o, std::string json, bool nccl,
+           const std::string& plotDir) {
   const std::string results = "/tmp/gdx_moe_" + std::to_string(getpid()) + ".txt";
   setenv("GDX_MOE_RESULTS", results.c_str(), 1);
   setenv("NCCL_NVLS_ENABLE", "0", 1);
@@ -385,8 +388,15 @@ int byHand(char** argv, int ranks, int hosts, const Options& o, const std::strin
   js << "\n  ],\n  \"units\": \"us: mean per call; GB/s = DeepEP's bytes (received rows x hidden x 2, FP8 x (1 + "
         "4/128); low-latency: valid selections x (H + 4H/128 + 16) dispatch, x 2H combine) / time; -1: not "
         "measured\"\n}\n";
-  if (!json.empty()) std::ofstream(json) << js.str();
-  return 0;
+  if (json.empty() && !plotDir.empty()) {
+    std::filesystem::create_directories(plotDir);
+    json = plotDir + "/benchmark_moe.json";
+  }
+  if (!json.empty()) {
+    std::ofstream(json) << js.str();
+    std::printf("wrote %s\n", json.c_str());
+  }
+  return plotDir.empty() ? 0 : plotJson("benchmark_moe", json, plotDir);
 }
 
 }  // namespace
@@ -396,15 +406,17 @@ int main(int argc, char** argv) {
   // Before the first CUDA call of this process and of the ranks it starts, as gdx's Context would (gpu.cpp).
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   gdx::bench::Options o;
-  std::string json;
+  std::string json, plotDir;
   bool nccl = true;
   int ranks = 0, hosts = 0;
   const int parsed = gdx::bench::parseFlags(
       argc, argv,
       "MoE dispatch and combine (gdx::ep::Buffer, normal mode, NVLink) between the GPUs of one host, one process a\n"
       "GPU (self-launched), beside NCCL all_to_all_single through PyTorch carrying the same bytes. Table on stdout,\n"
-      "JSON with --json.",
-      {{"--json", "FILE", "where the results go (default: none)", [&](const std::string& v) { json = v; }},
+      "JSON with --json, plots with --plot.",
+      {{"--json", "FILE", "where the results go (default: none; DIR/benchmark_moe.json with --plot)",
+        [&](const std::string& v) { json = v; }},
+       gdx::bench::plotFlag(plotDir),
        {"--ranks", "N", "ranks (default: the GPUs, at least 2; ranks share GPUs when there are fewer)",
         [&](const std::string& v) { ranks = int(gdx::bench::parseCount(v)); }},
        {"--hosts", "N", "emulated hosts (GDX_HOSTS): ranks on other hosts through the proxy (default: one host)",
@@ -451,8 +463,9 @@ int main(int argc, char** argv) {
                      e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
         return 2;
       }
+      if (!plotDir.empty() && gdx::bench::checkPlotter("benchmark_moe")) return 2;
       if (ranks == 0) ranks = std::max(2, std::min(gpus, gdx::ep::kMaxRanks));
-      return gdx::bench::byHand(argv, ranks, hosts, o, json, nccl);
+      return gdx::bench::byHand(argv, ranks, hosts, o, json, nccl, plotDir);
     }
     const char* results = std::getenv("GDX_MOE_RESULTS");
     return gdx::bench::rankMain(o, results ? results : "/dev/stdout");

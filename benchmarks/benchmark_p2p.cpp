@@ -1,7 +1,7 @@
 // benchmark_p2p: gdx::p2p::Endpoint between two processes, client -> server, per message size.
 //
 //   benchmark_p2p [--role server|client [--peer HOST] [--port N]] [--device cpu|gpu] [--transport tcp|verbs]
-//                 [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE] [--ipc]
+//                 [--min-bytes N] [--max-bytes N] [--depth N] [--target-bytes N] [--json FILE] [--plot DIR] [--ipc]
 //
 // Launch: by hand with no --role it runs itself as a server and a client on 127.0.0.1; on two hosts start
 // `--role server` on one and `--role client --peer SERVER` on the other, with the same flags. Per size (powers of
@@ -62,6 +62,7 @@ struct Args {
   int depth = 8;
   uint64_t targetBytes = 256 << 20;
   std::string json = "benchmark_p2p.json";
+  std::string plotDir;  // --plot: the client draws its JSON there
   bool ipc = false;
   bool nccl = true;  // with --ipc: NCCL send/recv through PyTorch beside it
 };
@@ -368,7 +369,7 @@ int run(const Args& a) {
     iperf3 = bench::iperf3Toward(a.peer, 3, socketsOf(shape));
   }
   report(a, ep, shape, rows, tcp ? &iperf3 : nullptr);
-  return 0;
+  return a.plotDir.empty() ? 0 : bench::plotJson("benchmark_p2p", a.json, a.plotDir);
 }
 
 }  // namespace
@@ -397,6 +398,7 @@ int main(int argc, char** argv) {
         [&](const std::string& v) { a.targetBytes = bench::parseCount(v); }},
        {"--json", "FILE", "where the results go (default benchmark_p2p.json)",
         [&](const std::string& v) { a.json = v; }},
+       bench::plotFlag(a.plotDir),
        {"--ipc", "", "with --device gpu: also writeIpc/readIpc beside cudaMemcpyPeerAsync (same host; table only)",
         [&](const std::string&) { a.ipc = true; }},
        {"--no-nccl", "", "with --ipc: skip the NCCL send/recv peer (PyTorch)",
@@ -410,6 +412,8 @@ int main(int argc, char** argv) {
                  "positive, 0 < --min-bytes <= --max-bytes, --port 1..65535, --ipc only with --device gpu (--help)\n");
     return 2;
   }
+  // The client plots: checked before anything runs (started by hand, before both sides are started).
+  if (!a.plotDir.empty() && a.role != "server" && bench::checkPlotter("benchmark_p2p")) return 2;
   if (a.role.empty()) return bench::runServerAndClient(argv);
   try {
     return run(a);

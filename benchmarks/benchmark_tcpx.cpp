@@ -5,7 +5,7 @@
 // receive arrived.
 //
 //   benchmark_tcpx [--role server|client [--peer HOST] [--port N] [--bind ADDR]] [--device cpu|gpu] [--size N]
-//                  [--iters N] [--chunk N] [--channels N] [--json FILE] [--no-iperf3]
+//                  [--iters N] [--chunk N] [--channels N] [--json FILE] [--plot DIR] [--no-iperf3]
 //
 // Launch: with no --role it runs itself as a server and a client on 127.0.0.1; on two hosts start `--role server` on
 // one and `--role client --peer SERVER` on the other. The server hands its connection info (TcpxSession::listen()) to
@@ -56,6 +56,7 @@ struct Args {
   uint64_t chunk = 0;  // 0: UCCL_TCPX_CHUNK_BYTES
   int channels = 0;    // 0: UCCL_TCPX_NUM_CHANNELS
   std::string json = "benchmark_tcpx.json";
+  std::string plotDir;  // --plot: the client draws its JSON there
   bool iperf3 = true;
 };
 
@@ -207,7 +208,7 @@ int run(const Args& a) {
   bench::Iperf3Result iperf3;
   if (a.iperf3) iperf3 = bench::iperf3Toward(a.peer, 3, o.channels * o.socketsPerChannel);
   report(a, o, r, a.iperf3 ? &iperf3 : nullptr);
-  return 0;
+  return a.plotDir.empty() ? 0 : bench::plotJson("benchmark_tcpx", a.json, a.plotDir);
 }
 
 /// A count from the environment variable `name` (K/M/G suffixes), or `fallback` when unset; exits 2 naming it.
@@ -254,6 +255,7 @@ int main(int argc, char** argv) {
         [&](const std::string& v) { a.channels = integer(v); }},
        {"--json", "FILE", "where the results go (default benchmark_tcpx.json)",
         [&](const std::string& v) { a.json = v; }},
+       bench::plotFlag(a.plotDir),
        {"--no-iperf3", "", "skip the iperf3 peer", [&](const std::string&) { a.iperf3 = false; }}});
   if (parsed >= 0) return parsed;
   if ((!a.role.empty() && a.role != "server" && a.role != "client") || (a.device != "cpu" && a.device != "gpu") ||
@@ -263,6 +265,8 @@ int main(int argc, char** argv) {
                  "--port 1..65535 (--help)\n");
     return 2;
   }
+  // The client plots: checked before anything runs (started by hand, before both sides are started).
+  if (!a.plotDir.empty() && a.role != "server" && bench::checkPlotter("benchmark_tcpx")) return 2;
   if (a.role.empty()) return bench::runServerAndClient(argv, {"--bind", "127.0.0.1"});
   try {
     return run(a);

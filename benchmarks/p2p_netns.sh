@@ -5,6 +5,7 @@
 # sockets toward the server's address). Needs root and network namespaces; exits 77 (skipped) without them.
 #   p2p_netns.sh BENCHMARK_P2P OUT_JSON [benchmark_p2p flags...]
 set -u
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac  # the comment above
 bin=$1
 json=$2
 shift 2

@@ -10,6 +10,7 @@
 # GDX_BENCH_ONLY="nvlink moe" runs only those (names: local nvlink p2p moe moe_ll python_ep; another name is an error).
 # The GPUs counted are those CUDA sees: nvidia-smi's list, cut to CUDA_VISIBLE_DEVICES where that is set.
 set -uo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac  # the comment above
 
 build=${1:?usage: run_gpu_benchmarks.sh BUILD_DIR OUT_DIR [PYTHON]}
 out=${2:?usage: run_gpu_benchmarks.sh BUILD_DIR OUT_DIR [PYTHON]}

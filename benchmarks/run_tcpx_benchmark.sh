@@ -7,6 +7,7 @@
 # The TCPX variables (UCCL_TCPX_PERF_SIZE, UCCL_TCPX_PERF_ITERS, UCCL_TCPX_CHUNK_BYTES, UCCL_TCPX_NUM_CHANNELS,
 # NCCL_NSOCKS_PERTHREAD) pass through to benchmark_tcpx.
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac  # the comment above
 build=${1:?usage: run_tcpx_benchmark.sh BUILD_DIR [OUT_DIR]}
 out=${2:-$build/bench-tcpx}
 mkdir -p "$out"

@@ -10,6 +10,7 @@
 # Exit:   the ranks' exit code when they all agree (0: all passed, 77: all skipped), 124 when the job ran past the
 #         timeout, else 1. As soon as one rank fails, the others are stopped (TERM, then KILL).
 set -u
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac  # the comment above
 rank_envs=""
 while [ $# -gt 0 ] && [ "$1" = --rank-env ]; do
   [ $# -ge 3 ] || { echo "run_ranks: --rank-env needs R NAME=VALUE" >&2; exit 2; }

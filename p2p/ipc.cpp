@@ -18,6 +18,9 @@
 #endif
 
 namespace gdx::p2p {
+
+#if defined(GDX_HAVE_CUDA)
+
 namespace {
 
 /// Names this host for IPC descriptors: a handle opens only on the host that made it. Computed once: every copy
@@ -32,8 +35,6 @@ uint64_t hostId() {
 }
 
 }  // namespace
-
-#if defined(GDX_HAVE_CUDA)
 
 IpcPeers::~IpcPeers() {
   for (auto& s : streams_) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CTest benchmark_plots: benchmarks/plot.py draws one made-up JSON of every benchmark format (tests/fixtures/plot),
-writing non-empty PNG and SVG files whose SVG names both gdx's series and the peer's. benchmark_remote over verbs gets
-its peer the way the Soft-RoCE guest adds it: ib_write_bw's text through tests/softroce/ib_write_bw_peer.awk.
+writing non-empty PNG and SVG files whose SVG names both gdx's series and the peer's (python -m gdx.bench.p2p measures
+no peer: its own series only). benchmark_remote and benchmark_p2p over verbs get their peers the way the Soft-RoCE
+guest adds them: perftest's text through tests/softroce/ib_write_bw_peer.awk.
 Exits 77 (CTest SKIP_RETURN_CODE) when matplotlib is missing.   Usage: plot_test.py SOURCE_DIR"""
 import json
 import os
@@ -25,7 +26,21 @@ EXPECTED = {
     "fixture_benchmark_nvlink": {
         "bandwidth": ["gdx: device put", "cudaMemcpyPeerAsync", "NCCL send/recv"],
         "latency": ["gdx: put with signal", "NCCL send/recv ping-pong"]},
+    "fixture_benchmark_p2p": {
+        "bandwidth": ["gdx: send/recv, 8 in flight", "gdx: one-sided read",
+                      "iperf3 toward the server's host, 4 streams"],
+        "latency": ["gdx: send/recv, one way", "raw TCP ping-pong, one way"]},
+    "fixture_benchmark_p2p_verbs": {"bandwidth": ["gdx: one-sided write", "ib_write_bw average", "ib_read_bw average"]},
+    "fixture_benchmark_tcpx": {"bandwidth": ["gdx: TcpxSession, 512K-byte posts", "iperf3 toward the server's host"]},
+    "fixture_benchmark_moe": {
+        "dispatch_bandwidth": ["gdx: dispatch, bf16", "gdx: dispatch, fp8", "NCCL all_to_all_single, fp8's bytes"],
+        "dispatch_latency": ["gdx: dispatch, bf16", "NCCL all_to_all_single, bf16's bytes"],
+        "combine_bandwidth": ["gdx: combine, bf16", "NCCL all_to_all_single, bf16's bytes"],
+        "combine_latency": ["gdx: combine, bf16", "NCCL all_to_all_single, bf16's bytes"]},
+    "fixture_gdx_bench_p2p": {"bandwidth": ["gdx.p2p: send/recv", "gdx.p2p: write_async"],
+                              "latency": ["gdx.p2p: send/recv, one way", "gdx.p2p: blocking write"]},
 }
+MADE = {"fixture_benchmark_remote_verbs", "fixture_benchmark_p2p_verbs"}  # a fixture and perftest's text, joined here
 
 
 def main():
@@ -46,6 +61,17 @@ def main():
                         os.path.join(src, "tests", "softroce", "ib_write_bw_peer.awk"),
                         os.path.join(fixtures, "fixture_ib_write_bw.txt"),
                         os.path.join(fixtures, "fixture_benchmark_remote_verbs.json")], stdout=out, check=True)
+    # benchmark_p2p over verbs: both perftest tables (the fixture's ib_write_bw text stands for ib_read_bw's too).
+    p2p = os.path.join(fixtures, "fixture_benchmark_p2p.json")
+    for tool in ("ib_write_bw", "ib_read_bw"):
+        made = os.path.join(tmp, f"fixture_benchmark_p2p_verbs.{tool}")
+        with open(made, "w") as out:
+            subprocess.run(["awk", "-v", f"command={tool} -d rxe0", "-v", f"key=peer_{tool}", "-f",
+                            os.path.join(src, "tests", "softroce", "ib_write_bw_peer.awk"),
+                            os.path.join(fixtures, "fixture_ib_write_bw.txt"), p2p], stdout=out, check=True)
+        p2p = made
+    p2p_verbs = os.path.join(tmp, "fixture_benchmark_p2p_verbs.json")
+    os.rename(p2p, p2p_verbs)
     with open(verbs) as f:
         peer = json.load(f)["peer_ib_write_bw"]["results"]
     if len(peer) != 23 or peer[-1] != {"bytes": 8388608, "iterations": 20, "peak_mib_per_s": 16.40,
@@ -56,7 +82,8 @@ def main():
     other = os.path.join(tmp, "bench_ring.json")
     with open(other, "w") as f:
         json.dump({"context": {}, "benchmarks": []}, f)
-    files = [verbs, other] + [os.path.join(fixtures, f"{name}.json") for name in EXPECTED if "verbs" not in name]
+    files = [verbs, p2p_verbs, other] + [os.path.join(fixtures, f"{name}.json")
+                                         for name in EXPECTED if name not in MADE]
     out = os.path.join(tmp, "plots")
     run = subprocess.run([sys.executable, plot, "--out", out] + files, capture_output=True, text=True)
     print(run.stdout + run.stderr)

@@ -28,6 +28,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$CACHE"
+# Milestones for the console under `make test` (GDX_CONSOLE_FILE, tests/ctest_progress.sh): CTest shows this script's
+# output only once it has ended, minutes later.
+console() { [ -z "${GDX_CONSOLE_FILE:-}" ] || { echo "softroce: $*" >>"$GDX_CONSOLE_FILE"; } 2>/dev/null || true; }
+guest_milestones() {  # the guest's timed lines ([T ...]) and the scripts' headings (=== ...), as they come
+  if [ -n "${GDX_CONSOLE_FILE:-}" ]; then
+    sed -un 's/\r$//; /^\[T \|^=== /s/^/softroce: guest: /p' >>"$GDX_CONSOLE_FILE" || cat >/dev/null
+  else
+    cat >/dev/null
+  fi
+}
 
 # ---- 1. host packages (Debian 12) -----------------------------------------------------------------------------
 PKGS="qemu-system-x86 busybox-static cpio kmod ibverbs-utils ibverbs-providers iproute2 perftest"
@@ -35,6 +45,7 @@ missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   [ "${GDX_NO_APT:-0}" = 1 ] && { echo "softroce: missing packages: $missing" >&2; exit 1; }
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  console "installing" $missing
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
@@ -45,6 +56,7 @@ flock 9
 KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
 KV=${KPKG#linux-image-}
 if [ ! -f "$CACHE/kroot/boot/vmlinuz-$KV" ]; then
+  console "downloading Debian's kernel $KPKG into $CACHE"
   rm -rf "$CACHE/kroot" "$CACHE/dl"; mkdir -p "$CACHE/dl"
   (cd "$CACHE/dl" && apt-get download "$KPKG")
   dpkg -x "$CACHE"/dl/"$KPKG"_*.deb "$CACHE/kroot"
@@ -130,11 +142,12 @@ chmod +x "$IR/init"
 ACCEL=tcg; grep -qE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ] && ACCEL=kvm
 LOG=$RUN/guest.log
 start=$(date +%s.%N)
+console "booting kernel $KV under QEMU ($ACCEL)"
 timeout "${BOOT_TIMEOUT:-900}" qemu-system-x86_64 -accel $ACCEL -cpu max \
   -m "${QEMU_MEM:-2G}" -smp "${QEMU_SMP:-2}" -nographic -no-reboot \
   -kernel "$CACHE/kroot/boot/vmlinuz-$KV" -initrd "$RUN/initrd.gz" \
   -append "console=ttyS0 quiet panic=-1 rdinit=/init" \
-  -netdev user,id=n0 -device virtio-net-pci,netdev=n0 </dev/null | tee "$LOG" || true
+  -netdev user,id=n0 -device virtio-net-pci,netdev=n0 </dev/null | tee -p "$LOG" >(guest_milestones) || true
 end=$(date +%s.%N)
 echo "softroce: qemu ($ACCEL) ran $(awk "BEGIN{print $end-$start}") s"
 # Strip the serial console's carriage returns into a file first: `tr | grep -q` under pipefail fails at random

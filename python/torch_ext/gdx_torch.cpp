@@ -28,9 +28,6 @@ template <typename T>
 T* objectAt(uintptr_t address) {
   return reinterpret_cast<T*>(address);
 }
-cudaStream_t streamAt(uintptr_t stream) {
-  return reinterpret_cast<cudaStream_t>(stream);
-}
 template <typename T>
 T* pointerOf(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? static_cast<T*>(t->data_ptr()) : nullptr;
@@ -83,6 +80,11 @@ T* statsPointer(const c10::optional<at::Tensor>& t, at::ScalarType type, int64_t
   return static_cast<T*>(t->data_ptr());
 }
 
+// An optional output as Python returns it: the tensor, or None.
+py::object orNone(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? py::cast(*t) : py::none();
+}
+
 cudaStream_t currentStream(const at::Tensor& on) {
   return c10::cuda::getCurrentCUDAStream(on.device().index()).stream();
 }
@@ -129,7 +131,7 @@ py::object llDispatch(uintptr_t buffer, uintptr_t handle, const at::Tensor& xIn,
   b.lowLatencyDispatch(in, out, *objectAt<ep::LowLatencyHandle>(handle), currentStream(x),
                        objectAt<ep::LowLatencyHook>(hook));
   // x and topk_idx come back too: they may be contiguous copies, which must live until the kernels read them.
-  return py::make_tuple(recvX, recvScales.has_value() ? py::cast(*recvScales) : py::none(), recvCount, x, topkIdx);
+  return py::make_tuple(recvX, orNone(recvScales), recvCount, x, topkIdx);
 }
 
 // low_latency_combine on the current stream: (the combined tensor (`out` when given), x, topk_idx, topk_weights as
@@ -201,7 +203,6 @@ py::tuple cachedDispatch(uintptr_t buffer, uintptr_t handle, const at::Tensor& x
   o.recvXScales = pointerOf<float>(recvScales);
   o.capacity = static_cast<int>(rows);
   b.dispatch(in, *objectAt<ep::DispatchHandle>(handle), o, currentStream(x));
-  const auto orNone = [](const c10::optional<at::Tensor>& t) { return t.has_value() ? py::cast(*t) : py::none(); };
   return py::make_tuple(recvX, orNone(recvScales), x, orNone(xScales));
 }
 
@@ -217,7 +218,7 @@ py::tuple combine(uintptr_t buffer, uintptr_t handle, const at::Tensor& x, const
                              pointerOf<const void>(bias1)};
   const ep::CombineOutputs o{combinedX.data_ptr(), pointerOf<float>(combinedW)};
   b.combine(in, *objectAt<ep::DispatchHandle>(handle), o, currentStream(x));
-  return py::make_tuple(combinedX, combinedW.has_value() ? py::cast(*combinedW) : py::none());
+  return py::make_tuple(combinedX, orNone(combinedW));
 }
 
 }  // namespace

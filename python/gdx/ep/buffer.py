@@ -352,7 +352,7 @@ class Buffer:
         torch = _torch()
         if not isinstance(handle, DispatchHandle):
             raise InvalidArgumentError("combine: handle must be the DispatchHandle a dispatch returned")
-        stream = self._begin(previous_event)
+        self._begin_in_extension(previous_event)
         x = _check_tensor(x, torch.bfloat16, 2, "x")
         if x.shape[0] < (handle.rows or 0) or x.shape[1] != handle.hidden:
             raise InvalidArgumentError(f"combine: x is {tuple(x.shape)}, the dispatch received "
@@ -369,7 +369,8 @@ class Buffer:
                 combined_w = x.new_empty((handle.num_tokens, topk_weights.shape[1]), dtype=torch.float32)
             combined_x = x.new_empty((handle.num_tokens, handle.hidden))
             self.runtime.combine_flat(handle._native, x.data_ptr(), _address(topk_weights), _address(bias0),
-                                      _address(bias1), combined_x.data_ptr(), _address(combined_w), stream)
+                                      _address(bias1), combined_x.data_ptr(), _address(combined_w),
+                                      current_stream_handle())
         return combined_x, combined_w, end_event(async_finish, (x, topk_weights, bias0, bias1, combined_x))
 
     # ---- low-latency mode (gdx/ep/low_latency.py) -------------------------------------------------------------
@@ -429,15 +430,8 @@ class Buffer:
 
     # ---- helpers -----------------------------------------------------------------------------------------------
     def _begin_in_extension(self, previous_event: Optional[EventOverlap]) -> None:
-        """_begin for a call whose kernels gdx._gdx_torch launches on the current stream (it reads the stream)."""
-        if self._destroyed or self.runtime is None:
-            self._begin(previous_event)  # raises
-        if previous_event is not None and previous_event.event is not None:
-            previous_event.current_stream_wait()
-
-    def _begin(self, previous_event: Optional[EventOverlap]) -> int:
-        """Checks that the Buffer can run the normal mode, waits for `previous_event`; the current stream's
-        handle, where the kernels go."""
+        """Checks that the Buffer can run the normal mode and waits for `previous_event`: the start of a call whose
+        kernels gdx._gdx_torch launches on the current stream (it reads the stream itself)."""
         if self._destroyed:
             raise InvalidArgumentError("gdx.ep.Buffer: used after destroy()")
         if self.runtime is None:
@@ -445,6 +439,10 @@ class Buffer:
                                        "give num_nvl_bytes for dispatch/combine")
         if previous_event is not None and previous_event.event is not None:
             previous_event.current_stream_wait()
+
+    def _begin(self, previous_event: Optional[EventOverlap]) -> int:
+        """_begin_in_extension, then the current stream's handle, where the kernels go."""
+        self._begin_in_extension(previous_event)
         return current_stream_handle()
 
     def _check_x(self, x, x_scales):

@@ -1,11 +1,12 @@
+#include "base/command_ring.hpp"
+
+#include "base/log.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/log.hpp"
-#include "gdx/detail/ring.hpp"
+#include "gdx/device/impl/atomic.hpp"
 #include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
-#include "gdx/detail/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #endif
 
 namespace gdx {

@@ -10,8 +10,8 @@
 #include <set>
 #include <string>
 
-#include "gdx/detail/command.hpp"
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
+#include "gdx/device/impl/command.hpp"
 #include "gdx/error.hpp"
 
 extern char** environ;
@@ -84,7 +84,7 @@ const EnvVar kVariables[] = {
      "the persistent copy kernel leaves after this long without work, us"},
     // TCP.
     {"GDX_TCP_SOCKETS", kInt, 1, 64, 0, nullptr, "4", "sockets per peer and lane"},
-    // The bound is tcp::kMaxChunkBytes (rdma/tcp/wire.hpp; config_test checks that they agree).
+    // The bound is tcp::kMaxChunkBytes (transport/tcp/wire.hpp; config_test checks that they agree).
     {"GDX_TCP_CHUNK", kInt, 1, int64_t{1} << 30, 0, nullptr, "1048576", "writes above this are split over sockets"},
     {"GDX_P2P_PORT", kInt, 1, 65535, 0, nullptr, "19500", "p2p endpoints listen on this port + their GPU index"},
     {"GDX_P2P_HELLO_MS", kInt, 1, kMaxTimeoutMs, 0, nullptr, "5000 (at most GDX_TIMEOUT_MS)",
@@ -108,10 +108,10 @@ const EnvVar kVariables[] = {
      "NUMA node for proxy threads and rings (-1: the default)"},
     {"GDX_NUM_SIGNALS", kInt, 1, kMaxSignals, 0, nullptr, "1024", "64-bit signals per rank"},
     {"GDX_LOG_LEVEL", kChoice, 0, 0, 0, "ERROR,WARN,INFO,DEBUG,TRACE", "WARN", "least severe message logged"},
-    // Post-mortems and fault injection (proxy/trace.hpp, rdma/common/fault.hpp).
+    // Post-mortems and fault injection (proxy/trace.hpp, transport/common/fault.hpp).
     {"GDX_TRACE", kString, 0, 4096, 0, nullptr, "unset", "file the proxy's trace is written to (%r: the rank)"},
     {"GDX_TRACE_EVENTS", kInt, 1, int64_t{1} << 24, 0, nullptr, "65536", "trace events kept per proxy thread"},
-    {"GDX_FAULT", kString, 0, 256, 0, nullptr, "unset", "tests only: ACTION:PEER:N[:MS] (rdma/common/fault.hpp)"},
+    {"GDX_FAULT", kString, 0, 256, 0, nullptr, "unset", "tests only: ACTION:PEER:N[:MS] (transport/common/fault.hpp)"},
     // Emulated hosts (tests and benchmarks of the internode path on one machine).
     {"GDX_HOSTS", kInt, 1, kMaxRanks, 0, nullptr, "unset", "split the ranks into this many emulated hosts"},
     {"GDX_HOST_ID", kInt, 0, kMaxRanks - 1, 0, nullptr, "unset", "this rank's emulated host"},

@@ -1,12 +1,12 @@
 // DeviceGuard: makes `device` current for the lifetime of the guard and restores the caller's device after, so
 // library calls made from any thread (proxy threads, transport threads) never change the user's current device.
 // A thread that had no CUDA context before keeps `device` afterwards: "restoring" the runtime's default device 0
-// would create a context on GPU 0 (cudaThreadDevice() in gdx/detail/gpu.hpp says why that matters).
+// would create a context on GPU 0 (cudaThreadDevice() in base/gpu.hpp says why that matters).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "gdx/detail/gpu.hpp"
+#include "base/gpu.hpp"
 
 namespace gdx {
 

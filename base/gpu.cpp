@@ -1,4 +1,4 @@
-#include "gdx/detail/gpu.hpp"
+#include "base/gpu.hpp"
 
 #include <dlfcn.h>
 
@@ -6,14 +6,14 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "base/log.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda.h>  // types only: the driver is reached through cudaDriverEntry, never linked
 
-#include "gdx/detail/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #endif
 
 namespace gdx {

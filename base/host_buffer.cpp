@@ -1,4 +1,4 @@
-#include "gdx/detail/host_buffer.hpp"
+#include "base/host_buffer.hpp"
 
 #include <numa.h>
 #include <sched.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <utility>
 
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
 #include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)

@@ -1,4 +1,4 @@
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
 
 #include <unistd.h>
 

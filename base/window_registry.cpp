@@ -1,4 +1,4 @@
-#include "gdx/detail/window_registry.hpp"
+#include "base/window_registry.hpp"
 
 #include <sstream>
 

@@ -18,12 +18,13 @@
 #include <thread>
 #include <vector>
 
+#include "base/command_ring.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/config.hpp"
 #include "gdx/context.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/put_commands.hpp"
-#include "gdx/detail/ring.hpp"
+#include "gdx/device/impl/clock.hpp"
+#include "gdx/device/impl/put_commands.hpp"
+#include "runtime/context_impl.hpp"
 
 namespace {
 
@@ -58,7 +59,7 @@ struct LoopbackWorld {
     dst.assign(4096, 0);
     s = std::make_unique<gdx::Window>(ctx->registerWindow(src.data(), src.size()));
     d = std::make_unique<gdx::Window>(ctx->registerWindow(dst.data(), dst.size()));
-    ring = ctx->proxy().ring(0).hostHandle();
+    ring = gdx::detail::contextImpl(*ctx).proxy().ring(0).hostHandle();
   }
   static std::unique_ptr<gdx::Context> makeContext() {
     setenv("GDX_RANK", "0", 1);
@@ -96,7 +97,7 @@ void BM_PutWithSignalPingPong(benchmark::State& state) {
     if (!spinUntil([&] { return w.ctx->signalValue(0) >= w.pings; })) {
       const std::string what = "signal 0 stayed at " + std::to_string(w.ctx->signalValue(0)) + ", waiting for " +
                                std::to_string(w.pings) + " (ring position " + std::to_string(pos) +
-                               "); proxy: " + w.ctx->proxy().lastError();
+                               "); proxy: " + w.ctx->proxyError();
       state.SkipWithError(what.c_str());
       break;
     }

@@ -5,8 +5,8 @@
 #include <atomic>
 #include <thread>
 
+#include "base/command_ring.hpp"
 #include "benchmarks/proxy_drain.hpp"
-#include "gdx/detail/ring.hpp"
 
 namespace {
 

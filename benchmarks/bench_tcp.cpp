@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/detail/transport.hpp"
 #include "gdx/error.hpp"
+#include "transport/transport.hpp"
 
 namespace {
 

@@ -124,8 +124,8 @@ HostRun measureHost(size_t minBytes, size_t maxBytes) {
   if (rank == 0) run.idleLatencyUs = idleSeconds / kIdleIters / 2 * 1e6;
   ctx.barrier();
   run.rank = rank;
-  run.transport = ctx.transport().name();
-  run.counters = ctx.proxy().totalCounters();
+  run.transport = ctx.transportName();
+  run.counters = ctx.stats();
   return run;
 }
 

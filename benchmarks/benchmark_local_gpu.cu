@@ -10,17 +10,17 @@
 #include <thread>
 #include <vector>
 
+#include "base/cuda_check.hpp"
 #include "benchmarks/benchmark_local_gpu.hpp"
 #include "benchmarks/direct_api_latency.cuh"
 #include "benchmarks/gpu_timing.cuh"
 #include "benchmarks/proxy_drain.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
-#include "gdx/detail/cuda_check.hpp"
-#include "gdx/detail/proxy.hpp"
-#include "gdx/detail/signal_imm.hpp"
+#include "gdx/device/channel.hpp"
+#include "gdx/device/impl/signal_imm.hpp"
+#include "proxy/proxy.hpp"
 
 namespace gdx::bench {
 namespace {
@@ -138,7 +138,7 @@ __global__ void streamPuts(ChannelDeviceHandle ch, uint32_t dst, uint32_t src, u
 }
 
 // ---- command rate with the null transport -----------------------------------------------------------------
-// Each warp takes a ring of its own by its global index, as a many-producer kernel should (channel_device.hpp):
+// Each warp takes a ring of its own by its global index, as a many-producer kernel should (gdx/device/channel.hpp):
 // ordering holds per ring, and one ring per proxy thread is the most one thread drains.
 __global__ void pushCommands(const RingDeviceHandle* rings, int numRings, int perThread, uint32_t* status) {
   const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -313,7 +313,7 @@ int runGpuMode(const GpuModeOptions& opt) {
   std::string transportName, gpuName;
   {
     Context ctx;
-    transportName = ctx.transport().name();
+    transportName = ctx.transportName();
     cudaDeviceProp prop{};
     GDX_CUDA_CHECK(cudaGetDeviceProperties(&prop, ctx.gpu().device));
     gpuName = prop.name;
@@ -336,16 +336,16 @@ int runGpuMode(const GpuModeOptions& opt) {
       auto check = [&](const char* what) {
         if (*status != 0)
           throw Error(ErrorCode::kInternal,
-                      std::string(what) + ": " + statusName(Status(*status)) + "; proxy: " + ctx.proxy().lastError());
+                      std::string(what) + ": " + statusName(Status(*status)) + "; proxy: " + ctx.proxyError());
       };
       // Small put-with-signal between host-mapped windows: the proxy path with the least data movement.
       {
         const int iters = 2000;
-        const ProxyCounters before = ctx.proxy().totalCounters();
+        const ProxyCounters before = ctx.stats();
         pingPutWithSignal<<<1, 1>>>(ctx.deviceChannel(0), hd.id(), hs.id(), 8, pings, iters, scratch, status);
         GDX_CUDA_CHECK(cudaDeviceSynchronize());
         check("latency, host windows");
-        const ProxyCounters after = ctx.proxy().totalCounters();
+        const ProxyCounters after = ctx.stats();
         pings += iters;
         hostWindowLatencyUs = double(scratch[0]) / iters / 1000.0;
         int clockKhz = 0;

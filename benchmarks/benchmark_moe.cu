@@ -25,13 +25,13 @@
 #include <string>
 #include <vector>
 
+#include "base/cuda_check.hpp"
 #include "benchmarks/cli.hpp"
 #include "benchmarks/moe_low_latency.cuh"
 #include "benchmarks/nccl_peer.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
 #include "gdx/context.hpp"
-#include "gdx/detail/cuda_check.hpp"
 #include "gdx/ep/buffer.hpp"
 
 namespace gdx::bench {
@@ -213,7 +213,7 @@ int rankMain(const Options& o, const std::string& resultsPath) {
       }
       std::ostringstream mine;
       mine << dispUs << " " << dispBytes << " " << combUs << " " << combBytes;
-      std::vector<std::string> all = ctx.bootstrap().allGather(mine.str());
+      std::vector<std::string> all = ctx.allGather(mine.str());
       double sums[4] = {0, 0, 0, 0};
       for (const std::string& a : all) {
         std::istringstream is(a);

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "base/cuda_check.hpp"
 #include "benchmarks/cli.hpp"
 #include "benchmarks/gpu_timing.cuh"
 #include "benchmarks/nccl_peer.hpp"
@@ -29,9 +30,8 @@
 #include "benchmarks/nvlink_report.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
-#include "gdx/detail/cuda_check.hpp"
+#include "gdx/device/channel.hpp"
 #include "gdx/peer_copy.hpp"
 #include "gdx/peer_copy_queue.hpp"
 

@@ -39,7 +39,7 @@
 #include "benchmarks/transport_round_trip.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
-#include "rdma/socket.hpp"
+#include "sockets/socket.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>

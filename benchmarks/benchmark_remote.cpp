@@ -29,10 +29,10 @@
 #include "benchmarks/peer_tcp.hpp"
 #include "benchmarks/run_info.hpp"
 #include "benchmarks/self_launch.hpp"
-#include "gdx/detail/bootstrap.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/transport.hpp"
+#include "bootstrap/bootstrap.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
+#include "transport/transport.hpp"
 
 // Defined only when libgdx was built with libibverbs; weak, so this program links (and falls back to tcp) without.
 namespace gdx {

@@ -36,7 +36,7 @@
 #include "benchmarks/self_launch.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/tcpx_session.hpp"
-#include "rdma/socket.hpp"
+#include "sockets/socket.hpp"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // 8-byte put written out by hand) between two blocks of one kernel, through a ChannelDeviceHandle whose DirectPeer
 // table names this GPU's own buffers. No interconnect and no second process (two processes on one GPU would
 // time-slice, not run side by side): what it shows is what the device API adds to the loads and stores it makes,
-// so a change to channel_device.hpp can be measured on a one-GPU machine. benchmark_nvlink measures the same
+// so a change to gdx/device/channel.hpp can be measured on a one-GPU machine. benchmark_nvlink measures the same
 // kernels between two GPUs over NVLink.
 #pragma once
 
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "base/cuda_check.hpp"
 #include "benchmarks/nvlink_latency.cuh"
-#include "gdx/channel_device.hpp"
-#include "gdx/detail/cuda_check.hpp"
+#include "gdx/device/channel.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx::bench {

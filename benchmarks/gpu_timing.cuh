@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "gdx/detail/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 
 namespace gdx::bench {
 

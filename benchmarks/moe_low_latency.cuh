@@ -21,10 +21,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/cuda_check.hpp"
 #include "gdx/context.hpp"
-#include "gdx/detail/cuda_check.hpp"
-#include "gdx/detail/proxy.hpp"
 #include "gdx/ep/low_latency.hpp"
+#include "proxy/proxy.hpp"
 
 namespace gdx::bench {
 
@@ -91,11 +91,11 @@ inline double graphCallUs(cudaStream_t s, int replays, const std::function<void(
 
 /// The proxy's counters once its threads are done with what the kernels pushed (the last receive's release signals
 /// may still be in a ring when the stream is done): nothing in flight and no change over 2 ms, at most a second.
-inline ProxyCounters settledCounters(Proxy& proxy) {
-  ProxyCounters a = proxy.totalCounters();
+inline ProxyCounters settledCounters(const Context& ctx) {
+  ProxyCounters a = ctx.stats();
   for (int i = 0; i < 500; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    const ProxyCounters b = proxy.totalCounters();
+    const ProxyCounters b = ctx.stats();
     if (b.inFlight == 0 && b.commands == a.commands && b.inFlightNs == a.inFlightNs && b.handlingNs == a.handlingNs)
       return b;
     a = b;
@@ -172,16 +172,16 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
     }
     GDX_CUDA_CHECK(cudaStreamSynchronize(stream));
     ctx.barrier();
-    const ProxyCounters p0 = settledCounters(ctx.proxy());
+    const ProxyCounters p0 = settledCounters(ctx);
     calls = 0;
     const double dispUs = timeMs(stream, sh.iters, dispatch) * 1e3;
     ctx.barrier();
-    const ProxyCounters p1 = settledCounters(ctx.proxy());
+    const ProxyCounters p1 = settledCounters(ctx);
     const ProxyShare dispProxy = ProxyShare::between(p0, p1, calls);
     calls = 0;
     const double combUs = timeMs(stream, sh.iters, combine) * 1e3;
     ctx.barrier();
-    const ProxyCounters p2 = settledCounters(ctx.proxy());
+    const ProxyCounters p2 = settledCounters(ctx);
     const ProxyShare combProxy = ProxyShare::between(p1, p2, calls);
     ctx.barrier();
     ep::LowLatencyHook hook;
@@ -196,14 +196,14 @@ inline std::string runLowLatency(Context& ctx, const LowLatencyShape& sh, const 
     const double combGraphUs = graphCallUs(stream, std::max(1, sh.iters / 10), combine);
     buf.checkErrors();
     std::ostringstream mine;
-    const bool timed = ctx.proxy().options().timing;
+    const bool timed = ctx.options().proxy.timing;
     mine << dispUs << " " << combUs << " " << dh.first << " " << dh.second << " " << ch.first << " " << ch.second << " "
          << valid << " " << dispProxy.commands << " " << dispExpected << " " << combProxy.commands << " "
          << combExpectedShare << " " << (dispProxy.commands != dispExpected ? 1 : 0) << " "
          << (timed ? dispProxy.handlingUs : -1) << " " << (timed ? dispProxy.inFlightUs : -1) << " "
          << (timed ? combProxy.handlingUs : -1) << " " << (timed ? combProxy.inFlightUs : -1) << " " << dispGraphUs
          << " " << combGraphUs;
-    const std::vector<std::string> all = ctx.bootstrap().allGather(mine.str());
+    const std::vector<std::string> all = ctx.allGather(mine.str());
     double sums[18] = {};
     for (const std::string& a : all) {
       std::istringstream is(a);

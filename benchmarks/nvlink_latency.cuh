@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "gdx/channel_device.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/cuda_check.hpp"
-#include "gdx/detail/ptx.hpp"
+#include "base/cuda_check.hpp"
+#include "gdx/device/channel.hpp"
+#include "gdx/device/impl/clock.hpp"
+#include "gdx/device/impl/ptx.hpp"
 #include "gdx/error.hpp"
 #include "gdx/peer_copy_queue.hpp"
 

@@ -5,10 +5,10 @@
 #include <chrono>
 #include <cstdint>
 
-#include "gdx/detail/placement.hpp"
-#include "gdx/detail/proxy.hpp"
-#include "gdx/detail/window_registry.hpp"
+#include "base/window_registry.hpp"
 #include "gdx/error.hpp"
+#include "proxy/placement.hpp"
+#include "proxy/proxy.hpp"
 
 namespace gdx::bench {
 

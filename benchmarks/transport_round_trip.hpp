@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "gdx/config.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/transport.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "gdx/status.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx::bench {
 

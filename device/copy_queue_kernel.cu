@@ -4,9 +4,9 @@
 #include <cuda/atomic>
 
 #include "device/copy_queue_layout.hpp"
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/copy_device.hpp"
-#include "gdx/detail/ptx.hpp"
+#include "gdx/device/impl/atomic.hpp"
+#include "gdx/device/impl/copy.hpp"
+#include "gdx/device/impl/ptx.hpp"
 #include "gdx/types.hpp"
 
 namespace gdx::copy_queue {

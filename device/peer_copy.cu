@@ -7,8 +7,8 @@
 #include <atomic>
 #include <vector>
 
-#include "gdx/detail/copy_device.hpp"
-#include "gdx/detail/ptx.hpp"
+#include "gdx/device/impl/copy.hpp"
+#include "gdx/device/impl/ptx.hpp"
 #include "gdx/peer_copy.hpp"
 
 namespace gdx {

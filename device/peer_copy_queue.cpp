@@ -5,19 +5,19 @@
 #include <atomic>
 #include <sstream>
 
+#include "base/host_buffer.hpp"
+#include "base/log.hpp"
 #include "device/copy_queue_layout.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/host_buffer.hpp"
-#include "gdx/detail/log.hpp"
+#include "gdx/device/impl/atomic.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "base/cuda_check.hpp"
 #include "base/device_guard.hpp"
-#include "gdx/detail/cuda_check.hpp"
 #endif
 
 namespace gdx {

@@ -7,12 +7,12 @@
 #include <cstring>
 #include <string>
 
+#include "base/cuda_check.hpp"
+#include "base/log.hpp"
 #include "ep/network_path.hpp"
 #include "ep/protocol.hpp"
 #include "ep/teardown.hpp"
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/cuda_check.hpp"
-#include "gdx/detail/log.hpp"
+#include "gdx/device/impl/atomic.hpp"
 
 namespace gdx::ep {
 
@@ -115,7 +115,7 @@ struct Buffer::Impl {
   // the Buffer goes on; a timeout or a failed peer leaves it unusable.
   // Throws kShutdown first when the Context is gone: every operation calls this (or earlierError()) before it launches
   // a kernel, whose rings and signals would be freed memory.
-  void raise(int rank, const std::shared_ptr<gdx::detail::ContextLink>& link, cudaStream_t stream) {
+  void raise(int rank, const ContextRef& link, cudaStream_t stream) {
     if (!earlierError(rank, link)) return;
     Report r = *report;
     std::memset(report, 0, sizeof(Report));
@@ -127,9 +127,9 @@ struct Buffer::Impl {
   // earlier timeout or lost peer); else says whether an earlier call left a recoverable error (bad input a kernel
   // found on this rank alone, such as getDispatchLayout's). The call throws that one with raise() once it was
   // launched: thrown before, this rank would skip a call the others make and wait for, breaking the Buffer for all.
-  bool earlierError(int rank, const std::shared_ptr<gdx::detail::ContextLink>& link) {
-    gdx::detail::ContextUse ctx(link.get());
-    if (!ctx) gdx::detail::throwContextGone(*link, "gdx::ep::Buffer");
+  bool earlierError(int rank, const ContextRef& link) {
+    ContextRef::Use ctx = link.use();
+    if (!ctx) link.throwGone("gdx::ep::Buffer");
     const uint32_t kind = atomicLoad(&report->kind, kAcquire);
     if (kind == kNone) return false;
     if (kind == kTimeout || kind == kPeerFailed) {
@@ -145,7 +145,7 @@ struct Buffer::Impl {
 };
 
 Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config& config)
-    : context_(context.link()),
+    : context_(context.ref()),
       config_(config),
       rank_(context.rank()),
       numRanks_(context.worldSize()),
@@ -194,7 +194,7 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   // The kernel shape too: a receiver works out from it whether a sender stamps its rows (protocol.hpp, "Row stamps").
   const std::string shape = std::to_string(config.numSms) + " x " + std::to_string(config.numThreads);
   const std::string mine = std::to_string(rdmaBytes) + "/" + std::to_string(m.team.remoteMask) + "/" + shape;
-  std::vector<std::string> all = context.bootstrap().allGather(mine, tag);
+  std::vector<std::string> all = context.allGather(mine, tag);
   std::vector<uint32_t> remoteMasks(numRanks_);
   for (int r = 0; r < numRanks_; ++r) {
     const size_t slash = all[r].find('/'), slash2 = all[r].find('/', slash + 1);

@@ -7,9 +7,9 @@
 #include <cuda/atomic>
 
 #include "ep/protocol.hpp"
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/ptx.hpp"
+#include "gdx/device/impl/atomic.hpp"
+#include "gdx/device/impl/clock.hpp"
+#include "gdx/device/impl/ptx.hpp"
 
 namespace gdx::ep::detail {
 

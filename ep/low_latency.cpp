@@ -6,13 +6,14 @@
 #include <cstring>
 #include <string>
 
+#include "base/cuda_check.hpp"
+#include "base/log.hpp"
 #include "ep/low_latency_protocol.hpp"
 #include "ep/network_path.hpp"
 #include "ep/teardown.hpp"
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/context_link.hpp"
-#include "gdx/detail/cuda_check.hpp"
-#include "gdx/detail/log.hpp"
+#include "gdx/context.hpp"
+#include "gdx/device/channel.hpp"
+#include "gdx/device/impl/atomic.hpp"
 
 namespace gdx::ep {
 
@@ -108,7 +109,7 @@ struct HookArgs {
 };
 
 LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& config)
-    : context_(context.link()),
+    : context_(context.ref()),
       config_(config),
       rank_(context.rank()),
       numRanks_(context.worldSize()),
@@ -139,7 +140,7 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   tag.kind = "ep::LowLatencyBuffer: shapes and reach";
   tag.size = uint64_t(c.maxTokensPerRank) << 40 ^ uint64_t(c.hidden) << 20 ^ uint64_t(c.numExperts) << 4 ^ c.maxTopk;
   tag.sameSize = true;
-  const std::vector<std::string> all = context.bootstrap().allGather(std::to_string(remoteMask), tag);
+  const std::vector<std::string> all = context.allGather(std::to_string(remoteMask), tag);
   std::vector<uint32_t> masks(numRanks_);
   int slots = 0;
   for (int r = 0; r < numRanks_; ++r) {
@@ -445,8 +446,7 @@ void LowLatencyBuffer::lowLatencyCombine(const LowLatencyCombineInputs& in, cons
 
 // The kernels read the Context's rings and failure words: none is launched once it is gone.
 void LowLatencyBuffer::requireContext(const char* op) const {
-  if (!gdx::detail::ContextUse(context_.get()))
-    gdx::detail::throwContextGone(*context_, std::string("gdx::ep::LowLatencyBuffer ") + op);
+  if (!context_.use()) context_.throwGone(std::string("gdx::ep::LowLatencyBuffer ") + op);
 }
 
 void LowLatencyBuffer::runHook(LowLatencyHook& hook, cudaStream_t stream) {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "gdx/detail/cuda_check.hpp"
+#include "base/cuda_check.hpp"
 #include "gdx/ep/buffer.hpp"
 
 namespace gdx::ep::detail {

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
+#include "gdx/device/channel.hpp"
 
 namespace gdx::ep::detail {
 

@@ -42,8 +42,8 @@
 
 #include <cstdint>
 
-#include "gdx/channel_device.hpp"
 #include "gdx/device.hpp"
+#include "gdx/device/channel.hpp"
 #include "gdx/ep/buffer.hpp"
 
 namespace gdx::ep::detail {
@@ -113,7 +113,7 @@ enum FlagKind : int { kFlagArrive = 0, kFlagCounts = 1, kFlagData = 2 };
 /// peer's window (its Ctrl fields, its rows) it stores into its own staging area for that peer instead (stage[r]: a
 /// Ctrl-shaped block, then rows from 0), and one thread then puts the area's bytes to where they belong in the
 /// peer's window, with the flag as the put's signal (signal id signalBase + kind * kMaxRanks + sender, set to the
-/// epoch). A signal is never seen before the data of the channel's earlier puts (channel_device.hpp), so the peer
+/// epoch). A signal is never seen before the data of the channel's earlier puts (gdx/device/channel.hpp), so the peer
 /// that sees the flag sees the rows. The staging area is free again at the next operation: its barrier is passed
 /// only once every peer received (and so the transport finished reading) what the previous operation sent.
 struct Team {

@@ -5,19 +5,19 @@
 #include <exception>
 #include <string>
 
+#include "base/log.hpp"
 #include "gdx/context.hpp"
-#include "gdx/detail/log.hpp"
 
 namespace gdx::ep::detail {
 
-void teardownBarrier(const std::shared_ptr<gdx::detail::ContextLink>& link, int rank, const char* what) {
+void teardownBarrier(const ContextRef& link, int rank, const char* what) {
   try {
     cudaDeviceSynchronize();
     CollectiveTag tag;
     tag.kind = std::string(what) + " teardown";
-    gdx::detail::ContextUse ctx(link.get());
+    ContextRef::Use ctx = link.use();
     if (ctx)
-      ctx->bootstrap().allGather(std::string(), tag);  // no peer stores into the memory any more once all are here
+      ctx->allGather(std::string(), tag);  // no peer stores into the memory any more once all are here
     else
       GDX_WARN("gdx::ep rank " << rank << ": " << what
                                << " destroyed after its Context: its memory is freed without the teardown barrier; "

@@ -6,7 +6,7 @@
 //   GDX_DIRECT=0 examples/run_ranks.sh 2 ...     the same through the command ring, the proxy and TCP
 //
 // Arguments: [BYTES (default 4M)] [SEED (default 1)]. Exit code 0 when every byte arrived, 77 without a GPU.
-#include <gdx/channel_device.hpp>
+#include <gdx/device/channel.hpp>
 #include <gdx/gdx.hpp>
 
 #include "example_gpu.cuh"

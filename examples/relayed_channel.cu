@@ -11,7 +11,7 @@
 // The sender sends the first half of its buffer with the host API and the second half from a kernel; the destination
 // checks every byte. Arguments: [BYTES (default 4M)] [SEED (default 1)]. Exit code 0 on success, 77 without a GPU.
 #include <cstdio>
-#include <gdx/channel_device.hpp>
+#include <gdx/device/channel.hpp>
 #include <gdx/gdx.hpp>
 
 #include "example_gpu.cuh"

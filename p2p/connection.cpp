@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "p2p/two_sided.hpp"
 

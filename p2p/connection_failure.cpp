@@ -3,7 +3,7 @@
 // passed fail on their own (sweep()), and the peer is told about the sends and receives among them.
 #include <algorithm>
 
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
 

@@ -2,7 +2,7 @@
 // each destination window (kKeyRequest, answered in parts, kKeyPart) and completes once a fence after it is
 // acknowledged; a read grants exactly its destination range and asks the peer to write the source there
 // (kReadRequest), which the peer's connection answers here too (onReadRequest).
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
 

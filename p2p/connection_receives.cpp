@@ -4,7 +4,7 @@
 // nothing more, and the sender is told.
 #include <algorithm>
 
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
 #include "p2p/memory_kind.hpp"

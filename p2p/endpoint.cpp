@@ -6,9 +6,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/log.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/log.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "p2p/endpoint_impl.hpp"
 #include "p2p/handshake.hpp"

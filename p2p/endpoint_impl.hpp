@@ -16,7 +16,7 @@
 #include "p2p/handshakes.hpp"
 #include "p2p/ipc.hpp"
 #include "p2p/progress_pool.hpp"
-#include "rdma/socket.hpp"
+#include "sockets/socket.hpp"
 
 namespace gdx::p2p {
 

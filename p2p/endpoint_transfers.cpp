@@ -2,7 +2,7 @@
 // region and connection before anything is queued.
 #include <sstream>
 
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "p2p/endpoint_impl.hpp"
 #include "p2p/memory_kind.hpp"

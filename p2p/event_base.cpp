@@ -15,9 +15,9 @@
 #include <mutex>
 #include <utility>
 
+#include "base/log.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/log.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx::p2p {

@@ -14,7 +14,7 @@
 #include <mutex>
 #include <thread>
 
-#include "rdma/socket.hpp"
+#include "sockets/socket.hpp"
 
 namespace gdx::p2p {
 

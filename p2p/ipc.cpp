@@ -4,17 +4,17 @@
 
 #include <cstring>
 
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/gpu.hpp"
-#include "gdx/detail/log.hpp"
+#include "base/gpu.hpp"
+#include "base/log.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "p2p/protocol.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "base/cuda_check.hpp"
 #include "base/device_guard.hpp"
-#include "gdx/detail/cuda_check.hpp"
 #endif
 
 namespace gdx::p2p {

@@ -4,7 +4,7 @@
 // nothing of it stays writable after the transfer.
 #include "p2p/local_windows.hpp"
 
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/protocol.hpp"
 

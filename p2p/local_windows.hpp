@@ -20,8 +20,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "gdx/detail/transport.hpp"
 #include "gdx/types.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx::p2p {
 

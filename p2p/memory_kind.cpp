@@ -6,7 +6,7 @@
 
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
-#include "rdma/common/cuda_staging.hpp"
+#include "transport/common/cuda_staging.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda_runtime.h>

@@ -5,8 +5,8 @@
 #include <mutex>
 #include <random>
 
+#include "base/log.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/handshake.hpp"
 

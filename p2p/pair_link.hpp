@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "gdx/detail/transport.hpp"
-#include "rdma/socket.hpp"
+#include "sockets/socket.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx::p2p {
 

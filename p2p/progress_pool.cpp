@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
+#include "gdx/device/impl/clock.hpp"
 
 namespace gdx::p2p {
 

@@ -30,8 +30,8 @@
 #include <cstdint>
 #include <string>
 
-#include "gdx/detail/transport.hpp"
 #include "gdx/error.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx::p2p {
 

@@ -9,8 +9,8 @@
 #include <limits>
 #include <mutex>
 
+#include "base/log.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx::p2p {

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <thread>
 
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "p2p/connection.hpp"
 
 namespace gdx::p2p {

@@ -1,7 +1,7 @@
 // RegisteredMemory (gdx/p2p/url_transport.hpp) and the MemoryRegistry it lives in.
 #include <cstdio>
 
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/url_transport.hpp"
 #include "p2p/memory_kind.hpp"

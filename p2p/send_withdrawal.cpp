@@ -6,7 +6,7 @@
 // sides (kWithdrawTooLate) with an error saying so.
 #include <algorithm>
 
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
 #include "p2p/two_sided.hpp"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/tcpx_impl.hpp"
 

@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/impl/clock.hpp"
 
 namespace gdx::p2p {
 

@@ -22,9 +22,9 @@
 #include <infiniband/verbs.h>
 #endif
 
+#include "base/log.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/log.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
 #include "p2p/memory_registry.hpp"

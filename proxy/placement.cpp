@@ -1,4 +1,4 @@
-#include "gdx/detail/placement.hpp"
+#include "proxy/placement.hpp"
 
 #include <hwloc.h>
 #include <pthread.h>
@@ -6,9 +6,9 @@
 
 #include <memory>
 
+#include "base/host_buffer.hpp"
+#include "base/log.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/host_buffer.hpp"
-#include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx {

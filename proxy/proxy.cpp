@@ -1,4 +1,4 @@
-#include "gdx/detail/proxy.hpp"
+#include "proxy/proxy.hpp"
 
 #include <unistd.h>
 
@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <sstream>
 
+#include "base/log.hpp"
 #include "base/timer_slack.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/log.hpp"
-#include "gdx/detail/signal_imm.hpp"
+#include "gdx/device/impl/clock.hpp"
+#include "gdx/device/impl/signal_imm.hpp"
 #include "gdx/error.hpp"
 #include "proxy/completion_tracker.hpp"
 #include "proxy/trace.hpp"
@@ -138,8 +138,8 @@ class Proxy::Posting {
   uint64_t bytes_ = 0;
 };
 
-Proxy::Options Proxy::Options::fromEnv() {
-  Options o;
+ProxyOptions ProxyOptions::fromEnv() {
+  ProxyOptions o;
   // envInt holds each value to its bounds in the configuration table (gdx/config.hpp), so the casts keep them whole.
   o.threads = static_cast<int>(envInt("GDX_PROXY_THREADS", o.threads));
   o.ringsPerThread = static_cast<int>(envInt("GDX_RINGS_PER_THREAD", o.ringsPerThread));
@@ -154,7 +154,7 @@ Proxy::Options Proxy::Options::fromEnv() {
   return o;
 }
 
-void Proxy::Options::validate() const {
+void ProxyOptions::validate() const {
   // The same bounds as the variables' (base/config.cpp), for options set in code.
   auto check = [](const char* var, int64_t value, int64_t lo, int64_t hi) {
     if (value < lo || value > hi)

@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include "gdx/detail/command.hpp"
+#include "gdx/device/impl/command.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx {

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "gdx/detail/transport.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "gdx/context.hpp"
-#include "gdx/detail/context_link.hpp"
-#include "gdx/detail/put_commands.hpp"
+#include "gdx/device/impl/put_commands.hpp"
 #include "gdx/error.hpp"
+#include "runtime/context_impl.hpp"
 
 namespace gdx {
 Channel::Channel(std::shared_ptr<detail::ContextLink> link, int peer, int ringIndex, RingDeviceHandle ring,
@@ -43,7 +43,7 @@ void Channel::checkWindow(const Window& w, const std::string& where) const {
                                                  "per Context: register the window with the channel's Context)");
 }
 
-void Channel::fail(Context& context, Status status, const char* operation) const {
+void Channel::fail(ContextImpl& context, Status status, const char* operation) const {
   std::string msg = "rank " + std::to_string(context.rank()) + ": " + operation + " to peer " + std::to_string(peer_) +
                     " on ring " + std::to_string(ringIndex_) + " returned '" + statusName(status) + "'";
   if (status == Status::kTimeout)
@@ -68,15 +68,15 @@ void Channel::notePosition(uint64_t pos) {
   }
 }
 
-void Channel::push(Context& context, const Command& c) {
+void Channel::push(ContextImpl& context, const Command& c) {
   uint64_t pos = 0;
   Status s = ring_.push(c, &pos);
   if (s != Status::kOk) fail(context, s, opcodeName(c.opcode()));
   notePosition(pos);
 }
 
-void Channel::pushPut(Context& context, const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
-                      uint64_t bytes, const SignalUpdateArgs* signal) {
+void Channel::pushPut(ContextImpl& context, const Window& dst, uint64_t dstOffset, const Window& src,
+                      uint64_t srcOffset, uint64_t bytes, const SignalUpdateArgs* signal) {
   const PutTarget target{static_cast<uint32_t>(peer_), forwardTo_, dst.id(), dstOffset, src.id(), srcOffset};
   uint64_t pos = ~uint64_t{0};
   Status s = pushPutCommands(ring_, target, bytes, signal, &pos);
@@ -84,8 +84,8 @@ void Channel::pushPut(Context& context, const Window& dst, uint64_t dstOffset, c
   if (s != Status::kOk) fail(context, s, signal ? "putWithSignal" : "put");
 }
 
-void Channel::checkPut(Context& context, const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
-                       uint64_t bytes) const {
+void Channel::checkPut(ContextImpl& context, const Window& dst, uint64_t dstOffset, const Window& src,
+                       uint64_t srcOffset, uint64_t bytes) const {
   std::string where = "rank " + std::to_string(context.rank()) + ": put to peer " + std::to_string(peer_) + ": ";
   if (bytes == 0) throw Error(ErrorCode::kInvalidArgument, where + "zero-byte put");
   checkWindow(src, where + "source ");
@@ -98,7 +98,7 @@ void Channel::checkPut(Context& context, const Window& dst, uint64_t dstOffset, 
   if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, where + why);
 }
 
-void Channel::checkSignal(Context& context, uint32_t signalId) const {
+void Channel::checkSignal(ContextImpl& context, uint32_t signalId) const {
   if (signalId >= context.numSignals())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(context.rank()) + ": signal id " +
                                                  std::to_string(signalId) +

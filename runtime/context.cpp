@@ -1,5 +1,3 @@
-#include "gdx/context.hpp"
-
 #include <cxxabi.h>
 #include <sys/resource.h>
 
@@ -8,13 +6,14 @@
 #include <cstring>
 #include <thread>
 
+#include "base/log.hpp"
 #include "base/timer_slack.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/log.hpp"
-#include "gdx/detail/signal_imm.hpp"
+#include "gdx/device/impl/atomic.hpp"
+#include "gdx/device/impl/clock.hpp"
+#include "gdx/device/impl/signal_imm.hpp"
 #include "gdx/error.hpp"
+#include "runtime/context_impl.hpp"
 #include "runtime/direct_path.hpp"
 #include "runtime/relay.hpp"
 #include "runtime/window_record.hpp"
@@ -96,9 +95,9 @@ void checkBeforeJoining(const BootstrapConfig& bootstrap, const ContextOptions& 
 
 }  // namespace
 
-Context::Context(const ContextOptions& options) : Context(BootstrapConfig::fromEnv(), options) {}
-
-Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options) : options_(options) {
+ContextImpl::ContextImpl(Context* api, const BootstrapConfig& bootstrap, const ContextOptions& options)
+    : options_(options) {
+  link_->api = api;
   options_.proxy.timeoutNs = options_.timeoutNs;
   checkBeforeJoining(bootstrap, options_);
   gpu_ = selectGpu();
@@ -128,7 +127,7 @@ Context::Context(const BootstrapConfig& bootstrap, const ContextOptions& options
   }
 }
 
-void Context::shutdownThreads() noexcept {
+void ContextImpl::shutdownThreads() noexcept {
   try {
     if (proxy_) proxy_->stop();
     if (transport_) transport_->shutdown();
@@ -137,7 +136,7 @@ void Context::shutdownThreads() noexcept {
   }
 }
 
-void Context::init() {
+void ContextImpl::init() {
   const int rank = bootstrap_->rank(), world = bootstrap_->worldSize();
   if (options_.transport == "tcp") {
     TcpTransportOptions t = TcpTransportOptions::fromEnv(rank, world, bootstrap_->secret());
@@ -220,7 +219,7 @@ void Context::init() {
                                   << ", " << options_.numSignals << " signals");
 }
 
-Context::~Context() {
+ContextImpl::~ContextImpl() {
   link_->closing.store(true, std::memory_order_release);  // no new Window or Channel use from here on
   drainRings("closing the context", true);
   {
@@ -231,7 +230,8 @@ Context::~Context() {
   shutdownThreads();
 }
 
-Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const std::string& name, WindowSizes sizes) {
+Window ContextImpl::registerWindow(void* base, size_t bytes, MemoryKind kind, const std::string& name,
+                                   WindowSizes sizes) {
   if (!base || bytes == 0)
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": cannot register an empty window");
   uint32_t id = kMaxUserWindows;
@@ -329,7 +329,7 @@ Window Context::registerWindow(void* base, size_t bytes, MemoryKind kind, const 
   return window;
 }
 
-void Context::deregister(uint32_t id) noexcept {
+void ContextImpl::deregister(uint32_t id) noexcept {
   // Commands naming the window may still be in the rings (puts not flushed): let them finish first.
   drainRings("destroying window " + std::to_string(id), false);
   // Each step on its own: one that fails (a sticky CUDA error, say) must not leave the others undone, or the id
@@ -359,7 +359,7 @@ void Context::deregister(uint32_t id) noexcept {
   fenceOnDeregister_[id] = false;
 }
 
-void Context::fenceDeregistration(uint32_t id) noexcept {
+void ContextImpl::fenceDeregistration(uint32_t id) noexcept {
   // Same-host peers mapped the window's GPU memory (CUDA IPC) for their kernels' direct stores. Its owner frees it
   // once the Window is gone, and freeing memory another process still maps is undefined in CUDA (stores through
   // the old mapping would be lost, a new allocation at the address would find it): every rank has unmapped its
@@ -377,20 +377,20 @@ void Context::fenceDeregistration(uint32_t id) noexcept {
   }
 }
 
-Channel Context::channel(int peer, int ringIndex) {
+Channel ContextImpl::channel(int peer, int ringIndex) {
   return makeChannel(peer, ringIndex, -1);
 }
 
-ChannelDeviceHandle Context::deviceChannel(int peer, int ringIndex) {
+ChannelDeviceHandle ContextImpl::deviceChannel(int peer, int ringIndex) {
   return makeDeviceChannel(peer, ringIndex, -1);
 }
 
-int Context::numDeviceRings() const {
+int ContextImpl::numDeviceRings() const {
   return proxy_->numDeviceRings();
 }
 
 // Channels are spread over the rings by the rank their data is for (the destination of a relayed channel).
-Channel Context::makeChannel(int peer, int ringIndex, int forwardTo) {
+Channel ContextImpl::makeChannel(int peer, int ringIndex, int forwardTo) {
   if (peer < 0 || peer >= worldSize())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": peer " + std::to_string(peer) +
                                                  " does not exist (world size " + std::to_string(worldSize()) + ")");
@@ -404,7 +404,7 @@ Channel Context::makeChannel(int peer, int ringIndex, int forwardTo) {
   return Channel(link_, peer, ringIndex, proxy_->ring(ringIndex).hostHandle(), &peerStatus_[peer], forwardTo);
 }
 
-ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forwardTo) {
+ChannelDeviceHandle ContextImpl::makeDeviceChannel(int peer, int ringIndex, int forwardTo) {
   if (peer < 0 || peer >= worldSize())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": peer " + std::to_string(peer) +
                                                  " does not exist (world size " + std::to_string(worldSize()) + ")");
@@ -432,30 +432,30 @@ ChannelDeviceHandle Context::makeDeviceChannel(int peer, int ringIndex, int forw
   return h;
 }
 
-Channel Context::relayChannel(int destination, int relay, int ringIndex) {
+Channel ContextImpl::relayChannel(int destination, int relay, int ringIndex) {
   relay_->checkRoute(destination, relay);
   return makeChannel(relay, ringIndex, destination);
 }
 
-ChannelDeviceHandle Context::deviceRelayChannel(int destination, int relay, int ringIndex) {
+ChannelDeviceHandle ContextImpl::deviceRelayChannel(int destination, int relay, int ringIndex) {
   relay_->checkRoute(destination, relay);
   return makeDeviceChannel(relay, ringIndex, destination);
 }
 
-PeerCopyQueue* Context::forwarder() {
+PeerCopyQueue* ContextImpl::forwarder() {
   return relay_->forwarder();
 }
 
-void* Context::directWindowBase(int peer, uint32_t id) const {
+void* ContextImpl::directWindowBase(int peer, uint32_t id) const {
   if (!direct_ || id >= kMaxWindows) return nullptr;
   return direct_->withPeerTable(peer, [id](const DirectPeer* t) -> void* { return t ? t->peerBase[id] : nullptr; });
 }
 
-bool Context::isDirect(int peer) const {
+bool ContextImpl::isDirect(int peer) const {
   return direct_ && direct_->isDirect(peer);
 }
 
-uint64_t Context::signalValue(uint32_t id) const {
+uint64_t ContextImpl::signalValue(uint32_t id) const {
   if (id >= options_.numSignals)
     throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
   uint64_t h = atomicLoad(static_cast<uint64_t*>(signals_->data()) + id, kAcquire);
@@ -464,7 +464,7 @@ uint64_t Context::signalValue(uint32_t id) const {
   return h > d ? h : d;
 }
 
-void Context::setSignal(uint32_t id, uint64_t value) {
+void ContextImpl::setSignal(uint32_t id, uint64_t value) {
   if (id >= options_.numSignals)
     throw Error(ErrorCode::kInvalidArgument, "signal id " + std::to_string(id) + " out of range");
   atomicStore(static_cast<uint64_t*>(signals_->data()) + id, value, kRelease);
@@ -472,7 +472,7 @@ void Context::setSignal(uint32_t id, uint64_t value) {
 }
 
 template <typename Ended>
-Status Context::waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&& ended) const {
+Status ContextImpl::waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&& ended) const {
   if (id >= options_.numSignals) return Status::kInvalidArgument;
   uint64_t* word = static_cast<uint64_t*>(signals_->data()) + id;
   const uint64_t bound = timeoutNs ? timeoutNs : options_.timeoutNs;
@@ -496,19 +496,19 @@ Status Context::waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&
   }
 }
 
-Status Context::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+Status ContextImpl::waitStatus(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
   const int others = worldSize() - 1;
   return waitLoop(id, value, timeoutNs,
                   [&] { return others > 0 && failedPeers_.load(std::memory_order_acquire) >= others; });
 }
 
-Status Context::waitFromStatus(int peer, uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+Status ContextImpl::waitFromStatus(int peer, uint32_t id, uint64_t value, uint64_t timeoutNs) const {
   if (peer < 0 || peer >= worldSize()) return Status::kInvalidArgument;
   const uint32_t* word = &peerStatus_[peer];
   return waitLoop(id, value, timeoutNs, [&] { return atomicLoad(const_cast<uint32_t*>(word), kAcquire) != 0; });
 }
 
-std::string Context::waitError(const char* what, uint32_t id, uint64_t value, Status s, uint64_t startNs) const {
+std::string ContextImpl::waitError(const char* what, uint32_t id, uint64_t value, Status s, uint64_t startNs) const {
   std::string msg = "rank " + std::to_string(rank()) + ": " + what + " for signal " + std::to_string(id) +
                     " >= " + std::to_string(value) + " returned '" + statusName(s) + "' after " +
                     std::to_string((nowNs() - startNs) / 1000000) + " ms; last value seen " +
@@ -520,7 +520,7 @@ std::string Context::waitError(const char* what, uint32_t id, uint64_t value, St
   return msg;
 }
 
-void Context::wait(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+void ContextImpl::wait(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
   const uint64_t start = nowNs();
   Status s = waitStatus(id, value, timeoutNs);
   if (s == Status::kOk) return;
@@ -532,7 +532,7 @@ void Context::wait(uint32_t id, uint64_t value, uint64_t timeoutNs) const {
   throw Error(errorCodeFor(s), msg);
 }
 
-void Context::waitFrom(int peer, uint32_t id, uint64_t value, uint64_t timeoutNs) const {
+void ContextImpl::waitFrom(int peer, uint32_t id, uint64_t value, uint64_t timeoutNs) const {
   if (peer < 0 || peer >= worldSize())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": waitFrom peer " +
                                                  std::to_string(peer) + " does not exist (world size " +
@@ -546,26 +546,26 @@ void Context::waitFrom(int peer, uint32_t id, uint64_t value, uint64_t timeoutNs
   throw Error(errorCodeFor(s), msg);
 }
 
-std::string Context::failure() const {
+std::string ContextImpl::failure() const {
   std::lock_guard<std::mutex> lock(failureMutex_);
   return failure_;
 }
 
-std::string Context::failure(int peer) const {
+std::string ContextImpl::failure(int peer) const {
   std::lock_guard<std::mutex> lock(failureMutex_);
   if (peer < 0 || static_cast<size_t>(peer) >= peerFailure_.size()) return {};
   return peerFailure_[peer];
 }
 
-bool Context::peerFailed(int peer) const {
+bool ContextImpl::peerFailed(int peer) const {
   return peer >= 0 && peer < worldSize() && atomicLoad(&peerStatus_[peer], kAcquire) != 0;
 }
 
-const uint32_t* Context::deviceFailureWord() const {
+const uint32_t* ContextImpl::deviceFailureWord() const {
   return signals_->gpuMapped() ? signals_->deviceAddressOf(failed_) : nullptr;
 }
 
-void Context::onImm(const RemoteWrite& w) {
+void ContextImpl::onImm(const RemoteWrite& w) {
   SignalUpdate u = decodeSignalImm(w.imm);
   if (!u.valid || u.id >= options_.numSignals) {
     GDX_ERROR("rank " << rank() << ": write-with-immediate from rank " << w.peer << " carries an invalid signal "
@@ -581,13 +581,13 @@ void Context::onImm(const RemoteWrite& w) {
 
 // Control messages are the relay's forward requests (runtime/relay.hpp); they come only from peers that saw this
 // context ready, so relay_ is in place.
-void Context::onMessage(const RemoteMessage& m) {
+void ContextImpl::onMessage(const RemoteMessage& m) {
   if (relay_) relay_->onMessage(m);
 }
 
 // Only this peer's word is set: the proxy's rings go on, the transport completes the operations to the peer with
 // kPeerFailed (so flushes of its channels fail) and waits on it end; traffic to every other peer is untouched.
-void Context::onPeerFailure(int peer, const std::string& why) {
+void ContextImpl::onPeerFailure(int peer, const std::string& why) {
   if (peer < 0 || peer >= worldSize()) return;
   std::string msg = "rank " + std::to_string(peer) + " failed: " + why;
   std::lock_guard<std::mutex> lock(failureMutex_);

@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "gdx/context.hpp"
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/log.hpp"
+#include "base/log.hpp"
+#include "gdx/device/impl/atomic.hpp"
+#include "gdx/device/impl/clock.hpp"
+#include "runtime/context_impl.hpp"
 
 namespace gdx {
 namespace {
@@ -48,7 +48,7 @@ std::string describeLost(const CommandRing& ring, uint64_t from, uint64_t to) {
 }  // namespace
 
 // A failed command fails only the flush that covers it; the caller that never flushed hears of it here.
-void Context::reportFaults(const std::string& ringName, const CommandRing& ring) const {
+void ContextImpl::reportFaults(const std::string& ringName, const CommandRing& ring) const {
   for (int p = 0; p < worldSize(); ++p) {
     const RingFault f = ring.fault(static_cast<uint32_t>(p));
     if (f.lastFailed == 0) continue;
@@ -62,7 +62,7 @@ void Context::reportFaults(const std::string& ringName, const CommandRing& ring)
   }
 }
 
-void Context::drainRings(const std::string& occasion, bool closing) noexcept {
+void ContextImpl::drainRings(const std::string& occasion, bool closing) noexcept {
   if (!proxy_) return;
   // Host threads' rings and kernels' rings alike: commands still in either are waited for, or named.
   std::vector<std::pair<std::string, CommandRing*>> rings;

@@ -3,17 +3,17 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/gpu.hpp"
+#include "base/log.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/gpu.hpp"
-#include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 
 #if defined(GDX_HAVE_CUDA)
 #include <cuda.h>  // types only: the driver is reached through cudaGetDriverEntryPointByVersion, never linked
 #include <cuda_runtime_api.h>
 
+#include "base/cuda_check.hpp"
 #include "base/device_guard.hpp"
-#include "gdx/detail/cuda_check.hpp"
 #endif
 
 namespace gdx {

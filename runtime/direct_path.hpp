@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "gdx/detail/bootstrap.hpp"
-#include "gdx/detail/direct_device.hpp"
-#include "gdx/detail/gpu.hpp"
-#include "gdx/detail/transport.hpp"
+#include "base/gpu.hpp"
+#include "bootstrap/bootstrap.hpp"
+#include "gdx/device/impl/direct.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "gdx/detail/direct_device.hpp"
-#include "gdx/detail/transport.hpp"
+#include "gdx/device/impl/direct.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 

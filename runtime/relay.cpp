@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "gdx/detail/log.hpp"
-#include "gdx/detail/signal_imm.hpp"
+#include "base/log.hpp"
+#include "gdx/device/impl/signal_imm.hpp"
 #include "gdx/error.hpp"
 #include "runtime/direct_path.hpp"
 

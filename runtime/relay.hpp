@@ -17,13 +17,13 @@
 #include <mutex>
 #include <string>
 
-#include "gdx/detail/bootstrap.hpp"
-#include "gdx/detail/gpu.hpp"
-#include "gdx/detail/proxy.hpp"
-#include "gdx/detail/transport.hpp"
-#include "gdx/detail/window_registry.hpp"
+#include "base/gpu.hpp"
+#include "base/window_registry.hpp"
+#include "bootstrap/bootstrap.hpp"
 #include "gdx/peer_copy_queue.hpp"
+#include "proxy/proxy.hpp"
 #include "runtime/forward_request.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "gdx/context.hpp"
-#include "gdx/detail/context_link.hpp"
+#include "runtime/context_impl.hpp"
 
 namespace gdx {
 

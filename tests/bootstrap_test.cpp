@@ -1,5 +1,5 @@
 // Bootstrap tests: the environment parsing in-process, the rendezvous with real processes over loopback.
-#include "gdx/detail/bootstrap.hpp"
+#include "bootstrap/bootstrap.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

@@ -8,7 +8,7 @@ Snippets are marked in the examples (examples/*), each one between two comment l
     // [end-snippet]
 
 Checked: every ```cpp (also c++, cu, cuda) block of README.md, and every such block in the comments of the headers
-in include/gdx/ and include/gdx/detail/ (with the comment markers `//` / `///` and one space stripped), must equal
+in include/gdx/ and include/gdx/device/ (with the comment markers `//` / `///` and one space stripped), must equal
 one marked snippet, ignoring common indentation and blank lines at either end. A header comment must not show code
 outside such a block either: an indented comment line that reads like a C++ statement fails the check too, so that
 no unchecked snippet can be added by accident.
@@ -114,7 +114,7 @@ def main():
     for number, block in readme_blocks:
         check(f"README.md:{number}", block)
 
-    headers = sorted((root / "include" / "gdx").glob("*.hpp")) + sorted((root / "include" / "gdx" / "detail").glob("*.hpp"))
+    headers = sorted((root / "include" / "gdx").glob("*.hpp")) + sorted((root / "include" / "gdx" / "device").rglob("*.hpp"))
     for header in headers:
         rel = header.relative_to(root)
         comments = header_comments(header.read_text())

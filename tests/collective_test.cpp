@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap/bootstrap.hpp"
 #include "gdx/context.hpp"
-#include "gdx/detail/bootstrap.hpp"
 #include "gdx/error.hpp"
 #include "support/test_support.hpp"
 

@@ -1,6 +1,8 @@
 // The command ring under load: 8 host producer threads x 1e6 commands, one consumer, ring sizes 2 .. 4096.
 // Every command carries its producer, its sequence number and a checksum of both in the other fields; the
 // consumer checks that each producer's commands arrive exactly once, in order, and intact.
+#include "base/command_ring.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,7 +11,6 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/detail/ring.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx {

@@ -1,4 +1,4 @@
-#include "gdx/detail/command.hpp"
+#include "gdx/device/impl/command.hpp"
 
 #include <gtest/gtest.h>
 

@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "base/window_registry.hpp"
 #include "gdx/context.hpp"
-#include "gdx/detail/command.hpp"
-#include "gdx/detail/proxy.hpp"
-#include "gdx/detail/window_registry.hpp"
+#include "gdx/device/impl/command.hpp"
 #include "gdx/error.hpp"
-#include "rdma/tcp/wire.hpp"
+#include "proxy/proxy.hpp"
 #include "support/test_support.hpp"
+#include "transport/tcp/wire.hpp"
 
 namespace gdx {
 namespace {

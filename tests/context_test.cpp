@@ -10,9 +10,10 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/detail/proxy.hpp"
-#include "gdx/detail/signal_imm.hpp"
+#include "gdx/device/impl/signal_imm.hpp"
 #include "gdx/error.hpp"
+#include "proxy/proxy.hpp"
+#include "runtime/context_impl.hpp"
 #include "support/data_exchange.hpp"
 #include "support/test_support.hpp"
 
@@ -76,7 +77,7 @@ int mergedPutsOnManyRings(int ringsPerThread) {
     options.proxy.threads = 4;
     options.proxy.ringsPerThread = ringsPerThread;
     Context ctx(options);
-    const int rings = ctx.proxy().numRings();
+    const int rings = gdx::detail::contextImpl(ctx).proxy().numRings();
     constexpr int kThreads = 8, kRounds = 1000;  // each ring wraps several times
     constexpr size_t kSlot = 4096, kPiece = kSlot / 8;
     std::vector<unsigned char> src(size_t(kThreads) * kRounds * kSlot), dst(src.size(), 0xEE);
@@ -103,7 +104,7 @@ int mergedPutsOnManyRings(int ringsPerThread) {
       }
     for (auto& th : threads) th.join();
     if (std::memcmp(dst.data(), src.data(), dst.size()) != 0) bad = 2;
-    const ProxyCounters c = ctx.proxy().totalCounters();
+    const ProxyCounters c = ctx.stats();
     if (c.writes >= uint64_t(kThreads) * kRounds * 8) bad = 3;  // no puts were merged
     return bad;
   });
@@ -209,7 +210,7 @@ TEST(Context, ProxyRejectsInvalidCommandsFromTheRing) {
     std::vector<unsigned char> src(256, 9), dst(256, 0);
     Window s = ctx.registerWindow(src.data(), src.size());
     Window d = ctx.registerWindow(dst.data(), dst.size());
-    RingDeviceHandle ring = ctx.proxy().ring(0).hostHandle();
+    RingDeviceHandle ring = gdx::detail::contextImpl(ctx).proxy().ring(0).hostHandle();
     uint64_t pos = 0;
     ring.push(Command::put(0, 40, 0, d.id(), 0, 8), &pos);                         // unregistered source window
     ring.push(Command::put(0, s.id(), 0, 41, 0, 8), &pos);                         // unregistered destination window
@@ -225,18 +226,18 @@ TEST(Context, ProxyRejectsInvalidCommandsFromTheRing) {
     while (atomicLoad(ring.completed, kAcquire) <= pos && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     // The proxy counts a rejected command after it marks it completed: let the count settle (bounded).
-    while (ctx.proxy().totalCounters().errors < 8 && std::chrono::steady_clock::now() < deadline)
+    while (ctx.stats().errors < 8 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     int bad = 0;
     if (st != Status::kProxyError) {
       std::fprintf(stderr, "waitCompleted returned %s\n", statusName(st));
       bad = 1;
     }
-    if (ctx.proxy().totalCounters().errors != 8) {
-      std::fprintf(stderr, "proxy counted %llu errors\n", (unsigned long long)ctx.proxy().totalCounters().errors);
+    if (ctx.stats().errors != 8) {
+      std::fprintf(stderr, "proxy counted %llu errors\n", (unsigned long long)ctx.stats().errors);
       bad = 1;
     }
-    std::string why = ctx.proxy().lastError();
+    std::string why = ctx.proxyError();
     if (why.find("window 40") == std::string::npos || why.find("rank 0") == std::string::npos) {
       std::fprintf(stderr, "proxy error does not name the window: %s\n", why.c_str());
       bad = 1;

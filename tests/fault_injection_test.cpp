@@ -15,9 +15,9 @@
 
 #include "gdx/context.hpp"
 #include "gdx/error.hpp"
-#include "rdma/common/fault.hpp"
 #include "support/fault_job.hpp"
 #include "support/test_support.hpp"
+#include "transport/common/fault.hpp"
 
 namespace gdx {
 namespace {

@@ -1,8 +1,8 @@
-// The verbs transport's heartbeat clock (rdma/verbs/heartbeat_clock.hpp): a live peer whose heartbeat is answered
+// The verbs transport's heartbeat clock (transport/verbs/heartbeat_clock.hpp): a live peer whose heartbeat is answered
 // late is not declared dead as long as anything arrives from it, nor after a stall of the watcher; a silent peer
 // is, once the limit of watched silence passes. Times are nanoseconds on a made-up clock, as the transport passes
 // them from nowNs().
-#include "rdma/verbs/heartbeat_clock.hpp"
+#include "transport/verbs/heartbeat_clock.hpp"
 
 #include <gtest/gtest.h>
 

@@ -17,6 +17,7 @@
 
 #include "gdx/context.hpp"
 #include "gdx/error.hpp"
+#include "runtime/context_impl.hpp"
 #include "support/test_support.hpp"
 
 namespace gdx {
@@ -149,7 +150,7 @@ TEST(Lifetime, PutsLostWhenTheContextIsDestroyedAreLoggedNamingThePeer) {
           Context ctx;
           Window w = ctx.registerWindow(buf.data(), buf.size());
           const pid_t me = getpid();
-          std::vector<std::string> pids = ctx.bootstrap().allGather(std::string(reinterpret_cast<const char*>(&me), 4));
+          std::vector<std::string> pids = ctx.allGather(std::string(reinterpret_cast<const char*>(&me), 4));
           std::memcpy(&stopped, pids[1].data(), 4);
           ctx.barrier();
           if (rank == 1) {
@@ -191,7 +192,7 @@ TEST(Lifetime, CommandsStuckBehindAnUnpublishedPositionAreLoggedWithCounts) {
           d = ctx.registerWindow(dst.data(), dst.size());
           Channel ch = ctx.channel(0, 0);
           uint64_t hole = 0;
-          CHILD_CHECK(ctx.proxy().ring(0).hostHandle().reserve(1, &hole) == Status::kOk);
+          CHILD_CHECK(gdx::detail::contextImpl(ctx).proxy().ring(0).hostHandle().reserve(1, &hole) == Status::kOk);
           for (int i = 0; i < 3; ++i) ch.put(d, 64 * i, s, 0, 64);
           ch.signal(0, 1);
         }

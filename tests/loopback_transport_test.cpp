@@ -10,11 +10,11 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/transport.hpp"
+#include "gdx/device/impl/atomic.hpp"
 #include "gdx/error.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 namespace {

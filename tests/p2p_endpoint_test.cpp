@@ -21,14 +21,14 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
 #include "p2p/connection.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/progress_pool.hpp"
 #include "p2p/protocol.hpp"
-#include "rdma/socket.hpp"
+#include "sockets/socket.hpp"
 #include "support/connection_pair.hpp"
 #include "support/p2p_helpers.hpp"
 #include "support/test_support.hpp"

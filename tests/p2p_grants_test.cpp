@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
 #include "p2p/protocol.hpp"

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
 #include "p2p/protocol.hpp"

@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
 #include "p2p/handshake.hpp"
 #include "p2p/handshakes.hpp"
 #include "p2p/pair_link.hpp"
-#include "rdma/socket.hpp"
+#include "sockets/socket.hpp"
 #include "support/p2p_helpers.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"

@@ -15,6 +15,7 @@
 
 #include "gdx/context.hpp"
 #include "gdx/error.hpp"
+#include "runtime/context_impl.hpp"
 #include "support/test_support.hpp"
 
 namespace gdx {
@@ -67,7 +68,8 @@ TEST(PeerErrors, ARankKilledMidJobFailsOnlyWhatInvolvesIt) {
     Window d = ctx.registerWindow(recv.data(), recv.size());
     std::vector<Channel> ch;
     for (int q = 0; q < kWorld; ++q) ch.push_back(ctx.channel(q));
-    CHILD_CHECK(ctx.proxy().numRings() == 1);  // every channel on one ring: the dead peer's commands share it
+    CHILD_CHECK(gdx::detail::contextImpl(ctx).proxy().numRings() ==
+                1);  // every channel on one ring: the dead peer's commands share it
     ctx.barrier();
     auto survivor = [](int q) { return q != kDead; };
     for (int round = 1; round <= kRounds; ++round) {
@@ -157,7 +159,7 @@ TEST(PeerErrors, ARejectedCommandFailsItsFlushAloneAndTheRingGoesOn) {
       return 0;
     }
     Channel to1 = ctx.channel(1, 0), to2 = ctx.channel(2, 0);
-    const RingDeviceHandle ring = ctx.proxy().ring(0).hostHandle();
+    const RingDeviceHandle ring = gdx::detail::contextImpl(ctx).proxy().ring(0).hostHandle();
     for (int round = 1; round <= kRounds; ++round) {
       if (round > 1) {
         ctx.waitFrom(1, kAckSignal + 1, round - 1);
@@ -180,9 +182,9 @@ TEST(PeerErrors, ARejectedCommandFailsItsFlushAloneAndTheRingGoesOn) {
       } else {
         to1.flush();
       }
-      CHILD_CHECK(ctx.proxy().ring(0).error() == Status::kOk);
+      CHILD_CHECK(gdx::detail::contextImpl(ctx).proxy().ring(0).error() == Status::kOk);
     }
-    CHILD_CHECK(ctx.proxy().totalCounters().errors == 4);
+    CHILD_CHECK(ctx.stats().errors == 4);
     ctx.waitFrom(1, kAckSignal + 1, kRounds);
     ctx.waitFrom(2, kAckSignal + 2, kRounds);
     ctx.barrier();
@@ -205,7 +207,7 @@ TEST(PeerErrors, DeviceHandleCopiesReportTheirOwnRejectedCommandsOnce) {
     if (rank == 0) {
       test::fillRandom(send.data(), send.size(), seedOf(0, 1));
       ChannelDeviceHandle h{};
-      h.ring = ctx.proxy().ring(0).hostHandle();
+      h.ring = gdx::detail::contextImpl(ctx).proxy().ring(0).hostHandle();
       h.numSignals = ctx.numSignals();
       h.lastPosition = ~uint64_t{0};
       h.forwardTo = -1;

@@ -3,7 +3,7 @@
 // merge cap are split; a put the registry refuses in the middle of a run is rejected alone while the puts around it
 // arrive; with Options::timing the threads time their handling and the operations in flight, and without it they
 // read no clock. Commands are pushed before the proxy starts, so whole runs land in one batch.
-#include "gdx/detail/proxy.hpp"
+#include "proxy/proxy.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,12 +14,12 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/placement.hpp"
-#include "gdx/detail/signal_imm.hpp"
-#include "gdx/detail/transport.hpp"
-#include "gdx/detail/window_registry.hpp"
+#include "base/window_registry.hpp"
+#include "gdx/device/impl/atomic.hpp"
+#include "gdx/device/impl/signal_imm.hpp"
+#include "proxy/placement.hpp"
 #include "proxy/write_merger.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 namespace {

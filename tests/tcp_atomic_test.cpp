@@ -9,12 +9,12 @@
 #include <random>
 #include <thread>
 
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/transport.hpp"
+#include "gdx/device/impl/atomic.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 namespace {

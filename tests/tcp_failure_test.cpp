@@ -11,10 +11,10 @@
 #include <mutex>
 #include <thread>
 
-#include "gdx/detail/clock.hpp"
-#include "gdx/detail/transport.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 namespace {

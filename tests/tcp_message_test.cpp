@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "gdx/detail/bootstrap.hpp"
-#include "gdx/detail/transport.hpp"
+#include "bootstrap/bootstrap.hpp"
 #include "gdx/error.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 namespace {

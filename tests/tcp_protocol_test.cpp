@@ -12,11 +12,11 @@
 #include <mutex>
 #include <thread>
 
-#include "gdx/detail/transport.hpp"
 #include "gdx/error.hpp"
-#include "rdma/tcp/wire.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
+#include "transport/tcp/wire.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 namespace {

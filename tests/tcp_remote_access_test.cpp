@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/detail/transport.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 namespace {

@@ -7,15 +7,15 @@
 #include <memory>
 #include <vector>
 
+#include "bootstrap/protocol.hpp"
 #include "gdx/error.hpp"
 #include "p2p/handshake.hpp"
 #include "p2p/key_assembly.hpp"
 #include "p2p/protocol.hpp"
-#include "rdma/bootstrap/protocol.hpp"
-#include "rdma/tcp/wire.hpp"
-#include "rdma/verbs/verbs_wire.hpp"
 #include "runtime/forward_request.hpp"
 #include "runtime/window_record.hpp"
+#include "transport/tcp/wire.hpp"
+#include "transport/verbs/verbs_wire.hpp"
 
 namespace {
 

@@ -9,7 +9,7 @@
 // offset; symmetric windows), the relay's PeerCopyQueue forwards it over NVLink into the destination's window and
 // then updates the destination's signal, in the order the channel issued them. atomicAdd is not relayed.
 //
-// A Channel may outlive its Context (it holds a shared link, detail/context_link.hpp): every operation on it then
+// A Channel may outlive its Context (it holds a shared link, runtime/context_link.hpp): every operation on it then
 // throws gdx::Error(kShutdown) naming the channel and saying the Context is gone. Windows must belong to the
 // Channel's own Context; one of another Context is refused with kInvalidArgument (window ids alone would match).
 #pragma once
@@ -19,12 +19,13 @@
 #include <memory>
 #include <string>
 
-#include "gdx/detail/ring_device.hpp"
+#include "gdx/device/impl/ring.hpp"
 #include "gdx/window.hpp"
 
 namespace gdx {
 
 class Context;
+class ContextImpl;
 struct SignalUpdateArgs;
 namespace detail {
 struct ContextLink;
@@ -60,23 +61,23 @@ class Channel {
   void flush();
 
  private:
-  friend class Context;
+  friend class ContextImpl;
   Channel(std::shared_ptr<detail::ContextLink> link, int peer, int ringIndex, RingDeviceHandle ring,
           const uint32_t* peerFailure, int forwardTo = -1);
   /// "channel to peer 1 on ring 0", for messages.
   std::string describe() const;
   /// The Context, held for the caller's operation; throws kShutdown naming the channel when it is gone.
   detail::ContextUse use(const char* operation) const;
-  void pushPut(Context& context, const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
+  void pushPut(ContextImpl& context, const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
                uint64_t bytes, const SignalUpdateArgs* signal);
-  void push(Context& context, const Command& c);
+  void push(ContextImpl& context, const Command& c);
   void notePosition(uint64_t pos);
-  void checkPut(Context& context, const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
+  void checkPut(ContextImpl& context, const Window& dst, uint64_t dstOffset, const Window& src, uint64_t srcOffset,
                 uint64_t bytes) const;
-  void checkSignal(Context& context, uint32_t signalId) const;
+  void checkSignal(ContextImpl& context, uint32_t signalId) const;
   /// Throws when `w` is not registered or belongs to another Context.
   void checkWindow(const Window& w, const std::string& where) const;
-  [[noreturn]] void fail(Context& context, Status status, const char* operation) const;
+  [[noreturn]] void fail(ContextImpl& context, Status status, const char* operation) const;
 
   std::shared_ptr<detail::ContextLink> link_;
   int peer_;

@@ -21,43 +21,64 @@
 // ```
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
+#include "gdx/bootstrap_config.hpp"
 #include "gdx/channel.hpp"
-#include "gdx/channel_device.hpp"
-#include "gdx/detail/bootstrap.hpp"
-#include "gdx/detail/context_link.hpp"
-#include "gdx/detail/gpu.hpp"
-#include "gdx/detail/host_buffer.hpp"
-#include "gdx/detail/proxy.hpp"
-#include "gdx/detail/transport.hpp"
-#include "gdx/detail/window_registry.hpp"
+#include "gdx/context_options.hpp"
 #include "gdx/error.hpp"
+#include "gdx/gpu_info.hpp"
 #include "gdx/peer_copy_queue.hpp"
+#include "gdx/stats.hpp"
 #include "gdx/window.hpp"
 
 namespace gdx {
 
-class DirectPaths;
-class Relay;
-
-struct ContextOptions {
-  Proxy::Options proxy;                    ///< threads, rings, ring size, in-flight cap, placement
-  uint32_t numSignals = 1024;              ///< GDX_NUM_SIGNALS (at most kMaxSignals)
-  std::string transport = "tcp";           ///< GDX_TRANSPORT: tcp, verbs (built with rdma-core), loopback (one rank)
-  int tcpSockets = 4;                      ///< GDX_TCP_SOCKETS
-  uint64_t timeoutNs = kDefaultTimeoutNs;  ///< every wait's bound (GDX_TIMEOUT_MS), passed to all the context builds
-  /// Reads the variables above; placement from GDX_NUMA_NODE or the calling thread's node.
-  static ContextOptions fromEnv();
-};
+class Context;
+class ContextImpl;
+struct ChannelDeviceHandle;  // gdx/device/channel.hpp: the device API, which kernels include
+namespace detail {
+struct ContextLink;
+/// The state behind `context`, for the library's own layers (runtime/context_impl.hpp); not part of the API.
+ContextImpl& contextImpl(Context& context);
+}  // namespace detail
 
 /// Whether a window registered without a name may have another size on other ranks (Context::registerWindow).
 enum class WindowSizes : uint8_t { kEqual, kMayDiffer };
+
+/// A reference to a Context that may outlive it, as Windows, Channels and ep buffers keep one: a use through it
+/// either completes before ~Context goes on or finds the Context gone, never a destroyed one.
+class ContextRef {
+ public:
+  /// The Context, pinned for as long as the Use lives (~Context waits for it); empty once the Context is gone.
+  class Use {
+   public:
+    explicit operator bool() const { return context_ != nullptr; }
+    Context& operator*() const { return *context_; }
+    Context* operator->() const { return context_; }
+
+   private:
+    friend class ContextRef;
+    std::shared_lock<std::shared_mutex> lock_;
+    Context* context_ = nullptr;
+  };
+
+  ContextRef() = default;
+  Use use() const;
+  /// The Context's rank, also after it is gone (for messages); -1 for an empty reference.
+  int rank() const;
+  /// Throws gdx::Error(kShutdown): `what` (an object and its operation) found the Context gone.
+  [[noreturn]] void throwGone(const std::string& what) const;
+
+ private:
+  friend class ContextImpl;
+  explicit ContextRef(std::shared_ptr<detail::ContextLink> link) : link_(std::move(link)) {}
+  std::shared_ptr<detail::ContextLink> link_;
+};
 
 class Context {
  public:
@@ -68,15 +89,21 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
-  int rank() const { return bootstrap_->rank(); }
-  int worldSize() const { return bootstrap_->worldSize(); }
-  Bootstrap& bootstrap() { return *bootstrap_; }
-  Proxy& proxy() { return *proxy_; }
-  Transport& transport() { return *transport_; }
-  const ContextOptions& options() const { return options_; }
-  /// What objects that may outlive this Context keep of it (detail/context_link.hpp), as Window and Channel do:
-  /// through it a later use finds the Context gone and throws kShutdown instead of touching freed memory.
-  const std::shared_ptr<detail::ContextLink>& link() const { return link_; }
+  int rank() const;
+  int worldSize() const;
+  /// This rank's index among the ranks of its host (LOCAL_RANK, or the emulated host's order).
+  int localRank() const;
+  /// The ranks that share this host, in rank order; this rank included.
+  const std::vector<int>& hostRanks() const;
+  const ContextOptions& options() const;
+  /// The transport that reaches other hosts' ranks: "tcp", "verbs" or "loopback".
+  std::string transportName() const;
+  /// What the proxy threads did so far, summed over them (commands, bytes, errors; timings with GDX_PROXY_TIMING).
+  ProxyCounters stats() const;
+  /// The first error a proxy thread recorded (a command it refused, an operation that failed), empty when none.
+  std::string proxyError() const;
+  /// A reference that may outlive this Context (ContextRef::use() finds it gone instead of touching freed memory).
+  ContextRef ref() const;
 
   /// Collective: every rank registers its windows in the same order. The ranks check the call against each other
   /// (bootstrap.hpp's CollectiveTag): a rank in another collective (a barrier), at another window id, or with another
@@ -94,7 +121,7 @@ class Context {
   /// The device handle of a channel to `peer` on device ring `ringIndex` (-1: by peer), for kernels. Needs a GPU.
   ChannelDeviceHandle deviceChannel(int peer, int ringIndex = -1);
   /// Device rings (GDX_PROXY_THREADS x GDX_DEVICE_RINGS_PER_THREAD): kernels with many producing warps spread them
-  /// over the rings (channel_device.hpp).
+  /// over the rings (gdx/device/channel.hpp).
   int numDeviceRings() const;
   /// A channel to `destination` through `relay`, a rank on the destination's host whose GPU reaches the
   /// destination's GPU directly (NVLink): data goes over the network into the relay's copy of the destination
@@ -106,9 +133,9 @@ class Context {
   /// This rank's forwarding queue (created by the first forward request it relays); null until then.
   PeerCopyQueue* forwarder();
   /// The GPU this context drives (present() is false without one).
-  const GpuInfo& gpu() const { return gpu_; }
+  const GpuInfo& gpu() const;
 
-  uint32_t numSignals() const { return options_.numSignals; }
+  uint32_t numSignals() const;
   /// True when kernels reach `peer` on the direct path (a GPU of this host, through CUDA IPC) rather than the proxy.
   bool isDirect(int peer) const;
   /// Current value of local signal `id` (the larger of its proxy-path and direct-path words).
@@ -136,63 +163,16 @@ class Context {
   /// The word kernels of collective operations poll (ep::Buffer): kPeerFailed once any peer failed, as a device
   /// address (host-mapped memory). Channels' device handles poll their own peer's word instead.
   const uint32_t* deviceFailureWord() const;
+  /// Collective: every rank contributes a blob and gets all blobs, indexed by rank. Bounded by the timeout. The ranks'
+  /// tags are checked against each other (CollectiveTag); a mismatch throws kInvalidArgument on every rank, naming
+  /// both sides, and the job goes on.
+  std::vector<std::string> allGather(const std::string& mine, const CollectiveTag& tag = CollectiveTag{});
   /// Collective; checked against the other ranks' calls like registerWindow.
-  void barrier() { bootstrap_->barrier(); }
+  void barrier();
 
  private:
-  friend class Window;
-  friend class Channel;
-  void init();
-  void shutdownThreads() noexcept;
-  /// Waits (bounded) until the commands already in the rings (host threads' and kernels') completed; logs at ERROR
-  /// what was lost, per ring, peer and kind, naming `occasion`. `closing` (~Context): also reports rings that had
-  /// failed, for callers that never flushed.
-  void drainRings(const std::string& occasion, bool closing) noexcept;
-  /// Logs at ERROR the peers whose commands on `ring` (called `ringName`) failed (for ~Context).
-  void reportFaults(const std::string& ringName, const CommandRing& ring) const;
-  void deregister(uint32_t id) noexcept;
-  /// The collective half of deregister for windows peers may have mapped: returns once every rank forgot window `id`.
-  void fenceDeregistration(uint32_t id) noexcept;
-  /// Window::peerData for another rank: the direct path's mapping of `peer`'s window `id`, null when none.
-  void* directWindowBase(int peer, uint32_t id) const;
-  void onImm(const RemoteWrite& w);
-  void onMessage(const RemoteMessage& m);
-  /// A channel (device handle) to `peer`; forwardTo >= 0: a relayed one, `peer` being the relay.
-  Channel makeChannel(int peer, int ringIndex, int forwardTo);
-  ChannelDeviceHandle makeDeviceChannel(int peer, int ringIndex, int forwardTo);
-  void onPeerFailure(int peer, const std::string& why);
-  /// The loop of waitStatus() and waitFromStatus(): `ended()` is checked with every poll of the signal.
-  template <typename Ended>
-  Status waitLoop(uint32_t id, uint64_t value, uint64_t timeoutNs, Ended&& ended) const;
-  /// The message of a wait that returned `s` (names the peers that failed).
-  std::string waitError(const char* what, uint32_t id, uint64_t value, Status s, uint64_t startNs) const;
-
-  ContextOptions options_;
-  // Shared with every Window and Channel handed out; cleared by ~Context (detail/context_link.hpp).
-  std::shared_ptr<detail::ContextLink> link_ = std::make_shared<detail::ContextLink>();
-  std::unique_ptr<Bootstrap> bootstrap_;
-  std::unique_ptr<Transport> transport_;
-  std::unique_ptr<WindowRegistry> registry_;
-  std::unique_ptr<HostBuffer> signals_;
-  std::unique_ptr<Proxy> proxy_;
-  std::unique_ptr<DirectPaths> direct_;  // same-host GPU peers reached without the proxy (runtime/direct_path.hpp)
-  // Relayed channels (runtime/relay.hpp); after direct_, so its forwarding queue is destroyed (drained) before the
-  // IPC mappings it writes through are released.
-  std::unique_ptr<Relay> relay_;
-  // What the transport's failure handler may touch, published by init() under failureMutex_.
-  uint32_t* failureWord_ = nullptr;
-  uint32_t* peerWords_ = nullptr;
-  std::mutex windowMutex_;
-  std::vector<bool> windowInUse_;
-  std::vector<bool> fenceOnDeregister_;  // per window id: some rank's record carried a direct-path mapping
-  GpuInfo gpu_;
-  // Host-mapped Status words (kernels read them): failed_ is set once any peer failed, peerStatus_[p] once peer p did.
-  uint32_t* failed_ = nullptr;
-  uint32_t* peerStatus_ = nullptr;
-  std::atomic<int> failedPeers_{0};  // other ranks that failed: when all did, nobody is left to raise a signal
-  mutable std::mutex failureMutex_;
-  std::string failure_;                   // the first peer failure
-  std::vector<std::string> peerFailure_;  // by peer: its first failure, empty while healthy
+  friend ContextImpl& detail::contextImpl(Context& context);
+  std::unique_ptr<ContextImpl> impl_;
 };
 
 }  // namespace gdx

@@ -1,4 +1,4 @@
-// The whole host API in one include. Kernels include gdx/channel_device.hpp (the device handle) as well.
+// The whole host API in one include. Kernels include gdx/device/channel.hpp (the device handle) as well.
 #pragma once
 
 #include "gdx/channel.hpp"

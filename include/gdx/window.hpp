@@ -6,7 +6,7 @@
 // before it may be freed (a mismatched order is logged at ERROR naming both sides; the wait is bounded by
 // GDX_TIMEOUT_MS and ends at once when a rank died).
 //
-// A Window may outlive its Context: it holds a shared link to it (detail/context_link.hpp), not a raw pointer.
+// A Window may outlive its Context: it holds a shared link to it (runtime/context_link.hpp), not a raw pointer.
 // Once the Context is destroyed, valid() is false, remoteSize() and peerData() throw gdx::Error(kShutdown) naming
 // the window, and destroying the Window does nothing (the Context released everything it had registered).
 #pragma once
@@ -21,6 +21,7 @@
 namespace gdx {
 
 class Context;
+class ContextImpl;
 class Channel;
 namespace detail {
 struct ContextLink;
@@ -51,7 +52,7 @@ class Window {
   void* peerData(int peer) const;
 
  private:
-  friend class Context;
+  friend class ContextImpl;
   friend class Channel;
   Window(std::shared_ptr<detail::ContextLink> link, uint32_t id, void* base, size_t bytes, MemoryKind kind,
          std::string name)

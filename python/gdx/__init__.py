@@ -19,7 +19,7 @@ from .errors import (CudaError, Error, InternalError, InvalidArgumentError, Peer
 __version__ = _gdx.__version__
 
 #: Size, alignment and field layout ({name: (offset, size)}) of the bytes Context.device_channel returns: a
-#: ``gdx::ChannelDeviceHandle`` (include/gdx/channel_device.hpp), passed to kernels by value.
+#: ``gdx::ChannelDeviceHandle`` (include/gdx/device/channel.hpp), passed to kernels by value.
 DEVICE_CHANNEL_SIZE = _gdx.DEVICE_CHANNEL_SIZE
 DEVICE_CHANNEL_ALIGNMENT = _gdx.DEVICE_CHANNEL_ALIGNMENT
 DEVICE_CHANNEL_LAYOUT = dict(_gdx.DEVICE_CHANNEL_LAYOUT)

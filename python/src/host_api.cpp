@@ -10,9 +10,9 @@
 #include <string>
 #include <utility>
 
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/channel.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "python/src/bindings.hpp"
 #include "python/src/py_objects.hpp"
@@ -163,7 +163,7 @@ void bindHostApi(py::module_& m) {
           py::arg("secret"), py::arg("timeout_ms"), py::arg("publish_port"))
       .def_property_readonly("rank", [](const PyContext& c) { return c.get().rank(); })
       .def_property_readonly("world_size", [](const PyContext& c) { return c.get().worldSize(); })
-      .def_property_readonly("local_rank", [](const PyContext& c) { return c.get().bootstrap().localRank(); })
+      .def_property_readonly("local_rank", [](const PyContext& c) { return c.get().localRank(); })
       .def_property_readonly("num_signals", [](const PyContext& c) { return c.get().numSignals(); })
       .def_property_readonly("timeout_ms", [](const PyContext& c) { return c.get().options().timeoutNs / kMsNs; })
       .def_property_readonly("transport", [](const PyContext& c) { return c.get().options().transport; })

@@ -19,7 +19,7 @@
 
 #include "base/timer_slack.hpp"
 #include "gdx/config.hpp"
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "gdx/p2p/endpoint.hpp"
 #include "gdx/p2p/url_transport.hpp"

@@ -1,12 +1,12 @@
-// Fuzzes the bootstrap's frames (rdma/bootstrap/protocol.hpp) as the rendezvous server and the clients read them: the
+// Fuzzes the bootstrap's frames (bootstrap/protocol.hpp) as the rendezvous server and the clients read them: the
 // input is a byte stream cut into frames by their headers, as the server's parseFrames() and the clients' recvFrame()
 // do, and every payload goes through the decoder of every message type (a peer may send any type with any payload).
 // A decoder either throws gdx::Error(kProtocol) or returns a value that re-encodes to the very payload it came from.
 #include <vector>
 
+#include "bootstrap/protocol.hpp"
 #include "fuzz_check.hpp"
 #include "gdx/error.hpp"
-#include "rdma/bootstrap/protocol.hpp"
 
 using namespace gdx::bootstrap;
 

@@ -1,12 +1,13 @@
 // Fuzzes what a relay acts on (runtime/forward_request.hpp) and the signal updates carried in immediates
-// (gdx/detail/signal_imm.hpp): a control message of fuzzer-chosen bytes is decoded and resolved against a direct-path
-// table whose windows are exactly sized heap blocks, and the relay's copy is performed, so ASan reports any range the
-// checks let past a window or a signal array. An immediate decodes to an update that encodes back to it, or is invalid.
+// (gdx/device/impl/signal_imm.hpp): a control message of fuzzer-chosen bytes is decoded and resolved against a
+// direct-path table whose windows are exactly sized heap blocks, and the relay's copy is performed, so ASan reports any
+// range the checks let past a window or a signal array. An immediate decodes to an update that encodes back to it, or
+// is invalid.
 #include <memory>
 #include <vector>
 
 #include "fuzz_check.hpp"
-#include "gdx/detail/signal_imm.hpp"
+#include "gdx/device/impl/signal_imm.hpp"
 #include "runtime/forward_request.hpp"
 
 using namespace gdx;

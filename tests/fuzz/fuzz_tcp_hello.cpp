@@ -1,9 +1,9 @@
-// Fuzzes the first bytes of a TCP transport connection (rdma/tcp/wire.hpp) as the acceptor reads them: the input
+// Fuzzes the first bytes of a TCP transport connection (transport/tcp/wire.hpp) as the acceptor reads them: the input
 // arrives in pieces of fuzzer-chosen sizes, never past helloBytesWanted() (what follows a Hello belongs to the data
 // stream), and parseHello() and checkHello() judge it. A Hello they accept names a rank, lane and socket that exist
 // and carries exactly the job's secret.
 #include "fuzz_check.hpp"
-#include "rdma/tcp/wire.hpp"
+#include "transport/tcp/wire.hpp"
 
 using namespace gdx::tcp;
 

@@ -1,4 +1,4 @@
-// Fuzzes the TCP transport's receive path short of the sockets (rdma/tcp/wire.hpp, rx_order.hpp): the input is a
+// Fuzzes the TCP transport's receive path short of the sockets (transport/tcp/wire.hpp, rx_order.hpp): the input is a
 // stream of MessageHeaders as one direction of a lane delivers them, each followed by its payload, judged as
 // receiveOne() judges them — checkHeader(), then for writes and atomics checkRange() against the receiver's window,
 // then RxOrder — and placed into a window of fuzzer-chosen size. The window is an exactly sized heap block, so ASan
@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "fuzz_check.hpp"
-#include "rdma/common/op_checks.hpp"
-#include "rdma/tcp/rx_order.hpp"
-#include "rdma/tcp/wire.hpp"
+#include "transport/common/op_checks.hpp"
+#include "transport/tcp/rx_order.hpp"
+#include "transport/tcp/wire.hpp"
 
 using namespace gdx::tcp;
 

@@ -1,11 +1,11 @@
-// Fuzzes what a verbs peer sends as bytes (rdma/verbs/verbs_wire.hpp), without a device: the first input byte picks
-// the decoder — a SEND's record (decodeSend), the address blob of connect() (decodeAddress, addressEntry) or a window
-// key (decodeWindowKey) — and the rest is what arrived. Accepted records must satisfy what the receiver then relies
-// on; the input is copied into an exactly sized buffer, so ASan reports any read past what arrived.
+// Fuzzes what a verbs peer sends as bytes (transport/verbs/verbs_wire.hpp), without a device: the first input byte
+// picks the decoder — a SEND's record (decodeSend), the address blob of connect() (decodeAddress, addressEntry) or a
+// window key (decodeWindowKey) — and the rest is what arrived. Accepted records must satisfy what the receiver then
+// relies on; the input is copied into an exactly sized buffer, so ASan reports any read past what arrived.
 #include <vector>
 
 #include "fuzz_check.hpp"
-#include "rdma/verbs/verbs_wire.hpp"
+#include "transport/verbs/verbs_wire.hpp"
 
 using namespace gdx::verbs;
 

@@ -1,11 +1,11 @@
 // Fuzzes the window records the ranks exchange through the bootstrap (runtime/window_record.hpp) and the text keys of
-// the TCP and loopback transports inside them (rdma/common/window_table.hpp): a record decodes to fields that encode
-// back to the same bytes, or is refused with kProtocol; a key describes the window the record names, or is refused with
-// kInvalidArgument.
+// the TCP and loopback transports inside them (transport/common/window_table.hpp): a record decodes to fields that
+// encode back to the same bytes, or is refused with kProtocol; a key describes the window the record names, or is
+// refused with kInvalidArgument.
 #include "fuzz_check.hpp"
 #include "gdx/error.hpp"
-#include "rdma/common/window_table.hpp"
 #include "runtime/window_record.hpp"
+#include "transport/common/window_table.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string blob(reinterpret_cast<const char*>(data), size);

@@ -8,16 +8,16 @@
 #include <string>
 #include <vector>
 
-#include "gdx/detail/signal_imm.hpp"
+#include "bootstrap/protocol.hpp"
+#include "gdx/device/impl/signal_imm.hpp"
 #include "p2p/handshake.hpp"
 #include "p2p/key_assembly.hpp"
 #include "p2p/protocol.hpp"
-#include "rdma/bootstrap/protocol.hpp"
-#include "rdma/common/window_table.hpp"
-#include "rdma/tcp/wire.hpp"
-#include "rdma/verbs/verbs_wire.hpp"
 #include "runtime/forward_request.hpp"
 #include "runtime/window_record.hpp"
+#include "transport/common/window_table.hpp"
+#include "transport/tcp/wire.hpp"
+#include "transport/verbs/verbs_wire.hpp"
 
 namespace {
 

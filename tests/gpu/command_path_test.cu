@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
+#include "gdx/device/channel.hpp"
 #include "gpu_test_support.hpp"
 
 namespace gdx {
@@ -103,10 +103,10 @@ TEST(CommandPath, MergedPutsFromWarpsOnEveryRingAreInPlaceWhenTheirSignalIsSeen)
     sendSlots<<<kBlocks, kThreads, 0, sender>>>(devHandles, numRings, d.id(), s.id(), status);
     GDX_TEST_CUDA(cudaStreamSynchronize(sender));
     GDX_TEST_CUDA(cudaStreamSynchronize(checker));
-    const ProxyCounters c = ctx.proxy().totalCounters();
+    const ProxyCounters c = ctx.stats();
     EXPECT_EQ(status[0], 0u) << "sender: " << statusName(Status(status[0])) << "; the proxy took " << c.commands
                              << " of " << kWarps * kRounds * 9 << " commands in " << c.batches << " polls (" << c.writes
-                             << " writes, " << c.errors << " errors); proxy: " << ctx.proxy().lastError();
+                             << " writes, " << c.errors << " errors); proxy: " << ctx.proxyError();
     EXPECT_EQ(status[1], 0u) << "checker: " << statusName(Status(status[1]));
     EXPECT_EQ(*mismatches, 0ull) << "8-byte words not yet in place when their slot's signal was seen";
     const long long bad = test::firstMismatch(static_cast<const unsigned char*>(dst), hostSrc.data(), bytes);

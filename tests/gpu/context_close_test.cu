@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
+#include "gdx/device/channel.hpp"
 #include "gpu_test_support.hpp"
 
 namespace gdx {

@@ -7,9 +7,10 @@
 #include <random>
 #include <vector>
 
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
+#include "gdx/device/channel.hpp"
 #include "gpu_test_support.hpp"
+#include "runtime/context_impl.hpp"
 
 namespace gdx {
 namespace {
@@ -134,7 +135,7 @@ TEST_P(DeviceApi, RandomPutsFromManyBlocksAndWarpsArriveIntact) {
     *status = 0;
     randomPuts<<<kBlocks, kThreads>>>(ctx.deviceChannel(0), d.id(), s.id(), devDescs, kPerWarp, status);
     GDX_TEST_CUDA(cudaDeviceSynchronize());
-    EXPECT_EQ(*status, 0u) << statusName(static_cast<Status>(*status)) << "; proxy: " << ctx.proxy().lastError();
+    EXPECT_EQ(*status, 0u) << statusName(static_cast<Status>(*status)) << "; proxy: " << ctx.proxyError();
     ctx.wait(0, puts);
     std::vector<unsigned char> got(dstBytes);
     GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, dstBytes, cudaMemcpyDefault));
@@ -258,15 +259,15 @@ TEST(DeviceApiErrors, InvalidWindowOrOffsetIsRejectedAndReported) {
     putThenFlush<<<1, 1>>>(ctx.deviceChannel(0), 50, 0, s.id(), 64, status);
     GDX_TEST_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(static_cast<Status>(status[0]), Status::kProxyError);
-    EXPECT_NE(ctx.proxy().lastError().find("window 50"), std::string::npos) << ctx.proxy().lastError();
+    EXPECT_NE(ctx.proxyError().find("window 50"), std::string::npos) << ctx.proxyError();
     putThenFlush<<<1, 1>>>(ctx.deviceChannel(0), d.id(), 4090, s.id(), 64, status + 1);
     GDX_TEST_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(static_cast<Status>(status[1]), Status::kProxyError);
     std::vector<unsigned char> got(4096);
     GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, 4096, cudaMemcpyDeviceToHost));
     for (unsigned char b : got) ASSERT_EQ(b, 0) << "a rejected put wrote to the destination";
-    EXPECT_GE(ctx.proxy().totalCounters().errors, 2u);
-    EXPECT_EQ(ctx.proxy().deviceRing(0).error(), Status::kOk);
+    EXPECT_GE(ctx.stats().errors, 2u);
+    EXPECT_EQ(gdx::detail::contextImpl(ctx).proxy().deviceRing(0).error(), Status::kOk);
     // The signal array's window is the library's: a put into or out of it is refused in the kernel, as on the host
     // (the proxy would take it: the peer registered that window).
     putThenFlush<<<1, 1>>>(ctx.deviceChannel(0), kSignalWindowId, 0, s.id(), 8, status);
@@ -278,7 +279,7 @@ TEST(DeviceApiErrors, InvalidWindowOrOffsetIsRejectedAndReported) {
     rejectedThenValid<<<1, 1>>>(ctx.deviceChannel(0), 50, d.id(), s.id(), 256, 3, status);
     GDX_TEST_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(static_cast<Status>(status[0]), Status::kProxyError);
-    EXPECT_EQ(static_cast<Status>(status[1]), Status::kOk) << ctx.proxy().lastError();
+    EXPECT_EQ(static_cast<Status>(status[1]), Status::kOk) << ctx.proxyError();
     EXPECT_EQ(static_cast<Status>(status[2]), Status::kOk);
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
     GDX_TEST_CUDA(cudaMemcpy(got.data(), dst, 4096, cudaMemcpyDeviceToHost));

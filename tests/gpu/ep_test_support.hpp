@@ -83,7 +83,7 @@ struct DispatchBuffers {
 
 inline std::vector<std::vector<int64_t>> allGather(Context& ctx, const std::vector<int64_t>& mine) {
   std::vector<std::string> all =
-      ctx.bootstrap().allGather(std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(int64_t)));
+      ctx.allGather(std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(int64_t)));
   std::vector<std::vector<int64_t>> out(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
     out[r].resize(all[r].size() / sizeof(int64_t));

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "byte_pattern.cuh"
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
+#include "gdx/device/channel.hpp"
 #include "gdx/peer_copy.hpp"
 #include "gpu_test_support.hpp"
 #include "spawn_ranks.hpp"

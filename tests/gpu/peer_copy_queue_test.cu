@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "byte_pattern.cuh"
-#include "gdx/detail/atomic.hpp"
-#include "gdx/detail/clock.hpp"
+#include "gdx/device/impl/atomic.hpp"
+#include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
 #include "gdx/peer_copy.hpp"
 #include "gdx/peer_copy_queue.hpp"

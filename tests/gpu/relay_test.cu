@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "byte_pattern.cuh"
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
+#include "gdx/device/channel.hpp"
 #include "gdx/error.hpp"
 #include "gpu_test_support.hpp"
 #include "spawn_ranks.hpp"

@@ -17,16 +17,16 @@
 #include <thread>
 #include <vector>
 
+#include "base/cuda_check.hpp"
 #include "base/device_guard.hpp"
-#include "gdx/detail/cuda_check.hpp"
-#include "gdx/detail/gpu.hpp"
-#include "gdx/detail/transport.hpp"
+#include "base/gpu.hpp"
 #include "gdx/error.hpp"
 #include "gdx/peer_copy_queue.hpp"
-#include "rdma/common/cuda_staging.hpp"
 #include "spawn_ranks.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
+#include "transport/common/cuda_staging.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx {
 namespace {

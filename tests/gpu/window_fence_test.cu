@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/channel_device.hpp"
 #include "gdx/context.hpp"
+#include "gdx/device/channel.hpp"
 #include "gpu_test_support.hpp"
 #include "spawn_ranks.hpp"
 

@@ -21,6 +21,22 @@ echo "== pkg-config gdx"
 pcdir=$(dirname "$(find "$work/prefix" -name gdx.pc | head -n 1)")
 flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --define-variable=prefix="$work/prefix" --cflags --libs gdx)
 echo "pkg-config --cflags --libs gdx: $flags"
+
+# The installed headers are the whole API: every one compiles given only the prefix (and CUDA's include path, which
+# gdx.pc names), so none reaches into the library's source folders. The ep headers take CUDA's types: checked where
+# the build has CUDA.
+echo "== every installed header, from the prefix alone"
+all="$work/all_headers.cpp"
+: >"$all"
+count=0
+while read -r h; do
+  case "$h" in gdx/ep/*) [[ "$flags" == *GDX_HAVE_CUDA* ]] || continue ;; esac
+  echo "#include <$h>" >>"$all"
+  count=$((count + 1))
+done < <(cd "$work/prefix/include" && find gdx -name '*.hpp' | sort)
+# shellcheck disable=SC2086
+g++ -std=c++17 -fsyntax-only $flags "$all"
+echo "$count headers compiled from $work/prefix/include"
 # shellcheck disable=SC2086
 g++ -std=c++17 -O1 "$here/consumer.cpp" -o "$work/consumer-pc" $flags
 run "$work/consumer-pc"

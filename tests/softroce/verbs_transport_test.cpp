@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "gdx/context.hpp"
-#include "gdx/detail/transport.hpp"
 #include "gdx/error.hpp"
 #include "support/fault_job.hpp"
 #include "support/tcp_helpers.hpp"
 #include "support/test_support.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx::test {
 namespace {
@@ -638,7 +638,7 @@ TEST(VerbsContext, TwoRanksRandomDataSignalsCountedAndSetOverStagedVerbs) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
-// GDX_FAULT over verbs (rdma/common/fault.hpp; tests/fault_injection_test.cpp has the TCP forms): rank 0's third
+// GDX_FAULT over verbs (transport/common/fault.hpp; tests/fault_injection_test.cpp has the TCP forms): rank 0's third
 // operation to rank 1 is delayed, dropped, posted with a damaged key, or posted into a queue pair forced into the error
 // state, and both ranks must end as tests/support/fault_job.hpp describes.
 TEST(VerbsFault, ADelayedWriteArrivesLateAndIntact) {

@@ -12,7 +12,7 @@
 #include "p2p/connection.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/progress_pool.hpp"
-#include "rdma/socket.hpp"
+#include "sockets/socket.hpp"
 
 namespace gdx::test {
 

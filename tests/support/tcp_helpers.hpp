@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "gdx/detail/transport.hpp"
 #include "gdx/error.hpp"
+#include "transport/transport.hpp"
 
 namespace gdx::test {
 

@@ -244,7 +244,7 @@ class Buffer {
 
   // The Context's link, not a reference: a Buffer used after its Context is gone throws kShutdown (checked before
   // every launch) and its destruction skips the teardown barrier.
-  std::shared_ptr<gdx::detail::ContextLink> context_;
+  ContextRef context_;
   Config config_;
   int rank_ = 0;
   int numRanks_ = 1;

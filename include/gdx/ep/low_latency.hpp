@@ -267,7 +267,7 @@ class LowLatencyBuffer {
 
   // The Context's link, not a reference: a call after the Context is gone throws kShutdown instead of launching
   // kernels that read its freed rings and failure words, and the destructor then skips the teardown barrier.
-  std::shared_ptr<gdx::detail::ContextLink> context_;
+  ContextRef context_;
   LowLatencyConfig config_;
   int rank_ = 0;
   int numRanks_ = 1;

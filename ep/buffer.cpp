@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "ep/launchers.hpp"
 #include "ep/network_path.hpp"
 #include "ep/protocol.hpp"
 #include "ep/teardown.hpp"

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "ep/launchers.hpp"
 #include "ep/low_latency_protocol.hpp"
 #include "ep/network_path.hpp"
 #include "ep/teardown.hpp"

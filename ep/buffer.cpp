@@ -4,13 +4,14 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstring>
 #include <string>
 
 #include "base/cuda_check.hpp"
 #include "base/log.hpp"
+#include "ep/launchers.hpp"
 #include "ep/network_path.hpp"
 #include "ep/protocol.hpp"
+#include "ep/report.hpp"
 #include "ep/teardown.hpp"
 #include "gdx/device/impl/atomic.hpp"
 
@@ -21,60 +22,7 @@ using namespace detail;
 namespace {
 
 [[noreturn]] void invalid(int rank, const std::string& what) {
-  throw Error(ErrorCode::kInvalidArgument, "gdx::ep rank " + std::to_string(rank) + ": " + what);
-}
-
-const char* waitName(uint32_t where) {
-  switch (where) {
-    case kWaitArrive: return "the barrier that opens the operation";
-    case kWaitCounts: return "the counts exchange";
-    case kWaitData: return "the rows";
-    case kWaitRow: return "a received row's stamp";
-    case kWaitReturnedRow: return "the stamp of a row sent back";
-  }
-  return "?";
-}
-
-// kBadExpertCount's value (packBadCount).
-std::string badCount(int64_t packed) {
-  return "numTokensPerExpert[" + std::to_string(int32_t(uint64_t(packed) >> 32)) + "] is " +
-         std::to_string(int32_t(uint32_t(uint64_t(packed)))) + ", a negative count";
-}
-
-std::string describe(const Report& r) {
-  const std::string v = std::to_string(r.value), v2 = std::to_string(r.value2);
-  switch (r.kind) {
-    case kBadExpert: return "expert id " + v + " outside [-1, " + v2 + ")";
-    case kBadExpertCount: return badCount(r.value);
-    case kRecvCapacity: return v + " rows to receive but the outputs hold " + v2;
-    case kBadHandle: return "the handle's routing is not valid (its prepare failed)";
-    case kRelayCapacity:
-      return "rank " + std::to_string(r.peer) + " relays a rank's " + v + " tokens to its host but its handle holds " +
-             v2 + " (with ranks on other hosts, dispatchWorst's handles must hold as many tokens as any rank sends)";
-    case kTimeout:
-      return "timed out waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where) +
-             (r.where == kWaitRow           ? " (row " + std::to_string(r.token) + ", epoch "
-              : r.where == kWaitReturnedRow ? " (token " + std::to_string(r.token) + ", epoch "
-                                            : " (epoch ") +
-             v + ", seen " + v2 + ")";
-    case kPeerFailed:
-      return "a peer failed while waiting for rank " + std::to_string(r.peer) + " in " + waitName(r.where);
-    case kPeerError:
-      return "rank " + std::to_string(r.peer) + " found bad input (" +
-             (r.value == kBadExpert        ? "expert id " + v2
-              : r.value == kBadExpertCount ? badCount(r.value2)
-                                           : "error " + v + ", value " + v2) +
-             "), so no rank sent anything";
-  }
-  return "unknown error " + std::to_string(r.kind);
-}
-
-ErrorCode codeOf(uint32_t kind) {
-  switch (kind) {
-    case kTimeout: return ErrorCode::kTimeout;
-    case kPeerFailed: return ErrorCode::kPeerFailed;
-    default: return ErrorCode::kInvalidArgument;
-  }
+  throwInvalid({BufferMode::kNormal, rank}, what);
 }
 
 }  // namespace
@@ -90,8 +38,7 @@ struct Buffer::Impl {
   Window window;
   void* memory = nullptr;
   State* state = nullptr;
-  Report* report = nullptr;     // host-mapped
-  Report* reportDev = nullptr;  // its device address
+  HostReport report;
   int32_t* hostCounts = nullptr;
   int32_t* hostCountsDev = nullptr;
   Team team{};
@@ -106,7 +53,6 @@ struct Buffer::Impl {
     if (memory) cudaFree(memory);
     if (network.host) cudaFreeHost(network.host);
     if (state) cudaFree(state);
-    if (report) cudaFreeHost(report);
     if (hostCounts) cudaFreeHost(hostCounts);
     if (net) cudaFree(net);
   }
@@ -117,10 +63,7 @@ struct Buffer::Impl {
   // a kernel, whose rings and signals would be freed memory.
   void raise(int rank, const ContextRef& link, cudaStream_t stream) {
     if (!earlierError(rank, link)) return;
-    Report r = *report;
-    std::memset(report, 0, sizeof(Report));
-    GDX_CUDA_CHECK(cudaMemsetAsync(&state->reportClaim, 0, sizeof(uint32_t), stream));
-    throw Error(codeOf(r.kind), "gdx::ep rank " + std::to_string(rank) + ": " + describe(r));
+    throw reportError(report.take(&state->reportClaim, stream), {BufferMode::kNormal, rank});
   }
 
   // What a collective call checks before its launch: throws when the Buffer cannot be used (its Context gone, an
@@ -130,15 +73,16 @@ struct Buffer::Impl {
   bool earlierError(int rank, const ContextRef& link) {
     ContextRef::Use ctx = link.use();
     if (!ctx) link.throwGone("gdx::ep::Buffer");
-    const uint32_t kind = atomicLoad(&report->kind, kAcquire);
+    const uint32_t kind = report.kind();
     if (kind == kNone) return false;
     if (kind == kTimeout || kind == kPeerFailed) {
       broken = true;
-      std::string msg = "gdx::ep rank " + std::to_string(rank) + ": " + describe(*report);
+      const ReportSource who{BufferMode::kNormal, rank};
+      std::string msg = messagePrefix(who) + describeReport(report.recorded(), who);
       const std::string f = ctx->failure();
       if (!f.empty()) msg += " (" + f + ")";
       msg += "; this Buffer is unusable now";
-      throw Error(codeOf(kind), msg);
+      throw Error(reportCode(kind), msg);
     }
     return true;
   }
@@ -173,9 +117,7 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   GDX_CUDA_CHECK(cudaMemset(m.memory, 0, nvlBytes));
   GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.state), sizeof(State)));
   GDX_CUDA_CHECK(cudaMemset(m.state, 0, sizeof(State)));
-  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.report), sizeof(Report), cudaHostAllocMapped));
-  std::memset(m.report, 0, sizeof(Report));
-  GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.reportDev), m.report, 0));
+  m.report.allocate();
   GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.hostCounts), kHostCountsSize * 4, cudaHostAllocMapped));
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.hostCountsDev), m.hostCounts, 0));
   GDX_CUDA_CHECK(cudaDeviceSynchronize());
@@ -210,7 +152,7 @@ Buffer::Buffer(Context& context, size_t nvlBytes, size_t rdmaBytes, const Config
   m.team.rank = rank_;
   m.team.numRanks = numRanks_;
   m.team.state = m.state;
-  m.team.report = m.reportDev;
+  m.team.report = m.report.device();
   m.team.failure = context.deviceFailureWord();  // any peer failed: a collective cannot go on
   m.team.timeoutNs = context.options().timeoutNs;
   m.team.window = m.window.id();
@@ -466,7 +408,8 @@ DispatchCounts Buffer::dispatchPrepare(const DispatchInputs& in, DispatchHandle&
   c.numRecvTokens = impl_->hostCounts[0];
   c.numRecvTokensPerExpert.assign(impl_->hostCounts + 1, impl_->hostCounts + 1 + in.numExperts / numRanks_);
   handle.numRecvTokens_ = c.numRecvTokens;
-  if (earlier) impl_->raise(rank_, context_, stream);  // the handle is filled: the next calls go on in step
+  // The handle is filled: the next calls go on in step.
+  if (throwAfterLaunch(earlier, stream)) impl_->raise(rank_, context_, stream);
   return c;
 }
 
@@ -484,7 +427,7 @@ void Buffer::dispatch(const DispatchInputs& in, const DispatchHandle& handle, co
   checkDispatchOutputs(in, out);
   const bool earlier = impl_->earlierError(rank_, context_);
   launchDispatchKernel(in, handle, out, stream);
-  if (earlier) impl_->raise(rank_, context_, stream);
+  if (throwAfterLaunch(earlier, stream)) impl_->raise(rank_, context_, stream);
 }
 
 void Buffer::checkDispatchOutputs(const DispatchInputs& in, const DispatchOutputs& out) const {
@@ -522,7 +465,7 @@ void Buffer::dispatchWorst(const DispatchInputs& in, DispatchHandle& handle, con
   const bool earlier = impl_->earlierError(rank_, context_);
   launchPrepare(in, handle, expertAlignment, out.numRecvTokensPerExpert, out.numRecvTokens, false, stream);
   launchDispatchKernel(in, handle, o, stream);
-  if (earlier) impl_->raise(rank_, context_, stream);
+  if (throwAfterLaunch(earlier, stream)) impl_->raise(rank_, context_, stream);
 }
 
 void Buffer::combine(const CombineInputs& in, const DispatchHandle& handle, const CombineOutputs& out,
@@ -550,7 +493,7 @@ void Buffer::combine(const CombineInputs& in, const DispatchHandle& handle, cons
   a.numTopk = handle.numTopk_;
   a.handle = viewOf(handle);
   GDX_CUDA_CHECK(launchCombine(impl_->team, a, config_, stream));
-  if (earlier) impl_->raise(rank_, context_, stream);
+  if (throwAfterLaunch(earlier, stream)) impl_->raise(rank_, context_, stream);
 }
 
 }  // namespace gdx::ep

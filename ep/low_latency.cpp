@@ -8,8 +8,10 @@
 
 #include "base/cuda_check.hpp"
 #include "base/log.hpp"
+#include "ep/launchers.hpp"
 #include "ep/low_latency_protocol.hpp"
 #include "ep/network_path.hpp"
+#include "ep/report.hpp"
 #include "ep/teardown.hpp"
 #include "gdx/context.hpp"
 #include "gdx/device/channel.hpp"
@@ -22,7 +24,7 @@ using namespace detail;
 namespace {
 
 [[noreturn]] void invalid(int rank, const std::string& what) {
-  throw Error(ErrorCode::kInvalidArgument, "gdx::ep low-latency rank " + std::to_string(rank) + ": " + what);
+  throwInvalid({BufferMode::kLowLatency, rank}, what);
 }
 
 // The larger message, then the stamp's 16 bytes (LlLayout::stampOffset), which no message's bytes reach.
@@ -76,7 +78,7 @@ struct LowLatencyBuffer::Impl {
   Window window;
   void* memory = nullptr;  // GPU window
   LlState* state = nullptr;
-  Report* report = nullptr;  // host-mapped
+  HostReport report;
   uint32_t* maskHost = nullptr;
   HostWindowMemory network;  // pinned: receive mirror and staging
   ChannelDeviceHandle* net = nullptr;
@@ -91,7 +93,6 @@ struct LowLatencyBuffer::Impl {
     network.window = Window();
     if (memory) cudaFree(memory);
     if (state) cudaFree(state);
-    if (report) cudaFreeHost(report);
     if (maskHost) cudaFreeHost(maskHost);
     if (network.host) cudaFreeHost(network.host);
     if (net) cudaFree(net);
@@ -158,8 +159,7 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   GDX_CUDA_CHECK(cudaMemset(m.memory, 0, lt.lay.gpuBytes));
   GDX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.state), sizeof(LlState)));
   GDX_CUDA_CHECK(cudaMemset(m.state, 0, sizeof(LlState)));
-  GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.report), sizeof(Report), cudaHostAllocMapped));
-  std::memset(m.report, 0, sizeof(Report));
+  m.report.allocate();
   GDX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.maskHost), kMaxRanks * 4, cudaHostAllocMapped));
   std::memset(m.maskHost, 0, kMaxRanks * 4);
   GDX_CUDA_CHECK(cudaDeviceSynchronize());
@@ -169,7 +169,7 @@ LowLatencyBuffer::LowLatencyBuffer(Context& context, const LowLatencyConfig& con
   t.rank = rank_;
   t.numRanks = numRanks_;
   t.state = &m.state->common;
-  GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&t.report), m.report, 0));
+  t.report = m.report.device();
   GDX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&lt.maskHost), m.maskHost, 0));
   t.failure = context.deviceFailureWord();  // any peer failed (waits on one rank read that rank's own word)
   t.timeoutNs = context.options().timeoutNs;
@@ -300,35 +300,10 @@ void LowLatencyBuffer::requireUnmaskable(int r, const char* op) const {
 }
 
 void LowLatencyBuffer::checkErrors() const {
-  Report* rep = impl_->report;
-  const uint32_t kind = atomicLoad(&rep->kind, kAcquire);
-  if (kind == kNone) return;
-  const Report r = *rep;
-  std::memset(rep, 0, sizeof(Report));
-  GDX_CUDA_CHECK(cudaMemset(&impl_->state->common.reportClaim, 0, sizeof(uint32_t)));
-  const std::string v = std::to_string(r.value), v2 = std::to_string(r.value2), token = std::to_string(r.token);
-  std::string what;
-  switch (kind) {
-    case kBadExpert:
-      what = "token " + token + ": expert id " + v + " outside [-1, " + v2 + "): that top-k entry was skipped";
-      break;
-    case kExpertRows:
-      what = "low_latency_dispatch refused, nothing sent: token " + token + " names expert " + v +
-             " in more than one top-k slot, and the top-k entries naming expert " + v + " (" + v2 +
-             ") are more rows than a rank may send one expert (maxTokensPerRank " +
-             std::to_string(config_.maxTokensPerRank) + ")";
-      break;
-    case kRecvCapacity:
-      what = "internal error: row " + v + " for one expert from token " + token + ", past maxTokensPerRank " + v2;
-      break;
-    case kUnmaskRefused:
-      what = "unmask refused: rank " + std::to_string(r.peer) + " stays masked (ranks bitmask " + v +
-             "): a call's wait masked it before the unmask ran, so it missed " +
-             "a call and its epochs are not this rank's";
-      break;
-    default: what = "error " + std::to_string(kind);
-  }
-  invalid(rank_, what + " (call " + std::to_string(r.epoch) + ")");
+  Impl& m = *impl_;
+  if (m.report.kind() == kNone) return;
+  throw reportError(m.report.take(&m.state->common.reportClaim, nullptr),
+                    {BufferMode::kLowLatency, rank_, config_.maxTokensPerRank});
 }
 
 // Double buffering: at most two calls whose receive halves were not launched yet.
@@ -348,18 +323,14 @@ bool LowLatencyBuffer::beginCall(LowLatencyHook* hook, const char* op) {
                        std::to_string(hook->call_) + "; run it first");
   // Only an error recorded before this call is thrown by it: one its own kernels record while the host is still in
   // the call would make whether the call throws a race.
-  return atomicLoad(&impl_->report->kind, kAcquire) != kNone;
+  return impl_->report.kind() != kNone;
 }
 
 // An error a kernel recorded (a skipped expert id, a refused dispatch) is thrown once the call that finds it was
-// launched: thrown before, it would leave the other ranks waiting for a call this rank never made, masking it, and
-// this rank's epochs one behind theirs. Not while `stream` is being captured: checkErrors() resets the report with a
-// copy, which a capture does not allow (the next call outside the capture, or checkErrors(), throws it).
+// launched (ep/report.hpp, throwAfterLaunch): thrown before, it would leave the other ranks waiting for a call this
+// rank never made, masking it, and this rank's epochs one behind theirs.
 void LowLatencyBuffer::raiseAfterLaunch(bool earlier, cudaStream_t stream) const {
-  if (!earlier) return;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  GDX_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusNone) checkErrors();
+  if (throwAfterLaunch(earlier, stream)) checkErrors();
 }
 
 void LowLatencyBuffer::lowLatencyDispatch(const LowLatencyDispatchInputs& in, const LowLatencyDispatchOutputs& out,

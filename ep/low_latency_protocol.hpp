@@ -1,5 +1,5 @@
 // What the low-latency kernels and their host side share: the layout of the windows, the device state, the kernel
-// arguments and launchers (ep/low_latency.cu). The public side is include/gdx/ep/low_latency.hpp.
+// arguments (the launchers: ep/launchers.hpp). The public side is include/gdx/ep/low_latency.hpp.
 //
 // Each rank's GPU window (IPC-mapped by the same-host ranks):
 //   LlCtrl | dispatch messages [2][R][T] slots | combine rows [2][T][K] rows of 2H | combine weights [2][R][T][K]
@@ -220,10 +220,6 @@ struct LlCombineArgs {
   int64_t* waitCost;       // LowLatencyCombineInputs::waitRecvCostStats (null: none)
 };
 
-/// Whether the kernels were compiled for sm_90 or later, and so wait for the kernel before them (a build for an older
-/// architecture run on sm_90 through its PTX has no wait): programmatic launch is used only then.
-bool llKernelsWaitForPrevious();
-
 /// LlTeam::maskHost values.
 constexpr uint32_t kMaskedByKernel = 1;  // a wait timed out, the peer failed, or a put to it was refused
 constexpr uint32_t kMaskedByUser = 2;    // LowLatencyBuffer::updateMask
@@ -231,17 +227,5 @@ constexpr uint32_t kMaskedByUser = 2;    // LowLatencyBuffer::updateMask
 /// The phases of a launch of gdx::ep::ll::dispatch / combine (a bit each): a call without a hook does both in one
 /// launch, a call with one launches kLlSend and its hook kLlRecv.
 enum LlPhase : int { kLlSend = 1, kLlRecv = 2, kLlBoth = 3 };
-
-/// The most blocks of `threads` threads of the dispatch and of the combine kernel that are resident on the current
-/// device at once (a launch of both phases must not have a block wait for one that is not running yet).
-int llMaxResidentBlocks(int threads);
-
-cudaError_t launchLlDispatch(const LlTeam& team, const LlDispatchArgs& a, int phases, cudaStream_t stream);
-cudaError_t launchLlCombine(const LlTeam& team, const LlCombineArgs& a, int phases, cudaStream_t stream);
-/// Masks the ranks of `mask` (kMaskedByUser) and unmasks those of `unmask` that no kernel masked (the others stay
-/// masked and are reported as kUnmaskRefused).
-cudaError_t launchLlSetMask(const LlTeam& team, uint32_t mask, uint32_t unmask, cudaStream_t stream);
-/// out[r] = 1 when rank r is masked, else 0 (r < numRanks).
-cudaError_t launchLlQueryMask(const LlTeam& team, int32_t* out, cudaStream_t stream);
 
 }  // namespace gdx::ep::detail

@@ -1,5 +1,5 @@
 // What the EP kernels and their host side share: the layout of each rank's buffer window, the per-Buffer state,
-// the error report, and the kernel launchers (ep/intranode.cu).
+// the error report, and the kernels' arguments (the launchers: ep/launchers.hpp).
 //
 // Every rank's window (GPU memory, IPC-mapped by every peer) is laid out alike:
 //   [0, kCtrlBytes)   Ctrl: flags and counts the peers store into
@@ -273,13 +273,5 @@ struct LayoutArgs {
   int32_t* perExpert;
   bool* inRank;
 };
-
-cudaError_t launchLayout(const Team& team, const LayoutArgs& a, cudaStream_t stream);
-cudaError_t launchPrepare(const Team& team, const PrepareArgs& a, cudaStream_t stream);
-cudaError_t launchDispatch(const Team& team, const DispatchArgs& a, const Config& cfg, cudaStream_t stream);
-cudaError_t launchCombine(const Team& team, const CombineArgs& a, const Config& cfg, cudaStream_t stream);
-/// How many blocks of `numThreads` threads of the dispatch and of the combine kernel (the fewer) `device` runs at
-/// once. Their blocks wait for each other's flags, so a launch of more blocks would wait for blocks that never start.
-cudaError_t maxCoResidentBlocks(int device, int numThreads, int* out);
 
 }  // namespace gdx::ep::detail

@@ -2,7 +2,7 @@
 // transport hands over and where it goes, completions, deadlines and failure. What each kind of transfer does lives
 // beside it: connection_sends.cpp, connection_receives.cpp, connection_one_sided.cpp, send_withdrawal.cpp,
 // region_readers.cpp; failure and teardown in connection_failure.cpp; the windows the peer may reach, in
-// LocalWindows (local_windows.hpp).
+// LocalWindows (local_windows.hpp), and the keys of both sides' windows, in WindowKeys (window_keys.hpp).
 #include "p2p/connection.hpp"
 
 #include <algorithm>
@@ -51,7 +51,8 @@ Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::func
       link_(std::move(link)),
       timeoutNs_(timeoutNs),
       wake_(std::move(wake)),
-      windows_(*link_.transport, name_) {
+      windows_(*link_.transport, name_),
+      keys_(*link_.transport, link_.peer(), windows_, name_) {
   name_ = "connection " + std::to_string(id_) + " (peer " + link_.peerIp + ", GPU " + std::to_string(link_.peerGpu) +
           ", " + link_.detail + ")";
   sharedName_ = std::make_shared<const std::string>(name_);
@@ -248,44 +249,17 @@ void Connection::postControl(const ControlMsg& m) {
   lane_->postMessage(op);
 }
 
+void Connection::postControls(const std::vector<ControlMsg>& ms) {
+  for (const ControlMsg& m : ms) postControl(m);
+}
+
 // ---- what arrives ---------------------------------------------------------------------------------------------
 
 void Connection::handleMessage(const ControlMsg& m) {
   switch (m.type) {
-    case MsgType::kKeyRequest: {
-      MemoryRegion r;
-      if (!windows_.resolve(m.window, &r, m.offset)) {
-        ControlMsg no;
-        no.type = MsgType::kKeyRefused;
-        no.window = m.window;
-        return postControl(no);
-      }
-      keysSent_.erase(m.window);  // the peer asks, so it does not have it
-      try {
-        std::string key = windows_.keyOf(r);
-        // A window the resolver gave (the URL transport's memory, its key's secret presented) may be written, even
-        // if it was registered before as the source of this side's writes.
-        if (m.window < kAdvertisedWindowBase && m.window != kEagerWindow)
-          link_.transport->setRemoteAccess(m.window, RemoteAccess::kWrite);
-        return sendKey(m.window, key, r.bytes);
-      } catch (const Error& e) {
-        GDX_WARN(name_ << ": key of window " << m.window << ": " << e.what());
-        ControlMsg no;
-        no.type = MsgType::kKeyRefused;
-        no.window = m.window;
-        return postControl(no);
-      }
-    }
+    case MsgType::kKeyRequest: return postControls(keys_.answer(m));
     case MsgType::kKeyPart: return onKeyPart(m);
-    case MsgType::kKeyRefused: {
-      auto waiters = std::move(keyWaiters_[m.window]);
-      keyWaiters_.erase(m.window);
-      for (auto& w : waiters)
-        w.first->fail(ErrorCode::kInvalidArgument,
-                      "the peer refused window " + std::to_string(m.window) +
-                          ": it was not advertised on this connection (a forged, stale or foreign descriptor)");
-      return;
-    }
+    case MsgType::kKeyRefused: return keys_.onKeyRefused(m.window);
     case MsgType::kClearToSend:
     case MsgType::kCredit:
       onCredits(m.credits);

@@ -55,21 +55,13 @@
 #include <vector>
 
 #include "gdx/types.hpp"
-#include "p2p/key_assembly.hpp"
 #include "p2p/local_windows.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/protocol.hpp"
 #include "p2p/transfer.hpp"
+#include "p2p/window_keys.hpp"
 
 namespace gdx::p2p {
-
-/// `size` bytes at `offset` of a window the peer advertised (or, for the URL transport, registered).
-struct RemotePiece {
-  uint32_t window = 0;
-  uint64_t offset = 0;
-  uint64_t size = 0;
-  uint64_t secret = 0;  ///< sent with the key request: the URL transport's key secret (0 for advertised windows)
-};
 
 /// Immediates with this bit are notified writes (waitForWrite); the others carry a send's number.
 constexpr uint32_t kNotifyImm = 0x80000000u;
@@ -256,6 +248,7 @@ class Connection {
   void handleCompletion(const Completion& c);
   uint64_t track(std::shared_ptr<Transfer> t);
   void postControl(const ControlMsg& m);
+  void postControls(const std::vector<ControlMsg>& ms);
   /// Tells the peer, best effort, that transfer `seq` ended by `code` (kOk counts as kInternal): a kReceiveFailed or
   /// kSendWithdrawn; a transport that cannot carry it is logged, naming `what`.
   void tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what);
@@ -333,10 +326,9 @@ class Connection {
   void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op, uint64_t secret = 0);
   void onKeyPart(const ControlMsg& m);
   void onReadRequest(const ControlMsg& m);
-  /// Grants the peer exactly `p`'s range for transfer `id` (LocalWindows::grant()) and sends it the key; returns
-  /// the window.
+  /// Grants the peer exactly `p`'s range for transfer `id` (WindowKeys::grant()) and sends it the key; returns the
+  /// window.
   uint32_t grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id);
-  void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
 
   // Memory the transport reads for posted writes (region_readers.cpp).
   /// Posts `op`, whose local window windows_.registerRegion(..., true) counted: the transport reads it until the
@@ -368,6 +360,8 @@ class Connection {
 
   /// This side's windows: what the peer may write and read, with their keys (after name_, whose text it uses).
   LocalWindows windows_;
+  /// The keys of this side's windows the peer got, and of the peer's windows this side learned.
+  WindowKeys keys_;
 
   mutable std::mutex failureMutex_;  // guards the two below, set by the failing thread and read by callers
   std::function<void()> onFailure_;
@@ -383,10 +377,6 @@ class Connection {
   std::unordered_map<uint64_t, PostedWrite> cookies_;      ///< posted writes by cookie
   std::unordered_map<uint64_t, uint32_t> readingCookies_;  ///< posted writes by cookie -> the local window they read
   std::unordered_map<uint64_t, std::shared_ptr<Transfer>> fences_, reads_;
-  std::unordered_map<uint32_t, uint64_t> remoteKnown_;  ///< peer windows added to the transport, with their size
-  std::set<uint32_t> keysSent_;
-  KeyAssembly keyAssembly_;
-  std::map<uint32_t, std::vector<std::pair<std::shared_ptr<Transfer>, std::function<void()>>>> keyWaiters_;
   std::vector<std::shared_ptr<Transfer>> live_;
   uint64_t nextSweepNs_ = 0;
   // Eager sends, sender side: credits (free slots of the peer's buffer), slots used so far, sends awaiting their

@@ -53,7 +53,7 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
   cookies_.clear();
   fences_.clear();
   reads_.clear();
-  keyWaiters_.clear();
+  keys_.dropWaiters();
   eagerSends_.clear();
   eagerOrder_.clear();
   eagerCookies_.clear();

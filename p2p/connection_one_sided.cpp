@@ -1,5 +1,5 @@
-// Connection, one-sided writes and reads (connection.hpp) and the keys they need: a write waits for the peer's key of
-// each destination window (kKeyRequest, answered in parts, kKeyPart) and completes once a fence after it is
+// Connection, one-sided writes and reads (connection.hpp): a write waits for the peer's key of each destination
+// window (WindowKeys: asked for with kKeyRequest, answered in parts, kKeyPart) and completes once a fence after it is
 // acknowledged; a read grants exactly its destination range and asks the peer to write the source there
 // (kReadRequest), which the peer's connection answers here too (onReadRequest).
 #include "gdx/detail/log.hpp"
@@ -27,33 +27,17 @@ size_t Connection::grantsOpen() const {
 }
 
 uint32_t Connection::grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id) {
-  std::string key;
-  const uint32_t w = windows_.grant(p, what, id, &key);
-  keysSent_.erase(w);  // a window id used before: the peer gets this grant's key
-  sendKey(w, key, p.size);
+  std::vector<ControlMsg> key;
+  const uint32_t w = keys_.grant(p, what, id, key);
+  postControls(key);
   return w;
-}
-
-void Connection::sendKey(uint32_t window, const std::string& key, uint64_t bytes) {
-  if (!keysSent_.insert(window).second) return;
-  if (key.size() > kMaxKeyBytes)
-    throw Error(ErrorCode::kInternal, name_ + ": a window key of " + std::to_string(key.size()) + " bytes");
-  for (const ControlMsg& part : splitKey(window, key, bytes)) postControl(part);
 }
 
 void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op,
                            uint64_t secret) {
-  if (remoteKnown_.count(window)) return op();
-  auto& waiters = keyWaiters_[window];
-  if (waiters.empty()) {
-    ControlMsg req;
-    req.type = MsgType::kKeyRequest;
-    req.window = window;
-    req.offset = secret;
-    postControl(req);
-  }
-  t->setWaiting("the peer's key of window " + std::to_string(window));
-  waiters.emplace_back(t, std::move(op));
+  if (keys_.known(window)) return op();
+  if (!keys_.asked(window)) postControl(WindowKeys::request(window, secret));
+  keys_.await(window, t, std::move(op));
 }
 
 void Connection::write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std::vector<RemotePiece> dst, bool notify) {
@@ -68,7 +52,7 @@ void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
   // Posted once every destination window is known; until then the waiter for the first unknown key is all that
   // holds it, so that it is let go once posted or failed (a retry that held itself kept every write alive).
   for (const RemotePiece& d : w->dst)
-    if (!remoteKnown_.count(d.window))
+    if (!keys_.known(d.window))
       return whenKnown(
           d.window, w->t, [this, w] { postWrite(w); }, d.secret);
   const std::shared_ptr<Transfer>& t = w->t;
@@ -77,12 +61,7 @@ void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
     for (size_t i = 0; i < w->src.size(); ++i) {
       const Piece& src = w->src[i];
       const RemotePiece& dst = w->dst[i];
-      const uint64_t have = remoteKnown_[dst.window];
-      if (dst.offset > have || dst.size > have - dst.offset)
-        throw Error(ErrorCode::kInvalidArgument, "a write of " + std::to_string(dst.size) + " bytes at offset " +
-                                                     std::to_string(dst.offset) + " does not fit the peer's window " +
-                                                     std::to_string(dst.window) + " of " + std::to_string(have) +
-                                                     " bytes");
+      keys_.checkFits(dst);
       windows_.registerRegion(src.region, nullptr, true);
       WriteOp op;
       op.peer = link_.peer();
@@ -133,21 +112,10 @@ void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::
 }
 
 void Connection::onKeyPart(const ControlMsg& m) {
-  bool complete = false;
-  KeyAssembly::Key k;
-  const std::string bad = keyAssembly_.add(m, &complete, &k);
-  if (!bad.empty()) return failAll(ErrorCode::kProtocol, "the peer sent " + bad);
-  if (!complete) return;
-  auto waiters = std::move(keyWaiters_[m.window]);
-  keyWaiters_.erase(m.window);
-  try {
-    link_.transport->addRemoteWindow(link_.peer(), k.window, k.bytes, k.key);
-    remoteKnown_[k.window] = k.bytes;
-  } catch (const Error& e) {
-    for (auto& w : waiters) w.first->fail(e.code(), e.what());
-    return;
-  }
-  for (auto& w : waiters) w.second();
+  std::vector<std::function<void()>> ready;
+  const std::string bad = keys_.onKeyPart(m, ready);
+  if (!bad.empty()) return failAll(ErrorCode::kProtocol, bad);
+  for (auto& op : ready) op();
 }
 
 void Connection::onReadRequest(const ControlMsg& m) {

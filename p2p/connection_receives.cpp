@@ -171,10 +171,9 @@ void Connection::onRequestToSend(const ControlMsg& m) {
 }
 
 void Connection::offerEagerBuffer() {
-  if (keysSent_.count(kEagerWindow)) return;
-  MemoryRegion r;
-  windows_.resolve(kEagerWindow, &r);
-  sendKey(kEagerWindow, windows_.keyOf(r), r.bytes);
+  std::vector<ControlMsg> key;
+  keys_.offerEagerBuffer(key);
+  postControls(key);
 }
 
 uint32_t Connection::takeCredits() {

@@ -75,7 +75,7 @@ void Connection::trySends() {
     PendingSend send = s;
     sends_.pop_front();
     try {
-      if (!remoteKnown_.count(cts.window))
+      if (!keys_.known(cts.window))
         throw Error(ErrorCode::kProtocol, what + ": the peer's clear-to-send names window " +
                                               std::to_string(cts.window) + ", whose key never arrived");
       windows_.registerRegion(send.piece.region, nullptr, true);
@@ -100,7 +100,7 @@ void Connection::trySends() {
 }
 
 bool Connection::postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece) {
-  if (!remoteKnown_.count(kEagerWindow)) {
+  if (!keys_.known(kEagerWindow)) {
     // The peer sends its buffer's key before its first small receive's clear-to-send; ask when the send came first.
     if (!eagerKeyAsked_) {
       eagerKeyAsked_ = true;

@@ -73,7 +73,7 @@ void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
       op.withImm = w->notify && i + 1 == w->src.size();
       op.imm = kNotifyImm;
       op.cookie = nextId_++;
-      cookies_[op.cookie] = PostedWrite{t};
+      cookies_[op.cookie] = t;
       postReading(op);
     }
     ControlMsg fence;

@@ -1,9 +1,9 @@
 // Connection, the driver (connection.hpp): the threads that run it (submit, queue, drive, progress rounds), what the
 // transport hands over and where it goes, completions, deadlines and failure. What each kind of transfer does lives
 // beside it: sends and receives in TwoSided (two_sided.hpp), carried out by connection_two_sided.cpp; one-sided
-// writes and reads in connection_one_sided.cpp; region_readers.cpp; failure and teardown in connection_failure.cpp; the
-// windows the peer may reach, in LocalWindows (local_windows.hpp), and the keys of both sides' windows, in WindowKeys
-// (window_keys.hpp).
+// writes and reads in OneSided (one_sided.hpp), carried out by connection_one_sided.cpp; region_readers.cpp; failure
+// and teardown in connection_failure.cpp; the windows the peer may reach, in LocalWindows (local_windows.hpp), and the
+// keys of both sides' windows, in WindowKeys (window_keys.hpp).
 #include "p2p/connection.hpp"
 
 #include <algorithm>
@@ -30,17 +30,6 @@ constexpr uint64_t kQuietRoundNs = 20 * 1000;
 /// message. The caller has nothing else to do meanwhile, and spinPause() yields the CPU to whoever else is runnable.
 constexpr uint64_t kDriveSpinNs = 200 * 1000;
 
-const char* readStatusText(ReadStatus s) {
-  switch (s) {
-    case ReadStatus::kOk: return "ok";
-    case ReadStatus::kUnknownWindow:
-      return "the window was not advertised on this connection (forged or stale descriptor)";
-    case ReadStatus::kOutOfRange: return "the range lies outside the advertised region";
-    case ReadStatus::kFailed: return "the peer could not write the data back";
-  }
-  return "?";
-}
-
 }  // namespace
 
 Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::function<void()> wake)
@@ -50,7 +39,8 @@ Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::func
       wake_(std::move(wake)),
       windows_(*link_.transport, name_),
       keys_(*link_.transport, link_.peer(), windows_, name_),
-      twoSided_(windows_, keys_, link_.peer(), name_) {
+      twoSided_(windows_, keys_, link_.peer(), name_),
+      oneSided_(windows_, keys_, link_.peer(), name_) {
   name_ = "connection " + std::to_string(id_) + " (peer " + link_.peerIp + ", GPU " + std::to_string(link_.peerGpu) +
           ", " + link_.detail + ")";
   sharedName_ = std::make_shared<const std::string>(name_);
@@ -212,9 +202,8 @@ void Connection::setFailureHandler(std::function<void()> h) {
   onFailure_ = std::move(h);
 }
 
-uint64_t Connection::track(std::shared_ptr<Transfer> t) {
-  live_.push_back(t);
-  return nextId_++;
+void Connection::track(std::shared_ptr<Transfer> t) {
+  live_.push_back(std::move(t));
 }
 
 // ---- operations (queued by callers, run by the progress thread) ------------------------------------------------
@@ -253,35 +242,11 @@ void Connection::handleMessage(const ControlMsg& m) {
     case MsgType::kReceiveFailed:
     case MsgType::kSendWithdrawn:
     case MsgType::kWithdrawTooLate:
-    case MsgType::kSendRefused: {
-      return withTwoSided([&](TwoSided::Actions& out) { twoSided_.onMessage(m, out); });
-    }
-    case MsgType::kFence: {
-      ControlMsg ack;
-      ack.type = MsgType::kFenceAck;
-      ack.id = m.id;
-      return postControl(ack);
-    }
-    case MsgType::kFenceAck: {
-      auto it = fences_.find(m.id);
-      if (it == fences_.end()) return;
-      it->second->finishPart();
-      fences_.erase(it);
-      return;
-    }
-    case MsgType::kReadRequest: return onReadRequest(m);
-    case MsgType::kReadDone: {
-      windows_.revokeRead(m.id);
-      auto it = reads_.find(m.id);
-      if (it == reads_.end()) return;
-      if (m.status == ReadStatus::kOk)
-        it->second->finishPart();
-      else
-        it->second->fail(m.status == ReadStatus::kFailed ? ErrorCode::kPeerFailed : ErrorCode::kInvalidArgument,
-                         std::string("the peer refused the read: ") + readStatusText(m.status));
-      reads_.erase(it);
-      return;
-    }
+    case MsgType::kSendRefused: return decide<TwoSided>([&](TwoSided::Actions& out) { twoSided_.onMessage(m, out); });
+    case MsgType::kFence:
+    case MsgType::kFenceAck:
+    case MsgType::kReadRequest:
+    case MsgType::kReadDone: return decide<OneSided>([&](OneSided::Actions& out) { oneSided_.onMessage(m, out); });
   }
 }
 
@@ -292,7 +257,7 @@ void Connection::handle(const Event& e) {
       if (notify_) notify_();
       return;
     }
-    return withTwoSided([&](TwoSided::Actions& out) {
+    return decide<TwoSided>([&](TwoSided::Actions& out) {
       if (e.imm & kEagerImm)
         twoSided_.onEagerData(e.imm, e.bytes, out);
       else
@@ -401,14 +366,7 @@ void Connection::handleCompletion(const Completion& c) {
   if (!readingCookies_.empty()) doneReading(c.cookie);
   if (TwoSided::owns(c.cookie))  // a send's write; the connection's failure names the cause of a failed one
     return twoSided_.onWriteDone(c, c.status == Status::kOk ? std::string() : failure());
-  auto it = cookies_.find(c.cookie);
-  if (it == cookies_.end()) return;
-  if (c.status == Status::kOk)
-    it->second->finishPart();
-  else
-    it->second->fail(errorCodeFor(c.status),
-                     std::string("the transport failed the write: ") + statusName(c.status) + " (" + failure() + ")");
-  cookies_.erase(it);
+  oneSided_.onWriteDone(c, c.status == Status::kOk ? std::string() : failure());
 }
 
 }  // namespace gdx::p2p

@@ -4,9 +4,10 @@
 // Two-sided: sends and receives, paired by their numbers, small ones through the eager buffer, large ones written in
 // place after a clear-to-send (TwoSided, two_sided.hpp, which says what a failure on either side does).
 // One-sided: advertise() registers exactly the advertised range as a window of its own, so the peer's transport
-// refuses anything outside it; a writer learns the window's key on first use (kKeyRequest) and completes a write
-// once a fence posted after it is acknowledged, i.e. once its data is in place at the peer. A read asks the owner
-// to write the range back (kReadRequest); the owner's progress thread does it and answers kReadDone after the data.
+// refuses anything outside it (LocalWindows); writes and reads against the peer's windows, and the answers to the
+// peer's, are OneSided's (one_sided.hpp); the keys of both sides' windows, WindowKeys' (window_keys.hpp).
+// Connection drives them: it owns the transport and the threads, decodes what arrives, routes it to them and carries
+// out the actions they return.
 //
 // Threads: callers queue operations; whichever thread holds the connection's progress lock runs them, owns the
 // transport lane, handles what arrives and fails transfers whose deadline passed. That is the calling thread itself
@@ -30,6 +31,7 @@
 
 #include "gdx/types.hpp"
 #include "p2p/local_windows.hpp"
+#include "p2p/one_sided.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/protocol.hpp"
 #include "p2p/transfer.hpp"
@@ -37,10 +39,6 @@
 #include "p2p/window_keys.hpp"
 
 namespace gdx::p2p {
-
-/// Immediates with this bit are notified writes (waitForWrite); the others are two-sided (TwoSided: kEagerImm, or a
-/// send's number).
-constexpr uint32_t kNotifyImm = 0x80000000u;
 
 class Connection {
  public:
@@ -152,13 +150,6 @@ class Connection {
     uint64_t bytes = 0;  ///< kImm: the size of the write
     std::string why;
   };
-  /// A one-sided write until it is posted (it may wait for the keys of its destination windows).
-  struct PendingWrite {
-    std::shared_ptr<Transfer> t;
-    std::vector<Piece> src;
-    std::vector<RemotePiece> dst;
-    bool notify = false;
-  };
 
   // Running the connection (connection.cpp): operations, rounds, drivers, what arrives, completions.
   void queue(std::function<void()> op);
@@ -189,27 +180,28 @@ class Connection {
   void handle(const Event& e);
   void handleMessage(const ControlMsg& m);
   void handleCompletion(const Completion& c);
-  uint64_t track(std::shared_ptr<Transfer> t);
+  /// Keeps `t` until it is finished: its deadline is checked, and a failure of the connection fails it.
+  void track(std::shared_ptr<Transfer> t);
   void postControl(const ControlMsg& m);
   void postControls(const std::vector<ControlMsg>& ms);
-
-  // Sends and receives (connection_two_sided.cpp): what TwoSided returns, carried out.
-  /// The operations send() and recv() submit.
-  void runSend(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
-  void runRecv(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
-  /// Calls `decide` (void(TwoSided::Actions&), a call of twoSided_) and carries out the actions it returned, also
-  /// those it returned before it threw: what TwoSided decided before an error happened, as if done at once.
-  template <typename Decide>
-  void withTwoSided(Decide decide) {
-    TwoSided::Actions actions;
+  /// Calls `call` (void(Object::Actions&): a call of twoSided_ or oneSided_) and carries out the actions it
+  /// returned, also those it returned before it threw: what was decided before an error happened, as if done at once.
+  template <typename Object, typename Call>
+  void decide(Call call) {
+    typename Object::Actions actions;
     try {
-      decide(actions);
+      call(actions);
     } catch (...) {
       carryOut(actions);
       throw;
     }
     carryOut(actions);
   }
+
+  // Sends and receives (connection_two_sided.cpp): what TwoSided returns, carried out.
+  /// The operations send() and recv() submit.
+  void runSend(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
+  void runRecv(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
   /// Carries out `actions` in order, then lets more sends leave while TwoSided has more to look at.
   void carryOut(TwoSided::Actions& actions);
   void carryOut(const TwoSided::Action& a);
@@ -224,16 +216,15 @@ class Connection {
   void sweep(uint64_t now);
   void failAll(ErrorCode code, const std::string& why);
 
-  // One-sided writes and reads, and the keys of windows (connection_one_sided.cpp).
-  /// Posts write `w` once the keys of its destination windows are known (whenKnown), or fails its transfer.
-  void postWrite(const std::shared_ptr<PendingWrite>& w);
+  // One-sided writes and reads, and the keys of windows (connection_one_sided.cpp): what OneSided and WindowKeys
+  // return, carried out.
+  /// Carries out `actions` in order; a write that cannot be posted ends them (OneSided::notPosted()).
+  void carryOut(OneSided::Actions& actions);
+  /// Registers the source of a write and posts it: false, with what to do instead in `instead`, if either throws.
+  bool postOneSidedWrite(const OneSided::Action& a, OneSided::Actions& instead);
   /// Runs `op` once the peer's key of `window` is known (asking for it once), or fails `t` if it is refused.
   void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op, uint64_t secret = 0);
   void onKeyPart(const ControlMsg& m);
-  void onReadRequest(const ControlMsg& m);
-  /// Grants the peer exactly `p`'s range for transfer `id` (WindowKeys::grant()) and sends it the key; returns the
-  /// window.
-  uint32_t grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id);
 
   // Memory the transport reads for posted writes (region_readers.cpp).
   /// Posts `op`, whose local window windows_.registerRegion(..., true) counted: the transport reads it until the
@@ -269,6 +260,8 @@ class Connection {
   WindowKeys keys_;
   /// Sends and receives: their numbers, the eager buffer's credits, the rendezvous of large sends.
   TwoSided twoSided_;
+  /// Writes and reads against the peer's windows, and the answers to the peer's.
+  OneSided oneSided_;
 
   mutable std::mutex failureMutex_;  // guards the two below, set by the failing thread and read by callers
   std::function<void()> onFailure_;
@@ -277,10 +270,7 @@ class Connection {
 
   // Progress thread only.
   std::function<void()> notify_;
-  uint64_t nextId_ = 1;
-  std::unordered_map<uint64_t, std::shared_ptr<Transfer>> cookies_;  ///< posted one-sided writes by cookie
   std::unordered_map<uint64_t, uint32_t> readingCookies_;  ///< posted writes by cookie -> the local window they read
-  std::unordered_map<uint64_t, std::shared_ptr<Transfer>> fences_, reads_;
   std::vector<std::shared_ptr<Transfer>> live_;
   uint64_t nextSweepNs_ = 0;
 };

@@ -49,9 +49,7 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
   for (auto& t : live_) t->fail(code, why);  // the transfer's own description names the connection
   live_.clear();
   twoSided_.clear();
-  cookies_.clear();
-  fences_.clear();
-  reads_.clear();
+  oneSided_.clear();
   keys_.dropWaiters();
   if (onFailure) onFailure();
 }
@@ -73,7 +71,7 @@ void Connection::sweep(uint64_t now) {
                              }),
               live_.end());
   if (timedOut) {  // the sends and receives among them
-    withTwoSided([this](TwoSided::Actions& out) { twoSided_.abandonFailed(out); });
+    decide<TwoSided>([this](TwoSided::Actions& out) { twoSided_.abandonFailed(out); });
   }
   // A peer that closed its end said goodbye (TCP), which the transport does not report as a failure (the Context's
   // ranks all say it at teardown): without this, what still waits for that peer would wait out its timeout. Over

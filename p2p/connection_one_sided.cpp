@@ -1,7 +1,6 @@
-// Connection, one-sided writes and reads (connection.hpp): a write waits for the peer's key of each destination
-// window (WindowKeys: asked for with kKeyRequest, answered in parts, kKeyPart) and completes once a fence after it is
-// acknowledged; a read grants exactly its destination range and asks the peer to write the source there
-// (kReadRequest), which the peer's connection answers here too (onReadRequest).
+// Connection, one-sided writes and reads (connection.hpp): OneSided decides, the connection carries out what it
+// returns, in order: messages to the peer, the writes of this side's writes and of its answers to the peer's reads,
+// the wait for the peer's key of a window (WindowKeys: asked for with kKeyRequest, answered in parts, kKeyPart).
 #include "gdx/detail/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
@@ -26,13 +25,6 @@ size_t Connection::grantsOpen() const {
   return windows_.grantsOpen();
 }
 
-uint32_t Connection::grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id) {
-  std::vector<ControlMsg> key;
-  const uint32_t w = keys_.grant(p, what, id, key);
-  postControls(key);
-  return w;
-}
-
 void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op,
                            uint64_t secret) {
   if (keys_.known(window)) return op();
@@ -41,74 +33,57 @@ void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, 
 }
 
 void Connection::write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std::vector<RemotePiece> dst, bool notify) {
-  auto w = std::make_shared<PendingWrite>(PendingWrite{std::move(t), std::move(src), std::move(dst), notify});
+  auto w = std::make_shared<OneSided::PendingWrite>(
+      OneSided::PendingWrite{std::move(t), std::move(src), std::move(dst), notify});
   queue([this, w] {
     track(w->t);
-    postWrite(w);
+    decide<OneSided>([&](OneSided::Actions& out) { oneSided_.write(w, out); });
   });
-}
-
-void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
-  // Posted once every destination window is known; until then the waiter for the first unknown key is all that
-  // holds it, so that it is let go once posted or failed (a retry that held itself kept every write alive).
-  for (const RemotePiece& d : w->dst)
-    if (!keys_.known(d.window))
-      return whenKnown(
-          d.window, w->t, [this, w] { postWrite(w); }, d.secret);
-  const std::shared_ptr<Transfer>& t = w->t;
-  if (t->finished()) return;
-  try {
-    for (size_t i = 0; i < w->src.size(); ++i) {
-      const Piece& src = w->src[i];
-      const RemotePiece& dst = w->dst[i];
-      keys_.checkFits(dst);
-      windows_.registerRegion(src.region, nullptr, true);
-      WriteOp op;
-      op.peer = link_.peer();
-      op.localWindow = src.region.window;
-      op.localOffset = src.offset;
-      op.remoteWindow = dst.window;
-      op.remoteOffset = dst.offset;
-      op.bytes = src.size;
-      op.withImm = w->notify && i + 1 == w->src.size();
-      op.imm = kNotifyImm;
-      op.cookie = nextId_++;
-      cookies_[op.cookie] = t;
-      postReading(op);
-    }
-    ControlMsg fence;
-    fence.type = MsgType::kFence;
-    fence.id = nextId_++;
-    fences_[fence.id] = t;
-    t->setWaiting("the peer's acknowledgement that the data is in place (fence " + std::to_string(fence.id) + ")");
-    postControl(fence);
-  } catch (const Error& e) {
-    t->fail(e.code(), e.what());
-  }
 }
 
 void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::vector<RemotePiece> src) {
   queue([this, t, dst = std::move(dst), src = std::move(src)] {
     track(t);
-    t->setWaiting("the peer's answer to the read");
-    try {
-      for (size_t i = 0; i < dst.size(); ++i) {
-        ControlMsg req;
-        req.type = MsgType::kReadRequest;
-        req.id = nextId_++;
-        req.window = src[i].window;
-        req.offset = src[i].offset;
-        req.bytes = src[i].size;
-        req.dstWindow =
-            grant(dst[i], LocalWindows::GrantFor::kRead, req.id);  // exactly the range read, until kReadDone
-        req.dstOffset = 0;
-        reads_[req.id] = t;
-        postControl(req);
-      }
-    } catch (const Error& e) {
-      t->fail(e.code(), e.what());
-    }
+    decide<OneSided>([&](OneSided::Actions& out) { oneSided_.read(t, dst, src, out); });
   });
+}
+
+void Connection::carryOut(OneSided::Actions& actions) {
+  using Kind = OneSided::Action::Kind;
+  for (const OneSided::Action& a : actions) {
+    switch (a.kind) {
+      case Kind::kPost: postControl(a.msg); break;
+      case Kind::kAwaitKey: {
+        // The waiter is all that holds the write until its key comes, so that it is let go once posted or failed.
+        std::shared_ptr<OneSided::PendingWrite> w = a.pending;
+        whenKnown(
+            a.window, a.t, [this, w] { decide<OneSided>([&](OneSided::Actions& out) { oneSided_.write(w, out); }); },
+            a.secret);
+        break;
+      }
+      case Kind::kWrite: {
+        OneSided::Actions instead;
+        if (postOneSidedWrite(a, instead)) break;
+        return carryOut(instead);  // what its call returned after it is not done
+      }
+    }
+  }
+}
+
+bool Connection::postOneSidedWrite(const OneSided::Action& a, OneSided::Actions& instead) {
+  try {
+    windows_.registerRegion(a.region, nullptr, true);
+  } catch (const Error& e) {
+    oneSided_.notPosted(a, e, false, instead);
+    return false;
+  }
+  try {
+    postReading(a.write);
+  } catch (const Error& e) {
+    oneSided_.notPosted(a, e, true, instead);
+    return false;
+  }
+  return true;
 }
 
 void Connection::onKeyPart(const ControlMsg& m) {
@@ -116,36 +91,6 @@ void Connection::onKeyPart(const ControlMsg& m) {
   const std::string bad = keys_.onKeyPart(m, ready);
   if (!bad.empty()) return failAll(ErrorCode::kProtocol, bad);
   for (auto& op : ready) op();
-}
-
-void Connection::onReadRequest(const ControlMsg& m) {
-  ControlMsg done;
-  done.type = MsgType::kReadDone;
-  done.id = m.id;
-  MemoryRegion src;
-  // The eager buffer is written by the peer's small sends, never read: only advertised (or resolved) windows are.
-  if (m.window == kEagerWindow || !windows_.resolve(m.window, &src)) {
-    done.status = ReadStatus::kUnknownWindow;
-  } else if (m.offset > src.bytes || m.bytes > src.bytes - m.offset || m.bytes == 0) {
-    done.status = ReadStatus::kOutOfRange;
-  } else {
-    try {
-      windows_.registerRegion(src, nullptr, true);
-      WriteOp op;
-      op.peer = link_.peer();
-      op.localWindow = src.window;
-      op.localOffset = m.offset;
-      op.remoteWindow = m.dstWindow;
-      op.remoteOffset = m.dstOffset;
-      op.bytes = m.bytes;
-      op.cookie = nextId_++;
-      postReading(op);  // the kReadDone below is delivered only after this data is in place
-    } catch (const Error& e) {
-      GDX_WARN(name_ << ": read request " << m.id << " of window " << m.window << ": " << e.what());
-      done.status = ReadStatus::kFailed;
-    }
-  }
-  postControl(done);
 }
 
 }  // namespace gdx::p2p

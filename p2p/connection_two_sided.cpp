@@ -8,12 +8,12 @@ namespace gdx::p2p {
 
 void Connection::runSend(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces) {
   track(t);
-  withTwoSided([&](TwoSided::Actions& out) { twoSided_.send(t, pieces, out); });
+  decide<TwoSided>([&](TwoSided::Actions& out) { twoSided_.send(t, pieces, out); });
 }
 
 void Connection::runRecv(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces) {
   track(t);
-  withTwoSided([&](TwoSided::Actions& out) { twoSided_.recv(t, pieces, out); });
+  decide<TwoSided>([&](TwoSided::Actions& out) { twoSided_.recv(t, pieces, out); });
 }
 
 void Connection::carryOut(TwoSided::Actions& actions) {
@@ -64,11 +64,11 @@ void Connection::postSendWrite(const TwoSided::Action& a) {
 }
 
 void Connection::trySends() {
-  withTwoSided([this](TwoSided::Actions& out) { twoSided_.trySends(out); });
+  decide<TwoSided>([this](TwoSided::Actions& out) { twoSided_.trySends(out); });
 }
 
 void Connection::flushCredits() {
-  withTwoSided([this](TwoSided::Actions& out) { twoSided_.flushCredits(out); });
+  decide<TwoSided>([this](TwoSided::Actions& out) { twoSided_.flushCredits(out); });
 }
 
 }  // namespace gdx::p2p

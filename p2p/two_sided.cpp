@@ -9,10 +9,8 @@ TwoSided::TwoSided(LocalWindows& windows, WindowKeys& keys, int peer, const std:
     : windows_(windows), keys_(keys), peer_(peer), name_(name) {}
 
 void TwoSided::post(Actions& out, const ControlMsg& m) {
-  Action a;
-  a.kind = Action::Kind::kPost;
-  a.msg = m;
-  out.push_back(std::move(a));
+  out.emplace_back();  // an Action is kPost unless told otherwise
+  out.back().msg = m;
 }
 
 void TwoSided::tell(Actions& out, MsgType type, uint64_t seq, ErrorCode code, const std::string& what) {

@@ -86,8 +86,10 @@ class TwoSided {
       kPost,   ///< send `msg` to the peer
       kTell,   ///< send `msg` to the peer, best effort: a transport that cannot carry it is logged, naming `why`
       kWrite,  ///< post `write`, which reads `region` (registered first): send `seq`'s data; notPosted() if it throws
-      kAwaitKey,  ///< trySends() once the key of the peer's eager buffer is known (asked for), or fail `t` if refused
-      kFail,      ///< the connection fails with `code` and `why` (this object forgot its transfers already)
+      /// trySends() once the key of the peer's eager buffer is known (asked for), or fail `t` if refused; `t` waits
+      /// for `why` meanwhile
+      kAwaitKey,
+      kFail,  ///< the connection fails with `code` and `why` (this object forgot its transfers already)
     };
     Kind kind = Kind::kPost;
     ControlMsg msg;

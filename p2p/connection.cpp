@@ -1,8 +1,9 @@
 // Connection, the driver (connection.hpp): the threads that run it (submit, queue, drive, progress rounds), what the
 // transport hands over and where it goes, completions, deadlines and failure. What each kind of transfer does lives
-// beside it: connection_sends.cpp, connection_receives.cpp, connection_one_sided.cpp, send_withdrawal.cpp,
-// region_readers.cpp; failure and teardown in connection_failure.cpp; the windows the peer may reach, in
-// LocalWindows (local_windows.hpp).
+// beside it: sends and receives in TwoSided (two_sided.hpp), carried out by connection_two_sided.cpp; one-sided
+// writes and reads in OneSided (one_sided.hpp), carried out by connection_one_sided.cpp; region_readers.cpp; failure
+// and teardown in connection_failure.cpp; the windows the peer may reach, in LocalWindows (local_windows.hpp), and the
+// keys of both sides' windows, in WindowKeys (window_keys.hpp).
 #include "p2p/connection.hpp"
 
 #include <algorithm>
@@ -11,20 +12,16 @@
 #include "base/log.hpp"
 #include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
-#include "p2p/two_sided.hpp"
 
 namespace gdx::p2p {
 namespace {
 
-/// Credits owed for longer than this are reported on their own (kCredit) by the next round of the connection: a
-/// reply within it carries them in its immediate instead. Rounds run at least every millisecond (progress thread).
-constexpr uint64_t kCreditDelayNs = 100 * 1000;
 constexpr size_t kMaxCompletions = 64;
 /// Longest sleep of drive() between looks at the deadline (a wake-up can be missed only when a transfer is finished
 /// by the progress thread between drive()'s look and its sleep; that costs at most this).
 constexpr uint64_t kDriveSleepNs = 1000 * 1000;
 /// While drive() polls and nothing was handed over, it still runs a round this often: credits owed for
-/// kCreditDelayNs and deadlines are found by rounds, not announced.
+/// TwoSided::kCreditDelayNs and deadlines are found by rounds, not announced.
 constexpr uint64_t kQuietRoundNs = 20 * 1000;
 /// How long a blocking call polls after the last work it did before it sleeps. Longer than Connection::kSpinNs (the
 /// progress threads'): the caller waits for its peer's answer, a round trip plus the peer's own turnaround, which a
@@ -33,17 +30,6 @@ constexpr uint64_t kQuietRoundNs = 20 * 1000;
 /// message. The caller has nothing else to do meanwhile, and spinPause() yields the CPU to whoever else is runnable.
 constexpr uint64_t kDriveSpinNs = 200 * 1000;
 
-const char* readStatusText(ReadStatus s) {
-  switch (s) {
-    case ReadStatus::kOk: return "ok";
-    case ReadStatus::kUnknownWindow:
-      return "the window was not advertised on this connection (forged or stale descriptor)";
-    case ReadStatus::kOutOfRange: return "the range lies outside the advertised region";
-    case ReadStatus::kFailed: return "the peer could not write the data back";
-  }
-  return "?";
-}
-
 }  // namespace
 
 Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::function<void()> wake)
@@ -51,7 +37,10 @@ Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::func
       link_(std::move(link)),
       timeoutNs_(timeoutNs),
       wake_(std::move(wake)),
-      windows_(*link_.transport, name_) {
+      windows_(*link_.transport, name_),
+      keys_(*link_.transport, link_.peer(), windows_, name_),
+      twoSided_(windows_, keys_, link_.peer(), name_),
+      oneSided_(windows_, keys_, link_.peer(), name_) {
   name_ = "connection " + std::to_string(id_) + " (peer " + link_.peerIp + ", GPU " + std::to_string(link_.peerGpu) +
           ", " + link_.detail + ")";
   sharedName_ = std::make_shared<const std::string>(name_);
@@ -60,7 +49,7 @@ Connection::Connection(uint64_t id, PairLink link, uint64_t timeoutNs, std::func
 Connection::~Connection() {
   try {
     // Sends this side took and has not confirmed yet are confirmed before the goodbye: their senders wait for it.
-    if (lane_ && creditsFreed_ > 0 && failure().empty()) flushCredits();
+    if (lane_ && twoSided_.owesCredits() && failure().empty()) flushCredits();
     link_.transport->shutdown();
   } catch (const std::exception& e) {
     GDX_ERROR(name_ << ": closing: " << e.what());
@@ -213,9 +202,8 @@ void Connection::setFailureHandler(std::function<void()> h) {
   onFailure_ = std::move(h);
 }
 
-uint64_t Connection::track(std::shared_ptr<Transfer> t) {
-  live_.push_back(t);
-  return nextId_++;
+void Connection::track(std::shared_ptr<Transfer> t) {
+  live_.push_back(std::move(t));
 }
 
 // ---- operations (queued by callers, run by the progress thread) ------------------------------------------------
@@ -228,18 +216,6 @@ void Connection::recv(std::shared_ptr<Transfer> t, std::vector<Piece> pieces) {
   submit([this, t, pieces = std::move(pieces)] { runRecv(t, pieces); });
 }
 
-void Connection::tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what) {
-  ControlMsg m;
-  m.type = type;
-  m.id = seq;
-  m.code = code == ErrorCode::kOk ? ErrorCode::kInternal : code;
-  try {
-    postControl(m);
-  } catch (const Error& e) {  // called on failure paths: a transport that cannot carry it fails the peer anyway
-    GDX_WARN(name_ << ": telling the peer " << what << ": " << e.what());
-  }
-}
-
 // ---- messages to the peer ------------------------------------------------------------------------------------
 
 void Connection::postControl(const ControlMsg& m) {
@@ -248,93 +224,29 @@ void Connection::postControl(const ControlMsg& m) {
   lane_->postMessage(op);
 }
 
+void Connection::postControls(const std::vector<ControlMsg>& ms) {
+  for (const ControlMsg& m : ms) postControl(m);
+}
+
 // ---- what arrives ---------------------------------------------------------------------------------------------
 
 void Connection::handleMessage(const ControlMsg& m) {
   switch (m.type) {
-    case MsgType::kKeyRequest: {
-      MemoryRegion r;
-      if (!windows_.resolve(m.window, &r, m.offset)) {
-        ControlMsg no;
-        no.type = MsgType::kKeyRefused;
-        no.window = m.window;
-        return postControl(no);
-      }
-      keysSent_.erase(m.window);  // the peer asks, so it does not have it
-      try {
-        std::string key = windows_.keyOf(r);
-        // A window the resolver gave (the URL transport's memory, its key's secret presented) may be written, even
-        // if it was registered before as the source of this side's writes.
-        if (m.window < kAdvertisedWindowBase && m.window != kEagerWindow)
-          link_.transport->setRemoteAccess(m.window, RemoteAccess::kWrite);
-        return sendKey(m.window, key, r.bytes);
-      } catch (const Error& e) {
-        GDX_WARN(name_ << ": key of window " << m.window << ": " << e.what());
-        ControlMsg no;
-        no.type = MsgType::kKeyRefused;
-        no.window = m.window;
-        return postControl(no);
-      }
-    }
+    case MsgType::kKeyRequest: return postControls(keys_.answer(m));
     case MsgType::kKeyPart: return onKeyPart(m);
-    case MsgType::kKeyRefused: {
-      auto waiters = std::move(keyWaiters_[m.window]);
-      keyWaiters_.erase(m.window);
-      for (auto& w : waiters)
-        w.first->fail(ErrorCode::kInvalidArgument,
-                      "the peer refused window " + std::to_string(m.window) +
-                          ": it was not advertised on this connection (a forged, stale or foreign descriptor)");
-      return;
-    }
+    case MsgType::kKeyRefused: return keys_.onKeyRefused(m.window);
     case MsgType::kClearToSend:
     case MsgType::kCredit:
-      onCredits(m.credits);
-      if (m.type == MsgType::kClearToSend) {
-        if (eagerSends_.count(m.id))
-          matchEager(m);
-        else if (m.id >= nextSendSeq_ || (!sends_.empty() && m.id >= sends_.front().seq))
-          cts_[m.id] = m;  // else its send is gone (withdrawn, or failed by the peer's notice): nothing waits for it
-      }
-      return trySends();
-    case MsgType::kRequestToSend: return onRequestToSend(m);
-    case MsgType::kReceiveRefused: failUnsentSend(m.id, ErrorCode::kInvalidArgument, bufferTooSmall(m.bytes)); return;
-    case MsgType::kReceiveFailed: return onReceiveFailed(m);
-    case MsgType::kSendWithdrawn: return onSendWithdrawn(m);
-    case MsgType::kWithdrawTooLate: return onWithdrawTooLate(m);
-    case MsgType::kSendRefused: {
-      auto it = recvs_.find(static_cast<uint32_t>(m.id) & kSeqMask);
-      if (it == recvs_.end()) return;
-      it->second.t->fail(ErrorCode::kInvalidArgument, tooLarge(it->second.seq, m.bytes, it->second.bytes));
-      recvs_.erase(it);
-      abandonFailedRecvs();  // the receive's other buffers
-      return;
-    }
-    case MsgType::kFence: {
-      ControlMsg ack;
-      ack.type = MsgType::kFenceAck;
-      ack.id = m.id;
-      return postControl(ack);
-    }
-    case MsgType::kFenceAck: {
-      auto it = fences_.find(m.id);
-      if (it == fences_.end()) return;
-      it->second->finishPart();
-      fences_.erase(it);
-      return;
-    }
-    case MsgType::kReadRequest: return onReadRequest(m);
-    case MsgType::kReadDone: {
-      windows_.revokeRead(m.id);
-      auto it = reads_.find(m.id);
-      if (it == reads_.end()) return;
-      if (m.status == ReadStatus::kOk)
-        it->second->finishPart();
-      else
-        it->second->fail(m.status == ReadStatus::kFailed ? ErrorCode::kPeerFailed : ErrorCode::kInvalidArgument,
-                         std::string("the peer refused the read: ") + readStatusText(m.status));
-      reads_.erase(it);
-      return;
-    }
+    case MsgType::kRequestToSend:
+    case MsgType::kReceiveRefused:
+    case MsgType::kReceiveFailed:
+    case MsgType::kSendWithdrawn:
+    case MsgType::kWithdrawTooLate:
+    case MsgType::kSendRefused: return decide<TwoSided>([&](TwoSided::Actions& out) { twoSided_.onMessage(m, out); });
+    case MsgType::kFence:
+    case MsgType::kFenceAck:
+    case MsgType::kReadRequest:
+    case MsgType::kReadDone: return decide<OneSided>([&](OneSided::Actions& out) { oneSided_.onMessage(m, out); });
   }
 }
 
@@ -345,36 +257,12 @@ void Connection::handle(const Event& e) {
       if (notify_) notify_();
       return;
     }
-    if (e.imm & kEagerImm) return onEagerData(e.imm, e.bytes);
-    auto it = recvs_.find(e.imm);
-    if (it == recvs_.end()) {
-      auto failed = failedRecvs_.find(e.imm);
-      if (failed == failedRecvs_.end())
-        return failAll(ErrorCode::kProtocol,
-                       "data arrived for receive #" + std::to_string(e.imm) + ", which was never posted");
-      // The write left before the sender heard that its receive failed: the transport placed the data (the region
-      // was still registered), which the receive's caller was told it would not get.
-      const uint64_t seq = failed->second;
-      GDX_WARN(name_ << ": the data of send #" << seq << " arrived after its receive had failed");
-      arrivedForFailedRecv(seq);
-      nextArrival_ = seq + 1;
-      windows_.revokeReceivesBefore(nextArrival_);
-      return;
-    }
-    arrivedForFailedRecv(it->second.seq);  // failed receives before it will see nothing more
-    nextArrival_ = it->second.seq + 1;
-    windows_.revokeReceivesBefore(nextArrival_);  // the data is in place: the peer may write there no more
-    const PendingRecv r = it->second;
-    recvs_.erase(it);
-    // Its size is the one the send announced before its write (kRequestToSend), which the sender checked against
-    // the buffer; the grant kept the write inside the buffer whatever it was.
-    if (r.sent == 0 || r.sent > r.bytes)
-      return failAll(ErrorCode::kProtocol, "the data of send #" + std::to_string(r.seq) + " arrived " +
-                                               (r.sent ? "announced as " + std::to_string(r.sent) + " bytes, larger "
-                                                       : std::string("unannounced, ")) +
-                                               "for a receive of " + std::to_string(r.bytes) + " bytes");
-    r.t->finishPart(r.index, r.sent);
-    return;
+    return decide<TwoSided>([&](TwoSided::Actions& out) {
+      if (e.imm & kEagerImm)
+        twoSided_.onEagerData(e.imm, e.bytes, out);
+      else
+        twoSided_.onWriteArrived(e.imm, out);  // a large send's, into its receive's buffer
+    });
   }
   ControlMsg m;
   std::string bad = decode(e.msg, &m);
@@ -465,7 +353,7 @@ bool Connection::round() {
   size_t n = lane_->poll(done, kMaxCompletions);
   for (size_t i = 0; i < n; ++i) handleCompletion(done[i]);
   const uint64_t now = nowNs();  // one clock read for the credits' age and the deadlines
-  if (creditsFreed_ > 0 && failed.empty() && now - creditsOwedSinceNs_ >= kCreditDelayNs) flushCredits();
+  if (failed.empty() && twoSided_.creditsOverdue(now)) flushCredits();
   sweep(now);
   const bool worked = n > 0 || !roundOps_.empty() || !roundEvents_.empty();
   roundOps_.clear();
@@ -476,30 +364,9 @@ bool Connection::round() {
 void Connection::handleCompletion(const Completion& c) {
   if (c.cookie == 0) return;
   if (!readingCookies_.empty()) doneReading(c.cookie);
-  auto eager = eagerCookies_.find(c.cookie);
-  if (eager != eagerCookies_.end()) {
-    auto it = eagerSends_.find(eager->second);
-    eagerCookies_.erase(eager);
-    if (it == eagerSends_.end()) return;  // failed already (its clear-to-send named another size)
-    if (c.status != Status::kOk) {
-      it->second.t->fail(errorCodeFor(c.status), std::string("the transport failed the eager write: ") +
-                                                     statusName(c.status) + " (" + failure() + ")");
-    } else {
-      it->second.written = true;
-      if (!it->second.matched) return;
-      it->second.t->finishPart();
-    }
-    eagerSends_.erase(it);
-    return;
-  }
-  auto it = cookies_.find(c.cookie);
-  if (it == cookies_.end()) return;
-  if (c.status == Status::kOk)
-    it->second.t->finishPart();
-  else
-    it->second.t->fail(errorCodeFor(c.status),
-                       std::string("the transport failed the write: ") + statusName(c.status) + " (" + failure() + ")");
-  cookies_.erase(it);
+  if (TwoSided::owns(c.cookie))  // a send's write; the connection's failure names the cause of a failed one
+    return twoSided_.onWriteDone(c, c.status == Status::kOk ? std::string() : failure());
+  oneSided_.onWriteDone(c, c.status == Status::kOk ? std::string() : failure());
 }
 
 }  // namespace gdx::p2p

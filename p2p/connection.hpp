@@ -1,38 +1,13 @@
 // One connection between two endpoints: a PairLink's transport plus the protocol that turns its one-sided writes,
 // immediates and control messages (protocol.hpp) into sends, receives, writes and reads.
 //
-// Two-sided: the receiver numbers its receives in the order they were posted and tells the sender where each may
-// land (kClearToSend: exactly the receive's buffer, granted as a window of its own, after the window's key); the
-// sender numbers its sends the same way and writes the n-th send into the n-th receive with a write-with-immediate
-// carrying n, which completes the receive once its data is in place. A message may be smaller than its receive's
-// buffer: the sender writes only its own bytes at the start of the buffer, the rest stays untouched, and the receive
-// reports the size (a large send announced it, kRequestToSend, before its write; an eager one's is its write's). A
-// message larger than the buffer fails both sides by name, naming both sizes, and writes nothing (kSendRefused);
-// the pairing of later sends and receives is kept. In a vector, buffer i takes the i-th message of the peer's sends
-// (each piece of a sendv is one message), each checked on its own.
-// Sends of at most kEagerBytes do not wait for a clear-to-send, and their receives send none: they are written at
-// once into the receiver's eager buffer (a slot per credit, protocol.hpp), which the receive copies from, whether it
-// was posted before the data arrived or after. The freed slot goes back as a credit, which also confirms the send
-// (its receive took it whole): in the immediate of the receiver's next eager write (a reply), with its next receive
-// posted, else on its own after kCreditDelayNs; such a send completes once its write completed and its credit came
-// back. A message too large for its buffer fails both sides by name: the receive that finds it says so
-// (kReceiveRefused), a large send announces itself (kRequestToSend) so that a small receive can. Sends leave in their
-// numbered order either way (an eager send waits behind an earlier one that waits for its clear-to-send), so every
-// message arrives in order.
-// A receive that failed (it timed out, a buffer of its vector was refused, its memory was deregistered) takes nothing
-// more: its other buffers are withdrawn, the sender is told (kReceiveFailed) and fails the sends for them by name,
-// and eager data still on its way is dropped. A large send's write is stopped only if the notice reaches the sender
-// before it posted the write: one already on its way still lands in the receive's buffer (the sender fails by name
-// too, unless its write completed before the notice came), unless the region was deregistered first, in which case
-// the transport refuses it and the connection fails.
-// A send that failed on this side (its deadline passed, its memory was deregistered, another buffer of its vector
-// failed) is withdrawn (send_withdrawal.cpp): no receive takes it, a receive posted for it fails by name, and the
-// receives posted after it pair with the sends posted after it. If a receive took its data before the withdrawal
-// arrived, the connection fails on both sides, saying so: a failed send is never delivered unnoticed.
+// Two-sided: sends and receives, paired by their numbers, small ones through the eager buffer, large ones written in
+// place after a clear-to-send (TwoSided, two_sided.hpp, which says what a failure on either side does).
 // One-sided: advertise() registers exactly the advertised range as a window of its own, so the peer's transport
-// refuses anything outside it; a writer learns the window's key on first use (kKeyRequest) and completes a write
-// once a fence posted after it is acknowledged, i.e. once its data is in place at the peer. A read asks the owner
-// to write the range back (kReadRequest); the owner's progress thread does it and answers kReadDone after the data.
+// refuses anything outside it (LocalWindows); writes and reads against the peer's windows, and the answers to the
+// peer's, are OneSided's (one_sided.hpp); the keys of both sides' windows, WindowKeys' (window_keys.hpp).
+// Connection drives them: it owns the transport and the threads, decodes what arrives, routes it to them and carries
+// out the actions they return.
 //
 // Threads: callers queue operations; whichever thread holds the connection's progress lock runs them, owns the
 // transport lane, handles what arrives and fails transfers whose deadline passed. That is the calling thread itself
@@ -55,27 +30,15 @@
 #include <vector>
 
 #include "gdx/types.hpp"
-#include "p2p/key_assembly.hpp"
 #include "p2p/local_windows.hpp"
+#include "p2p/one_sided.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/protocol.hpp"
 #include "p2p/transfer.hpp"
+#include "p2p/two_sided.hpp"
+#include "p2p/window_keys.hpp"
 
 namespace gdx::p2p {
-
-/// `size` bytes at `offset` of a window the peer advertised (or, for the URL transport, registered).
-struct RemotePiece {
-  uint32_t window = 0;
-  uint64_t offset = 0;
-  uint64_t size = 0;
-  uint64_t secret = 0;  ///< sent with the key request: the URL transport's key secret (0 for advertised windows)
-};
-
-/// Immediates with this bit are notified writes (waitForWrite); the others carry a send's number.
-constexpr uint32_t kNotifyImm = 0x80000000u;
-/// Immediates of eager sends (written into the eager buffer) carry this bit beside the low bits of the send's number
-/// and the credits the writer returns (two_sided.hpp).
-constexpr uint32_t kEagerImm = 0x40000000u;
 
 class Connection {
  public:
@@ -187,43 +150,6 @@ class Connection {
     uint64_t bytes = 0;  ///< kImm: the size of the write
     std::string why;
   };
-  struct PendingSend {
-    uint64_t seq;
-    std::shared_ptr<Transfer> t;
-    Piece piece;
-  };
-  struct PendingRecv {
-    std::shared_ptr<Transfer> t;
-    uint64_t bytes;  ///< the buffer's size: the largest message it takes
-    uint64_t seq;
-    Piece piece;        ///< where an eager send's data is copied to
-    size_t index = 0;   ///< which buffer of its transfer it is (Transfer::finishPart(index, size))
-    uint64_t sent = 0;  ///< a large send's size, as it announced itself (kRequestToSend); 0 until then
-  };
-  /// Eager data that arrived before its receive was posted: which slot of the eager buffer holds it.
-  struct EarlyData {
-    uint32_t slot;
-    uint64_t bytes;
-  };
-  /// An eager send in flight: done once its write completed and its credit came back (its receive took it whole).
-  struct EagerSend {
-    std::shared_ptr<Transfer> t;
-    uint64_t bytes;
-    bool written = false;
-    bool matched = false;
-  };
-  /// A one-sided write until it is posted (it may wait for the keys of its destination windows).
-  struct PendingWrite {
-    std::shared_ptr<Transfer> t;
-    std::vector<Piece> src;
-    std::vector<RemotePiece> dst;
-    bool notify = false;
-  };
-  /// A posted write by its cookie: a one-sided write's, or a large send's (`sendSeq`, to find it by number).
-  struct PostedWrite {
-    std::shared_ptr<Transfer> t;
-    uint64_t sendSeq = UINT64_MAX;  ///< UINT64_MAX: not a send
-  };
 
   // Running the connection (connection.cpp): operations, rounds, drivers, what arrives, completions.
   void queue(std::function<void()> op);
@@ -254,89 +180,51 @@ class Connection {
   void handle(const Event& e);
   void handleMessage(const ControlMsg& m);
   void handleCompletion(const Completion& c);
-  uint64_t track(std::shared_ptr<Transfer> t);
+  /// Keeps `t` until it is finished: its deadline is checked, and a failure of the connection fails it.
+  void track(std::shared_ptr<Transfer> t);
   void postControl(const ControlMsg& m);
-  /// Tells the peer, best effort, that transfer `seq` ended by `code` (kOk counts as kInternal): a kReceiveFailed or
-  /// kSendWithdrawn; a transport that cannot carry it is logged, naming `what`.
-  void tellFailure(MsgType type, uint64_t seq, ErrorCode code, const std::string& what);
+  void postControls(const std::vector<ControlMsg>& ms);
+  /// Calls `call` (void(Object::Actions&): a call of twoSided_ or oneSided_) and carries out the actions it
+  /// returned, also those it returned before it threw: what was decided before an error happened, as if done at once.
+  template <typename Object, typename Call>
+  void decide(Call call) {
+    typename Object::Actions actions;
+    try {
+      call(actions);
+    } catch (...) {
+      carryOut(actions);
+      throw;
+    }
+    carryOut(actions);
+  }
+
+  // Sends and receives (connection_two_sided.cpp): what TwoSided returns, carried out.
+  /// The operations send() and recv() submit.
+  void runSend(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
+  void runRecv(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
+  /// Carries out `actions` in order, then lets more sends leave while TwoSided has more to look at.
+  void carryOut(TwoSided::Actions& actions);
+  void carryOut(const TwoSided::Action& a);
+  /// Registers the source of a send's write and posts it; TwoSided hears if either throws.
+  void postSendWrite(const TwoSided::Action& a);
+  /// Lets queued sends leave (TwoSided::trySends()).
+  void trySends();
+  /// Reports the credits TwoSided owes, if any, on their own.
+  void flushCredits();
 
   // Failure and teardown (connection_failure.cpp).
   void sweep(uint64_t now);
   void failAll(ErrorCode code, const std::string& why);
 
-  // The sender's side of sends and receives (connection_sends.cpp).
-  /// The operation send() submits: numbers the pieces as sends and posts those that can leave now.
-  void runSend(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
-  void trySends();
-  /// Posts the eager send at the head of sends_ into the next slot of the peer's eager buffer; false when it must
-  /// wait (no credit, or the key of the peer's eager buffer has not arrived).
-  bool postEager(const std::shared_ptr<Transfer>& t, uint64_t seq, const Piece& piece);
-  /// A clear-to-send naming an eager send: its receive is a large one, which takes it (the slot's credit confirms it).
-  void matchEager(const ControlMsg& cts);
-  /// The peer returned `n` credits: as many more eager sends may leave, and the oldest `n` in flight are confirmed.
-  void onCredits(uint32_t n);
-  /// The peer's receive for send `m.id` failed: the send fails by name wherever it is, or when it is posted.
-  void onReceiveFailed(const ControlMsg& m);
-  /// Fails send `seq` with `code` and "send #seq of N bytes" + `why` if it left eagerly or still waits in sends_;
-  /// false if it is neither.
-  bool failUnsentSend(uint64_t seq, ErrorCode code, const std::string& why);
-
-  // The receiver's side (connection_receives.cpp).
-  /// The operation recv() submits: numbers the pieces as receives, takes eager data already here, and tells the
-  /// sender where large sends may land.
-  void runRecv(const std::shared_ptr<Transfer>& t, const std::vector<Piece>& pieces);
-  void onEagerData(uint32_t imm, uint64_t bytes);
-  /// Eager data of `bytes` in `slot` for receive `r`: copied into the start of its buffer, or the receive fails when
-  /// the buffer is smaller; the slot is free again either way.
-  void takeEager(const PendingRecv& r, uint32_t slot, uint64_t bytes);
-  /// Makes sure this side's eager buffer exists and its key went to the peer (before the first small receive).
-  void offerEagerBuffer();
-  /// Credits freed since the last report, for a clear-to-send or an eager write (resets the count).
-  uint32_t takeCredits();
-  /// Reports owed credits on their own (kCredit), if any.
-  void flushCredits();
-  /// An eager slot was emptied: its credit goes back with the next eager write, receive or on its own.
-  void freeEagerSlot();
-  /// A send larger than kEagerBytes announced itself: a small receive for it fails (and tells the sender).
-  void onRequestToSend(const ControlMsg& m);
-  /// "receive #seq: the peer's send is N bytes, larger than this receive's buffer of M bytes (nothing was written)".
-  static std::string tooLarge(uint64_t seq, uint64_t sendBytes, uint64_t bufferBytes);
-  /// Fails receive `r`, whose send of `sendBytes` is larger than its buffer, and tells the sender (kReceiveRefused).
-  void refuseSend(const PendingRecv& r, uint64_t sendBytes);
-  /// Receive `seq`, a buffer of a receive that failed with `code`, takes nothing: the sender is told
-  /// (kReceiveFailed), its eager data is dropped if it is here, and whatever still comes for it will be.
-  void abandonRecv(uint64_t seq, ErrorCode code);
-  /// Tells the sender that receive `seq` failed with `code` (kReceiveFailed).
-  void tellReceiveFailed(uint64_t seq, ErrorCode code);
-  /// Withdraws every posted buffer of receives that failed (abandonRecv), after any failure of a receive.
-  void abandonFailedRecvs();
-  /// Send `seq` arrived (its eager data or its write's immediate): true if its receive had failed (it is forgotten
-  /// then, and so are failed receives before it, whose sends will never come).
-  bool arrivedForFailedRecv(uint64_t seq);
-
-  // Withdrawn sends (send_withdrawal.cpp).
-  /// Tells the peer about every send that failed on this side and is still queued, in flight or unconfirmed
-  /// (kSendWithdrawn), and forgets it.
-  void withdrawFailedSends();
-  void withdrawSend(uint64_t seq, ErrorCode code);
-  /// The sender was told that receive `seq` failed (a withdrawal of its send crossing the notice is no news).
-  void noteReceiveFailedTold(uint64_t seq);
-  /// The number of the next receive buffer posted, past those of sends the peer withdrew.
-  uint64_t takeRecvSeq();
-  void onSendWithdrawn(const ControlMsg& m);
-  void onWithdrawTooLate(const ControlMsg& m);
-
-  // One-sided writes and reads, and the keys of windows (connection_one_sided.cpp).
-  /// Posts write `w` once the keys of its destination windows are known (whenKnown), or fails its transfer.
-  void postWrite(const std::shared_ptr<PendingWrite>& w);
+  // One-sided writes and reads, and the keys of windows (connection_one_sided.cpp): what OneSided and WindowKeys
+  // return, carried out.
+  /// Carries out `actions` in order; a write that cannot be posted ends them (OneSided::notPosted()).
+  void carryOut(OneSided::Actions& actions);
+  /// Registers the source of a write and posts it: false, with what to do instead in `instead`, if either throws.
+  bool postOneSidedWrite(const OneSided::Action& a, OneSided::Actions& instead);
   /// Runs `op` once the peer's key of `window` is known (asking for it once), or fails `t` if it is refused.
   void whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op, uint64_t secret = 0);
   void onKeyPart(const ControlMsg& m);
-  void onReadRequest(const ControlMsg& m);
-  /// Grants the peer exactly `p`'s range for transfer `id` (LocalWindows::grant()) and sends it the key; returns
-  /// the window.
-  uint32_t grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id);
-  void sendKey(uint32_t window, const std::string& key, uint64_t bytes);
 
   // Memory the transport reads for posted writes (region_readers.cpp).
   /// Posts `op`, whose local window windows_.registerRegion(..., true) counted: the transport reads it until the
@@ -368,6 +256,12 @@ class Connection {
 
   /// This side's windows: what the peer may write and read, with their keys (after name_, whose text it uses).
   LocalWindows windows_;
+  /// The keys of this side's windows the peer got, and of the peer's windows this side learned.
+  WindowKeys keys_;
+  /// Sends and receives: their numbers, the eager buffer's credits, the rendezvous of large sends.
+  TwoSided twoSided_;
+  /// Writes and reads against the peer's windows, and the answers to the peer's.
+  OneSided oneSided_;
 
   mutable std::mutex failureMutex_;  // guards the two below, set by the failing thread and read by callers
   std::function<void()> onFailure_;
@@ -376,42 +270,9 @@ class Connection {
 
   // Progress thread only.
   std::function<void()> notify_;
-  uint64_t nextSendSeq_ = 0, nextRecvSeq_ = 0, nextId_ = 1;
-  std::deque<PendingSend> sends_;
-  std::map<uint64_t, ControlMsg> cts_;                     ///< clear-to-send by send number
-  std::unordered_map<uint32_t, PendingRecv> recvs_;        ///< by the low 31 bits of the receive's number
-  std::unordered_map<uint64_t, PostedWrite> cookies_;      ///< posted writes by cookie
   std::unordered_map<uint64_t, uint32_t> readingCookies_;  ///< posted writes by cookie -> the local window they read
-  std::unordered_map<uint64_t, std::shared_ptr<Transfer>> fences_, reads_;
-  std::unordered_map<uint32_t, uint64_t> remoteKnown_;  ///< peer windows added to the transport, with their size
-  std::set<uint32_t> keysSent_;
-  KeyAssembly keyAssembly_;
-  std::map<uint32_t, std::vector<std::pair<std::shared_ptr<Transfer>, std::function<void()>>>> keyWaiters_;
   std::vector<std::shared_ptr<Transfer>> live_;
   uint64_t nextSweepNs_ = 0;
-  // Eager sends, sender side: credits (free slots of the peer's buffer), slots used so far, sends awaiting their
-  // clear-to-send, and their writes by cookie.
-  uint32_t eagerCredits_ = kEagerSlots;
-  uint64_t eagerSent_ = 0;
-  bool eagerKeyAsked_ = false;
-  std::map<uint64_t, EagerSend> eagerSends_;
-  std::deque<uint64_t> eagerOrder_;  ///< numbers of eager sends not yet confirmed, in the order they left
-  std::unordered_map<uint64_t, uint64_t> eagerCookies_;
-  // Receiver side: slots filled so far (they fill in order), data waiting for its receive, credits to report.
-  uint64_t eagerArrived_ = 0;
-  std::unordered_map<uint32_t, EarlyData> early_;
-  uint32_t creditsFreed_ = 0;
-  uint64_t creditsOwedSinceNs_ = 0;
-  uint64_t nextArrival_ = 0;                    ///< the number after the last send whose data arrived
-  std::unordered_map<uint32_t, uint64_t> rts_;  ///< sizes of large sends announced before their receive
-  /// Receives that failed before their send arrived (low bits of the number -> the number): what comes for them is
-  /// dropped. Forgotten when that send or a later one arrives.
-  std::unordered_map<uint32_t, uint64_t> failedRecvs_;
-  /// Sender side: sends not yet posted whose receive the peer said failed (kReceiveFailed), by number.
-  std::map<uint64_t, ErrorCode> failedAhead_;
-  /// Receiver side: numbers of withdrawn sends that no receive was posted for yet (the next receives skip them), and
-  /// of receives the sender was told failed (the last few thousand).
-  std::set<uint64_t> voided_, toldFailed_;
 };
 
 }  // namespace gdx::p2p

@@ -21,7 +21,7 @@ void Connection::close(ErrorCode code, const std::string& why) {
     if (lane_) {
       if (!failed_.load()) {
         try {  // sends this side took are confirmed before the goodbye: their senders wait for it
-          if (creditsFreed_ > 0) flushCredits();
+          if (twoSided_.owesCredits()) flushCredits();
         } catch (const Error& e) {
           GDX_WARN(name_ << ": confirming what arrived before closing: " << e.what());
         }
@@ -48,19 +48,9 @@ void Connection::failAll(ErrorCode code, const std::string& why) {
   GDX_WARN(name_ << ": " << why);
   for (auto& t : live_) t->fail(code, why);  // the transfer's own description names the connection
   live_.clear();
-  sends_.clear();
-  recvs_.clear();
-  cookies_.clear();
-  fences_.clear();
-  reads_.clear();
-  keyWaiters_.clear();
-  eagerSends_.clear();
-  eagerOrder_.clear();
-  eagerCookies_.clear();
-  early_.clear();
-  rts_.clear();
-  failedRecvs_.clear();
-  failedAhead_.clear();
+  twoSided_.clear();
+  oneSided_.clear();
+  keys_.dropWaiters();
   if (onFailure) onFailure();
 }
 
@@ -80,9 +70,8 @@ void Connection::sweep(uint64_t now) {
                                return true;
                              }),
               live_.end());
-  if (timedOut) {
-    abandonFailedRecvs();   // receives among them take nothing that still comes
-    withdrawFailedSends();  // and no receive of the peer takes the sends among them
+  if (timedOut) {  // the sends and receives among them
+    decide<TwoSided>([this](TwoSided::Actions& out) { twoSided_.abandonFailed(out); });
   }
   // A peer that closed its end said goodbye (TCP), which the transport does not report as a failure (the Context's
   // ranks all say it at teardown): without this, what still waits for that peer would wait out its timeout. Over

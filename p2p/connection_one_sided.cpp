@@ -1,7 +1,6 @@
-// Connection, one-sided writes and reads (connection.hpp) and the keys they need: a write waits for the peer's key of
-// each destination window (kKeyRequest, answered in parts, kKeyPart) and completes once a fence after it is
-// acknowledged; a read grants exactly its destination range and asks the peer to write the source there
-// (kReadRequest), which the peer's connection answers here too (onReadRequest).
+// Connection, one-sided writes and reads (connection.hpp): OneSided decides, the connection carries out what it
+// returns, in order: messages to the peer, the writes of this side's writes and of its answers to the peer's reads,
+// the wait for the peer's key of a window (WindowKeys: asked for with kKeyRequest, answered in parts, kKeyPart).
 #include "base/log.hpp"
 #include "gdx/error.hpp"
 #include "p2p/connection.hpp"
@@ -26,158 +25,72 @@ size_t Connection::grantsOpen() const {
   return windows_.grantsOpen();
 }
 
-uint32_t Connection::grant(const Piece& p, LocalWindows::GrantFor what, uint64_t id) {
-  std::string key;
-  const uint32_t w = windows_.grant(p, what, id, &key);
-  keysSent_.erase(w);  // a window id used before: the peer gets this grant's key
-  sendKey(w, key, p.size);
-  return w;
-}
-
-void Connection::sendKey(uint32_t window, const std::string& key, uint64_t bytes) {
-  if (!keysSent_.insert(window).second) return;
-  if (key.size() > kMaxKeyBytes)
-    throw Error(ErrorCode::kInternal, name_ + ": a window key of " + std::to_string(key.size()) + " bytes");
-  for (const ControlMsg& part : splitKey(window, key, bytes)) postControl(part);
-}
-
 void Connection::whenKnown(uint32_t window, const std::shared_ptr<Transfer>& t, std::function<void()> op,
                            uint64_t secret) {
-  if (remoteKnown_.count(window)) return op();
-  auto& waiters = keyWaiters_[window];
-  if (waiters.empty()) {
-    ControlMsg req;
-    req.type = MsgType::kKeyRequest;
-    req.window = window;
-    req.offset = secret;
-    postControl(req);
-  }
-  t->setWaiting("the peer's key of window " + std::to_string(window));
-  waiters.emplace_back(t, std::move(op));
+  if (keys_.known(window)) return op();
+  if (!keys_.asked(window)) postControl(WindowKeys::request(window, secret));
+  keys_.await(window, t, std::move(op));
 }
 
 void Connection::write(std::shared_ptr<Transfer> t, std::vector<Piece> src, std::vector<RemotePiece> dst, bool notify) {
-  auto w = std::make_shared<PendingWrite>(PendingWrite{std::move(t), std::move(src), std::move(dst), notify});
+  auto w = std::make_shared<OneSided::PendingWrite>(
+      OneSided::PendingWrite{std::move(t), std::move(src), std::move(dst), notify});
   queue([this, w] {
     track(w->t);
-    postWrite(w);
+    decide<OneSided>([&](OneSided::Actions& out) { oneSided_.write(w, out); });
   });
-}
-
-void Connection::postWrite(const std::shared_ptr<PendingWrite>& w) {
-  // Posted once every destination window is known; until then the waiter for the first unknown key is all that
-  // holds it, so that it is let go once posted or failed (a retry that held itself kept every write alive).
-  for (const RemotePiece& d : w->dst)
-    if (!remoteKnown_.count(d.window))
-      return whenKnown(
-          d.window, w->t, [this, w] { postWrite(w); }, d.secret);
-  const std::shared_ptr<Transfer>& t = w->t;
-  if (t->finished()) return;
-  try {
-    for (size_t i = 0; i < w->src.size(); ++i) {
-      const Piece& src = w->src[i];
-      const RemotePiece& dst = w->dst[i];
-      const uint64_t have = remoteKnown_[dst.window];
-      if (dst.offset > have || dst.size > have - dst.offset)
-        throw Error(ErrorCode::kInvalidArgument, "a write of " + std::to_string(dst.size) + " bytes at offset " +
-                                                     std::to_string(dst.offset) + " does not fit the peer's window " +
-                                                     std::to_string(dst.window) + " of " + std::to_string(have) +
-                                                     " bytes");
-      windows_.registerRegion(src.region, nullptr, true);
-      WriteOp op;
-      op.peer = link_.peer();
-      op.localWindow = src.region.window;
-      op.localOffset = src.offset;
-      op.remoteWindow = dst.window;
-      op.remoteOffset = dst.offset;
-      op.bytes = src.size;
-      op.withImm = w->notify && i + 1 == w->src.size();
-      op.imm = kNotifyImm;
-      op.cookie = nextId_++;
-      cookies_[op.cookie] = PostedWrite{t};
-      postReading(op);
-    }
-    ControlMsg fence;
-    fence.type = MsgType::kFence;
-    fence.id = nextId_++;
-    fences_[fence.id] = t;
-    t->setWaiting("the peer's acknowledgement that the data is in place (fence " + std::to_string(fence.id) + ")");
-    postControl(fence);
-  } catch (const Error& e) {
-    t->fail(e.code(), e.what());
-  }
 }
 
 void Connection::read(std::shared_ptr<Transfer> t, std::vector<Piece> dst, std::vector<RemotePiece> src) {
   queue([this, t, dst = std::move(dst), src = std::move(src)] {
     track(t);
-    t->setWaiting("the peer's answer to the read");
-    try {
-      for (size_t i = 0; i < dst.size(); ++i) {
-        ControlMsg req;
-        req.type = MsgType::kReadRequest;
-        req.id = nextId_++;
-        req.window = src[i].window;
-        req.offset = src[i].offset;
-        req.bytes = src[i].size;
-        req.dstWindow =
-            grant(dst[i], LocalWindows::GrantFor::kRead, req.id);  // exactly the range read, until kReadDone
-        req.dstOffset = 0;
-        reads_[req.id] = t;
-        postControl(req);
-      }
-    } catch (const Error& e) {
-      t->fail(e.code(), e.what());
-    }
+    decide<OneSided>([&](OneSided::Actions& out) { oneSided_.read(t, dst, src, out); });
   });
 }
 
-void Connection::onKeyPart(const ControlMsg& m) {
-  bool complete = false;
-  KeyAssembly::Key k;
-  const std::string bad = keyAssembly_.add(m, &complete, &k);
-  if (!bad.empty()) return failAll(ErrorCode::kProtocol, "the peer sent " + bad);
-  if (!complete) return;
-  auto waiters = std::move(keyWaiters_[m.window]);
-  keyWaiters_.erase(m.window);
-  try {
-    link_.transport->addRemoteWindow(link_.peer(), k.window, k.bytes, k.key);
-    remoteKnown_[k.window] = k.bytes;
-  } catch (const Error& e) {
-    for (auto& w : waiters) w.first->fail(e.code(), e.what());
-    return;
-  }
-  for (auto& w : waiters) w.second();
-}
-
-void Connection::onReadRequest(const ControlMsg& m) {
-  ControlMsg done;
-  done.type = MsgType::kReadDone;
-  done.id = m.id;
-  MemoryRegion src;
-  // The eager buffer is written by the peer's small sends, never read: only advertised (or resolved) windows are.
-  if (m.window == kEagerWindow || !windows_.resolve(m.window, &src)) {
-    done.status = ReadStatus::kUnknownWindow;
-  } else if (m.offset > src.bytes || m.bytes > src.bytes - m.offset || m.bytes == 0) {
-    done.status = ReadStatus::kOutOfRange;
-  } else {
-    try {
-      windows_.registerRegion(src, nullptr, true);
-      WriteOp op;
-      op.peer = link_.peer();
-      op.localWindow = src.window;
-      op.localOffset = m.offset;
-      op.remoteWindow = m.dstWindow;
-      op.remoteOffset = m.dstOffset;
-      op.bytes = m.bytes;
-      op.cookie = nextId_++;
-      postReading(op);  // the kReadDone below is delivered only after this data is in place
-    } catch (const Error& e) {
-      GDX_WARN(name_ << ": read request " << m.id << " of window " << m.window << ": " << e.what());
-      done.status = ReadStatus::kFailed;
+void Connection::carryOut(OneSided::Actions& actions) {
+  using Kind = OneSided::Action::Kind;
+  for (const OneSided::Action& a : actions) {
+    switch (a.kind) {
+      case Kind::kPost: postControl(a.msg); break;
+      case Kind::kAwaitKey: {
+        // The waiter is all that holds the write until its key comes, so that it is let go once posted or failed.
+        std::shared_ptr<OneSided::PendingWrite> w = a.pending;
+        whenKnown(
+            a.window, a.t, [this, w] { decide<OneSided>([&](OneSided::Actions& out) { oneSided_.write(w, out); }); },
+            a.secret);
+        break;
+      }
+      case Kind::kWrite: {
+        OneSided::Actions instead;
+        if (postOneSidedWrite(a, instead)) break;
+        return carryOut(instead);  // what its call returned after it is not done
+      }
     }
   }
-  postControl(done);
+}
+
+bool Connection::postOneSidedWrite(const OneSided::Action& a, OneSided::Actions& instead) {
+  try {
+    windows_.registerRegion(a.region, nullptr, true);
+  } catch (const Error& e) {
+    oneSided_.notPosted(a, e, false, instead);
+    return false;
+  }
+  try {
+    postReading(a.write);
+  } catch (const Error& e) {
+    oneSided_.notPosted(a, e, true, instead);
+    return false;
+  }
+  return true;
+}
+
+void Connection::onKeyPart(const ControlMsg& m) {
+  std::vector<std::function<void()>> ready;
+  const std::string bad = keys_.onKeyPart(m, ready);
+  if (!bad.empty()) return failAll(ErrorCode::kProtocol, bad);
+  for (auto& op : ready) op();
 }
 
 }  // namespace gdx::p2p

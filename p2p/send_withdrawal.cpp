@@ -6,9 +6,7 @@
 // sides (kWithdrawTooLate) with an error saying so.
 #include <algorithm>
 
-#include "base/log.hpp"
 #include "gdx/error.hpp"
-#include "p2p/connection.hpp"
 #include "p2p/two_sided.hpp"
 
 namespace gdx::p2p {
@@ -24,7 +22,7 @@ std::string withdrawnWhy(uint64_t seq, ErrorCode code) {
 
 }  // namespace
 
-void Connection::withdrawFailedSends() {
+void TwoSided::withdrawFailedSends(Actions& out) {
   std::vector<std::pair<uint64_t, ErrorCode>> gone;
   bool head = false;
   for (auto it = sends_.begin(); it != sends_.end();) {
@@ -38,39 +36,25 @@ void Connection::withdrawFailedSends() {
     cts_.erase(it->seq);
     it = sends_.erase(it);
   }
-  for (auto it = eagerSends_.begin(); it != eagerSends_.end();) {  // left; their slots' credits still come
-    const ErrorCode code = it->second.t->failureCode();
-    if (code == ErrorCode::kOk) {
-      ++it;
-      continue;
-    }
-    gone.emplace_back(it->first, code);
-    it = eagerSends_.erase(it);
-  }
-  for (auto it = cookies_.begin(); it != cookies_.end();) {  // written already: the data may have landed
-    const ErrorCode code = it->second.t->failureCode();
-    if (it->second.sendSeq == UINT64_MAX || code == ErrorCode::kOk) {
-      ++it;
-      continue;
-    }
-    gone.emplace_back(it->second.sendSeq, code);
-    it = cookies_.erase(it);
-  }
+  takeFailed(
+      eagerSends_, [](const auto& e) { return e.first; }, gone);  // left; their slots' credits still come
+  takeFailed(
+      writes_, [](const auto& w) { return w.second.seq; }, gone);  // written already: the data may have landed
   std::sort(gone.begin(), gone.end());
-  for (const auto& g : gone) withdrawSend(g.first, g.second);
-  if (head) trySends();
+  for (const auto& g : gone) withdrawSend(g.first, g.second, out);
+  if (head) trySends(out);
 }
 
-void Connection::withdrawSend(uint64_t seq, ErrorCode code) {
-  tellFailure(MsgType::kSendWithdrawn, seq, code, "that send #" + std::to_string(seq) + " was withdrawn");
+void TwoSided::withdrawSend(uint64_t seq, ErrorCode code, Actions& out) {
+  tell(out, MsgType::kSendWithdrawn, seq, code, "that send #" + std::to_string(seq) + " was withdrawn");
 }
 
-void Connection::noteReceiveFailedTold(uint64_t seq) {
+void TwoSided::noteReceiveFailedTold(uint64_t seq) {
   toldFailed_.insert(seq);
   if (toldFailed_.size() > kToldFailedKept) toldFailed_.erase(toldFailed_.begin());
 }
 
-uint64_t Connection::takeRecvSeq() {
+uint64_t TwoSided::takeRecvSeq() {
   while (!voided_.empty() && *voided_.begin() <= nextRecvSeq_) {
     if (*voided_.begin() == nextRecvSeq_) ++nextRecvSeq_;
     voided_.erase(voided_.begin());
@@ -78,13 +62,13 @@ uint64_t Connection::takeRecvSeq() {
   return nextRecvSeq_++;
 }
 
-void Connection::onSendWithdrawn(const ControlMsg& m) {
+void TwoSided::onSendWithdrawn(const ControlMsg& m, Actions& out) {
   const uint64_t seq = m.id;
   const uint32_t key = static_cast<uint32_t>(seq) & kSeqMask;
   auto early = early_.find(key);
   if (early != early_.end()) {  // its eager data waits for a receive not posted yet: dropped, and the number skipped
     early_.erase(early);
-    freeEagerSlot();
+    freeEagerSlot(out);
     voided_.insert(seq);
     return;
   }
@@ -98,7 +82,7 @@ void Connection::onSendWithdrawn(const ControlMsg& m) {
     recvs_.erase(posted);
     r.t->fail(ErrorCode::kPeerFailed,
               "receive #" + std::to_string(r.seq) + ": " + withdrawnWhy(seq, m.code) + " (nothing was written)");
-    abandonFailedRecvs();  // the receive's other buffers
+    abandonFailedRecvs(out);  // the receive's other buffers
     return;
   }
   if (failedRecvs_.erase(key) || toldFailed_.erase(seq)) return;  // its receive failed too: both sides agree
@@ -112,21 +96,20 @@ void Connection::onSendWithdrawn(const ControlMsg& m) {
   late.type = MsgType::kWithdrawTooLate;
   late.id = seq;
   late.code = m.code;
-  try {
-    postControl(late);
-  } catch (const Error& e) {
-    GDX_WARN(name_ << ": " << e.what());
-  }
-  failAll(ErrorCode::kProtocol,
-          withdrawnWhy(seq, m.code) + " after this side's receive #" + std::to_string(seq) +
-              " had taken its data: the two sides no longer agree on what was delivered, so the connection is closed");
+  Action tellLate;
+  tellLate.kind = Action::Kind::kTell;  // best effort: the connection fails here either way
+  tellLate.msg = late;
+  out.push_back(std::move(tellLate));
+  fail(out, ErrorCode::kProtocol,
+       withdrawnWhy(seq, m.code) + " after this side's receive #" + std::to_string(seq) +
+           " had taken its data: the two sides no longer agree on what was delivered, so the connection is closed");
 }
 
-void Connection::onWithdrawTooLate(const ControlMsg& m) {
-  failAll(ErrorCode::kProtocol,
-          "send #" + std::to_string(m.id) + ", reported failed on this side (" + errorCodeName(m.code) +
-              "), had been taken by the peer's receive before the withdrawal reached it: the two sides no longer "
-              "agree on what was delivered, so the connection is closed");
+void TwoSided::onWithdrawTooLate(const ControlMsg& m, Actions& out) {
+  fail(out, ErrorCode::kProtocol,
+       "send #" + std::to_string(m.id) + ", reported failed on this side (" + errorCodeName(m.code) +
+           "), had been taken by the peer's receive before the withdrawal reached it: the two sides no longer "
+           "agree on what was delivered, so the connection is closed");
 }
 
 }  // namespace gdx::p2p

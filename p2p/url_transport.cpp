@@ -109,7 +109,10 @@ struct UrlTransport::Impl {
   std::condition_variable linkCv;
   Link link = Link::kNone;
   std::string peerUrl;
-  std::shared_ptr<Connection> conn;     ///< set once the pending writes were posted on it
+  std::shared_ptr<Connection> conn;  ///< set once the pending writes were posted on it
+  /// The connection once it is up, set before the writes that waited for it are posted: one of those may complete
+  /// before `conn` is set, and the link is connected from its first write on.
+  std::shared_ptr<Connection> established;
   ErrorCode failCode = ErrorCode::kOk;  ///< why the connection could not be made (kFailed)
   std::string failWhy;
   std::vector<PendingWrite> pending;
@@ -165,6 +168,7 @@ UrlTransport::Impl::~Impl() {
     if (auto t = f.second.lock()) t->fail(ErrorCode::kShutdown, "the transport was destroyed");
   for (auto& w : waiting) w.second.done(Status::kShutdown);
   conn.reset();
+  established.reset();
   pool.reset();
 }
 
@@ -228,6 +232,10 @@ void UrlTransport::Impl::establish(const net::HostPort& hp, const std::string& p
 }
 
 void UrlTransport::Impl::publish(const std::shared_ptr<Connection>& c) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    established = c;
+  }
   for (;;) {  // writes made while earlier ones are posted queue behind them: every write leaves in the order made
     std::vector<PendingWrite> batch;
     {
@@ -364,7 +372,9 @@ std::string UrlTransport::bind() {
 
 bool UrlTransport::connected() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->link == Impl::Link::kUp && impl_->conn->failure().empty();
+  const Impl& d = *impl_;
+  return (d.link == Impl::Link::kUp || d.link == Impl::Link::kConnecting) && d.established &&
+         d.established->failure().empty();
 }
 
 void UrlTransport::startConnect(const std::string& peerUrl) {

@@ -359,6 +359,11 @@ TEST(EpByRank, FourRanksOnOneHostMatchTheTopkForm) {
   runRanks(4);
 }
 
+TEST(EpByRank, EightRanksOnOneHostMatchTheTopkForm) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks(8);
+}
+
 // Two emulated hosts of two ranks: the ranks of the other host through the proxy (TCP) and the relays.
 TEST(EpByRank, TwoEmulatedHostsMatchTheTopkForm) {
   GDX_SKIP_WITHOUT_GPU();

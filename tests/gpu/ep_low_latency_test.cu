@@ -838,6 +838,17 @@ TEST(EpLowLatency, TwoEmulatedHostsMatchTheReference) {
   runRanks("cases", "60000", 4, 2);
 }
 
+// Eight ranks (kMaxRanks), the shape of an 8-GPU host; ranks share GPUs where there are fewer.
+TEST(EpLowLatency, EightRanksOnOneHostMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("cases", "120000", 8);
+}
+
+TEST(EpLowLatency, EightRanksOnTwoEmulatedHostsMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("cases", "120000", 8, 2);
+}
+
 TEST(EpLowLatency, CallsPast32BitEpochsMatchTheReference) {
   GDX_SKIP_WITHOUT_GPU();
   runRanks("epochs", "10000", 2);

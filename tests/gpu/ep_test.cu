@@ -419,6 +419,19 @@ TEST(Ep, FourRanksOnOneHostDispatchAndCombineMatchTheReference) {
   runRanks("cases", "60000", 4);
 }
 
+// Eight ranks, the most a Buffer takes (kMaxRanks) and the shape of an 8-GPU host: every peer on the direct path, on
+// eight GPUs where there are eight, else ranks share them.
+TEST(Ep, EightRanksOnOneHostDispatchAndCombineMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("cases", "120000", 8);
+}
+
+// Two emulated hosts of four ranks: three peers on the direct path, four through the proxy (TCP) and the relays.
+TEST(Ep, EightRanksOnTwoEmulatedHostsDispatchAndCombineMatchTheReference) {
+  GDX_SKIP_WITHOUT_GPU();
+  runRanks("cases", "120000", 8, 2);
+}
+
 // Two emulated hosts of two ranks: each rank reaches one rank on the direct path and two through the proxy (TCP).
 TEST(Ep, TwoEmulatedHostsDispatchAndCombineMatchTheReference) {
   GDX_SKIP_WITHOUT_GPU();

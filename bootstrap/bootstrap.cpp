@@ -219,11 +219,11 @@ struct Bootstrap::Impl {
       throw Error(e.code(), who() + e.what());
     }
     uint64_t n = ++seq;
-    Writer prefix;
-    prefix.u64(n);
+    ByteWriter prefix;
+    prefix.put(n);
     Deadline sendDeadline = deadlineIn(cfg.timeoutNs);
     std::string what = "allGather/barrier #" + std::to_string(n);
-    send(MsgType::kGather, prefix.out(), tagged, sendDeadline, what.c_str());
+    send(MsgType::kGather, prefix.bytes(), tagged, sendDeadline, what.c_str());
     uint64_t maxPayload = 12 + static_cast<uint64_t>(cfg.worldSize) * (8 + kMaxTagBytes + kMaxBlobBytes);
     Frame f = receive(MsgType::kGatherResult, maxPayload, sendDeadline + graceNs(cfg.timeoutNs),
                       "the other ranks in " + what);

@@ -18,9 +18,13 @@ std::string encodeTagged(const CollectiveTag& tag, const std::string& blob) {
     throw Error(ErrorCode::kInvalidArgument, "collective '" + tag.kind.substr(0, kMaxKindBytes) + "': name of " +
                                                  std::to_string(tag.name.size()) + " bytes is longer than " +
                                                  std::to_string(kMaxNameBytes));
-  Writer w;
-  w.str(tag.kind).u64(tag.size).u32(tag.sameSize ? kSameSize : 0).str(tag.name);
-  return std::move(w.out()) + blob;
+  ByteWriter w;
+  w.putString(tag.kind)
+      .put(uint64_t{tag.size})
+      .put<uint32_t>(tag.sameSize ? kSameSize : 0)
+      .putString(tag.name)
+      .putBytes(blob);
+  return w.take();
 }
 
 void decodeTagged(const std::string& payload, int rank, CollectiveTag* tag, std::string* blob) {

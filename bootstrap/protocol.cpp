@@ -1,5 +1,7 @@
 #include "bootstrap/protocol.hpp"
 
+#include <cstring>
+
 namespace gdx::bootstrap {
 
 const char* msgTypeName(MsgType type) {
@@ -15,30 +17,22 @@ const char* msgTypeName(MsgType type) {
   return "unknown";
 }
 
-namespace {
-void put(unsigned char* p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-uint64_t get(const unsigned char* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-}  // namespace
-
 void encodeHeader(const FrameHeader& h, unsigned char out[kHeaderBytes]) {
-  put(out, h.magic, 4);
-  put(out + 4, h.version, 2);
-  put(out + 6, static_cast<uint16_t>(h.type), 2);
-  put(out + 8, h.length, 8);
+  ByteWriter w;
+  w.put(h.magic).put(h.version).put(static_cast<uint16_t>(h.type)).put(h.length);
+  std::memcpy(out, w.bytes().data(), kHeaderBytes);
 }
 
 FrameHeader decodeHeader(const unsigned char in[kHeaderBytes]) {
+  // kHeaderBytes are there: every read finds its bytes.
+  ByteReader r(in, kHeaderBytes);
   FrameHeader h;
-  h.magic = static_cast<uint32_t>(get(in, 4));
-  h.version = static_cast<uint16_t>(get(in + 4, 2));
-  h.type = static_cast<MsgType>(get(in + 6, 2));
-  h.length = get(in + 8, 8);
+  uint16_t type = 0;
+  r.get(&h.magic);
+  r.get(&h.version);
+  r.get(&type);
+  r.get(&h.length);
+  h.type = static_cast<MsgType>(type);
   return h;
 }
 
@@ -64,43 +58,23 @@ std::string encodeFrame(MsgType type, const std::string& payload) {
   return frame;
 }
 
-Writer& Writer::u32(uint32_t v) {
-  unsigned char b[4];
-  put(b, v, 4);
-  out_.append(reinterpret_cast<const char*>(b), 4);
-  return *this;
-}
-
-Writer& Writer::u64(uint64_t v) {
-  unsigned char b[8];
-  put(b, v, 8);
-  out_.append(reinterpret_cast<const char*>(b), 8);
-  return *this;
-}
-
-Writer& Writer::str(const std::string& s) {
-  u32(static_cast<uint32_t>(s.size()));
-  out_ += s;
-  return *this;
-}
-
-void Reader::need(uint64_t n) {
-  if (n > in_.size() - pos_)
+void Reader::check() const {
+  if (!in_.ok())
     throw Error(ErrorCode::kProtocol,
                 std::string("truncated ") + what_ + " message (" + std::to_string(in_.size()) + " bytes)");
 }
 
 uint32_t Reader::u32() {
-  need(4);
-  auto v = static_cast<uint32_t>(get(reinterpret_cast<const unsigned char*>(in_.data()) + pos_, 4));
-  pos_ += 4;
+  uint32_t v = 0;
+  in_.get(&v);
+  check();
   return v;
 }
 
 uint64_t Reader::u64() {
-  need(8);
-  uint64_t v = get(reinterpret_cast<const unsigned char*>(in_.data()) + pos_, 8);
-  pos_ += 8;
+  uint64_t v = 0;
+  in_.get(&v);
+  check();
   return v;
 }
 
@@ -109,20 +83,20 @@ std::string Reader::str() {
 }
 
 std::string Reader::bytes(uint64_t n) {
-  need(n);
-  std::string s = in_.substr(pos_, n);
-  pos_ += n;
+  std::string s;
+  in_.getBytes(&s, n);
+  check();
   return s;
 }
 
 std::string Reader::rest() {
-  return bytes(in_.size() - pos_);
+  return bytes(in_.left());
 }
 
 std::string encodeHello(const Hello& h) {
-  Writer w;
-  w.u32(h.rank).u32(h.worldSize).str(h.secret).str(h.hostname);
-  return std::move(w.out());
+  ByteWriter w;
+  w.put(h.rank).put(h.worldSize).putString(h.secret).putString(h.hostname);
+  return w.take();
 }
 
 Hello decodeHello(const std::string& payload) {
@@ -136,10 +110,10 @@ Hello decodeHello(const std::string& payload) {
 }
 
 std::string encodeWelcome(const std::vector<std::string>& hostnames) {
-  Writer w;
-  w.u32(static_cast<uint32_t>(hostnames.size()));
-  for (const std::string& h : hostnames) w.str(h);
-  return std::move(w.out());
+  ByteWriter w;
+  w.put(static_cast<uint32_t>(hostnames.size()));
+  for (const std::string& h : hostnames) w.putString(h);
+  return w.take();
 }
 
 std::vector<std::string> decodeWelcome(const std::string& payload, uint32_t worldSize) {
@@ -153,9 +127,9 @@ std::vector<std::string> decodeWelcome(const std::string& payload, uint32_t worl
 }
 
 std::string encodeRefuse(const std::string& reason) {
-  Writer w;
-  w.str(reason);
-  return std::move(w.out());
+  ByteWriter w;
+  w.putString(reason);
+  return w.take();
 }
 
 std::string decodeRefuse(const std::string& payload) {
@@ -163,9 +137,9 @@ std::string decodeRefuse(const std::string& payload) {
 }
 
 std::string encodeAbort(ErrorCode code, const std::string& message) {
-  Writer w;
-  w.u32(static_cast<uint32_t>(code)).str(message);
-  return std::move(w.out());
+  ByteWriter w;
+  w.put(static_cast<uint32_t>(code)).putString(message);
+  return w.take();
 }
 
 Abort decodeAbort(const std::string& payload) {
@@ -179,9 +153,9 @@ Abort decodeAbort(const std::string& payload) {
 }
 
 std::string encodeGather(uint64_t seq, const std::string& blob) {
-  Writer w;
-  w.u64(seq).raw(blob);
-  return std::move(w.out());
+  ByteWriter w;
+  w.put(seq).putBytes(blob);
+  return w.take();
 }
 
 std::pair<uint64_t, std::string> decodeGather(const std::string& payload) {
@@ -191,10 +165,10 @@ std::pair<uint64_t, std::string> decodeGather(const std::string& payload) {
 }
 
 std::string encodeGatherResult(uint64_t seq, const std::vector<std::string>& blobs) {
-  Writer w;
-  w.u64(seq).u32(static_cast<uint32_t>(blobs.size()));
-  for (const std::string& b : blobs) w.u64(b.size()).raw(b);
-  return std::move(w.out());
+  ByteWriter w;
+  w.put(seq).put(static_cast<uint32_t>(blobs.size()));
+  for (const std::string& b : blobs) w.put(uint64_t{b.size()}).putBytes(b);
+  return w.take();
 }
 
 std::vector<std::string> decodeGatherResult(const std::string& payload, uint64_t seq, uint32_t worldSize) {

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/byte_codec.hpp"
 #include "gdx/error.hpp"
 
 namespace gdx::bootstrap {
@@ -69,23 +70,8 @@ std::string checkFrameHeader(const FrameHeader& h, uint64_t maxPayload);
 /// A whole frame (header + payload) in one buffer, for the small and the broadcast messages.
 std::string encodeFrame(MsgType type, const std::string& payload);
 
-/// Appends little-endian fields to a payload.
-class Writer {
- public:
-  Writer& u32(uint32_t v);
-  Writer& u64(uint64_t v);
-  Writer& str(const std::string& s);
-  Writer& raw(const std::string& s) {
-    out_ += s;
-    return *this;
-  }
-  std::string& out() { return out_; }
-
- private:
-  std::string out_;
-};
-
-/// Reads fields back; a payload that ends early throws gdx::Error(kProtocol) naming `what`.
+/// Reads a payload's fields (base/byte_codec.hpp); a payload that ends early throws gdx::Error(kProtocol) naming
+/// `what`, so that a decoder reads its fields in order without a check after each.
 class Reader {
  public:
   Reader(const std::string& in, const char* what) : in_(in), what_(what) {}
@@ -94,13 +80,13 @@ class Reader {
   std::string str();
   std::string bytes(uint64_t n);
   std::string rest();
-  bool done() const { return pos_ == in_.size(); }
+  bool done() const { return in_.done(); }
 
  private:
-  void need(uint64_t n);
-  const std::string& in_;
+  /// Throws unless the last read found its bytes.
+  void check() const;
+  ByteReader in_;
   const char* what_;
-  size_t pos_ = 0;
 };
 
 struct Hello {

@@ -359,15 +359,14 @@ struct RendezvousServer::Impl {
     h.type = MsgType::kGatherResult;
     h.length = total;
     encodeHeader(h, header);
-    Writer w;
-    w.out().reserve(kHeaderBytes + total);
-    w.out().append(reinterpret_cast<const char*>(header), kHeaderBytes);
-    w.u64(nextSeq).u32(static_cast<uint32_t>(cfg.worldSize));
+    ByteWriter w;
+    w.reserve(kHeaderBytes + total);
+    w.putRaw(header, kHeaderBytes).put(uint64_t{nextSeq}).put(static_cast<uint32_t>(cfg.worldSize));
     for (std::string& b : roundBlobs) {
-      w.u64(b.size()).raw(b);
+      w.put(uint64_t{b.size()}).putBytes(b);
       std::string().swap(b);  // free each blob as soon as it is copied
     }
-    auto frame = std::make_shared<const std::string>(std::move(w.out()));
+    auto frame = std::make_shared<const std::string>(w.take());
     std::fill(submitted.begin(), submitted.end(), 0);
     roundCount = 0;
     ++nextSeq;

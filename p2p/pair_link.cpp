@@ -9,6 +9,7 @@
 #include "gdx/config.hpp"
 #include "gdx/error.hpp"
 #include "p2p/handshake.hpp"
+#include "transport/factory.hpp"
 
 namespace gdx::p2p {
 namespace {
@@ -34,30 +35,22 @@ constexpr size_t kInlineSendBytes = 16 << 10;
 std::unique_ptr<Transport> makePairTransport(const std::string& kind, int rank, const std::string& secret,
                                              const std::string& bindAddress, uint64_t timeoutNs, const TcpShape& shape,
                                              std::string* detail) {
-  if (kind == "tcp") {
-    TcpTransportOptions t = TcpTransportOptions::fromEnv(rank, 2, secret);
-    t.bindAddress = bindAddress;
-    t.timeoutNs = timeoutNs;
-    t.socketsPerPeer = shape.sockets;
-    t.chunkBytes = shape.chunkBytes;
-    // An endpoint's caller posts a small message and waits for it: sending it from that thread saves a hand-off.
-    t.inlineSendBytes = kInlineSendBytes;
-    *detail = "tcp, " + std::to_string(t.socketsPerPeer) + " sockets, " + std::to_string(t.chunkBytes) + "-byte chunks";
-    return makeTcpTransport(t);
-  }
-  if (kind == "verbs") {
-#if defined(GDX_HAVE_VERBS)
-    VerbsTransportOptions v = VerbsTransportOptions::fromEnv(rank, 2);
-    v.lanes = 1;
-    v.timeoutNs = timeoutNs;
-    *detail = "verbs, RC";
-    return makeVerbsTransport(v);
-#else
-    throw Error(ErrorCode::kInvalidArgument, "transport 'verbs': gdx was built without libibverbs");
-#endif
-  }
-  throw Error(ErrorCode::kInvalidArgument,
-              "transport '" + kind + "' cannot connect two endpoints; use tcp or verbs (GDX_TRANSPORT)");
+  TransportParams params;
+  params.rank = rank;
+  params.worldSize = 2;
+  params.secret = secret;
+  params.bindAddress = bindAddress;
+  params.timeoutNs = timeoutNs;
+  params.socketsPerPeer = shape.sockets;
+  params.chunkBytes = shape.chunkBytes;
+  // An endpoint's caller posts a small message and waits for it: sending it from that thread saves a hand-off.
+  params.inlineSendBytes = kInlineSendBytes;
+  params.lanes = 1;
+  std::unique_ptr<Transport> transport = makeTransport(kind, params);
+  *detail = kind == "tcp" ? "tcp, " + std::to_string(shape.sockets) + " sockets, " + std::to_string(shape.chunkBytes) +
+                                "-byte chunks"
+                          : std::string("verbs, RC");
+  return transport;
 }
 
 [[noreturn]] void refused(const std::string& who, const std::string& why) {

@@ -1,6 +1,6 @@
 #include "p2p/protocol.hpp"
 
-#include "p2p/bytes.hpp"
+#include "base/byte_codec.hpp"
 
 namespace gdx::p2p {
 namespace {

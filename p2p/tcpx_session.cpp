@@ -6,11 +6,11 @@
 #include <sstream>
 #include <thread>
 
+#include "base/byte_codec.hpp"
 #include "base/log.hpp"
 #include "gdx/config.hpp"
 #include "gdx/device/impl/clock.hpp"
 #include "gdx/error.hpp"
-#include "p2p/bytes.hpp"
 #include "p2p/handshake.hpp"
 #include "p2p/memory_kind.hpp"
 #include "p2p/pair_link.hpp"

@@ -17,6 +17,7 @@
 #include "runtime/direct_path.hpp"
 #include "runtime/relay.hpp"
 #include "runtime/window_record.hpp"
+#include "transport/factory.hpp"
 
 namespace gdx {
 namespace {
@@ -82,13 +83,7 @@ void checkBeforeJoining(const BootstrapConfig& bootstrap, const ContextOptions& 
             std::to_string(kMaxSignals) + "]");
   if (options.tcpSockets < 1 || options.tcpSockets > 64)
     invalid("GDX_TCP_SOCKETS=" + std::to_string(options.tcpSockets) + " is out of range; allowed: [1, 64]");
-  if (options.transport == "loopback" && bootstrap.worldSize != 1)
-    invalid("GDX_TRANSPORT=loopback needs a world of one rank, not " + std::to_string(bootstrap.worldSize));
-#if !defined(GDX_HAVE_VERBS)
-  if (options.transport == "verbs") invalid("GDX_TRANSPORT=verbs: gdx was built without libibverbs");
-#endif
-  if (options.transport != "tcp" && options.transport != "loopback" && options.transport != "verbs")
-    invalid("GDX_TRANSPORT='" + options.transport + "' is not a known value; allowed: tcp, verbs, loopback");
+  checkTransportKind(options.transport, bootstrap.worldSize);
   options.proxy.validate();
   if (options.transport == "tcp") checkTcpResources(bootstrap.worldSize, options);
 }
@@ -138,30 +133,15 @@ void ContextImpl::shutdownThreads() noexcept {
 
 void ContextImpl::init() {
   const int rank = bootstrap_->rank(), world = bootstrap_->worldSize();
-  if (options_.transport == "tcp") {
-    TcpTransportOptions t = TcpTransportOptions::fromEnv(rank, world, bootstrap_->secret());
-    t.socketsPerPeer = options_.tcpSockets;
-    t.bindAddress = bootstrap_->localIp();
-    t.timeoutNs = options_.timeoutNs;
-    transport_ = makeTcpTransport(t);
-  } else if (options_.transport == "loopback") {
-    LoopbackTransportOptions l = LoopbackTransportOptions::fromEnv();
-    l.timeoutNs = options_.timeoutNs;
-    transport_ = makeLoopbackTransport(l);
-  } else if (options_.transport == "verbs") {
-#if defined(GDX_HAVE_VERBS)
-    VerbsTransportOptions v = VerbsTransportOptions::fromEnv(rank, world);
-    v.lanes = options_.proxy.threads;
-    v.timeoutNs = options_.timeoutNs;
-    transport_ = makeVerbsTransport(v);
-#else
-    throw Error(ErrorCode::kInvalidArgument, "GDX_TRANSPORT=verbs: gdx was built without libibverbs");
-#endif
-  } else {
-    throw Error(ErrorCode::kInvalidArgument,
-                "GDX_TRANSPORT='" + options_.transport +
-                    "' is not available (tcp, verbs where built with rdma-core, or loopback for one rank)");
-  }
+  TransportParams params;
+  params.rank = rank;
+  params.worldSize = world;
+  params.secret = bootstrap_->secret();
+  params.bindAddress = bootstrap_->localIp();
+  params.timeoutNs = options_.timeoutNs;
+  params.socketsPerPeer = options_.tcpSockets;
+  params.lanes = options_.proxy.threads;
+  transport_ = makeTransport(options_.transport, params);
   transport_->setImmHandler([this](const RemoteWrite& w) { onImm(w); });
   transport_->setMessageHandler([this](const RemoteMessage& m) { onMessage(m); });
   transport_->setPeerFailureHandler([this](int peer, const std::string& why) { onPeerFailure(peer, why); });

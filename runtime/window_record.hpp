@@ -21,8 +21,6 @@ struct WindowRecord {
   bool failed() const { return id == kFailedWindowRecord; }
 };
 
-constexpr size_t kWindowRecordHeaderBytes = 16;
-
 std::string encodeWindowRecord(uint32_t id, uint64_t bytes, const std::string& key, const std::string& direct = {});
 /// The record of a rank whose own registration step failed for `reason`.
 std::string encodeFailedWindowRecord(const std::string& reason);

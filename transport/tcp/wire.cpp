@@ -1,8 +1,9 @@
 #include "transport/tcp/wire.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <sstream>
+
+#include "base/byte_codec.hpp"
 
 namespace gdx::tcp {
 
@@ -21,20 +22,18 @@ const char* helloReplyName(HelloReply reply) {
 }
 
 size_t helloBytesWanted(const std::string& buffer) {
-  if (buffer.size() < sizeof(Hello)) return sizeof(Hello);
   Hello hello;
-  std::memcpy(&hello, buffer.data(), sizeof hello);
+  if (!ByteReader(buffer).get(&hello)) return sizeof(Hello);
   return sizeof(Hello) + std::min<size_t>(hello.secretBytes, kMaxSecretBytes);
 }
 
 HelloParse parseHello(const std::string& buffer, Hello* hello, std::string* secret) {
-  if (buffer.size() < sizeof(Hello)) return HelloParse::kIncomplete;
-  std::memcpy(hello, buffer.data(), sizeof *hello);
+  ByteReader r(buffer);
+  if (!r.get(hello)) return HelloParse::kIncomplete;
   if (hello->magic != kHelloMagic) return HelloParse::kNotGdx;
   if (hello->version != kWireVersion) return HelloParse::kBadVersion;
   if (hello->secretBytes > kMaxSecretBytes) return HelloParse::kOversized;
-  if (buffer.size() < sizeof(Hello) + hello->secretBytes) return HelloParse::kIncomplete;
-  *secret = buffer.substr(sizeof(Hello), hello->secretBytes);
+  if (!r.getBytes(secret, hello->secretBytes)) return HelloParse::kIncomplete;
   return HelloParse::kComplete;
 }
 

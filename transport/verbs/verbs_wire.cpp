@@ -3,26 +3,28 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/byte_codec.hpp"
+
 namespace gdx::verbs {
 
 std::string decodeSend(const void* data, size_t bytes, SendRecord* out) {
-  const char* p = static_cast<const char*>(data);
   if (bytes > kRecvSlotBytes) return "a SEND of " + std::to_string(bytes) + " bytes, more than a receive slot";
   // The kind lies where both records have it; a SEND too short to hold it is neither.
   uint32_t kind = ~0u;
-  if (bytes >= kMessageHeaderBytes) std::memcpy(&kind, p + offsetof(ControlRecord, kind), sizeof kind);
+  ByteReader peek(data, bytes);
+  if (peek.skip(offsetof(ControlRecord, kind))) peek.get(&kind);
   if (kind == kControlMessage) {
     MessageRecord& r = out->message;
     r = MessageRecord{};
-    std::memcpy(&r, p, std::min<size_t>(bytes, sizeof r));
+    ByteReader(data, bytes).getRaw(&r, std::min<size_t>(bytes, sizeof r));
     if (r.bytes == 0 || r.bytes > kMaxMessageBytes || bytes != kMessageHeaderBytes + r.bytes)
       return "a message record claiming " + std::to_string(r.bytes) + " bytes";
     out->kind = SendRecord::Kind::kMessage;
     return "";
   }
-  if (bytes != sizeof(ControlRecord)) return "neither a control record nor a message";
   ControlRecord& r = out->control;
-  std::memcpy(&r, p, sizeof r);
+  ByteReader record(data, bytes);
+  if (!record.get(&r) || !record.done()) return "neither a control record nor a message";
   if (r.kind == kControlStaged || r.kind == kControlStagedImm) {
     if (r.slot >= kStageSlots || r.value == 0 || r.value > kStageSlotBytes)
       return "slot " + std::to_string(r.slot) + " / " + std::to_string(r.value) + " bytes is not a staging slot";
@@ -35,22 +37,22 @@ std::string decodeSend(const void* data, size_t bytes, SendRecord* out) {
 }
 
 std::string encodeAddress(const AddressHeader& header, const AddressEntry* entries, size_t count) {
-  std::string blob(reinterpret_cast<const char*>(&header), sizeof header);
-  blob.append(reinterpret_cast<const char*>(entries), count * sizeof *entries);
-  return blob;
+  ByteWriter w;
+  w.put(header).putRaw(entries, count * sizeof *entries);
+  return w.take();
 }
 
 std::string decodeAddress(const std::string& blob, int peer, int world, int lanes, bool ethernet,
                           AddressHeader* header) {
   AddressHeader& h = *header;
-  if (blob.size() < sizeof h) return "a blob of " + std::to_string(blob.size()) + " bytes";
-  std::memcpy(&h, blob.data(), sizeof h);
+  ByteReader r(blob);
+  if (!r.get(&h)) return "a blob of " + std::to_string(blob.size()) + " bytes";
   if (h.magic != kAddressMagic) return "not a verbs address";
   if (h.rank != static_cast<uint32_t>(peer)) return "the address of rank " + std::to_string(h.rank);
   if (h.world != static_cast<uint32_t>(world)) return "an address in a world of " + std::to_string(h.world);
   if (h.lanes < static_cast<uint32_t>(lanes)) return "an address with " + std::to_string(h.lanes) + " lanes";
   // In 64 bits: lanes and world are 32-bit, so their product times 8 cannot overflow.
-  if (blob.size() - sizeof h != uint64_t{h.lanes} * uint64_t{h.world} * sizeof(AddressEntry))
+  if (r.left() != uint64_t{h.lanes} * uint64_t{h.world} * sizeof(AddressEntry))
     return "an address of " + std::to_string(blob.size()) + " bytes for " + std::to_string(h.lanes) + " lanes";
   if ((h.ethernet != 0) != ethernet) return "an address on another link layer";
   return "";
@@ -66,7 +68,7 @@ AddressEntry addressEntry(const std::string& blob, int lane, int world, int rank
 
 std::string decodeWindowKey(const std::string& key, uint64_t bytes, WindowKey* out) {
   if (key.size() != sizeof *out) return "a key of " + std::to_string(key.size()) + " bytes";
-  std::memcpy(out, key.data(), sizeof *out);
+  ByteReader(key).get(out);
   if (out->bytes != bytes) return "a key for " + std::to_string(out->bytes) + " bytes";
   return "";
 }

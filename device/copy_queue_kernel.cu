@@ -80,7 +80,8 @@ __device__ void copyAlone(const KernelParams& p, uint64_t ticket, uint64_t src, 
   // Acquire only: the slot words and `signalled` were read, so the data the host published before the slot and the
   // signals raised before `signalled` are seen. Nothing this warp wrote needs ordering here.
   ptx::fenceAcquireSys();
-  copyCooperative<kPollerUnroll>(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), bytes, lane, 32);
+  device::copy<kPollerUnroll>(device::Group{lane, 32}, reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src),
+                              bytes);
   __syncwarp();  // every lane's stores before lane 0's fence, whose release is cumulative
   if (lane == 0) {
     ptx::fenceReleaseSys();
@@ -356,8 +357,8 @@ __device__ void copyBlock(const KernelParams& p) {
     const unsigned team = (kWarps - member + count - 1) / count, rank = warp / count;
     const Member& m = task.m[member];
     if (m.bytes)
-      copyCooperative<4>(reinterpret_cast<char*>(m.dst), reinterpret_cast<const char*>(m.src), m.bytes,
-                         rank * 32 + lane, team * 32);
+      device::copy<4>(device::Group{rank * 32 + lane, team * 32}, reinterpret_cast<char*>(m.dst),
+                      reinterpret_cast<const char*>(m.src), m.bytes);
     __syncthreads();
     if (threadIdx.x == 0) finish(p, task);
   }

@@ -1,6 +1,6 @@
 // The batched peer-copy kernel (include/gdx/peer_copy.hpp). Descriptors travel in the kernel's parameters,
 // up to kBatch per launch; each descriptor is cut into chunks and the blocks walk the chunks of the whole
-// batch grid-stride, each chunk copied by one block with copyCooperative.
+// batch grid-stride, each chunk copied by one block with device::copy.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,8 +32,8 @@ __global__ void __launch_bounds__(kThreads) peerCopyKernel(const __grid_constant
     while (b.firstChunk[desc + 1] <= c) ++desc;  // chunks are visited in increasing order
     const uint64_t off = (c - b.firstChunk[desc]) * b.chunkBytes;
     const uint64_t left = b.d[desc].bytes - off;
-    copyCooperative<kUnroll>(static_cast<char*>(b.d[desc].dst) + off, static_cast<const char*>(b.d[desc].src) + off,
-                             left < b.chunkBytes ? left : b.chunkBytes, threadIdx.x, blockDim.x);
+    device::copy<kUnroll>(device::Group{threadIdx.x, blockDim.x}, static_cast<char*>(b.d[desc].dst) + off,
+                          static_cast<const char*>(b.d[desc].src) + off, left < b.chunkBytes ? left : b.chunkBytes);
   }
 }
 
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kBulkThreads) peerCopyBulkKernel(const __grid_
     char* dst = static_cast<char*>(b.d[desc].dst) + off;
     const char* src = static_cast<const char*>(b.d[desc].src) + off;
     if (((reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src)) & 15) != 0 || n < 256) {
-      copyCooperative<4>(dst, src, n, threadIdx.x, blockDim.x);
+      device::copy<4>(device::Group{threadIdx.x, blockDim.x}, dst, src, n);
       continue;
     }
     const uint64_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;

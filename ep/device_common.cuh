@@ -9,6 +9,7 @@
 #include "ep/protocol.hpp"
 #include "gdx/device/impl/atomic.hpp"
 #include "gdx/device/impl/clock.hpp"
+#include "gdx/device/impl/poll.hpp"
 #include "gdx/device/impl/ptx.hpp"
 
 namespace gdx::ep::detail {
@@ -40,34 +41,38 @@ __device__ inline void report(const Team& t, uint32_t kind, uint32_t where, int 
 template <bool kStamp = false>
 __device__ inline bool waitFlag(const Team& t, uint64_t* flag, uint64_t want, WaitKind where, int peer, uint64_t epoch,
                                 uint64_t seenTag = 0, int row = -1) {
-  uint64_t start = 0;
-  for (uint64_t spins = 0;; ++spins) {
-    const uint64_t v = atomicLoad(flag, kStamp ? kRelaxed : kAcquire);
-    if (kStamp ? v == want : v >= want) return true;
-    // Stamps are waited on by hundreds of warps at once, beside warps still sending: they poll every 256 ns and read
-    // the failure word every 1024 polls. Polled like a flag (naps of 32 ns, the host-mapped failure word every 64
-    // polls), a dispatch of 4096 tokens on 4 H200s took 28 ms instead of 0.73.
-    if ((spins & (kStamp ? 1023 : 63)) == (kStamp ? 1023 : 63)) {
-      // The failure word lives in host memory: read it only now and then, the flag is what the latency needs.
-      const uint32_t f = t.failure ? atomicLoad(const_cast<uint32_t*>(t.failure), kRelaxed) : 0u;
-      if (f != 0) {
+  // Stamps are waited on by hundreds of warps at once, beside warps still sending: they poll every 256 ns and read
+  // the failure word every 1024 polls. Polled like a flag (naps of 32 ns, the host-mapped failure word every 64
+  // polls), a dispatch of 4096 tokens on 4 H200s took 28 ms instead of 0.73.
+  constexpr uint64_t kCheckEvery = kStamp ? 1023 : 63;
+  uint64_t v = 0;
+  const Status s = gdx::detail::pollBounded(
+      t.timeoutNs, kCheckEvery, kCheckEvery,
+      [&](uint64_t, Status&) {
+        v = atomicLoad(flag, kStamp ? kRelaxed : kAcquire);
+        return kStamp ? v == want : v >= want;
+      },
+      [&](Status& failed) {
+        // The failure word lives in host memory: read it only now and then, the flag is what the latency needs.
+        const uint32_t f = t.failure ? atomicLoad(const_cast<uint32_t*>(t.failure), kRelaxed) : 0u;
+        if (f == 0) return false;
         report(t, kPeerFailed, where, peer, static_cast<int64_t>(want ^ seenTag), static_cast<int64_t>(v ^ seenTag),
                epoch, row);
-        return false;
-      }
-      const uint64_t now = nowNs();
-      if (start == 0) start = now;
-      if (now - start > t.timeoutNs) {
+        failed = Status::kPeerFailed;
+        return true;
+      },
+      [&] {
         report(t, kTimeout, where, peer, static_cast<int64_t>(want ^ seenTag), static_cast<int64_t>(v ^ seenTag), epoch,
                row);
-        return false;
-      }
-    }
-    if (kStamp)
-      __nanosleep(256);
-    else if (spins > 256)
-      __nanosleep(32);
-  }
+        return Status::kTimeout;
+      },
+      [](uint64_t spins) {
+        if (kStamp)
+          __nanosleep(256);
+        else if (spins > 256)
+          __nanosleep(32);
+      });
+  return s == Status::kOk;
 }
 
 /// Waits until a row's stamp from rank `peer` reads epoch e (protocol.hpp, "Row stamps"); a failed wait reports

@@ -62,29 +62,35 @@ __device__ inline bool wordReached(uint64_t word, uint64_t want, WordKind kind) 
 /// Waits until `word` reaches `want` (wordReached) for rank `peer`. False (rank masked) when it is or becomes masked,
 /// when it failed (its own failure word: nothing more of it can arrive), or after GDX_TIMEOUT_MS.
 __device__ inline bool waitOrMask(const LlTeam& lt, int peer, const uint64_t* word, uint64_t want, WordKind kind) {
-  uint64_t start = 0, failureSeen = 0;
-  for (uint64_t spins = 0;; ++spins) {
-    if (wordReached(atomicLoad(const_cast<uint64_t*>(word), kAcquire), want, kind)) return true;
-    if ((spins & 63) == 63) {
-      if (isMasked(lt, peer)) return false;
-      const uint64_t now = nowNs();
-      if (start == 0) start = failureSeen = now;
-      // That rank's own failure word (a failed peer masks only itself), once a millisecond from the first: it is host
-      // memory, and reading it in waits of a few microseconds (every 64 polls, or every 20 us) stalled calls by
-      // 100-200 us, each stall making the other rank's next waits long enough to read it too.
-      const uint32_t* pf = lt.peerFailure[peer];
-      uint32_t f = 0;
-      if (pf && now - failureSeen >= 1000000) {
-        f = atomicLoad(const_cast<uint32_t*>(pf), kRelaxed);
-        failureSeen = now;
-      }
-      if (f != 0 || now - start > lt.t.timeoutNs) {
+  uint64_t failureSeen = 0;
+  const Status s = gdx::detail::pollBounded(
+      lt.t.timeoutNs, 63, 63,
+      [&](uint64_t, Status&) { return wordReached(atomicLoad(const_cast<uint64_t*>(word), kAcquire), want, kind); },
+      [&](uint64_t now, Status& ended) {
+        ended = Status::kPeerFailed;
+        if (isMasked(lt, peer)) return true;
+        if (failureSeen == 0) failureSeen = now;
+        // That rank's own failure word (a failed peer masks only itself), once a millisecond from the first: it is
+        // host memory, and reading it in waits of a few microseconds (every 64 polls, or every 20 us) stalled calls by
+        // 100-200 us, each stall making the other rank's next waits long enough to read it too.
+        const uint32_t* pf = lt.peerFailure[peer];
+        uint32_t f = 0;
+        if (pf && now - failureSeen >= 1000000) {
+          f = atomicLoad(const_cast<uint32_t*>(pf), kRelaxed);
+          failureSeen = now;
+        }
+        if (f == 0) return false;
         maskRank(lt, peer);
-        return false;
-      }
-    }
-    if (spins > 256) __nanosleep(32);
-  }
+        return true;
+      },
+      [&] {
+        maskRank(lt, peer);
+        return Status::kTimeout;
+      },
+      [](uint64_t spins) {
+        if (spins > 256) __nanosleep(32);
+      });
+  return s == Status::kOk;
 }
 
 /// Whether rank `peer`'s word has reached `want` (wordReached), waiting (waitOrMask) only when the first look says not:

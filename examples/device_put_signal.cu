@@ -17,7 +17,7 @@
 // gdx::Status and is bounded by GDX_TIMEOUT_MS: a timeout or a failed peer is reported, nothing hangs or traps.
 __global__ void exchange(gdx::ChannelDeviceHandle ch, uint32_t recv, uint32_t send, uint64_t bytes,
                          gdx::Status* status) {
-  gdx::Status s = ch.putWithSignalWarp(recv, 0, send, 0, bytes, /*signalId=*/0, /*value=*/1);
+  gdx::Status s = ch.put(recv, 0, send, 0, bytes, gdx::device::Signal{/*id=*/0, /*value=*/1}, gdx::device::Warp{});
   if (s == gdx::Status::kOk) s = ch.waitWarp(/*signalId=*/0, 1);  // the peer's data is in our recv window
   if (s == gdx::Status::kOk) s = ch.flushWarp();                  // our put completed: send may be rewritten
   if (s != gdx::Status::kOk) *status = s;

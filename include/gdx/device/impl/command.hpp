@@ -1,7 +1,7 @@
 // The 16-byte command that producers (host threads or GPU threads) write into a command ring and a proxy
 // thread turns into transport operations.
 //
-// Layout: two 64-bit words. Bit 63 of each word is the ring's lap bit (see ring_device.hpp); the other
+// Layout: two 64-bit words. Bit 63 of each word is the ring's lap bit (see ring.hpp); the other
 // 126 bits are the payload, numbered 0..62 in word 0 and 63..125 in word 1. Fields are placed at fixed payload
 // bit positions given by the constants below; a field may straddle the two words. Because both words carry
 // the lap bit, a consumer that reads the two halves at different times can tell a torn read from a valid one.

@@ -1,5 +1,6 @@
-// Cooperative memory copy for kernels: `nthreads` threads (a warp, a block, a grid) copy `bytes` from `src` to
-// `dst`, each calling copyCooperative with its own index `tid` in [0, nthreads). Either side may be another
+// The copy primitive of kernels, device::copy(coop, dst, src, bytes): the threads of `coop` (device/coop.hpp: one
+// thread, a warp, a block, or a Group of any size whose threads name their own index) copy `bytes` from `src` to
+// `dst`, each calling it with the same arguments. Either side may be another
 // GPU's memory (peer-mapped or IPC-mapped) or mapped host memory. Where dst and src agree modulo 16 the body
 // moves 16-byte vectors, kUnroll loads in flight per thread before the stores (software pipelining); the
 // unaligned head goes byte by byte, the tail in the widest words its alignment allows. Otherwise the widest
@@ -8,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gdx/device.hpp"
+#include "gdx/device/coop.hpp"
 
 namespace gdx {
 
@@ -29,12 +32,11 @@ GDX_DEVICE_INLINE void copyWords(T* __restrict__ dst, const T* __restrict__ src,
   }
   for (; i < n; i += nthreads) dst[i] = src[i];
 }
-}  // namespace copy_detail
 
 /// Fewer than 64 bytes by one thread, both addresses 8-byte aligned (a put of a flag, a count, a few words): every
 /// load before the stores and no loop bookkeeping, so it costs one round trip to the source; through the general path
 /// below the same 8 bytes took about 0.3 us longer.
-GDX_DEVICE_INLINE void copySmallAligned(char* dst, const char* src, uint64_t bytes) {
+GDX_DEVICE_INLINE void smallAligned(char* dst, const char* src, uint64_t bytes) {
   const unsigned n = static_cast<unsigned>(bytes >> 3), rest = static_cast<unsigned>(bytes & 7);
   const uint64_t* s = reinterpret_cast<const uint64_t*>(src);
   uint64_t* d = reinterpret_cast<uint64_t*>(dst);
@@ -59,13 +61,13 @@ GDX_DEVICE_INLINE void copySmallAligned(char* dst, const char* src, uint64_t byt
 }
 
 /// kUnroll: 16-byte vectors each thread loads before storing them (bytes in flight per thread = 16 * kUnroll).
-template <int kUnroll = 4>
-GDX_DEVICE_INLINE void copyCooperative(void* dstv, const void* srcv, uint64_t bytes, uint64_t tid, uint64_t nthreads) {
+template <int kUnroll>
+GDX_DEVICE_INLINE void cooperative(void* dstv, const void* srcv, uint64_t bytes, uint64_t tid, uint64_t nthreads) {
   char* dst = static_cast<char*>(dstv);
   const char* src = static_cast<const char*>(srcv);
   // A few aligned words (a flag, a count): one thread, one round trip; the others have nothing to do.
   if (bytes < 64 && ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 7) == 0) {
-    if (tid == 0) copySmallAligned(dst, src, bytes);
+    if (tid == 0) smallAligned(dst, src, bytes);
     return;
   }
   const uintptr_t mis = (reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src));
@@ -80,24 +82,22 @@ GDX_DEVICE_INLINE void copyCooperative(void* dstv, const void* srcv, uint64_t by
   const char* s = src + head;
   switch (align) {
     case 16:
-      copy_detail::copyWords<uint4, kUnroll>(reinterpret_cast<uint4*>(d), reinterpret_cast<const uint4*>(s), words, tid,
-                                             nthreads);
+      copyWords<uint4, kUnroll>(reinterpret_cast<uint4*>(d), reinterpret_cast<const uint4*>(s), words, tid, nthreads);
       break;
     case 8:
-      copy_detail::copyWords<uint64_t, 4>(reinterpret_cast<uint64_t*>(d), reinterpret_cast<const uint64_t*>(s), words,
-                                          tid, nthreads);
+      copyWords<uint64_t, 4>(reinterpret_cast<uint64_t*>(d), reinterpret_cast<const uint64_t*>(s), words, tid,
+                             nthreads);
       break;
     case 4:
-      copy_detail::copyWords<uint32_t, 4>(reinterpret_cast<uint32_t*>(d), reinterpret_cast<const uint32_t*>(s), words,
-                                          tid, nthreads);
+      copyWords<uint32_t, 4>(reinterpret_cast<uint32_t*>(d), reinterpret_cast<const uint32_t*>(s), words, tid,
+                             nthreads);
       break;
     case 2:
-      copy_detail::copyWords<uint16_t, 4>(reinterpret_cast<uint16_t*>(d), reinterpret_cast<const uint16_t*>(s), words,
-                                          tid, nthreads);
+      copyWords<uint16_t, 4>(reinterpret_cast<uint16_t*>(d), reinterpret_cast<const uint16_t*>(s), words, tid,
+                             nthreads);
       break;
     default:
-      copy_detail::copyWords<uint8_t, 4>(reinterpret_cast<uint8_t*>(d), reinterpret_cast<const uint8_t*>(s), words, tid,
-                                         nthreads);
+      copyWords<uint8_t, 4>(reinterpret_cast<uint8_t*>(d), reinterpret_cast<const uint8_t*>(s), words, tid, nthreads);
   }
   // The tail (fewer than `align` bytes) starts aligned: one thread moves it in the widest words it allows.
   uint64_t p = head + (words << shift);
@@ -118,23 +118,23 @@ GDX_DEVICE_INLINE void copyCooperative(void* dstv, const void* srcv, uint64_t by
   }
 }
 
-/// One thread copies `bytes` (the single-thread form of put). A lone thread is bound by the latency of its loads, so
-/// where dst and src agree modulo 16 it keeps kVectors 16-byte loads in flight before storing them: 128 bytes per
-/// round trip with 8, for about 10 more registers in the calling kernel (16 would cost 40 more, in every kernel that
-/// uses put); otherwise, or for fewer than 64 bytes, copyCooperative.
-template <int kVectors = 8>
-GDX_DEVICE_INLINE void copySingleThread(void* dstv, const void* srcv, uint64_t bytes) {
+/// One thread copies `bytes` (device::copy with Thread, the single-thread form of put). A lone thread is bound by the
+/// latency of its loads, so where dst and src agree modulo 16 it keeps kVectors 16-byte loads in flight before storing
+/// them: 128 bytes per round trip with 8, for about 10 more registers in the calling kernel (16 would cost 40 more, in
+/// every kernel that uses put); otherwise, or for fewer than 64 bytes, cooperative().
+template <int kVectors>
+GDX_DEVICE_INLINE void singleThread(void* dstv, const void* srcv, uint64_t bytes) {
   char* dst = static_cast<char*>(dstv);
   const char* src = static_cast<const char*>(srcv);
   // One aligned 8-byte word (a flag, a count, an index: the commonest small put) ahead of every branch below: a lone
-  // thread pays for each instruction on its path, and through copySmallAligned's the 8-byte put-with-signal took
+  // thread pays for each instruction on its path, and through smallAligned's the 8-byte put-with-signal took
   // 0.25 us longer one way over NVLink than the same load and store written out by hand.
   if (bytes == 8 && ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 7) == 0) {
     *reinterpret_cast<uint64_t*>(dst) = *reinterpret_cast<const uint64_t*>(src);
     return;
   }
   if (bytes < 64 || ((reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src)) & 15) != 0) {
-    copyCooperative<4>(dst, src, bytes, 0, 1);
+    cooperative<4>(dst, src, bytes, 0, 1);
     return;
   }
   const uint64_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
@@ -176,6 +176,21 @@ GDX_DEVICE_INLINE void copySingleThread(void* dstv, const void* srcv, uint64_t b
   }
   if (p < bytes) dst[p] = src[p];
 }
+}  // namespace copy_detail
+
+namespace device {
+/// The threads of `coop` copy `bytes` from `src` to `dst`. kUnroll: 16-byte vectors each thread loads before storing
+/// them (bytes in flight per thread = 16 * kUnroll); 0 takes the coop's default, 8 for a Thread (a lone thread is
+/// bound by the latency of its loads) and 4 for a group. Thread, Warp and Block take no barrier: the caller orders
+/// the copy before whatever publishes it.
+template <int kUnroll = 0, typename Coop>
+GDX_DEVICE_INLINE void copy(Coop coop, void* dst, const void* src, uint64_t bytes) {
+  if constexpr (std::is_same<Coop, Thread>::value)
+    copy_detail::singleThread<kUnroll ? kUnroll : 8>(dst, src, bytes);
+  else
+    copy_detail::cooperative<kUnroll ? kUnroll : 4>(dst, src, bytes, coop.rank(), coop.size());
+}
+}  // namespace device
 #endif
 
 }  // namespace gdx

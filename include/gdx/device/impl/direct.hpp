@@ -2,7 +2,7 @@
 // Context fills one table per such peer in device memory at setup and on every window registration: the
 // peer's GPU windows mapped here through CUDA IPC, this rank's windows as the GPU addresses them (sources),
 // and the peer's device signal array, also IPC-mapped. A put on the direct path is SM loads from the local
-// window and stores into the mapped peer window (copy_device.hpp); a signal is one system-scope release
+// window and stores into the mapped peer window (copy.hpp); a signal is one system-scope release
 // atomic on the peer's device signal array, so it is seen after the data of every put this thread (or, after
 // a warp/block barrier, its warp/block) made before it.
 #pragma once

@@ -38,6 +38,7 @@
 #include "gdx/device/impl/atomic.hpp"
 #include "gdx/device/impl/clock.hpp"
 #include "gdx/device/impl/command.hpp"
+#include "gdx/device/impl/poll.hpp"
 #include "gdx/device/impl/ptx.hpp"
 #include "gdx/status.hpp"
 
@@ -145,26 +146,26 @@ struct RingDeviceHandle {
     *pos = p;
     uint64_t last = p + n - 1;
     if (last < cached + capacity) return Status::kOk;
-    uint64_t start = 0;
-    for (uint64_t spins = 0;; ++spins) {
-      // Another producer may have refreshed the cached copy already; only then pay for reading the real tail.
-      uint64_t t = atomicLoad(cachedTail, kRelaxed);
-      if (last >= t + capacity) t = refreshTail(t);
-      if (last < t + capacity) return Status::kOk;
-      if ((spins & kErrorCheckEvery) == 0) {
-        uint32_t e = atomicLoad(error, kRelaxed);
-        if (e != 0) return static_cast<Status>(e);
-        uint64_t now = nowNs();
-        if (start == 0) start = now;
-        if (now - start > timeoutNs) {
-          // This position is reserved and will never be published, so the consumer stops at it: the whole
-          // ring is broken from here on, and every other wait on it must say so instead of timing out too.
+    uint64_t t = cached;
+    return detail::pollBounded(
+        timeoutNs, kErrorCheckEvery, 0,
+        [&](uint64_t, Status&) {
+          // Another producer may have refreshed the cached copy already; only then pay for reading the real tail.
+          t = atomicLoad(cachedTail, kRelaxed);
+          if (last >= t + capacity) t = refreshTail(t);
+          return last < t + capacity;
+        },
+        [&](Status& s) {
+          s = static_cast<Status>(atomicLoad(error, kRelaxed));
+          return s != Status::kOk;
+        },
+        [&] {
+          // This position is reserved and will never be published, so the consumer stops at it: the whole ring is
+          // broken from here on, and every other wait on it must say so instead of timing out too.
           setErrorOnce(error, Status::kTimeout);
           return Status::kTimeout;
-        }
-      }
-      waitForSlots(spins, last + 1 - (t + capacity));
-    }
+        },
+        [&](uint64_t spins) { waitForSlots(spins, last + 1 - (t + capacity)); });
   }
 
   /// Publishes `c` at position `pos` (which the caller reserved; on the device reserve() fenced).
@@ -222,29 +223,33 @@ struct RingDeviceHandle {
   /// that is set: a dead peer's operations are not waited for.
   GDX_HOST_DEVICE_INLINE Status waitCompleted(uint64_t to, uint64_t from, uint32_t peer,
                                               const uint32_t* peerFailure) const {
-    uint64_t start = 0;
-    for (uint64_t spins = 0;; ++spins) {
-      uint32_t e = atomicLoad(error, kAcquire);
-      if (e != 0) return static_cast<Status>(e);
-      const uint64_t c = atomicLoad(completed, kAcquire);
-      if ((c & ~kCompletedHasFaults) > to) {
-        // The flag is in the word just read, so a ring without faults costs no further read.
-        if (!(c & kCompletedHasFaults) || !faults || peer >= numPeers) return Status::kOk;
-        const uint64_t failed = atomicLoad(&faults[peer].lastFailed, kAcquire);
-        if (failed > from) return static_cast<Status>(atomicLoad(&faults[peer].status, kRelaxed));
-        return Status::kOk;
-      }
-      if ((spins & 63) == 0) {
-        if (peerFailure) {
-          const uint32_t f = atomicLoad(const_cast<uint32_t*>(peerFailure), kAcquire);
-          if (f != 0) return static_cast<Status>(f);
-        }
-        uint64_t now = nowNs();
-        if (start == 0) start = now;
-        if (now - start > timeoutNs) return Status::kTimeout;
-      }
-      spinPause(spins);
-    }
+    return detail::pollBounded(
+        timeoutNs, 63, 0,
+        [&](uint64_t, Status& s) {
+          const uint32_t e = atomicLoad(error, kAcquire);
+          if (e != 0) {
+            s = static_cast<Status>(e);
+            return true;
+          }
+          const uint64_t c = atomicLoad(completed, kAcquire);
+          if ((c & ~kCompletedHasFaults) <= to) return false;
+          // The flag is in the word just read, so a ring without faults costs no further read.
+          if (!(c & kCompletedHasFaults) || !faults || peer >= numPeers) return true;
+          const uint64_t failed = atomicLoad(&faults[peer].lastFailed, kAcquire);
+          if (failed > from) s = static_cast<Status>(atomicLoad(&faults[peer].status, kRelaxed));
+          return true;
+        },
+        [&](Status& s) {
+          if (peerFailure) {
+            const uint32_t f = atomicLoad(const_cast<uint32_t*>(peerFailure), kAcquire);
+            if (f != 0) {
+              s = static_cast<Status>(f);
+              return true;
+            }
+          }
+          return false;
+        },
+        [] { return Status::kTimeout; }, [](uint64_t spins) { spinPause(spins); });
   }
 };
 

@@ -335,41 +335,38 @@ void runCase(const Job& j, const LlCase& lc, bool withHook) {
   j.ctx.barrier();
 }
 
-std::vector<LlCase> cases(int T) {
+// Rank r sends n + 7 r tokens (tokensOf): n leaves the last of R ranks within the buffer's T tokens a rank.
+std::vector<LlCase> cases(int T, int R) {
+  const int n = T - std::max(24, 7 * (R - 1) + 3);
   std::vector<LlCase> v;
   auto add = [&](Case c, bool fp8, bool round = false, bool ue8m0 = false) {
     v.push_back({c, fp8, round, 8, 512, 128, ue8m0});
   };
-  add({"bf16 H2048 K4 E16", T - 24, 2048, 4, 16, false}, false);
-  add({"bf16 holes H2048 K8 E32", T - 24, 2048, 8, 32, false, Values::kRandom, Routing::kWithHoles, -1, 1, 3}, false);
-  add({"fp8 H7168 K8 E288", T - 24, 7168, 8, 288, true, Values::kRandom, Routing::kRandom, -1, 1, 5}, true);
-  add({"fp8 ue8m0 holes H4096 K6 E64", T - 24, 4096, 6, 64, true, Values::kRandom, Routing::kWithHoles, -1, 1, 7}, true,
+  add({"bf16 H2048 K4 E16", n, 2048, 4, 16, false}, false);
+  add({"bf16 holes H2048 K8 E32", n, 2048, 8, 32, false, Values::kRandom, Routing::kWithHoles, -1, 1, 3}, false);
+  add({"fp8 H7168 K8 E288", n, 7168, 8, 288, true, Values::kRandom, Routing::kRandom, -1, 1, 5}, true);
+  add({"fp8 ue8m0 holes H4096 K6 E64", n, 4096, 6, 64, true, Values::kRandom, Routing::kWithHoles, -1, 1, 7}, true,
       true, true);
-  add({"fp8 round scales H2048 K8 E32", T - 24, 2048, 8, 32, true, Values::kRandom, Routing::kRandom, -1, 1, 8}, true,
-      true);
+  add({"fp8 round scales H2048 K8 E32", n, 2048, 8, 32, true, Values::kRandom, Routing::kRandom, -1, 1, 8}, true, true);
   // UE8M0 where the last group of four scales is partial (nine blocks: two groups and one byte).
-  add({"fp8 ue8m0 odd blocks H1152 K8 E16", T - 24, 1152, 8, 16, true, Values::kRandom, Routing::kRandom, -1, 1, 10},
-      true, true, true);
-  add({"bf16 rank 1 sends nothing H2048 K8 E16", T - 24, 2048, 8, 16, false, Values::kRandom, Routing::kRandom, 1, 1,
-       9},
+  add({"fp8 ue8m0 odd blocks H1152 K8 E16", n, 1152, 8, 16, true, Values::kRandom, Routing::kRandom, -1, 1, 10}, true,
+      true, true);
+  add({"bf16 rank 1 sends nothing H2048 K8 E16", n, 2048, 8, 16, false, Values::kRandom, Routing::kRandom, 1, 1, 9},
       false);
-  add({"fp8 one expert H2048 K8 E16", T - 24, 2048, 8, 16, true, Values::kRandom, Routing::kOneExpert, -1, 1, 11},
-      true);
-  add({"bf16 duplicates H2048 K8 E16", T - 24, 2048, 8, 16, false, Values::kRandom, Routing::kDuplicates, -1, 1, 13},
-      false);
-  add({"fp8 duplicates H4096 K6 E32", T - 24, 4096, 6, 32, true, Values::kRandom, Routing::kDuplicates, -1, 1, 15},
-      true);
+  add({"fp8 one expert H2048 K8 E16", n, 2048, 8, 16, true, Values::kRandom, Routing::kOneExpert, -1, 1, 11}, true);
+  add({"bf16 duplicates H2048 K8 E16", n, 2048, 8, 16, false, Values::kRandom, Routing::kDuplicates, -1, 1, 13}, false);
+  add({"fp8 duplicates H4096 K6 E32", n, 4096, 6, 32, true, Values::kRandom, Routing::kDuplicates, -1, 1, 15}, true);
   // The shapes at the edges: an odd number of 128-element blocks (the last FP8 step half empty), the largest top-k,
   // the smallest and the largest blocks, and few blocks (each sends and receives many tokens).
-  v.push_back({{"fp8 odd blocks H1152 K16 E32, 3 blocks x 64 threads", T - 24, 1152, 16, 32, true, Values::kRandom,
+  v.push_back({{"fp8 odd blocks H1152 K16 E32, 3 blocks x 64 threads", n, 1152, 16, 32, true, Values::kRandom,
                 Routing::kRandom, -1, 1, 17},
                true,
                false,
                16,
                64,
                3});
-  v.push_back({{"bf16 odd blocks H384 K3 E16, 1024 threads", T - 24, 384, 3, 16, false, Values::kRandom,
-                Routing::kWithHoles, -1, 1, 19},
+  v.push_back({{"bf16 odd blocks H384 K3 E16, 1024 threads", n, 384, 3, 16, false, Values::kRandom, Routing::kWithHoles,
+                -1, 1, 19},
                false,
                false,
                8,
@@ -380,7 +377,7 @@ std::vector<LlCase> cases(int T) {
 
 // A buffer per case (its hidden size and experts); each case runs plain and through a hook.
 void runCases(Context& ctx, cudaStream_t stream, int T) {
-  for (const LlCase& lc : cases(T)) {
+  for (const LlCase& lc : cases(T, ctx.worldSize())) {
     ep::LowLatencyConfig cfg{T, lc.c.hidden, lc.c.experts, lc.maxTopk, lc.numSms, lc.numThreads};
     ep::LowLatencyBuffer buf(ctx, cfg);
     Job j{ctx, buf, stream, ctx.worldSize(), lc.c.experts / ctx.worldSize()};

@@ -1,10 +1,9 @@
 // The copy primitive of kernels, device::copy(coop, dst, src, bytes): the threads of `coop` (device/coop.hpp: one
 // thread, a warp, a block, or a Group of any size whose threads name their own index) copy `bytes` from `src` to
-// `dst`, each calling it with the same arguments. Either side may be another
-// GPU's memory (peer-mapped or IPC-mapped) or mapped host memory. Where dst and src agree modulo 16 the body
-// moves 16-byte vectors, kUnroll loads in flight per thread before the stores (software pipelining); the
-// unaligned head goes byte by byte, the tail in the widest words its alignment allows. Otherwise the widest
-// common alignment (8, 4, 2 or 1 bytes) is used.
+// `dst`, each calling it with the same arguments. Either side may be another GPU's memory (peer-mapped or IPC-mapped)
+// or mapped host memory. Where dst and src agree modulo 16 the body moves 16-byte vectors, kUnroll loads in flight
+// per thread before the stores (software pipelining); the unaligned head goes byte by byte, the tail in the widest
+// words its alignment allows. Otherwise the widest common alignment (8, 4, 2 or 1 bytes) is used.
 // No ordering is implied: the caller fences/barriers before publishing the data.
 #pragma once
 

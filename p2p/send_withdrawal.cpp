@@ -38,8 +38,16 @@ void TwoSided::withdrawFailedSends(Actions& out) {
   }
   takeFailed(
       eagerSends_, [](const auto& e) { return e.first; }, gone);  // left; their slots' credits still come
-  takeFailed(
-      writes_, [](const auto& w) { return w.second.seq; }, gone);  // written already: the data may have landed
+  // Written already: the data may have landed. One whose post the transport refused was withdrawn then (notPosted()).
+  for (auto it = writes_.begin(); it != writes_.end();) {
+    const ErrorCode code = it->second.t->failureCode();
+    if (code == ErrorCode::kOk) {
+      ++it;
+      continue;
+    }
+    if (!it->second.withdrawn) gone.emplace_back(it->second.seq, code);
+    it = writes_.erase(it);
+  }
   std::sort(gone.begin(), gone.end());
   for (const auto& g : gone) withdrawSend(g.first, g.second, out);
   if (head) trySends(out);

@@ -125,7 +125,8 @@ class TwoSided {
   bool moreToSend() const { return moreToSend_; }
   /// The write of action `write` could not be posted (`e`): its send fails by name and is withdrawn. `registered`: its
   /// source was registered and the transport refused the post (a large send's write stays listed then, as one that
-  /// may have left).
+  /// may have left, marked withdrawn: a second withdrawal would reach a peer whose receive already failed by the
+  /// first, and it would close the connection as one withdrawn too late).
   void notPosted(const Action& write, const Error& e, bool registered, Actions& out);
   /// A write this object posted completed (a cookie it owns); `failure` is the connection's ("" while healthy).
   void onWriteDone(const Completion& c, const std::string& failure);
@@ -186,6 +187,7 @@ class TwoSided {
   struct PostedSend {
     std::shared_ptr<Transfer> t;
     uint64_t seq;
+    bool withdrawn = false;  ///< notPosted() told the peer already: withdrawFailedSends() must not tell it again
   };
 
   /// Erases the entries of `items` (a map to a struct with a transfer `t`) whose transfer failed, adding their

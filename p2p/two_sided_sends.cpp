@@ -82,7 +82,7 @@ void TwoSided::trySends(Actions& out) {
       continue;
     }
     Action w = write(send.t, send.seq, send.piece, cts.window, cts.offset, static_cast<uint32_t>(send.seq) & kSeqMask);
-    writes_[w.write.cookie] = PostedSend{send.t, send.seq};
+    writes_[w.write.cookie] = PostedSend{send.t, send.seq, false};
     send.t->setWaiting("the transport's completion of " + what);
     out.push_back(std::move(w));
     moreToSend_ = true;
@@ -136,6 +136,8 @@ void TwoSided::notPosted(const Action& w, const Error& e, bool registered, Actio
     creditsFreed_ += (w.write.imm >> kEagerCreditShift) & kEagerCreditMask;  // not sent: still owed
   } else if (!registered) {
     writes_.erase(w.write.cookie);  // its source was refused before the transport saw it
+  } else if (auto posted = writes_.find(w.write.cookie); posted != writes_.end()) {
+    posted->second.withdrawn = true;  // withdrawn just below
   }
   w.t->fail(e.code(), e.what());
   withdrawSend(w.seq, e.code(), out);

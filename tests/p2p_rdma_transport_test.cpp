@@ -408,6 +408,12 @@ TEST(P2pRdmaTransport, DestroyedMemoryIsRefusedByName) {
               CHILD_CHECK(p.a.write(p.srcMem.createView(0, 4096), RdmaRemoteBuffer{remote.data(), key}, true).get() ==
                           p2p::commRemoteError);
               CHILD_CHECK(p.b.waitForWrite().get() == p2p::commRemoteError);  // the peer's connection failed too
+              // Each side's connection records the failure from its transport's own thread (its queue pair in the
+              // error state, its posted receives flushed), which may come just after the write's and the wait's
+              // results: both end disconnected, within a bound.
+              const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+              while ((p.a.connected() || p.b.connected()) && std::chrono::steady_clock::now() < deadline)
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
               CHILD_CHECK(!p.a.connected() && !p.b.connected());
               CHILD_CHECK(remote == std::vector<unsigned char>(4096, 0x5A) && p.dstUntouched());
               return 0;

@@ -25,19 +25,6 @@ using p2p::Piece;
 using p2p::RemotePiece;
 using p2p::Transfer;
 
-std::shared_ptr<Transfer> transfer(const char* what, int parts) {
-  return std::make_shared<Transfer>(what, parts, nowNs() + ConnectionPair::kTimeoutNs);
-}
-ErrorCode outcome(const std::shared_ptr<Transfer>& t, std::string* why) {
-  try {
-    t->wait(t->deadlineNs() + 1000ull * 1000 * 1000);
-    return ErrorCode::kOk;
-  } catch (const Error& e) {
-    *why = e.what();
-    return e.code();
-  }
-}
-
 TEST(P2pForgottenRegion, EagerSendFromForgottenRegionTakesItsSlotBack) {
   EXPECT_EQ(runSolo([] {
               ConnectionPair pair;

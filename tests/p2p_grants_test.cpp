@@ -30,21 +30,6 @@ using p2p::Transfer;
 constexpr unsigned char kGuard = 0x5A;
 constexpr size_t kRegion = 256 << 10;
 
-std::shared_ptr<Transfer> transfer(const char* what, int parts) {
-  return std::make_shared<Transfer>(what, parts, nowNs() + ConnectionPair::kTimeoutNs);
-}
-
-/// Waits for `t`; the error code it ended with (kOk when it succeeded), and its message in *why.
-ErrorCode outcome(const std::shared_ptr<Transfer>& t, std::string* why) {
-  try {
-    t->wait(t->deadlineNs() + 1000ull * 1000 * 1000);
-    return ErrorCode::kOk;
-  } catch (const Error& e) {
-    *why = e.what();
-    return e.code();
-  }
-}
-
 /// A write of `bytes` random bytes from `from` into `window` at `offset` that must be refused: the writer's error,
 /// and nothing of it in `region` (which must still equal `expect`).
 bool writeIsRefused(ConnectionPair& pair, const MemoryRegion& from, uint32_t window, uint64_t offset, size_t bytes,

@@ -9,6 +9,8 @@
 #include <string>
 #include <thread>
 
+#include "gdx/device/impl/clock.hpp"
+#include "gdx/error.hpp"
 #include "p2p/connection.hpp"
 #include "p2p/pair_link.hpp"
 #include "p2p/progress_pool.hpp"
@@ -60,5 +62,21 @@ struct ConnectionPair {
     for (auto& p : pool) p.reset();
   }
 };
+
+/// A transfer of `parts` pieces, due within the pair's timeout.
+inline std::shared_ptr<p2p::Transfer> transfer(const char* what, int parts) {
+  return std::make_shared<p2p::Transfer>(what, parts, nowNs() + ConnectionPair::kTimeoutNs);
+}
+
+/// Waits for `t`; the error code it ended with (kOk when it succeeded), and its message in *why.
+inline ErrorCode outcome(const std::shared_ptr<p2p::Transfer>& t, std::string* why) {
+  try {
+    t->wait(t->deadlineNs() + 1000ull * 1000 * 1000);
+    return ErrorCode::kOk;
+  } catch (const Error& e) {
+    *why = e.what();
+    return e.code();
+  }
+}
 
 }  // namespace gdx::test

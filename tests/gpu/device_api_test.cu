@@ -56,6 +56,39 @@ __global__ void signalsFrom2dBlocks(ChannelDeviceHandle ch, uint32_t* status) {
   if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
 }
 
+// Every lane of each warp puts its slot with a signal and then signals, through the warp forms, and flushes: lanes
+// together, or (`apart`) odd lanes one loop trip after even ones, in blocks whose size may leave a partial last warp.
+// Each warp is one group whichever lanes the compiler runs together at the call: one put and one signal per warp.
+// Each thread writes what its last call returned and which call that was (1 put, 2 signal, 3 flush) to `report`.
+__global__ void warpFormPuts(ChannelDeviceHandle ch, uint32_t dstWin, uint32_t srcWin, uint64_t slot, uint64_t stride,
+                             bool apart, uint32_t firstSignal, uint32_t* report) {
+  const unsigned lane = threadIdx.x & 31, warp = blockIdx.x * ((blockDim.x + 31) / 32) + threadIdx.x / 32;
+  const unsigned turn = apart ? (lane & 1) : 0;
+  Status s = Status::kOk;
+  uint32_t step = 0;
+  for (unsigned trip = 0; trip <= turn; ++trip) {
+    if (trip != turn) continue;
+    step = 1;
+    s = ch.putWithSignalWarp(dstWin, warp * stride, srcWin, warp * stride, slot, firstSignal, 1);
+    if (s == Status::kOk) {
+      step = 2;
+      s = ch.signalWarp(firstSignal + 1, 1);
+    }
+  }
+  if (s == Status::kOk) {
+    step = 3;
+    s = ch.flushWarp();
+  }
+  report[blockIdx.x * blockDim.x + threadIdx.x] = step << 16 | static_cast<uint32_t>(s);
+}
+
+// One signal after everything the kernels before it enqueued on the same ring: once it is seen, so is all of theirs.
+__global__ void signalOnce(ChannelDeviceHandle ch, uint32_t signal, uint32_t* status) {
+  Status s = ch.signal(signal, 1);
+  if (s == Status::kOk) s = ch.flush();
+  if (s != Status::kOk) atomicCAS(status, 0u, static_cast<uint32_t>(s));
+}
+
 __global__ void waitOnce(ChannelDeviceHandle ch, uint32_t signal, uint64_t value, uint32_t* status) {
   *status = static_cast<uint32_t>(ch.wait(signal, value));
 }
@@ -194,6 +227,73 @@ TEST(DeviceApiRing, TwoDimensionalBlocksPushEveryCommandOnce) {
   EXPECT_EQ(ctx.signalValue(4), 20u * 96);
   EXPECT_EQ(ctx.signalValue(5), 20u * 3) << "one signalWarp per warp";
   cudaFreeHost(status);
+}
+
+TEST(DeviceApiRing, WarpFormsActOncePerWarpWhenLanesArriveApart) {
+  GDX_SKIP_WITHOUT_GPU();
+  test::soloJobEnv();
+  setenv("GDX_TIMEOUT_MS", "5000", 1);
+  Context ctx;
+  struct Shape {
+    const char* name;
+    int threads;  // per block: 48 leaves a partial warp of 16 lanes
+    bool apart;   // odd lanes call one loop trip after even ones
+    int gap;      // bytes between slots: 0 lets the proxy merge one warp's put with the next one's
+  };
+  const Shape shapes[] = {{"whole warps together", 64, false, 0},
+                          {"a partial warp, lanes together", 48, false, 0},
+                          {"a partial warp, lanes apart", 48, true, 0},
+                          {"a partial warp, lanes apart, slots apart", 48, true, 24}};
+  constexpr int kBlocks = 20;
+  constexpr uint64_t kSlot = 1000, kMaxBytes = (kSlot + 24) * kBlocks * 2;
+  std::vector<unsigned char> hostSrc(kMaxBytes);
+  test::fillRandom(hostSrc.data(), kMaxBytes, 99);
+  test::GpuBuffer src(kMaxBytes), dst(kMaxBytes);
+  GDX_TEST_CUDA(cudaMemcpy(src.p, hostSrc.data(), kMaxBytes, cudaMemcpyHostToDevice));
+  uint32_t* report = nullptr;
+  GDX_TEST_CUDA(cudaHostAlloc(&report, (kBlocks * 64 + 1) * sizeof(uint32_t), cudaHostAllocMapped));
+  uint32_t* const lastStatus = report + kBlocks * 64;  // signalOnce's
+  {
+    Window s = ctx.registerWindow(src.p, kMaxBytes, MemoryKind::kCuda);
+    Window d = ctx.registerWindow(dst.p, kMaxBytes, MemoryKind::kCuda);
+    uint32_t signal = 6;
+    for (const Shape& shape : shapes) {
+      SCOPED_TRACE(shape.name);
+      const int warps = kBlocks * ((shape.threads + 31) / 32);
+      const uint64_t stride = kSlot + shape.gap, bytes = stride * warps;
+      GDX_TEST_CUDA(cudaMemset(dst.p, 0xEE, kMaxBytes));
+      std::memset(report, 0xFF, kBlocks * 64 * sizeof(uint32_t));
+      *lastStatus = 0;
+      warpFormPuts<<<kBlocks, shape.threads>>>(ctx.deviceChannel(0), d.id(), s.id(), kSlot, stride, shape.apart, signal,
+                                               report);
+      // The marker only once the puts' kernel has ended: a kernel launched while it was flushing held up the
+      // transport's staging copies from GPU memory (which that flush waits for) until the bound, on an H200 with
+      // CUDA's lazy module loading.
+      GDX_TEST_CUDA(cudaDeviceSynchronize());
+      signalOnce<<<1, 1>>>(ctx.deviceChannel(0), signal + 2, lastStatus);
+      GDX_TEST_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(*lastStatus, 0u) << statusName(static_cast<Status>(*lastStatus));
+      ctx.wait(signal + 2, 1);  // after every command of the first kernel on this ring
+      for (int t = 0; t < kBlocks * shape.threads; ++t) {
+        const Status st = static_cast<Status>(report[t] & 0xFFFF);
+        if (report[t] >> 16 != 3 || st != Status::kOk) {
+          static const char* const kSteps[] = {"no call", "put", "signal", "flush"};
+          ADD_FAILURE() << "block " << t / shape.threads << " thread " << t % shape.threads << ": "
+                        << kSteps[std::min(report[t] >> 16, 3u)] << " returned " << statusName(st)
+                        << "; proxy: " << ctx.proxyError();
+          break;
+        }
+      }
+      EXPECT_EQ(ctx.signalValue(signal), uint64_t(warps)) << "one putWithSignalWarp per warp";
+      EXPECT_EQ(ctx.signalValue(signal + 1), uint64_t(warps)) << "one signalWarp per warp";
+      std::vector<unsigned char> got(bytes);
+      GDX_TEST_CUDA(cudaMemcpy(got.data(), dst.p, bytes, cudaMemcpyDeviceToHost));
+      for (int w = 0; w < warps; ++w)
+        EXPECT_EQ(test::firstMismatch(got.data() + w * stride, hostSrc.data() + w * stride, kSlot), -1) << "warp " << w;
+      signal += 3;
+    }
+  }
+  cudaFreeHost(report);
 }
 
 TEST(DeviceApiRing, AtomicAddsFromAllThreadsSumExactly) {

@@ -335,9 +335,15 @@ void runCase(const Job& j, const LlCase& lc, bool withHook) {
   j.ctx.barrier();
 }
 
-// Rank r sends n + 7 r tokens (tokensOf): n leaves the last of R ranks within the buffer's T tokens a rank.
+// Rank 0's tokens in a case on R ranks that leaves `spare` (21 or more) of the buffer's T tokens a rank free on rank 3:
+// rank r sends n + 7 r (tokensOf), so past four ranks n gives back what the later ranks add, and rank R - 1 still
+// sends at most T - spare + 21. On two and four ranks it is T - spare.
+int firstRankTokens(int T, int R, int spare = 24) {
+  return T - spare - 7 * std::max(0, R - 4);
+}
+
 std::vector<LlCase> cases(int T, int R) {
-  const int n = T - std::max(24, 7 * (R - 1) + 3);
+  const int n = firstRankTokens(T, R);
   std::vector<LlCase> v;
   auto add = [&](Case c, bool fp8, bool round = false, bool ue8m0 = false) {
     v.push_back({c, fp8, round, 8, 512, 128, ue8m0});
@@ -389,8 +395,10 @@ void runCases(Context& ctx, cudaStream_t stream, int T) {
 // Two dispatches in flight through hooks (two micro-batches), the error of a third, then both hooks and both
 // results checked; bad arguments refused before anything is sent.
 void doubleBuffering(Context& ctx, cudaStream_t stream, int T) {
-  LlCase a{{"micro-batch a H2048 K4 E16", T - 24, 2048, 4, 16, false, Values::kRandom, Routing::kRandom, -1, 1, 21}};
-  LlCase b{{"micro-batch b H2048 K4 E16", T - 30, 2048, 4, 16, false, Values::kRandom, Routing::kWithHoles, -1, 1, 23}};
+  LlCase a{{"micro-batch a H2048 K4 E16", firstRankTokens(T, ctx.worldSize()), 2048, 4, 16, false, Values::kRandom,
+            Routing::kRandom, -1, 1, 21}};
+  LlCase b{{"micro-batch b H2048 K4 E16", firstRankTokens(T, ctx.worldSize(), 30), 2048, 4, 16, false, Values::kRandom,
+            Routing::kWithHoles, -1, 1, 23}};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 4});
   Job j{ctx, buf, stream, ctx.worldSize(), 16 / ctx.worldSize()};
   Inputs ia = makeInputs(j, a.c), ib = makeInputs(j, b.c);
@@ -437,7 +445,8 @@ void doubleBuffering(Context& ctx, cudaStream_t stream, int T) {
 // row from it, its combine sums nothing, and the buffer works afterwards.
 void refusedTopk(Context& ctx, cudaStream_t stream, int T) {
   const int R = ctx.worldSize(), me = ctx.rank(), culprit = R - 1, expert = 3;
-  LlCase lc{{"refused top-k H2048 K4 E16", T - 24, 2048, 4, 16, false, Values::kRandom, Routing::kRandom, -1, 1, 41}};
+  LlCase lc{{"refused top-k H2048 K4 E16", firstRankTokens(T, ctx.worldSize()), 2048, 4, 16, false, Values::kRandom,
+             Routing::kRandom, -1, 1, 41}};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 4});
   Job j{ctx, buf, stream, R, 16 / R};
   Inputs in = makeInputs(j, lc.c);
@@ -460,15 +469,16 @@ void refusedTopk(Context& ctx, cudaStream_t stream, int T) {
   checkCombine(j, lc, in, h, y, "combine after a refused top-k", nullptr, me == culprit ? &texts : nullptr);
   EXPECT_TRUE(buf.maskedRanks().empty()) << "a rank was masked after the refused top-k";
   runCase(j,
-          {{"after a refused top-k: duplicates H2048 K4 E16", T - 24, 2048, 4, 16, false, Values::kRandom,
-            Routing::kDuplicates, -1, 1, 43}},
+          {{"after a refused top-k: duplicates H2048 K4 E16", firstRankTokens(T, ctx.worldSize()), 2048, 4, 16, false,
+            Values::kRandom, Routing::kDuplicates, -1, 1, 43}},
           true);
 }
 
 // Dispatch + combine captured in a CUDA graph and replayed 100 times: the same rows and sums every time.
 // `firstEpoch`: where the buffer's epochs start (ep::detail::startEpochsAt; 0: at the start).
 void graphReplays(Context& ctx, cudaStream_t stream, int T, uint64_t firstEpoch = 0) {
-  LlCase lc{{"graph fp8 H2048 K8 E32", T - 24, 2048, 8, 32, true, Values::kRandom, Routing::kWithHoles, -1, 1, 31},
+  LlCase lc{{"graph fp8 H2048 K8 E32", firstRankTokens(T, ctx.worldSize()), 2048, 8, 32, true, Values::kRandom,
+             Routing::kWithHoles, -1, 1, 31},
             true};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 32, 8});
   if (firstEpoch) {
@@ -576,7 +586,7 @@ int namesContaining(const std::vector<std::pair<std::string, const void*>>& kern
 // "...::dispatch(...)" or "...::combine(...)"; with a hook, the send and the hook's receive are two launches of that
 // same kernel. No other kernel of a call (nor the mask accessors') has "dispatch" or "combine" in its name.
 void oneKernelPerCall(Context& ctx, cudaStream_t stream, int T) {
-  LlCase lc{{"kernels fp8 H2048 K8 E16", T - 24, 2048, 8, 16, true}, true};
+  LlCase lc{{"kernels fp8 H2048 K8 E16", firstRankTokens(T, ctx.worldSize()), 2048, 8, 16, true}, true};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 8});
   Job j{ctx, buf, stream, ctx.worldSize(), 16 / ctx.worldSize()};
   Inputs in = makeInputs(j, lc.c);
@@ -626,7 +636,8 @@ void oneKernelPerCall(Context& ctx, cudaStream_t stream, int T) {
 // after it; masked and unmasked before any call, a rank is back.
 void maskAccessors(Context& ctx, cudaStream_t stream, int T) {
   const int R = ctx.worldSize(), me = ctx.rank(), last = R - 1;
-  LlCase lc{{"masks bf16 H2048 K4 E16", T - 24, 2048, 4, 16, false, Values::kRandom, Routing::kRandom, -1, 1, 51}};
+  LlCase lc{{"masks bf16 H2048 K4 E16", firstRankTokens(T, ctx.worldSize()), 2048, 4, 16, false, Values::kRandom,
+             Routing::kRandom, -1, 1, 51}};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 4});
   Job j{ctx, buf, stream, R, 16 / R};
   Dev mask(size_t(R) * 4);
@@ -683,7 +694,8 @@ void rankSkipsMain() {
   const int R = ctx.worldSize(), me = ctx.rank(), skipsDispatch = R - 1, skipsCombine = R >= 4 ? 1 : -1;
   cudaStream_t stream;
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  LlCase lc{{"rank skips fp8 H2048 K8 E32", kT - 24, 2048, 8, 32, true, Values::kRandom, Routing::kRandom, -1, 1, 61},
+  LlCase lc{{"rank skips fp8 H2048 K8 E32", firstRankTokens(kT, ctx.worldSize()), 2048, 8, 32, true, Values::kRandom,
+             Routing::kRandom, -1, 1, 61},
             true};
   {
     ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{kT, 2048, 32, 8});
@@ -770,7 +782,7 @@ void rankDiesMain() {
   const int R = ctx.worldSize(), dead = R - 1;
   cudaStream_t stream;
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  LlCase lc{{"rank dies H2048 K4 E16", kT - 24, 2048, 4, 16, false}};
+  LlCase lc{{"rank dies H2048 K4 E16", firstRankTokens(kT, ctx.worldSize()), 2048, 4, 16, false}};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{kT, 2048, 16, 4});
   Job j{ctx, buf, stream, R, 16 / R};
   Inputs in = makeInputs(j, lc.c);

@@ -306,13 +306,16 @@ void badInputs(Context& ctx, ep::Buffer& buf, cudaStream_t stream) {
     buf.checkErrors();  // nothing left on any rank
   }
   if (remoteRanks(ctx) > 0) {
-    // The worst form with handles made for this rank's own tokens only: rank 0 relays rank 2's tokens, more than its
-    // handle holds, and every rank refuses the call alike, naming the relay (dispatchPrepare would have grown it).
+    // The worst form with handles made for this rank's own tokens only: rank 0 relays the tokens of the first rank of
+    // the next host (rank 2 of 2 x 2, rank 4 of 2 x 4), more than its handle holds, and every rank refuses the call
+    // alike, naming the relay (dispatchPrepare would have grown it).
+    const int relayedByRankZero = static_cast<int>(ctx.hostRanks().size());
     ep::DispatchHandle small = buf.newHandle(n);
     Received r(c, 2 * 64, c.experts / kRanks);
     buf.dispatchWorst(input(16, 2048, 0), small, r.out, 2 * 64, 1, stream);
     GDX_TEST_CUDA(cudaStreamSynchronize(stream));
-    expectThrowContaining([&] { buf.checkErrors(); }, "rank 0 relays a rank's " + std::to_string(c.tokensOf(2)),
+    expectThrowContaining([&] { buf.checkErrors(); },
+                          "rank 0 relays a rank's " + std::to_string(c.tokensOf(relayedByRankZero)),
                           "relay capacity, worst form");
     auto bytes = r.x->get<unsigned char>(2 * 64 * 4096);
     EXPECT_TRUE(std::all_of(bytes.begin(), bytes.end(), [](unsigned char b) { return b == 0xEE; }))

@@ -50,9 +50,10 @@
 // continue each other are sent as one transport write.
 // Cooperation (device/coop.hpp): put takes the threads that call it together as its last argument, device::Thread
 // (the default), device::Warp or device::Block, as NCCL's Coop types and MSCCL++'s threadId/numThreads do. The warp
-// form is called by every lane of a converged warp with the same arguments; on the proxy path one elected lane
-// enqueues and the others return kOk at once, so the warp need not wait for the ring (the elected lane's return value
-// is the enqueue status; flushWarp gives every lane the leader's command errors, waitWarp the peer's failure). The
+// form is called by every lane of the warp (all 32, or those of a block's partial last warp) with the same arguments,
+// whether or not they arrive together; on the proxy path lane 0 enqueues and the others return kOk at once, so the
+// warp need not wait for the ring (lane 0's return value is the enqueue status; flushWarp gives every lane lane 0's
+// command errors, waitWarp the peer's failure). The
 // block form likewise, with thread (0,0,0) enqueuing. On the direct path the group copies, then one thread signals.
 // Lanes are numbered by %laneid, so any block shape works. putWithSignal, putWarp, putWithSignalWarp, putBlock and
 // putWithSignalBlock are the same operations under their former names.
@@ -167,7 +168,7 @@ struct ChannelDeviceHandle {
   GDX_HOST_DEVICE_INLINE uint64_t signalValue(uint32_t signalId) const;
 
 #if defined(__CUDACC__)
-  /// signal() and atomicAdd() by a converged warp: the leader lane issues, the others return kOk.
+  /// signal() and atomicAdd() by every lane of the warp: lane 0 issues, the others return kOk.
   GDX_DEVICE_INLINE Status signalWarp(uint32_t signalId, uint64_t value, SignalOp op = SignalOp::kAdd);
   GDX_DEVICE_INLINE Status atomicAddWarp(uint32_t dstWindow, uint64_t dstOffset, uint64_t value);
   /// Every lane waits; one lane polls host memory (one PCIe read per poll instead of 32) and the warp barrier

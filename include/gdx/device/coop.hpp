@@ -2,8 +2,11 @@
 // ncclCoopThread / ncclCoopWarp / ncclCoopCta, or MSCCL++'s threadId and numThreads), so that each operation is one
 // function whose threads are a parameter instead of a name per group size.
 //  * Thread: the calling thread alone (the default).
-//  * Warp: every active lane of a converged warp, all with the same arguments. Lanes are numbered by %laneid among
-//    the active ones, so any block shape works.
+//  * Warp: every lane of the warp, all with the same arguments (NCCL's ncclCoopWarp): 32 lanes, or the lanes that a
+//    block's last warp has when the block's size is not a multiple of 32. The lanes need not arrive together (one may
+//    call a loop trip later than another): the group is the warp, not the lanes that happen to be active, so each
+//    lane's share of a copy and the one lane that enqueues or signals are the same whatever the compiler converged.
+//    Lanes are numbered by %laneid, so any block shape works.
 //  * Block: every thread of the block, all with the same arguments; the operation contains __syncthreads.
 //  * Group: `size` threads that each name their own `rank` in [0, size), for the copy primitive (a warp of a block
 //    shaped by the caller, a grid).
@@ -32,16 +35,25 @@ struct Thread {
 
 struct Warp {
 #if defined(__CUDACC__)
-  /// This lane's index among the active lanes.
+  /// The lanes of the calling thread's warp that exist: all 32 unless the block's size is not a multiple of 32 and this
+  /// is its last warp (warps are cut from the linear thread index, whose low five bits are %laneid). Not
+  /// __activemask(): that names the lanes the compiler happens to run together at the call, and lanes split over two
+  /// passes would each take a whole copy and enqueue or signal once per pass.
+  GDX_DEVICE_INLINE static unsigned lanes() {
+    const unsigned threads = blockDim.x * blockDim.y * blockDim.z;
+    if ((threads & 31u) == 0) return 0xffffffffu;
+    const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned n = threads - (tid & ~31u);
+    return n >= 32 ? 0xffffffffu : (1u << n) - 1;
+  }
   GDX_DEVICE_INLINE uint64_t rank() const {
-    const unsigned mask = __activemask();
-    return __popc(mask & ((1u << ptx::laneId()) - 1));
+    return ptx::laneId();
   }
   GDX_DEVICE_INLINE uint64_t size() const {
-    return __popc(__activemask());
+    return __popc(lanes());
   }
   GDX_DEVICE_INLINE void sync() const {
-    __syncwarp(__activemask());
+    __syncwarp(lanes());
   }
 #endif
 };

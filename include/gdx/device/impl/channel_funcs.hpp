@@ -80,19 +80,13 @@ GDX_DEVICE_INLINE void directSignal(uint64_t* w, uint64_t value, SignalOp op) {
     atomicStore(w, value, kRelease);
 }
 
-/// The lowest active lane of the calling threads; it enqueues for the warp.
-GDX_DEVICE_INLINE unsigned leaderLane(unsigned mask) {
-  return __ffs(mask) - 1;
-}
-
-/// Runs `op` on the leader lane only. The other lanes do not wait for it and get kOk: the leader's return value is
-/// the enqueue status, and a failure the proxy finds later reaches every lane through flushWarp (the worst of the
-/// lanes' flushes: the leader's reports it).
+/// Runs `op` on lane 0 of the warp only (device::Warp: every lane of the warp calls). The other lanes do not wait for
+/// it and get kOk: lane 0's return value is the enqueue status, and a failure the proxy finds later reaches every lane
+/// through flushWarp (the worst of the lanes' flushes: lane 0's reports it).
 template <typename Op>
 GDX_DEVICE_INLINE Status onLeader(Op&& op) {
-  const unsigned mask = __activemask();
-  __syncwarp(mask);  // the lanes' writes (the data to send) are ordered before the leader's release fence
-  return ptx::laneId() == leaderLane(mask) ? op() : Status::kOk;
+  __syncwarp(device::Warp::lanes());  // the lanes' writes (the data to send) are ordered before lane 0's release fence
+  return ptx::laneId() == 0 ? op() : Status::kOk;
 }
 #endif
 
@@ -188,14 +182,13 @@ GDX_DEVICE_INLINE int directCooperative(const ChannelDeviceHandle& h, const Boun
   return int(Status::kOk);
 }
 
-/// A put by a converged warp: the active lanes copy on the direct path; the leader lane enqueues on the proxy path.
+/// A put by every lane of the warp: the lanes copy on the direct path; lane 0 enqueues on the proxy path.
 template <bool kWithSignal>
 GDX_DEVICE_INLINE Status putWarp(ChannelDeviceHandle& h, const BoundWindows& w, uint64_t dstOffset, uint64_t srcOffset,
                                  uint64_t bytes, const device::Signal& signal) {
-  const unsigned mask = __activemask();
-  const device::Group lanes{static_cast<uint64_t>(__popc(mask & ((1u << ptx::laneId()) - 1))),
-                            static_cast<uint64_t>(__popc(mask))};
-  int r = directCooperative(h, w, dstOffset, srcOffset, bytes, kWithSignal, signal, lanes, [&] { __syncwarp(mask); });
+  const device::Warp warp;
+  const device::Group lanes{warp.rank(), warp.size()};
+  int r = directCooperative(h, w, dstOffset, srcOffset, bytes, kWithSignal, signal, lanes, [&] { warp.sync(); });
   if (r >= 0) return static_cast<Status>(r);
   return onLeader([&] {
     return proxyPut(h, w.dstWindow, dstOffset, w.srcWindow, srcOffset, bytes, kWithSignal, signal.id, signal.value,
@@ -371,15 +364,14 @@ GDX_DEVICE_INLINE Status ChannelDeviceHandle::atomicAddWarp(uint32_t dstWindow, 
   return detail::onLeader([&] { return atomicAdd(dstWindow, dstOffset, value); });
 }
 GDX_DEVICE_INLINE Status ChannelDeviceHandle::waitWarp(uint32_t signalId, uint64_t value) const {
-  const unsigned mask = __activemask();
-  Status s = ptx::laneId() == detail::leaderLane(mask) ? wait(signalId, value) : Status::kOk;
-  s = static_cast<Status>(__shfl_sync(mask, static_cast<uint32_t>(s), detail::leaderLane(mask)));
+  const unsigned mask = device::Warp::lanes();
+  Status s = ptx::laneId() == 0 ? wait(signalId, value) : Status::kOk;
+  s = static_cast<Status>(__shfl_sync(mask, static_cast<uint32_t>(s), 0));
   __syncwarp(mask);
   return s;
 }
 GDX_DEVICE_INLINE Status ChannelDeviceHandle::flushWarp() const {
-  const unsigned mask = __activemask();
-  return static_cast<Status>(__reduce_max_sync(mask, static_cast<unsigned>(flush())));
+  return static_cast<Status>(__reduce_max_sync(device::Warp::lanes(), static_cast<unsigned>(flush())));
 }
 #endif
 

@@ -1,6 +1,7 @@
 #include "gdx/config.hpp"
 
 #include <strings.h>
+#include <unistd.h>  // environ (g++ defines _GNU_SOURCE)
 
 #include <cctype>
 #include <cerrno>
@@ -13,8 +14,6 @@
 #include "base/log.hpp"
 #include "gdx/device/impl/command.hpp"
 #include "gdx/error.hpp"
-
-extern char** environ;
 
 namespace gdx {
 namespace {

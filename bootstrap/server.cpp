@@ -38,6 +38,12 @@ constexpr uint64_t kRefusalLingerNs = 2ull * 1000 * 1000 * 1000;
 // After an abort, how long the server keeps the connections open so that every rank reads the reason.
 constexpr uint64_t kAbortLingerCapNs = 5ull * 1000 * 1000 * 1000;
 
+}  // namespace
+
+// The server's per-connection state, named (not in the anonymous namespace) because RendezvousServer::Impl, a class
+// with linkage, holds it.
+namespace server_state {
+
 struct OutChunk {
   std::shared_ptr<const std::string> data;  // shared: one allGather result goes to every rank uncopied
   size_t offset = 0;
@@ -55,6 +61,13 @@ struct Conn {
   bool dead = false;
   Deadline deadline = 0;  // before the hello: the hello must arrive by then; draining: closed by then
 };
+
+}  // namespace server_state
+
+using server_state::Conn;
+using server_state::OutChunk;
+
+namespace {
 
 std::string rankList(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";

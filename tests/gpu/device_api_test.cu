@@ -244,15 +244,15 @@ TEST(DeviceApiRing, WarpFormsActOncePerWarpWhenLanesArriveApart) {
                           {"a partial warp, lanes together", 48, false, 0},
                           {"a partial warp, lanes apart", 48, true, 0},
                           {"a partial warp, lanes apart, slots apart", 48, true, 24}};
-  constexpr int kBlocks = 20;
+  constexpr int kBlocks = 20, kMaxThreads = 64;  // per block: the largest shape's
   constexpr uint64_t kSlot = 1000, kMaxBytes = (kSlot + 24) * kBlocks * 2;
   std::vector<unsigned char> hostSrc(kMaxBytes);
   test::fillRandom(hostSrc.data(), kMaxBytes, 99);
   test::GpuBuffer src(kMaxBytes), dst(kMaxBytes);
   GDX_TEST_CUDA(cudaMemcpy(src.p, hostSrc.data(), kMaxBytes, cudaMemcpyHostToDevice));
   uint32_t* report = nullptr;
-  GDX_TEST_CUDA(cudaHostAlloc(&report, (kBlocks * 64 + 1) * sizeof(uint32_t), cudaHostAllocMapped));
-  uint32_t* const lastStatus = report + kBlocks * 64;  // signalOnce's
+  GDX_TEST_CUDA(cudaHostAlloc(&report, (kBlocks * kMaxThreads + 1) * sizeof(uint32_t), cudaHostAllocMapped));
+  uint32_t* const lastStatus = report + kBlocks * kMaxThreads;  // signalOnce's
   {
     Window s = ctx.registerWindow(src.p, kMaxBytes, MemoryKind::kCuda);
     Window d = ctx.registerWindow(dst.p, kMaxBytes, MemoryKind::kCuda);
@@ -262,7 +262,7 @@ TEST(DeviceApiRing, WarpFormsActOncePerWarpWhenLanesArriveApart) {
       const int warps = kBlocks * ((shape.threads + 31) / 32);
       const uint64_t stride = kSlot + shape.gap, bytes = stride * warps;
       GDX_TEST_CUDA(cudaMemset(dst.p, 0xEE, kMaxBytes));
-      std::memset(report, 0xFF, kBlocks * 64 * sizeof(uint32_t));
+      std::memset(report, 0xFF, kBlocks * kMaxThreads * sizeof(uint32_t));
       *lastStatus = 0;
       warpFormPuts<<<kBlocks, shape.threads>>>(ctx.deviceChannel(0), d.id(), s.id(), kSlot, stride, shape.apart, signal,
                                                report);

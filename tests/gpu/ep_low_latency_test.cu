@@ -445,8 +445,8 @@ void doubleBuffering(Context& ctx, cudaStream_t stream, int T) {
 // row from it, its combine sums nothing, and the buffer works afterwards.
 void refusedTopk(Context& ctx, cudaStream_t stream, int T) {
   const int R = ctx.worldSize(), me = ctx.rank(), culprit = R - 1, expert = 3;
-  LlCase lc{{"refused top-k H2048 K4 E16", firstRankTokens(T, ctx.worldSize()), 2048, 4, 16, false, Values::kRandom,
-             Routing::kRandom, -1, 1, 41}};
+  LlCase lc{{"refused top-k H2048 K4 E16", firstRankTokens(T, R), 2048, 4, 16, false, Values::kRandom, Routing::kRandom,
+             -1, 1, 41}};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 4});
   Job j{ctx, buf, stream, R, 16 / R};
   Inputs in = makeInputs(j, lc.c);
@@ -469,7 +469,7 @@ void refusedTopk(Context& ctx, cudaStream_t stream, int T) {
   checkCombine(j, lc, in, h, y, "combine after a refused top-k", nullptr, me == culprit ? &texts : nullptr);
   EXPECT_TRUE(buf.maskedRanks().empty()) << "a rank was masked after the refused top-k";
   runCase(j,
-          {{"after a refused top-k: duplicates H2048 K4 E16", firstRankTokens(T, ctx.worldSize()), 2048, 4, 16, false,
+          {{"after a refused top-k: duplicates H2048 K4 E16", firstRankTokens(T, R), 2048, 4, 16, false,
             Values::kRandom, Routing::kDuplicates, -1, 1, 43}},
           true);
 }
@@ -636,8 +636,8 @@ void oneKernelPerCall(Context& ctx, cudaStream_t stream, int T) {
 // after it; masked and unmasked before any call, a rank is back.
 void maskAccessors(Context& ctx, cudaStream_t stream, int T) {
   const int R = ctx.worldSize(), me = ctx.rank(), last = R - 1;
-  LlCase lc{{"masks bf16 H2048 K4 E16", firstRankTokens(T, ctx.worldSize()), 2048, 4, 16, false, Values::kRandom,
-             Routing::kRandom, -1, 1, 51}};
+  LlCase lc{{"masks bf16 H2048 K4 E16", firstRankTokens(T, R), 2048, 4, 16, false, Values::kRandom, Routing::kRandom,
+             -1, 1, 51}};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{T, 2048, 16, 4});
   Job j{ctx, buf, stream, R, 16 / R};
   Dev mask(size_t(R) * 4);
@@ -694,7 +694,7 @@ void rankSkipsMain() {
   const int R = ctx.worldSize(), me = ctx.rank(), skipsDispatch = R - 1, skipsCombine = R >= 4 ? 1 : -1;
   cudaStream_t stream;
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  LlCase lc{{"rank skips fp8 H2048 K8 E32", firstRankTokens(kT, ctx.worldSize()), 2048, 8, 32, true, Values::kRandom,
+  LlCase lc{{"rank skips fp8 H2048 K8 E32", firstRankTokens(kT, R), 2048, 8, 32, true, Values::kRandom,
              Routing::kRandom, -1, 1, 61},
             true};
   {
@@ -782,7 +782,7 @@ void rankDiesMain() {
   const int R = ctx.worldSize(), dead = R - 1;
   cudaStream_t stream;
   GDX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  LlCase lc{{"rank dies H2048 K4 E16", firstRankTokens(kT, ctx.worldSize()), 2048, 4, 16, false}};
+  LlCase lc{{"rank dies H2048 K4 E16", firstRankTokens(kT, R), 2048, 4, 16, false}};
   ep::LowLatencyBuffer buf(ctx, ep::LowLatencyConfig{kT, 2048, 16, 4});
   Job j{ctx, buf, stream, R, 16 / R};
   Inputs in = makeInputs(j, lc.c);

@@ -53,8 +53,8 @@
 // form is called by every lane of the warp (all 32, or those of a block's partial last warp) with the same arguments,
 // whether or not they arrive together; on the proxy path lane 0 enqueues and the others return kOk at once, so the
 // warp need not wait for the ring (lane 0's return value is the enqueue status; flushWarp gives every lane lane 0's
-// command errors, waitWarp the peer's failure). The
-// block form likewise, with thread (0,0,0) enqueuing. On the direct path the group copies, then one thread signals.
+// command errors, waitWarp the peer's failure). The block form likewise, with thread (0,0,0) enqueuing. On the direct
+// path the group copies, then one thread signals.
 // Lanes are numbered by %laneid, so any block shape works. putWithSignal, putWarp, putWithSignalWarp, putBlock and
 // putWithSignalBlock are the same operations under their former names.
 // Registers: a kernel that calls put takes 72 to 128 registers a thread on sm_90 when the compiler is free
